@@ -1,0 +1,1 @@
+"""Python client SDK for labelrm."""

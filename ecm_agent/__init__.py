@@ -1,0 +1,1 @@
+"""ECM agent daemon; built by the EngineConn issue."""

@@ -1,0 +1,1 @@
+"""EngineConn runtime (started as `python -m engineconn`); built by the EngineConn issue."""

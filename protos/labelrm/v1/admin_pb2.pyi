@@ -1,0 +1,101 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from labelrm.v1 import resource_pb2 as _resource_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class LabelLimit(_message.Message):
+    __slots__ = ("pattern", "labels", "max_resource", "update_time")
+    PATTERN_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    MAX_RESOURCE_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    pattern: str
+    labels: _containers.RepeatedCompositeFieldContainer[_resource_pb2.Label]
+    max_resource: _resource_pb2.Resource
+    update_time: _timestamp_pb2.Timestamp
+    def __init__(self, pattern: _Optional[str] = ..., labels: _Optional[_Iterable[_Union[_resource_pb2.Label, _Mapping]]] = ..., max_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class SetLabelLimitRequest(_message.Message):
+    __slots__ = ("request_id", "labels", "max_resource")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    MAX_RESOURCE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    labels: _containers.RepeatedCompositeFieldContainer[_resource_pb2.Label]
+    max_resource: _resource_pb2.Resource
+    def __init__(self, request_id: _Optional[str] = ..., labels: _Optional[_Iterable[_Union[_resource_pb2.Label, _Mapping]]] = ..., max_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ...) -> None: ...
+
+class SetLabelLimitResponse(_message.Message):
+    __slots__ = ("limit", "affected_labels")
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    AFFECTED_LABELS_FIELD_NUMBER: _ClassVar[int]
+    limit: LabelLimit
+    affected_labels: int
+    def __init__(self, limit: _Optional[_Union[LabelLimit, _Mapping]] = ..., affected_labels: _Optional[int] = ...) -> None: ...
+
+class ListLabelLimitsRequest(_message.Message):
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListLabelLimitsResponse(_message.Message):
+    __slots__ = ("limits", "next_page_token")
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    limits: _containers.RepeatedCompositeFieldContainer[LabelLimit]
+    next_page_token: str
+    def __init__(self, limits: _Optional[_Iterable[_Union[LabelLimit, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class DeleteLabelLimitRequest(_message.Message):
+    __slots__ = ("request_id", "labels")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    labels: _containers.RepeatedCompositeFieldContainer[_resource_pb2.Label]
+    def __init__(self, request_id: _Optional[str] = ..., labels: _Optional[_Iterable[_Union[_resource_pb2.Label, _Mapping]]] = ...) -> None: ...
+
+class DeleteLabelLimitResponse(_message.Message):
+    __slots__ = ("affected_labels",)
+    AFFECTED_LABELS_FIELD_NUMBER: _ClassVar[int]
+    affected_labels: int
+    def __init__(self, affected_labels: _Optional[int] = ...) -> None: ...
+
+class CheckConsistencyRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Mismatch(_message.Message):
+    __slots__ = ("label", "field", "stored", "expected", "detail")
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    FIELD_FIELD_NUMBER: _ClassVar[int]
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    label: str
+    field: str
+    stored: _resource_pb2.Resource
+    expected: _resource_pb2.Resource
+    detail: str
+    def __init__(self, label: _Optional[str] = ..., field: _Optional[str] = ..., stored: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., expected: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class CheckConsistencyResponse(_message.Message):
+    __slots__ = ("consistent", "mismatches", "labels_checked", "tickets_checked")
+    CONSISTENT_FIELD_NUMBER: _ClassVar[int]
+    MISMATCHES_FIELD_NUMBER: _ClassVar[int]
+    LABELS_CHECKED_FIELD_NUMBER: _ClassVar[int]
+    TICKETS_CHECKED_FIELD_NUMBER: _ClassVar[int]
+    consistent: bool
+    mismatches: _containers.RepeatedCompositeFieldContainer[Mismatch]
+    labels_checked: int
+    tickets_checked: int
+    def __init__(self, consistent: _Optional[bool] = ..., mismatches: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ..., labels_checked: _Optional[int] = ..., tickets_checked: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,1 @@
+"""labelrm: a label-based resource manager."""

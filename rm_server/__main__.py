@@ -1,0 +1,3 @@
+from rm_server.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,288 @@
+"""The RM's use cases, between the gRPC servicers and the store.
+
+No gRPC and no SQL here: requests arrive as domain values, the store runs each
+operation in one transaction, and results leave as domain values (or as the
+stored outcome of an earlier call with the same request id).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from rm_server.clock import Clock, IdFactory, SystemClock, random_ids
+from rm_server.domain.labels import DEFAULT_RULES, EM_INSTANCE, Label, TransformRule, transform
+from rm_server.domain.limits import LabelPattern
+from rm_server.domain.model import (
+    ConsistencyReport,
+    Ecm,
+    LabelResource,
+    Refusal,
+    StoredLimit,
+    Ticket,
+)
+from rm_server.domain.resources import Resource
+from rm_server.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
+from rm_server.store import admin as admin_store
+from rm_server.store import tickets as ticket_store
+from rm_server.store.admin import Registration
+from rm_server.store.db import Conn, Database, Idempotency, OutcomeEncoder, Replay
+from rm_server.store.notify import LabelNotifier
+
+log = logging.getLogger(__name__)
+
+@dataclass(frozen=True)
+class CoreSettings:
+    lock_timeout: timedelta = timedelta(minutes=10)
+    request_id_retention: timedelta = timedelta(hours=48)
+    sweep_interval: float = 1.0
+    rules: tuple[TransformRule, ...] = DEFAULT_RULES
+    expiry_batch: int = 200
+
+
+@dataclass
+class RMCore:
+    db: Database
+    notifier: LabelNotifier
+    settings: CoreSettings = field(default_factory=CoreSettings)
+    clock: Clock = field(default_factory=SystemClock)
+    new_id: IdFactory = random_ids
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    # ----- background work ---------------------------------------------------------------
+
+    def start_background(self) -> None:
+        self._tasks.append(asyncio.create_task(self._sweep_forever(), name="rm-sweeper"))
+
+    async def stop_background(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            try:
+                await self.sweep()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("background sweep failed")
+            await asyncio.sleep(self.settings.sweep_interval)
+
+    async def sweep(self) -> int:
+        """Reclaim LOCKED tickets past their lock timeout; drop stale waiters and old
+        request ids. Safe on several replicas: each ticket is reclaimed under its row
+        locks, and one that another replica already reclaimed is skipped."""
+        now = self.clock.now()
+        ids = await self.db.run(
+            lambda c: ticket_store.expired_ticket_ids(c, now, self.settings.expiry_batch)
+        )
+        reclaimed = 0
+        for ticket_id in ids:
+            done = await self.db.run(
+                lambda c, tid=ticket_id: ticket_store.expire_ticket(c, tid, now)  # type: ignore[misc]
+            )
+            if done:
+                reclaimed += 1
+                log.info("reclaimed ticket %s: lock not reported in time", ticket_id)
+        await self.db.run(lambda c: ticket_store.purge_waiters(c, now))
+        await self.db.purge_request_ids(now - self.settings.request_id_retention)
+        return reclaimed
+
+    # ----- resource usage ----------------------------------------------------------------
+
+    def charged_keys(self, labels: tuple[Label, ...]) -> tuple[str, ...]:
+        return tuple(str(k) for k in transform(labels, self.settings.rules))
+
+    async def apply(
+        self,
+        idem: Idempotency,
+        user: str,
+        labels: tuple[Label, ...],
+        resource: Resource,
+        wait_seconds: float,
+        encoder: OutcomeEncoder[Ticket],
+    ) -> Ticket | Replay:
+        """Lock `resource` on every resource-carrying label, or wait for it (FIFO)."""
+        keys = self.charged_keys(labels)
+        ticket_id = self.new_id("t")
+        if wait_seconds <= 0:
+            return await self._apply_once(
+                idem, encoder, ticket_id, user, labels, keys, resource, None
+            )
+        deadline = time.monotonic() + wait_seconds
+        waiter: int | None = None
+        with self.notifier.subscribe(keys) as freed:
+            try:
+                while True:
+                    freed.clear()
+                    try:
+                        return await self._apply_once(
+                            idem, encoder, ticket_id, user, labels, keys, resource, waiter,
+                            may_wait=True,
+                        )
+                    except ticket_store.MustWait as wait:
+                        refusal = wait.refusal
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise DeadlineExceeded(
+                            f"no capacity within {wait_seconds:g}s", refusal.shortfalls
+                        )
+                    if waiter is None:
+                        # Join the queue, then try again before sleeping: a release that
+                        # happened before we subscribed must not be missed.
+                        expires = self.clock.now() + timedelta(seconds=remaining + 5)
+                        waiter = await self.db.run(
+                            lambda c: ticket_store.register_waiter(c, ticket_id, keys, expires)
+                        )
+                        continue
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(freed.wait(), timeout=remaining)
+            except BaseException:
+                if waiter is not None:
+                    seq = waiter
+                    await asyncio.shield(self.db.run(lambda c: ticket_store.remove_waiter(c, seq)))
+                raise
+
+    async def _apply_once(
+        self,
+        idem: Idempotency,
+        encoder: OutcomeEncoder[Ticket],
+        ticket_id: str,
+        user: str,
+        labels: tuple[Label, ...],
+        keys: tuple[str, ...],
+        resource: Resource,
+        waiter: int | None,
+        *,
+        may_wait: bool = False,
+    ) -> Ticket | Replay:
+        while True:
+            now = self.clock.now()
+            cmd = ticket_store.ApplyCommand(
+                ticket_id=ticket_id, user=user, labels=labels, keys=keys, resource=resource,
+                now=now, lock_expires_at=now + self.settings.lock_timeout,
+                waiter_seq=waiter, may_wait=may_wait,
+            )
+
+            async def body(conn: Conn, cmd: ticket_store.ApplyCommand = cmd) -> Ticket:
+                outcome = await ticket_store.apply(conn, cmd)
+                if isinstance(outcome, Refusal):
+                    raise _refused(outcome)
+                return outcome
+
+            try:
+                return await self.db.run_idempotent(idem, now, body, encoder)
+            except ticket_store.NeedLimitRows as need:
+                await self.db.run(
+                    lambda c, n=need: admin_store.ensure_limit_rows(c, n.labels, now)  # type: ignore[misc]
+                )
+
+    async def report_used(
+        self, idem: Idempotency, ticket_id: str, used: Resource | None,
+        encoder: OutcomeEncoder[Ticket],
+    ) -> Ticket | Replay:
+        now = self.clock.now()
+        return await self.db.run_idempotent(
+            idem, now, lambda c: ticket_store.report_used(c, ticket_id, used, now), encoder
+        )
+
+    async def release(
+        self, idem: Idempotency, ticket_id: str, encoder: OutcomeEncoder[Ticket]
+    ) -> Ticket | Replay:
+        now = self.clock.now()
+        return await self.db.run_idempotent(
+            idem, now, lambda c: ticket_store.release(c, ticket_id, now), encoder
+        )
+
+    async def get_ticket(self, ticket_id: str) -> Ticket:
+        return await self.db.run(lambda c: ticket_store.get_ticket(c, ticket_id))
+
+    async def list_tickets(self, after: str, limit: int, label: str, state: str) -> list[Ticket]:
+        return await self.db.run(
+            lambda c: ticket_store.list_tickets(c, after, limit, label, state)
+        )
+
+    async def get_label_resource(self, label: str) -> LabelResource:
+        return await self.db.run(lambda c: admin_store.get_label_resource(c, label))
+
+    async def list_label_resources(
+        self, after: str, limit: int, source: str
+    ) -> list[LabelResource]:
+        return await self.db.run(
+            lambda c: admin_store.list_label_resources(c, after, limit, source)
+        )
+
+    # ----- ECMs ----------------------------------------------------------------------------
+
+    async def register_ecm(
+        self, idem: Idempotency, instance: str, labels: tuple[Label, ...], total: Resource,
+        protected: Resource, encoder: OutcomeEncoder[Registration],
+    ) -> Registration | Replay:
+        own = Label(EM_INSTANCE, instance)
+        others = tuple(lb for lb in labels if lb.key != EM_INSTANCE)
+        if any(lb.key == EM_INSTANCE and lb != own for lb in labels):
+            raise InvalidArgument("labels", f"emInstance must equal the instance {instance!r}")
+        if not total.ge(protected):
+            raise InvalidArgument("protected_resource", "must not exceed total_resource")
+        all_labels = (own, *others)
+        now = self.clock.now()
+        return await self.db.run_idempotent(
+            idem, now,
+            lambda c: admin_store.register_ecm(c, instance, str(own), all_labels, total,
+                                               protected, now),
+            encoder,
+        )
+
+    async def unregister_ecm(
+        self, idem: Idempotency, instance: str, encoder: OutcomeEncoder[list[str]]
+    ) -> list[str] | Replay:
+        now = self.clock.now()
+        return await self.db.run_idempotent(
+            idem, now, lambda c: admin_store.unregister_ecm(c, instance, now), encoder
+        )
+
+    async def get_ecm(self, instance: str) -> Ecm:
+        return await self.db.run(lambda c: admin_store.get_ecm(c, instance))
+
+    # ----- limits and checks --------------------------------------------------------------
+
+    async def set_limit(
+        self, idem: Idempotency, pattern: LabelPattern, max_resource: Resource,
+        encoder: OutcomeEncoder[tuple[StoredLimit, int]],
+    ) -> tuple[StoredLimit, int] | Replay:
+        now = self.clock.now()
+        return await self.db.run_idempotent(
+            idem, now, lambda c: admin_store.set_limit(c, pattern, max_resource, now), encoder
+        )
+
+    async def delete_limit(
+        self, idem: Idempotency, pattern: LabelPattern, encoder: OutcomeEncoder[int]
+    ) -> int | Replay:
+        now = self.clock.now()
+        return await self.db.run_idempotent(
+            idem, now, lambda c: admin_store.delete_limit(c, pattern, now), encoder
+        )
+
+    async def list_limits(self, after: str, limit: int) -> list[StoredLimit]:
+        return await self.db.run(lambda c: admin_store.list_limits(c, after, limit))
+
+    async def check_consistency(self) -> ConsistencyReport:
+        return await self.db.run(admin_store.check_consistency, read_only=True)
+
+
+def _refused(refusal: Refusal) -> ResourceExhausted:
+    if refusal.shortfalls:
+        return ResourceExhausted("insufficient resource", refusal.shortfalls)
+    return ResourceExhausted(
+        "queued behind earlier waiting applies on " + ", ".join(refusal.queued_behind),
+        reason="QUEUED_BEHIND_WAITERS",
+    )
+

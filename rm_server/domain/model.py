@@ -1,0 +1,100 @@
+"""Entities the store returns and the service converts to protobuf.
+
+Ticket lifecycle (a ticket is live in LOCKED and USED; RELEASED and EXPIRED
+live only in the history table):
+
+    Apply ──> LOCKED ──ReportUsed──> USED ──Release──> RELEASED
+                │  └──────────────Release──────────────┘
+                └──lock timeout / ReportUsed too late──> EXPIRED
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import datetime
+
+from rm_server.domain.labels import Label
+from rm_server.domain.resources import Resource, Shortfall
+
+
+class TicketState(enum.StrEnum):
+    LOCKED = "LOCKED"
+    USED = "USED"
+    RELEASED = "RELEASED"
+    EXPIRED = "EXPIRED"
+
+    @property
+    def live(self) -> bool:
+        return self in (TicketState.LOCKED, TicketState.USED)
+
+
+@dataclass(frozen=True)
+class Ticket:
+    ticket_id: str
+    state: TicketState
+    user: str
+    labels: tuple[Label, ...]
+    charged_labels: tuple[str, ...]
+    requested: Resource
+    locked: Resource
+    used: Resource | None
+    created_at: datetime
+    updated_at: datetime
+    lock_expires_at: datetime | None = None
+    ended_at: datetime | None = None
+    end_reason: str = ""
+
+
+@dataclass(frozen=True)
+class LabelResource:
+    label: str
+    source: str
+    max_resource: Resource | None
+    protected: Resource
+    used: Resource
+    locked: Resource
+    live_tickets: int
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class Ecm:
+    instance: str
+    label: str
+    labels: tuple[Label, ...]
+    total: Resource
+    protected: Resource
+    registered_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class StoredLimit:
+    pattern: str
+    max_resource: Resource
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    label: str
+    field: str
+    stored: Resource | None
+    expected: Resource | None
+    detail: str
+
+
+@dataclass(frozen=True)
+class ConsistencyReport:
+    mismatches: tuple[Mismatch, ...]
+    labels_checked: int
+    tickets_checked: int
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """An Apply that did not fit now: the shortfalls, or earlier waiters ahead of it."""
+
+    shortfalls: tuple[Shortfall, ...]
+    queued_behind: tuple[str, ...] = ()

@@ -1,0 +1,569 @@
+"""Typed, immutable resource quantities and the arithmetic the manager performs on them.
+
+A :class:`Resource` is a kind plus a canonical tuple of ``(dimension, quantity)`` pairs.
+Quantities are non-negative integers (CPU is in milli-cores) bounded by ``MAX_QUANTITY`` so they
+fit a signed 64-bit database column. Every operation validates instead of silently wrapping,
+going negative or mixing incompatible kinds.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+# str mixin (not StrEnum) as specified; kinds compare equal to their wire strings.
+class ResourceKind(str, enum.Enum):  # noqa: UP042
+    """The shape of a resource; it determines which dimensions a resource carries."""
+
+    MEMORY = "memory"
+    CPU = "cpu"
+    LOAD = "load"
+    INSTANCE = "instance"
+    LOAD_INSTANCE = "load_instance"
+    YARN = "yarn"
+    DRIVER_AND_YARN = "driver_and_yarn"
+    SPECIAL = "special"
+
+
+# Largest quantity of one dimension: the maximum of a signed BIGINT column.
+MAX_QUANTITY = 2**63 - 1
+
+MEMORY = "memory_bytes"
+CPU = "cpu_millis"
+INSTANCES = "instances"
+YARN_MEMORY = "yarn.memory_bytes"
+YARN_CPU = "yarn.cpu_millis"
+YARN_INSTANCES = "yarn.instances"
+SPECIAL_PREFIX = "special."
+
+# Dimension names are globally unique across kinds, so converting a narrower kind to a wider one
+# is just "add the missing dimensions at zero". SPECIAL has no fixed dimensions.
+KIND_DIMENSIONS: dict[ResourceKind, tuple[str, ...]] = {
+    ResourceKind.MEMORY: (MEMORY,),
+    ResourceKind.CPU: (CPU,),
+    ResourceKind.LOAD: (MEMORY, CPU),
+    ResourceKind.INSTANCE: (INSTANCES,),
+    ResourceKind.LOAD_INSTANCE: (MEMORY, CPU, INSTANCES),
+    ResourceKind.YARN: (YARN_MEMORY, YARN_CPU, YARN_INSTANCES),
+    ResourceKind.DRIVER_AND_YARN: (MEMORY, CPU, INSTANCES, YARN_MEMORY, YARN_CPU, YARN_INSTANCES),
+    ResourceKind.SPECIAL: (),
+}
+
+_YARN_KINDS = frozenset({ResourceKind.YARN, ResourceKind.DRIVER_AND_YARN})
+
+# Direct conversion edges, narrower -> wider.
+_WIDER: dict[ResourceKind, tuple[ResourceKind, ...]] = {
+    ResourceKind.MEMORY: (ResourceKind.LOAD,),
+    ResourceKind.CPU: (ResourceKind.LOAD,),
+    ResourceKind.LOAD: (ResourceKind.LOAD_INSTANCE,),
+    ResourceKind.INSTANCE: (ResourceKind.LOAD_INSTANCE,),
+    ResourceKind.LOAD_INSTANCE: (ResourceKind.DRIVER_AND_YARN,),
+    ResourceKind.YARN: (ResourceKind.DRIVER_AND_YARN,),
+    ResourceKind.DRIVER_AND_YARN: (),
+    ResourceKind.SPECIAL: (),
+}
+
+
+def _reachable(kind: ResourceKind) -> frozenset[ResourceKind]:
+    seen: set[ResourceKind] = {kind}
+    todo = [kind]
+    while todo:
+        for nxt in _WIDER[todo.pop()]:
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return frozenset(seen)
+
+
+# Transitive closure (each kind reaches itself), computed once.
+_CONVERTS_TO: dict[ResourceKind, frozenset[ResourceKind]] = {k: _reachable(k) for k in ResourceKind}
+
+_SPECIAL_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
+_QUEUE_RE = re.compile(r"[A-Za-z0-9_.:@/+-]{0,255}")
+
+
+class ResourceError(ValueError):
+    """Base class of resource errors; ``dimension`` names the offending dimension or is ""."""
+
+    def __init__(self, message: str, dimension: str = "") -> None:
+        super().__init__(message)
+        self.dimension = dimension
+
+
+class InvalidResourceError(ResourceError):
+    """A quantity, name, queue or dimension set is not valid for the resource."""
+
+
+class ResourceTypeError(ResourceError):
+    """Two resources cannot be combined: no conversion between kinds, or yarn queues differ."""
+
+
+class NegativeResourceError(ResourceError):
+    """A subtraction would make ``dimension`` negative."""
+
+
+class ResourceOverflowError(ResourceError):
+    """A result in ``dimension`` would exceed ``MAX_QUANTITY``."""
+
+
+class InexactDivisionError(ResourceError):
+    """``/`` was asked to divide a quantity that is not a multiple of the divisor."""
+
+
+def _check_quantity(dimension: str, value: object) -> int:
+    # bool is an int subclass; True as "1 byte" is always a caller bug, so reject it.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidResourceError(
+            f"quantity of {dimension!r} must be an integer, got {type(value).__name__}", dimension
+        )
+    if value < 0:
+        raise InvalidResourceError(
+            f"quantity of {dimension!r} must be >= 0, got {value}", dimension
+        )
+    if value > MAX_QUANTITY:
+        raise InvalidResourceError(
+            f"quantity of {dimension!r} exceeds the maximum {MAX_QUANTITY}", dimension
+        )
+    return int(value)
+
+
+def _check_special_dimension(dimension: str) -> None:
+    name = dimension[len(SPECIAL_PREFIX) :] if dimension.startswith(SPECIAL_PREFIX) else ""
+    if not _SPECIAL_NAME_RE.fullmatch(name):
+        raise InvalidResourceError(
+            f"invalid special dimension {dimension!r}: expected 'special.<name>' with <name> "
+            "matching [A-Za-z][A-Za-z0-9_.-]{0,63}",
+            dimension,
+        )
+
+
+def _combine_queues(a: str, b: str) -> str:
+    # An unnamed queue is compatible with any queue; the result keeps the named one.
+    if not a:
+        return b
+    if not b or a == b:
+        return a
+    raise ResourceTypeError(f"cannot combine yarn queue {a!r} with yarn queue {b!r}")
+
+
+@dataclass(frozen=True)
+class Resource:
+    """An immutable, validated resource quantity.
+
+    ``quantities`` is canonical: sorted by dimension name; every dimension of the kind is present
+    (for SPECIAL: only non-zero entries are kept). Out-of-order input is normalised; missing,
+    extra or duplicate dimensions are rejected. Prefer the classmethod constructors.
+
+    Comparison operators implement a *partial* order: ``a >= b`` holds only when it holds in every
+    dimension, so ``not (a >= b)`` does not imply ``a < b``. ``==`` stays structural.
+    """
+
+    kind: ResourceKind
+    quantities: tuple[tuple[str, int], ...]
+    queue: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, ResourceKind):
+            raise InvalidResourceError(f"kind must be a ResourceKind, got {self.kind!r}")
+        if not isinstance(self.queue, str) or not _QUEUE_RE.fullmatch(self.queue):
+            raise InvalidResourceError(f"invalid yarn queue name {self.queue!r}", "queue")
+        if self.queue and self.kind not in _YARN_KINDS:
+            raise InvalidResourceError(
+                f"a queue is only allowed on yarn resources, not {self.kind.value}", "queue"
+            )
+        seen: dict[str, int] = {}
+        for entry in self.quantities:
+            if not isinstance(entry, tuple) or len(entry) != 2 or not isinstance(entry[0], str):
+                raise InvalidResourceError(f"quantity entry {entry!r} is not a (name, int) pair")
+            name, value = entry
+            if name in seen:
+                raise InvalidResourceError(f"duplicate dimension {name!r}", name)
+            seen[name] = _check_quantity(name, value)
+        if self.kind is ResourceKind.SPECIAL:
+            for name in seen:
+                _check_special_dimension(name)
+            canonical = tuple(sorted((n, v) for n, v in seen.items() if v))
+        else:
+            expected = KIND_DIMENSIONS[self.kind]
+            for name in seen:
+                if name not in expected:
+                    raise InvalidResourceError(
+                        f"dimension {name!r} does not belong to kind {self.kind.value}", name
+                    )
+            for name in expected:
+                if name not in seen:
+                    raise InvalidResourceError(
+                        f"kind {self.kind.value} requires dimension {name!r}", name
+                    )
+            canonical = tuple(sorted(seen.items()))
+        # Frozen dataclass: normalising in place needs object.__setattr__.
+        object.__setattr__(self, "quantities", canonical)
+
+    # ----- constructors -------------------------------------------------------------------
+
+    @classmethod
+    def memory(cls, memory_bytes: int) -> Resource:
+        """A MEMORY resource."""
+        return cls(ResourceKind.MEMORY, ((MEMORY, memory_bytes),))
+
+    @classmethod
+    def cpu(cls, cpu_millis: int) -> Resource:
+        """A CPU resource in milli-cores."""
+        return cls(ResourceKind.CPU, ((CPU, cpu_millis),))
+
+    @classmethod
+    def load(cls, memory_bytes: int, cpu_millis: int) -> Resource:
+        """A LOAD (memory + cpu) resource."""
+        return cls(ResourceKind.LOAD, ((MEMORY, memory_bytes), (CPU, cpu_millis)))
+
+    @classmethod
+    def instance(cls, instances: int) -> Resource:
+        """An INSTANCE (instance count) resource."""
+        return cls(ResourceKind.INSTANCE, ((INSTANCES, instances),))
+
+    @classmethod
+    def load_instance(cls, memory_bytes: int, cpu_millis: int, instances: int) -> Resource:
+        """A LOAD_INSTANCE (memory + cpu + instances) resource."""
+        return cls(
+            ResourceKind.LOAD_INSTANCE,
+            ((MEMORY, memory_bytes), (CPU, cpu_millis), (INSTANCES, instances)),
+        )
+
+    @classmethod
+    def yarn(cls, queue: str, memory_bytes: int, cpu_millis: int, instances: int) -> Resource:
+        """A YARN resource in ``queue`` ("" = unnamed, compatible with any queue)."""
+        return cls(
+            ResourceKind.YARN,
+            ((YARN_MEMORY, memory_bytes), (YARN_CPU, cpu_millis), (YARN_INSTANCES, instances)),
+            queue,
+        )
+
+    @classmethod
+    def driver_and_yarn(cls, driver: Resource, yarn: Resource) -> Resource:
+        """Combine a LOAD_INSTANCE driver part and a YARN part into DRIVER_AND_YARN."""
+        if driver.kind is not ResourceKind.LOAD_INSTANCE:
+            raise ResourceTypeError(f"driver part must be load_instance, not {driver.kind.value}")
+        if yarn.kind is not ResourceKind.YARN:
+            raise ResourceTypeError(f"yarn part must be yarn, not {yarn.kind.value}")
+        return cls(ResourceKind.DRIVER_AND_YARN, driver.quantities + yarn.quantities, yarn.queue)
+
+    @classmethod
+    def special(cls, quantities: Mapping[str, int]) -> Resource:
+        """A SPECIAL resource from bare names (``{"gpu": 2}`` -> dimension ``special.gpu``).
+
+        Names already carrying the ``special.`` prefix are accepted as-is.
+        """
+        entries: list[tuple[str, int]] = []
+        for name, value in quantities.items():
+            if not isinstance(name, str):
+                raise InvalidResourceError(f"special name must be a string, got {name!r}")
+            dim = name if name.startswith(SPECIAL_PREFIX) else SPECIAL_PREFIX + name
+            entries.append((dim, value))
+        return cls(ResourceKind.SPECIAL, tuple(entries))
+
+    @classmethod
+    def zero(cls, kind: ResourceKind, queue: str = "") -> Resource:
+        """The zero resource of ``kind``."""
+        return cls(kind, tuple((d, 0) for d in KIND_DIMENSIONS[kind]), queue)
+
+    @classmethod
+    def from_quantities(
+        cls, kind: ResourceKind, quantities: Mapping[str, int], queue: str = ""
+    ) -> Resource:
+        """Build from full dimension names (as returned by :meth:`as_dict`)."""
+        return cls(kind, tuple(quantities.items()), queue)
+
+    # ----- accessors ----------------------------------------------------------------------
+
+    def get(self, dimension: str) -> int:
+        """Quantity of ``dimension`` (0 if this resource does not carry it)."""
+        for name, value in self.quantities:
+            if name == dimension:
+                return value
+        return 0
+
+    def as_dict(self) -> dict[str, int]:
+        """Quantities as a plain ``{dimension: quantity}`` dict."""
+        return dict(self.quantities)
+
+    def dimensions(self) -> tuple[str, ...]:
+        """Dimension names in canonical (sorted) order."""
+        return tuple(name for name, _ in self.quantities)
+
+    def is_zero(self) -> bool:
+        """True if every quantity is zero."""
+        return all(v == 0 for _, v in self.quantities)
+
+    def driver_part(self) -> Resource:
+        """The LOAD_INSTANCE (driver) part of a DRIVER_AND_YARN resource."""
+        self._require(ResourceKind.DRIVER_AND_YARN, "driver_part")
+        dims = KIND_DIMENSIONS[ResourceKind.LOAD_INSTANCE]
+        return Resource(ResourceKind.LOAD_INSTANCE, tuple((d, self.get(d)) for d in dims))
+
+    def yarn_part(self) -> Resource:
+        """The YARN part (with queue) of a DRIVER_AND_YARN resource."""
+        self._require(ResourceKind.DRIVER_AND_YARN, "yarn_part")
+        dims = KIND_DIMENSIONS[ResourceKind.YARN]
+        return Resource(ResourceKind.YARN, tuple((d, self.get(d)) for d in dims), self.queue)
+
+    def _require(self, kind: ResourceKind, what: str) -> None:
+        if self.kind is not kind:
+            raise ResourceTypeError(
+                f"{what}() needs a {kind.value} resource, not {self.kind.value}"
+            )
+
+    def __str__(self) -> str:
+        inner = ", ".join(f"{n}={v}" for n, v in self.quantities)
+        queue = f", queue={self.queue}" if self.queue else ""
+        return f"{self.kind.value}({inner}{queue})"
+
+    # ----- arithmetic ---------------------------------------------------------------------
+
+    def __add__(self, other: object) -> Resource:
+        if not isinstance(other, Resource):
+            return NotImplemented
+        kind, queue, dims, a, b = _aligned(self, other)
+        out: list[tuple[str, int]] = []
+        for d in dims:
+            value = a.get(d) + b.get(d)
+            if value > MAX_QUANTITY:
+                raise ResourceOverflowError(f"sum overflows in {d!r}", d)
+            out.append((d, value))
+        return Resource(kind, tuple(out), queue)
+
+    def __sub__(self, other: object) -> Resource:
+        if not isinstance(other, Resource):
+            return NotImplemented
+        kind, queue, dims, a, b = _aligned(self, other)
+        out: list[tuple[str, int]] = []
+        for d in dims:
+            value = a.get(d) - b.get(d)
+            if value < 0:
+                raise NegativeResourceError(
+                    f"subtraction goes negative in {d!r}: {a.get(d)} - {b.get(d)}", d
+                )
+            out.append((d, value))
+        return Resource(kind, tuple(out), queue)
+
+    def __mul__(self, factor: object) -> Resource:
+        if isinstance(factor, bool):
+            raise TypeError("cannot multiply a Resource by a bool")
+        if not isinstance(factor, int):
+            return NotImplemented
+        if factor < 0:
+            raise InvalidResourceError(f"multiplier must be >= 0, got {factor}")
+        out: list[tuple[str, int]] = []
+        for d, v in self.quantities:
+            value = v * factor
+            if value > MAX_QUANTITY:
+                raise ResourceOverflowError(f"product overflows in {d!r}", d)
+            out.append((d, value))
+        return Resource(self.kind, tuple(out), self.queue)
+
+    def __rmul__(self, factor: object) -> Resource:
+        return self.__mul__(factor)
+
+    def __truediv__(self, divisor: object) -> Resource:
+        """Exact division: every quantity must be a multiple of ``divisor``."""
+        d = _check_divisor(divisor)
+        if d is None:
+            return NotImplemented
+        for name, v in self.quantities:
+            if v % d:
+                raise InexactDivisionError(f"{v} in {name!r} is not divisible by {d}", name)
+        return Resource(self.kind, tuple((n, v // d) for n, v in self.quantities), self.queue)
+
+    def __floordiv__(self, divisor: object) -> Resource:
+        """Floor division of every quantity (explicitly discards remainders)."""
+        d = _check_divisor(divisor)
+        if d is None:
+            return NotImplemented
+        return Resource(self.kind, tuple((n, v // d) for n, v in self.quantities), self.queue)
+
+    # ----- partial order ------------------------------------------------------------------
+
+    def ge(self, other: Resource) -> bool:
+        """True iff ``self >= other`` in every dimension of the joined kind."""
+        _, _, dims, a, b = _aligned(self, other)
+        return all(a.get(d) >= b.get(d) for d in dims)
+
+    def gt(self, other: Resource) -> bool:
+        """True iff ``self > other`` strictly in every dimension of the joined kind.
+
+        With no dimensions at all (two empty SPECIAL resources) this is False.
+        """
+        _, _, dims, a, b = _aligned(self, other)
+        return bool(dims) and all(a.get(d) > b.get(d) for d in dims)
+
+    def __ge__(self, other: object) -> bool:
+        if not isinstance(other, Resource):
+            return NotImplemented
+        return self.ge(other)
+
+    def __gt__(self, other: object) -> bool:
+        if not isinstance(other, Resource):
+            return NotImplemented
+        return self.gt(other)
+
+    def __le__(self, other: object) -> bool:
+        if not isinstance(other, Resource):
+            return NotImplemented
+        return other.ge(self)
+
+    def __lt__(self, other: object) -> bool:
+        if not isinstance(other, Resource):
+            return NotImplemented
+        return other.gt(self)
+
+    # ----- serialisation ------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dict, e.g. ``{"kind": "load", "memory_bytes": 1, "cpu_millis": 2}``."""
+        if self.kind is ResourceKind.SPECIAL:
+            return {"kind": self.kind.value, "quantities": dict(self.quantities)}
+        out: dict[str, Any] = {"kind": self.kind.value}
+        out.update(self.quantities)
+        if self.kind in _YARN_KINDS:
+            out["queue"] = self.queue
+        return out
+
+    @classmethod
+    def from_dict(cls, data: object) -> Resource:
+        """Inverse of :meth:`to_dict`; raises InvalidResourceError on anything malformed."""
+        if not isinstance(data, Mapping):
+            raise InvalidResourceError(f"resource must be a mapping, got {type(data).__name__}")
+        raw_kind = data.get("kind")
+        try:
+            kind = ResourceKind(raw_kind)
+        except ValueError:
+            raise InvalidResourceError(f"unknown resource kind {raw_kind!r}", "kind") from None
+        rest = {k: v for k, v in data.items() if k != "kind"}
+        queue = ""
+        if kind in _YARN_KINDS:
+            raw_queue = rest.pop("queue", "")
+            if not isinstance(raw_queue, str):
+                raise InvalidResourceError("queue must be a string", "queue")
+            queue = raw_queue
+        if kind is ResourceKind.SPECIAL:
+            quantities = rest.pop("quantities", None)
+            if not isinstance(quantities, Mapping):
+                raise InvalidResourceError("special resource needs a 'quantities' mapping")
+            if rest:
+                raise InvalidResourceError(f"unexpected keys {sorted(map(str, rest))}")
+            rest = dict(quantities)
+        for key in rest:
+            if not isinstance(key, str):
+                raise InvalidResourceError(f"dimension name must be a string, got {key!r}")
+        return cls(kind, tuple(rest.items()), queue)
+
+
+def _check_divisor(divisor: object) -> int | None:
+    """The divisor as an int, or None if it is not an int (caller returns NotImplemented)."""
+    if isinstance(divisor, bool):
+        raise TypeError("cannot divide a Resource by a bool")
+    if not isinstance(divisor, int):
+        return None
+    if divisor == 0:
+        raise ZeroDivisionError("division of a Resource by zero")
+    if divisor < 0:
+        raise InvalidResourceError(f"divisor must be positive, got {divisor}")
+    return divisor
+
+
+def _aligned(
+    a: Resource, b: Resource
+) -> tuple[ResourceKind, str, tuple[str, ...], Resource, Resource]:
+    """Join the kinds and queues of ``a`` and ``b``; return (kind, queue, dims, a', b')."""
+    kind = join_kind(a.kind, b.kind)
+    queue = _combine_queues(a.queue, b.queue)
+    ca, cb = convert(a, kind), convert(b, kind)
+    if kind is ResourceKind.SPECIAL:
+        dims = tuple(sorted(set(ca.dimensions()) | set(cb.dimensions())))
+    else:
+        dims = ca.dimensions()
+    return kind, queue, dims, ca, cb
+
+
+def join_kind(a: ResourceKind, b: ResourceKind) -> ResourceKind:
+    """The kind two resources are combined in.
+
+    The wider kind if one converts to the other; otherwise the narrowest of LOAD / LOAD_INSTANCE
+    both convert to (memory + cpu -> load). Anything else raises ResourceTypeError: yarn never
+    silently absorbs driver-side kinds, and SPECIAL combines only with SPECIAL.
+    """
+    if a is b:
+        return a
+    if b in _CONVERTS_TO[a]:
+        return b
+    if a in _CONVERTS_TO[b]:
+        return a
+    for candidate in (ResourceKind.LOAD, ResourceKind.LOAD_INSTANCE):
+        if candidate in _CONVERTS_TO[a] and candidate in _CONVERTS_TO[b]:
+            return candidate
+    raise ResourceTypeError(f"cannot combine {a.value} with {b.value}")
+
+
+def convert(r: Resource, kind: ResourceKind) -> Resource:
+    """Widen ``r`` to ``kind`` (new dimensions are zero); ResourceTypeError if there is no path."""
+    if r.kind is kind:
+        return r
+    if kind not in _CONVERTS_TO[r.kind]:
+        raise ResourceTypeError(f"cannot convert {r.kind.value} to {kind.value}")
+    queue = r.queue if kind in _YARN_KINDS else ""
+    return Resource(kind, tuple((d, r.get(d)) for d in KIND_DIMENSIONS[kind]), queue)
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    """One dimension in which a request exceeds what is left under ``label``."""
+
+    label: str
+    dimension: str
+    requested: int
+    available: int
+
+
+def fits(left: Resource, request: Resource, label: str = "") -> list[Shortfall]:
+    """Dimensions where ``request`` exceeds ``left``; empty iff ``left >= request``.
+
+    Shortfalls come in canonical (sorted) dimension order of the joined kind.
+    Incompatible kinds raise ResourceTypeError.
+    """
+    _, _, dims, a, b = _aligned(left, request)
+    return [Shortfall(label, d, b.get(d), a.get(d)) for d in dims if b.get(d) > a.get(d)]
+
+
+def headroom(maximum: Resource, used: Resource, locked: Resource, protected: Resource) -> Resource:
+    """What is left: ``maximum - used - locked - protected`` per dimension, clamped at 0.
+
+    The clamp is deliberate: an admin may shrink a maximum below what is already in use; the
+    headroom is then 0 in that dimension rather than negative (or an error).
+    """
+    kind = maximum.kind
+    queue = maximum.queue
+    for r in (used, locked, protected):
+        kind = join_kind(kind, r.kind)
+        queue = _combine_queues(queue, r.queue)
+    parts = [convert(r, kind) for r in (maximum, used, locked, protected)]
+    if kind is ResourceKind.SPECIAL:
+        dims = tuple(sorted({d for p in parts for d in p.dimensions()}))
+    else:
+        dims = KIND_DIMENSIONS[kind]
+    m, u, lk, p = parts
+    out = tuple((d, max(0, m.get(d) - u.get(d) - lk.get(d) - p.get(d))) for d in dims)
+    return Resource(kind, out, queue)
+
+
+def total(resources: Iterable[Resource], kind: ResourceKind) -> Resource:
+    """Sum of ``resources`` starting from ``zero(kind)``.
+
+    Like ``+``, the result is in the join of ``kind`` and every summed kind (usually ``kind``).
+    """
+    acc = Resource.zero(kind)
+    for r in resources:
+        acc = acc + r
+    return acc

@@ -1,0 +1,82 @@
+"""The RM's error hierarchy. Each class maps to one gRPC status code in
+`rm_server.service.errors_interceptor`; nothing else in the server picks codes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rm_server.domain.resources import Shortfall
+
+
+class LabelrmError(Exception):
+    """Base class; `reason` is a stable UPPER_SNAKE identifier sent as ErrorInfo.reason."""
+
+    reason = "INTERNAL"
+
+    def __init__(self, message: str, *, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if reason is not None:
+            self.reason = reason
+
+
+class InvalidArgument(LabelrmError):
+    """The request itself is wrong; `field` names the offending field path."""
+
+    reason = "INVALID_ARGUMENT"
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.description = message
+
+
+class NotFound(LabelrmError):
+    reason = "NOT_FOUND"
+
+
+class FailedPrecondition(LabelrmError):
+    """The target is in a state that forbids the operation; `state` names it."""
+
+    reason = "FAILED_PRECONDITION"
+
+    def __init__(self, message: str, *, state: str = "", reason: str | None = None) -> None:
+        super().__init__(message, reason=reason)
+        self.state = state
+
+
+class ResourceExhausted(LabelrmError):
+    """A request did not fit; `shortfalls` lists every label and dimension short."""
+
+    reason = "INSUFFICIENT_RESOURCE"
+
+    def __init__(
+        self, message: str, shortfalls: Sequence[Shortfall] = (), *, reason: str | None = None
+    ) -> None:
+        super().__init__(message, reason=reason)
+        self.shortfalls = tuple(shortfalls)
+
+
+class DeadlineExceeded(LabelrmError):
+    reason = "WAIT_TIMEOUT"
+
+    def __init__(self, message: str, shortfalls: Sequence[Shortfall] = ()) -> None:
+        super().__init__(message)
+        self.shortfalls = tuple(shortfalls)
+
+
+class Unavailable(LabelrmError):
+    reason = "DATABASE_UNAVAILABLE"
+
+
+class Aborted(LabelrmError):
+    reason = "ABORTED"
+
+
+def describe_shortfalls(shortfalls: Sequence[Shortfall]) -> str:
+    """One line naming every label and dimension that fell short."""
+    parts = [
+        f"{s.label or '(request)'} {s.dimension}: requested {s.requested}, available {s.available}"
+        for s in shortfalls
+    ]
+    return "; ".join(parts)

@@ -1,0 +1,56 @@
+"""AdminService: label limits and the consistency check."""
+
+from __future__ import annotations
+
+import grpc
+
+from labelrm.v1 import admin_pb2 as pb
+from labelrm.v1 import admin_pb2_grpc as pb_grpc
+from rm_server.core import RMCore
+from rm_server.domain.model import StoredLimit
+from rm_server.service import convert
+from rm_server.service.common import ProtoEncoder, idempotency, next_token, page_of, respond
+
+_SET = ProtoEncoder[tuple[StoredLimit, int]](
+    lambda r: pb.SetLabelLimitResponse(limit=convert.limit_to_pb(r[0]), affected_labels=r[1])
+)
+_DELETE = ProtoEncoder[int](lambda n: pb.DeleteLabelLimitResponse(affected_labels=n))
+
+
+class AdminServicer(pb_grpc.AdminServiceServicer):
+    def __init__(self, core: RMCore) -> None:
+        self.core = core
+
+    async def SetLabelLimit(
+        self, request: pb.SetLabelLimitRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SetLabelLimitResponse:
+        pattern = convert.pattern_from_pb(request.labels)
+        maximum = convert.resource_from_pb(request.max_resource, "max_resource")
+        outcome = await self.core.set_limit(
+            idempotency("SetLabelLimit", request), pattern, maximum, _SET
+        )
+        return respond(outcome, _SET, pb.SetLabelLimitResponse)
+
+    async def ListLabelLimits(
+        self, request: pb.ListLabelLimitsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListLabelLimitsResponse:
+        page = page_of(request)
+        limits = await self.core.list_limits(page.after, page.size + 1)
+        return pb.ListLabelLimitsResponse(
+            limits=[convert.limit_to_pb(lim) for lim in limits[: page.size]],
+            next_page_token=next_token(limits, page, lambda lim: lim.pattern),
+        )
+
+    async def DeleteLabelLimit(
+        self, request: pb.DeleteLabelLimitRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteLabelLimitResponse:
+        pattern = convert.pattern_from_pb(request.labels)
+        outcome = await self.core.delete_limit(
+            idempotency("DeleteLabelLimit", request), pattern, _DELETE
+        )
+        return respond(outcome, _DELETE, pb.DeleteLabelLimitResponse)
+
+    async def CheckConsistency(
+        self, request: pb.CheckConsistencyRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CheckConsistencyResponse:
+        return convert.report_to_pb(await self.core.check_consistency())

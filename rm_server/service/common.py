@@ -1,0 +1,86 @@
+"""Helpers shared by the servicers: idempotency keys, encoders, replays, pages."""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from google.protobuf.message import Message
+
+from rm_server.errors import InvalidArgument, LabelrmError
+from rm_server.service.errors import ReplayedError, encode_error
+from rm_server.store.db import Idempotency, Replay
+
+T = TypeVar("T")
+M = TypeVar("M", bound=Message)
+
+MAX_REQUEST_ID = 128
+DEFAULT_PAGE_SIZE = 50
+MAX_PAGE_SIZE = 1000
+
+
+def idempotency(method: str, request: Message) -> Idempotency:
+    """The idempotency key of a mutating request; an empty request_id gets a fresh one
+    (the call is then only protected against the server's own retries)."""
+    request_id: str = getattr(request, "request_id", "")
+    if len(request_id) > MAX_REQUEST_ID:
+        raise InvalidArgument("request_id", f"must be at most {MAX_REQUEST_ID} characters")
+    if not request_id:
+        request_id = f"server-{uuid.uuid4().hex}"
+    payload = request.SerializeToString(deterministic=True)
+    return Idempotency.of(method, request_id, payload)
+
+
+@dataclass(frozen=True)
+class ProtoEncoder(Generic[T]):
+    """Encodes outcomes for the request log: the response message, or a google.rpc.Status."""
+
+    to_response: Callable[[T], Message]
+
+    def ok(self, result: T) -> bytes:
+        return self.to_response(result).SerializeToString(deterministic=True)
+
+    def error(self, err: LabelrmError) -> tuple[int, bytes]:
+        return encode_error(err)
+
+
+def respond(outcome: T | Replay, encoder: ProtoEncoder[T], response_type: type[M]) -> M:
+    """The response for a fresh outcome, or the stored one of an earlier call."""
+    if isinstance(outcome, Replay):
+        if outcome.status_code != 0:
+            raise ReplayedError(outcome.response)
+        return response_type.FromString(outcome.response)
+    message = encoder.to_response(outcome)
+    assert isinstance(message, response_type)
+    return message
+
+
+@dataclass(frozen=True)
+class Page:
+    after: str
+    size: int
+
+
+def page_of(request: Any) -> Page:
+    size = int(request.page_size)
+    if size < 0:
+        raise InvalidArgument("page_size", "must not be negative")
+    size = DEFAULT_PAGE_SIZE if size == 0 else min(size, MAX_PAGE_SIZE)
+    token: str = request.page_token
+    after = ""
+    if token:
+        try:
+            after = base64.urlsafe_b64decode(token.encode()).decode()
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise InvalidArgument("page_token", "is not a token this server issued") from exc
+    return Page(after, size)
+
+
+def next_token(items: list[T], page: Page, key: Callable[[T], str]) -> str:
+    """Fetch size+1 rows; a token exists only when there is a next page."""
+    if len(items) <= page.size:
+        return ""
+    return base64.urlsafe_b64encode(key(items[page.size - 1]).encode()).decode()

@@ -1,0 +1,253 @@
+"""The one place that converts protobuf messages to domain objects and back.
+
+Every conversion from the wire validates, and reports the offending field path
+(for example `resource.load.memory_bytes` or `labels[2].value`) as InvalidArgument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.timestamp_pb2 import Timestamp
+from labelrm.v1 import admin_pb2, resource_manager_pb2, resource_pb2
+
+from rm_server.domain.labels import Label, LabelError, make_label, validate_labels
+from rm_server.domain.limits import LabelPattern
+from rm_server.domain.model import ConsistencyReport, Ecm, LabelResource, StoredLimit, Ticket
+from rm_server.domain.resources import (
+    SPECIAL_PREFIX,
+    Resource,
+    ResourceError,
+    ResourceKind,
+    headroom,
+)
+from rm_server.errors import InvalidArgument
+
+_TICKET_STATES = {
+    "LOCKED": resource_manager_pb2.TICKET_STATE_LOCKED,
+    "USED": resource_manager_pb2.TICKET_STATE_USED,
+    "RELEASED": resource_manager_pb2.TICKET_STATE_RELEASED,
+    "EXPIRED": resource_manager_pb2.TICKET_STATE_EXPIRED,
+}
+TICKET_STATE_NAMES = {v: k for k, v in _TICKET_STATES.items()}
+
+MAX_WAIT_SECONDS = 3600.0
+
+
+def resource_from_pb(msg: resource_pb2.Resource, field: str, *, required: bool = True) -> Resource:
+    """Validate and convert a wire Resource; an unset `oneof` is refused when required."""
+    which = msg.WhichOneof("kind")
+    if which is None:
+        if required:
+            raise InvalidArgument(field, "must set exactly one resource type")
+        raise ValueError("unset")
+    try:
+        return _resource_from_pb(msg, which)
+    except ResourceError as exc:
+        dim = exc.dimension
+        path = f"{field}.{which}.{_wire_dimension(which, dim)}" if dim else field
+        raise InvalidArgument(path, str(exc)) from exc
+
+
+def _wire_dimension(which: str, dimension: str) -> str:
+    if dimension.startswith(SPECIAL_PREFIX):
+        return f"quantities[{dimension.removeprefix(SPECIAL_PREFIX)}]"
+    if which == "yarn" or (which == "driver_and_yarn" and dimension.startswith("yarn.")):
+        prefix = "yarn." if which == "driver_and_yarn" else ""
+        return prefix + "queue_" + dimension.removeprefix("yarn.")
+    return ("driver." if which == "driver_and_yarn" else "") + dimension
+
+
+def _resource_from_pb(msg: resource_pb2.Resource, which: str) -> Resource:
+    if which == "memory":
+        return Resource.memory(msg.memory.memory_bytes)
+    if which == "cpu":
+        return Resource.cpu(msg.cpu.cpu_millis)
+    if which == "load":
+        return Resource.load(msg.load.memory_bytes, msg.load.cpu_millis)
+    if which == "instance":
+        return Resource.instance(msg.instance.instances)
+    if which == "load_instance":
+        li = msg.load_instance
+        return Resource.load_instance(li.memory_bytes, li.cpu_millis, li.instances)
+    if which == "yarn":
+        return _yarn_from_pb(msg.yarn)
+    if which == "driver_and_yarn":
+        d = msg.driver_and_yarn.driver
+        driver = Resource.load_instance(d.memory_bytes, d.cpu_millis, d.instances)
+        return Resource.driver_and_yarn(driver, _yarn_from_pb(msg.driver_and_yarn.yarn))
+    return Resource.special(dict(msg.special.quantities))
+
+
+def _yarn_from_pb(y: resource_pb2.YarnResource) -> Resource:
+    return Resource.yarn(y.queue_name, y.queue_memory_bytes, y.queue_cpu_millis, y.queue_instances)
+
+
+def _yarn_to_pb(r: Resource) -> resource_pb2.YarnResource:
+    return resource_pb2.YarnResource(
+        queue_name=r.queue,
+        queue_memory_bytes=r.get("yarn.memory_bytes"),
+        queue_cpu_millis=r.get("yarn.cpu_millis"),
+        queue_instances=r.get("yarn.instances"),
+    )
+
+
+def _load_instance_to_pb(r: Resource) -> resource_pb2.LoadInstanceResource:
+    return resource_pb2.LoadInstanceResource(
+        memory_bytes=r.get("memory_bytes"), cpu_millis=r.get("cpu_millis"),
+        instances=r.get("instances"),
+    )
+
+
+def resource_to_pb(r: Resource) -> resource_pb2.Resource:
+    kind = r.kind
+    if kind is ResourceKind.MEMORY:
+        return resource_pb2.Resource(memory=resource_pb2.MemoryResource(memory_bytes=r.get("memory_bytes")))
+    if kind is ResourceKind.CPU:
+        return resource_pb2.Resource(cpu=resource_pb2.CpuResource(cpu_millis=r.get("cpu_millis")))
+    if kind is ResourceKind.LOAD:
+        return resource_pb2.Resource(load=resource_pb2.LoadResource(
+            memory_bytes=r.get("memory_bytes"), cpu_millis=r.get("cpu_millis")))
+    if kind is ResourceKind.INSTANCE:
+        return resource_pb2.Resource(
+            instance=resource_pb2.InstanceResource(instances=r.get("instances")))
+    if kind is ResourceKind.LOAD_INSTANCE:
+        return resource_pb2.Resource(load_instance=_load_instance_to_pb(r))
+    if kind is ResourceKind.YARN:
+        return resource_pb2.Resource(yarn=_yarn_to_pb(r))
+    if kind is ResourceKind.DRIVER_AND_YARN:
+        return resource_pb2.Resource(driver_and_yarn=resource_pb2.DriverAndYarnResource(
+            driver=_load_instance_to_pb(r), yarn=_yarn_to_pb(r)))
+    return resource_pb2.Resource(special=resource_pb2.SpecialResource(
+        quantities={k.removeprefix(SPECIAL_PREFIX): v for k, v in r.quantities}))
+
+
+def labels_from_pb(
+    msgs: Sequence[resource_pb2.Label], field: str = "labels", *, required: bool = True
+) -> tuple[Label, ...]:
+    if required and not msgs:
+        raise InvalidArgument(field, "at least one label is required")
+    try:
+        labels = tuple(make_label(m.key, m.value, f"{field}[{i}]") for i, m in enumerate(msgs))
+        validate_labels(labels)
+    except LabelError as exc:
+        raise InvalidArgument(exc.field or field, _label_message(exc)) from exc
+    return labels
+
+
+def _label_message(exc: LabelError) -> str:
+    return exc.message
+
+
+def pattern_from_pb(msgs: Sequence[resource_pb2.Label], field: str = "labels") -> LabelPattern:
+    if not msgs:
+        raise InvalidArgument(field, "at least one label is required")
+    text = ",".join(f"{m.key}={m.value}" for m in msgs)
+    try:
+        return LabelPattern.parse(text)
+    except LabelError as exc:
+        raise InvalidArgument(field, _label_message(exc)) from exc
+
+
+def labels_to_pb(labels: Sequence[Label]) -> list[resource_pb2.Label]:
+    return [resource_pb2.Label(key=lb.key, value=lb.value) for lb in labels]
+
+
+def label_text_to_pb(text: str) -> list[resource_pb2.Label]:
+    out = []
+    for part in text.split(","):
+        key, _, value = part.partition("=")
+        out.append(resource_pb2.Label(key=key, value=value))
+    return out
+
+
+def duration_seconds(msg: Duration, field: str) -> float:
+    seconds = msg.seconds + msg.nanos / 1e9
+    if seconds < 0:
+        raise InvalidArgument(field, "must not be negative")
+    if seconds > MAX_WAIT_SECONDS:
+        raise InvalidArgument(field, f"must be at most {MAX_WAIT_SECONDS:.0f}s")
+    return seconds
+
+
+def ts(dt: datetime | None) -> Timestamp | None:
+    if dt is None:
+        return None
+    out = Timestamp()
+    out.FromDatetime(dt)
+    return out
+
+
+def ticket_to_pb(t: Ticket) -> resource_manager_pb2.Ticket:
+    return resource_manager_pb2.Ticket(
+        ticket_id=t.ticket_id,
+        state=_TICKET_STATES[t.state.value],
+        labels=labels_to_pb(t.labels),
+        charged_labels=list(t.charged_labels),
+        requested_resource=resource_to_pb(t.requested),
+        used_resource=resource_to_pb(t.used) if t.used is not None else None,
+        create_time=ts(t.created_at),
+        update_time=ts(t.updated_at),
+        lock_expire_time=ts(t.lock_expires_at),
+        end_time=ts(t.ended_at),
+        end_reason=t.end_reason,
+        user=t.user,
+    )
+
+
+def label_resource_to_pb(r: LabelResource) -> resource_manager_pb2.LabelResource:
+    left = None
+    if r.max_resource is not None:
+        left = resource_to_pb(headroom(r.max_resource, r.used, r.locked, r.protected))
+    return resource_manager_pb2.LabelResource(
+        label=r.label,
+        labels=label_text_to_pb(r.label),
+        source=r.source,
+        max_resource=resource_to_pb(r.max_resource) if r.max_resource is not None else None,
+        protected_resource=resource_to_pb(r.protected),
+        used_resource=resource_to_pb(r.used),
+        locked_resource=resource_to_pb(r.locked),
+        left_resource=left,
+        live_tickets=r.live_tickets,
+        update_time=ts(r.updated_at),
+    )
+
+
+def ecm_to_pb(e: Ecm) -> resource_manager_pb2.Ecm:
+    return resource_manager_pb2.Ecm(
+        instance=e.instance,
+        labels=labels_to_pb(e.labels),
+        total_resource=resource_to_pb(e.total),
+        protected_resource=resource_to_pb(e.protected),
+        register_time=ts(e.registered_at),
+        update_time=ts(e.updated_at),
+    )
+
+
+def limit_to_pb(limit: StoredLimit) -> admin_pb2.LabelLimit:
+    return admin_pb2.LabelLimit(
+        pattern=limit.pattern,
+        labels=label_text_to_pb(limit.pattern),
+        max_resource=resource_to_pb(limit.max_resource),
+        update_time=ts(limit.updated_at),
+    )
+
+
+def report_to_pb(report: ConsistencyReport) -> admin_pb2.CheckConsistencyResponse:
+    return admin_pb2.CheckConsistencyResponse(
+        consistent=not report.mismatches,
+        mismatches=[
+            admin_pb2.Mismatch(
+                label=m.label,
+                field=m.field,
+                stored=resource_to_pb(m.stored) if m.stored is not None else None,
+                expected=resource_to_pb(m.expected) if m.expected is not None else None,
+                detail=m.detail,
+            )
+            for m in report.mismatches
+        ],
+        labels_checked=report.labels_checked,
+        tickets_checked=report.tickets_checked,
+    )

@@ -1,0 +1,165 @@
+"""ResourceManagerService: ECM registration and the apply / report / release lifecycle."""
+
+from __future__ import annotations
+
+import grpc
+
+from labelrm.v1 import resource_manager_pb2 as pb
+from labelrm.v1 import resource_manager_pb2_grpc as pb_grpc
+from rm_server.core import RMCore
+from rm_server.domain.labels import EM_INSTANCE, Label, LabelError, LabelKey
+from rm_server.domain.model import Ticket
+from rm_server.domain.resources import Resource
+from rm_server.errors import InvalidArgument
+from rm_server.service import convert
+from rm_server.service.common import ProtoEncoder, idempotency, next_token, page_of, respond
+from rm_server.store.admin import Registration
+
+_TICKET_ENCODERS = {
+    name: ProtoEncoder[Ticket](lambda t, r=resp: r(ticket=convert.ticket_to_pb(t)))
+    for name, resp in (
+        ("Apply", pb.ApplyResponse),
+        ("ReportUsed", pb.ReportUsedResponse),
+        ("Release", pb.ReleaseResponse),
+    )
+}
+_REGISTER = ProtoEncoder[Registration](
+    lambda r: pb.RegisterEcmResponse(ecm=convert.ecm_to_pb(r.ecm),
+                                     resource_changed=r.resource_changed)
+)
+_UNREGISTER = ProtoEncoder[list[str]](
+    lambda ids: pb.UnregisterEcmResponse(released_ticket_ids=ids)
+)
+
+_STATE_FILTER = {
+    pb.TICKET_STATE_UNSPECIFIED: "",
+    pb.TICKET_STATE_LOCKED: "LOCKED",
+    pb.TICKET_STATE_USED: "USED",
+}
+
+
+def _ticket_id(value: str) -> str:
+    if not value or len(value) > 128:
+        raise InvalidArgument("ticket_id", "must be 1 to 128 characters")
+    return value
+
+
+def _instance(value: str) -> str:
+    try:
+        return Label(EM_INSTANCE, value).value
+    except LabelError as exc:
+        raise InvalidArgument("instance", exc.message) from exc
+
+
+class ResourceManagerServicer(pb_grpc.ResourceManagerServiceServicer):
+    def __init__(self, core: RMCore) -> None:
+        self.core = core
+
+    async def RegisterEcm(
+        self, request: pb.RegisterEcmRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RegisterEcmResponse:
+        instance = _instance(request.instance)
+        labels = convert.labels_from_pb(request.labels, required=False)
+        total = convert.resource_from_pb(request.total_resource, "total_resource")
+        protected = (
+            convert.resource_from_pb(request.protected_resource, "protected_resource")
+            if request.HasField("protected_resource")
+            else Resource.zero(total.kind, total.queue)
+        )
+        outcome = await self.core.register_ecm(
+            idempotency("RegisterEcm", request), instance, labels, total, protected, _REGISTER
+        )
+        return respond(outcome, _REGISTER, pb.RegisterEcmResponse)
+
+    async def UnregisterEcm(
+        self, request: pb.UnregisterEcmRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UnregisterEcmResponse:
+        instance = _instance(request.instance)
+        outcome = await self.core.unregister_ecm(
+            idempotency("UnregisterEcm", request), instance, _UNREGISTER
+        )
+        return respond(outcome, _UNREGISTER, pb.UnregisterEcmResponse)
+
+    async def Apply(
+        self, request: pb.ApplyRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ApplyResponse:
+        labels = convert.labels_from_pb(request.labels)
+        resource = convert.resource_from_pb(request.resource, "resource")
+        wait = convert.duration_seconds(request.wait_timeout, "wait_timeout")
+        if len(request.user) > 64:
+            raise InvalidArgument("user", "must be at most 64 characters")
+        encoder = _TICKET_ENCODERS["Apply"]
+        outcome = await self.core.apply(
+            idempotency("Apply", request), request.user, labels, resource, wait, encoder
+        )
+        return respond(outcome, encoder, pb.ApplyResponse)
+
+    async def ReportUsed(
+        self, request: pb.ReportUsedRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReportUsedResponse:
+        ticket_id = _ticket_id(request.ticket_id)
+        used = (
+            convert.resource_from_pb(request.used_resource, "used_resource")
+            if request.HasField("used_resource")
+            else None
+        )
+        encoder = _TICKET_ENCODERS["ReportUsed"]
+        outcome = await self.core.report_used(
+            idempotency("ReportUsed", request), ticket_id, used, encoder
+        )
+        return respond(outcome, encoder, pb.ReportUsedResponse)
+
+    async def Release(
+        self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReleaseResponse:
+        ticket_id = _ticket_id(request.ticket_id)
+        encoder = _TICKET_ENCODERS["Release"]
+        outcome = await self.core.release(idempotency("Release", request), ticket_id, encoder)
+        return respond(outcome, encoder, pb.ReleaseResponse)
+
+    async def GetTicket(
+        self, request: pb.GetTicketRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetTicketResponse:
+        ticket = await self.core.get_ticket(_ticket_id(request.ticket_id))
+        return pb.GetTicketResponse(ticket=convert.ticket_to_pb(ticket))
+
+    async def ListTickets(
+        self, request: pb.ListTicketsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListTicketsResponse:
+        page = page_of(request)
+        if request.state not in _STATE_FILTER:
+            raise InvalidArgument("state", "only LOCKED or USED tickets are live")
+        label = _label_text(request.label, "label") if request.label else ""
+        tickets = await self.core.list_tickets(
+            page.after, page.size + 1, label, _STATE_FILTER[request.state]
+        )
+        return pb.ListTicketsResponse(
+            tickets=[convert.ticket_to_pb(t) for t in tickets[: page.size]],
+            next_page_token=next_token(tickets, page, lambda t: t.ticket_id),
+        )
+
+    async def GetLabelResource(
+        self, request: pb.GetLabelResourceRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetLabelResourceResponse:
+        labels = convert.labels_from_pb(request.labels)
+        record = await self.core.get_label_resource(str(LabelKey(labels)))
+        return pb.GetLabelResourceResponse(label_resource=convert.label_resource_to_pb(record))
+
+    async def ListLabelResources(
+        self, request: pb.ListLabelResourcesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListLabelResourcesResponse:
+        page = page_of(request)
+        if request.source not in ("", "ecm", "limit"):
+            raise InvalidArgument("source", "must be empty, 'ecm' or 'limit'")
+        records = await self.core.list_label_resources(page.after, page.size + 1, request.source)
+        return pb.ListLabelResourcesResponse(
+            label_resources=[convert.label_resource_to_pb(r) for r in records[: page.size]],
+            next_page_token=next_token(records, page, lambda r: r.label),
+        )
+
+
+def _label_text(text: str, field: str) -> str:
+    try:
+        return str(LabelKey.parse(text))
+    except LabelError as exc:
+        raise InvalidArgument(field, exc.message) from exc

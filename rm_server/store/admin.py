@@ -1,0 +1,315 @@
+"""ECM records, label limits, resource queries and the consistency check."""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from rm_server.domain.labels import Label, LabelKey
+from rm_server.domain.limits import LabelPattern, best_limit
+from rm_server.domain.model import (
+    ConsistencyReport,
+    Ecm,
+    LabelResource,
+    Mismatch,
+    StoredLimit,
+    Ticket,
+    TicketState,
+)
+from rm_server.domain.resources import Resource, ResourceError, join_kind
+from rm_server.errors import FailedPrecondition, NotFound
+from rm_server.store.codec import (
+    TICKET_COLUMNS,
+    jlabels,
+    jres,
+    labels_of,
+    opt_res,
+    res,
+    ticket_from_row,
+)
+from rm_server.store.db import LIMITS_LOCK_ID, Conn, RetryTransaction
+from rm_server.store.notify import notify_freed
+from rm_server.store.tickets import end_ticket, key_names, load_limit_rules, lock_labels
+
+log = logging.getLogger(__name__)
+
+LABEL_RESOURCE_COLUMNS = (
+    "label, source, max_resource, protected, used, locked, live_tickets, updated_at"
+)
+
+
+def _label_resource(row: tuple[Any, ...]) -> LabelResource:
+    label, source, maximum, protected, used, locked, live, updated = row
+    return LabelResource(
+        label, source, opt_res(maximum), res(protected), res(used), res(locked), live, updated
+    )
+
+
+@dataclass(frozen=True)
+class Registration:
+    ecm: Ecm
+    resource_changed: bool
+
+
+async def register_ecm(
+    conn: Conn,
+    instance: str,
+    label: str,
+    labels: tuple[Label, ...],
+    total: Resource,
+    protected: Resource,
+    now: datetime,
+) -> Registration:
+    """Create or update an ECM and its label record; a changed total is applied and logged."""
+    rows = await lock_labels(conn, [label], now)
+    row = rows.get(label)
+    cur = await conn.execute(
+        "SELECT total, protected, registered_at FROM ecm WHERE instance = %s FOR UPDATE",
+        (instance,),
+    )
+    previous = await cur.fetchone()
+    changed = previous is not None and (
+        res(previous[0]) != total or res(previous[1]) != protected
+    )
+    if row is None:
+        zero = Resource.zero(total.kind, total.queue)
+        await conn.execute(
+            "INSERT INTO label_resource (label, source, kind, max_resource, protected, used,"
+            " locked, created_at, updated_at) VALUES (%s, 'ecm', %s, %s, %s, %s, %s, %s, %s)",
+            (label, total.kind.value, jres(total), jres(protected), jres(zero), jres(zero),
+             now, now),
+        )
+    else:
+        try:
+            join_kind(total.kind, row.used.kind)
+        except ResourceError as exc:
+            raise FailedPrecondition(
+                f"ECM {instance} has live tickets of another resource type: {exc}",
+                state="IN_USE",
+            ) from exc
+        await conn.execute(
+            "UPDATE label_resource SET source = 'ecm', max_resource = %s, protected = %s,"
+            " updated_at = %s WHERE label = %s",
+            (jres(total), jres(protected), now, label),
+        )
+        await notify_freed(conn, [label])
+    registered_at = now if previous is None else previous[2]
+    await conn.execute(
+        "INSERT INTO ecm (instance, label, labels, total, protected, registered_at, updated_at)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (instance) DO UPDATE SET"
+        " labels = EXCLUDED.labels, total = EXCLUDED.total, protected = EXCLUDED.protected,"
+        " updated_at = EXCLUDED.updated_at",
+        (instance, label, jlabels(labels), jres(total), jres(protected), registered_at, now),
+    )
+    if changed and previous is not None:
+        log.warning(
+            "ECM %s re-registered with a changed resource: total %s -> %s, protected %s -> %s",
+            instance, previous[0], total.to_dict(), previous[1], protected.to_dict(),
+        )
+    ecm = Ecm(instance, label, labels, total, protected, registered_at, now)
+    return Registration(ecm, changed)
+
+
+async def unregister_ecm(conn: Conn, instance: str, now: datetime) -> list[str]:
+    """Release every live ticket charged to the ECM, then remove its records."""
+    cur = await conn.execute("SELECT label FROM ecm WHERE instance = %s", (instance,))
+    found = await cur.fetchone()
+    if found is None:
+        raise NotFound(f"ECM {instance} is not registered")
+    label: str = found[0]
+    tickets = await _tickets_on(conn, label, lock=False)
+    involved = sorted({label, *(lb for t in tickets for lb in t.charged_labels)})
+    rows = await lock_labels(conn, involved, now)
+    locked_tickets = await _tickets_on(conn, label, lock=True)
+    # A ticket that appeared before we held the ECM row may charge labels we have
+    # not locked; locking them now would break the canonical order, so start over.
+    if not {lb for t in locked_tickets for lb in t.charged_labels} <= set(involved):
+        raise RetryTransaction("tickets changed while unregistering")
+    released = []
+    for ticket in locked_tickets:
+        await end_ticket(conn, ticket, rows, now, TicketState.RELEASED, "ECM unregistered")
+        rows = await lock_labels(conn, involved, now)
+        released.append(ticket.ticket_id)
+    await conn.execute("DELETE FROM label_resource WHERE label = %s", (label,))
+    await conn.execute("DELETE FROM ecm WHERE instance = %s", (instance,))
+    return released
+
+
+async def _tickets_on(conn: Conn, label: str, *, lock: bool) -> list[Ticket]:
+    sql = (
+        f"SELECT {TICKET_COLUMNS} FROM ticket WHERE charged_labels @> ARRAY[%s]::text[]"  # noqa: S608
+        " ORDER BY ticket_id"
+    )
+    cur = await conn.execute(sql + (" FOR UPDATE" if lock else ""), (label,))
+    return [ticket_from_row(r) for r in await cur.fetchall()]
+
+
+async def get_ecm(conn: Conn, instance: str) -> Ecm:
+    cur = await conn.execute(
+        "SELECT instance, label, labels, total, protected, registered_at, updated_at"
+        " FROM ecm WHERE instance = %s",
+        (instance,),
+    )
+    row = await cur.fetchone()
+    if row is None:
+        raise NotFound(f"ECM {instance} is not registered")
+    return Ecm(row[0], row[1], labels_of(row[2]), res(row[3]), res(row[4]), row[5], row[6])
+
+
+async def ensure_limit_rows(conn: Conn, labels: Sequence[str], now: datetime) -> int:
+    """Create the records of labels that a configured limit covers (race-free)."""
+    await conn.execute("SELECT pg_advisory_xact_lock_shared(%s)", (LIMITS_LOCK_ID,))
+    rules = await load_limit_rules(conn, sorted({key_names(lb) for lb in labels}))
+    created = 0
+    for label in sorted(labels):
+        rule = best_limit(LabelKey.parse(label), rules)
+        if rule is None:
+            continue
+        zero = Resource.zero(rule.max_resource.kind, rule.max_resource.queue)
+        cur = await conn.execute(
+            "INSERT INTO label_resource (label, source, kind, max_resource, protected, used,"
+            " locked, created_at, updated_at) VALUES (%s, 'limit', %s, %s, %s, %s, %s, %s, %s)"
+            " ON CONFLICT (label) DO NOTHING",
+            (label, zero.kind.value, jres(rule.max_resource), jres(zero), jres(zero), jres(zero),
+             now, now),
+        )
+        created += cur.rowcount
+    return created
+
+
+async def _refresh_limit_rows(conn: Conn, names: str, now: datetime) -> int:
+    """Give every limit-sourced record with these key names its current best limit."""
+    rules = await load_limit_rules(conn, [names])
+    cur = await conn.execute(
+        f"SELECT {LABEL_RESOURCE_COLUMNS} FROM label_resource"  # noqa: S608
+        " WHERE source = 'limit' ORDER BY label FOR UPDATE"
+    )
+    affected = 0
+    freed = []
+    for row in map(_label_resource, await cur.fetchall()):
+        if key_names(row.label) != names:
+            continue
+        rule = best_limit(LabelKey.parse(row.label), rules)
+        new_max = None if rule is None else rule.max_resource
+        if new_max == row.max_resource:
+            continue
+        affected += 1
+        freed.append(row.label)
+        if new_max is None and row.live_tickets == 0:
+            await conn.execute("DELETE FROM label_resource WHERE label = %s", (row.label,))
+            continue
+        await conn.execute(
+            "UPDATE label_resource SET max_resource = %s, updated_at = %s WHERE label = %s",
+            (jres(new_max), now, row.label),
+        )
+    await notify_freed(conn, freed)
+    return affected
+
+
+async def set_limit(
+    conn: Conn, pattern: LabelPattern, max_resource: Resource, now: datetime
+) -> tuple[StoredLimit, int]:
+    await conn.execute("SELECT pg_advisory_xact_lock(%s)", (LIMITS_LOCK_ID,))
+    names = ",".join(k for k, _ in pattern.labels)
+    await conn.execute(
+        "INSERT INTO label_limit (pattern, key_names, max_resource, created_at, updated_at)"
+        " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (pattern) DO UPDATE SET"
+        " max_resource = EXCLUDED.max_resource, updated_at = EXCLUDED.updated_at",
+        (str(pattern), names, jres(max_resource), now, now),
+    )
+    affected = await _refresh_limit_rows(conn, names, now)
+    return StoredLimit(str(pattern), max_resource, now), affected
+
+
+async def delete_limit(conn: Conn, pattern: LabelPattern, now: datetime) -> int:
+    await conn.execute("SELECT pg_advisory_xact_lock(%s)", (LIMITS_LOCK_ID,))
+    cur = await conn.execute(
+        "DELETE FROM label_limit WHERE pattern = %s RETURNING key_names", (str(pattern),)
+    )
+    row = await cur.fetchone()
+    if row is None:
+        raise NotFound(f"no limit for {pattern}")
+    return await _refresh_limit_rows(conn, row[0], now)
+
+
+async def list_limits(conn: Conn, after: str, limit: int) -> list[StoredLimit]:
+    cur = await conn.execute(
+        "SELECT pattern, max_resource, updated_at FROM label_limit WHERE pattern > %s"
+        " ORDER BY pattern LIMIT %s",
+        (after, limit),
+    )
+    return [StoredLimit(p, res(m), u) for p, m, u in await cur.fetchall()]
+
+
+async def get_label_resource(conn: Conn, label: str) -> LabelResource:
+    cur = await conn.execute(
+        f"SELECT {LABEL_RESOURCE_COLUMNS} FROM label_resource WHERE label = %s",  # noqa: S608
+        (label,),
+    )
+    row = await cur.fetchone()
+    if row is None:
+        raise NotFound(f"label {label} has no resource record")
+    return _label_resource(row)
+
+
+async def list_label_resources(
+    conn: Conn, after: str, limit: int, source: str
+) -> list[LabelResource]:
+    cur = await conn.execute(
+        f"SELECT {LABEL_RESOURCE_COLUMNS} FROM label_resource"  # noqa: S608
+        " WHERE label > %s AND (%s = '' OR source = %s) ORDER BY label LIMIT %s",
+        (after, source, source, limit),
+    )
+    return [_label_resource(r) for r in await cur.fetchall()]
+
+
+async def check_consistency(conn: Conn) -> ConsistencyReport:
+    """Recompute used, locked and live tickets per label from the live tickets."""
+    cur = await conn.execute(f"SELECT {LABEL_RESOURCE_COLUMNS} FROM label_resource")  # noqa: S608
+    records = {r[0]: r for r in await cur.fetchall()}
+    cur = await conn.execute(f"SELECT {TICKET_COLUMNS} FROM ticket")  # noqa: S608
+    tickets = [ticket_from_row(r) for r in await cur.fetchall()]
+    used: dict[str, list[Resource]] = defaultdict(list)
+    locked: dict[str, list[Resource]] = defaultdict(list)
+    mismatches: list[Mismatch] = []
+    for ticket in tickets:
+        for label in ticket.charged_labels:
+            locked[label].append(ticket.locked)
+            if ticket.used is not None:
+                used[label].append(ticket.used)
+            if label not in records:
+                mismatches.append(Mismatch(label, "missing_record", None, None,
+                                           f"ticket {ticket.ticket_id} charges it"))
+    for label, raw in sorted(records.items()):
+        mismatches.extend(_check_record(label, raw, used[label], locked[label]))
+    return ConsistencyReport(tuple(mismatches), len(records), len(tickets))
+
+
+def _check_record(
+    label: str, raw: tuple[Any, ...], used: list[Resource], locked: list[Resource]
+) -> list[Mismatch]:
+    try:
+        row = _label_resource(raw)
+    except ResourceError as exc:
+        return [Mismatch(label, "negative", None, None, f"stored record is invalid: {exc}")]
+    out = []
+    for field, stored, parts in (("used", row.used, used), ("locked", row.locked, locked)):
+        expected = Resource.zero(stored.kind, stored.queue)
+        for part in parts:
+            expected = expected + part
+        if not (stored.ge(expected) and expected.ge(stored)):
+            out.append(Mismatch(label, field, stored, expected, "stored != sum of live tickets"))
+    count = sum(1 for _ in locked)
+    if row.live_tickets != count:
+        out.append(Mismatch(label, "live_tickets", None, None,
+                            f"stored {row.live_tickets}, live tickets {count}"))
+    if row.max_resource is not None:
+        in_use = row.used + row.locked + row.protected
+        if not row.max_resource.ge(in_use):
+            out.append(Mismatch(label, "over_max", in_use, row.max_resource,
+                                "used + locked + protected exceeds the maximum"))
+    return out

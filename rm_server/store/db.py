@@ -1,0 +1,240 @@
+"""Connection pool, migrations, transaction retry and request-id idempotency."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from importlib import resources
+from typing import Any, Protocol, TypeVar
+
+import psycopg
+import tenacity
+from psycopg import errors as pg_errors
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from rm_server.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    LabelrmError,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Conn = psycopg.AsyncConnection[Any]
+
+# Session-level advisory lock held while migrating, so replicas starting together
+# apply each migration once.
+MIGRATION_LOCK_ID = 0x6C61_6265_6C72_6D01
+# Transaction-level advisory lock: exclusive when limits change, shared while a
+# label row is created from a limit, so a row never misses a concurrent limit change.
+LIMITS_LOCK_ID = 0x6C61_6265_6C72_6D02
+
+# Outcomes that are the final answer to a request: committed with the request id
+# so that a retry gets the same answer.
+FINAL_ERRORS = (NotFound, FailedPrecondition, ResourceExhausted)
+
+
+@dataclass(frozen=True)
+class Idempotency:
+    """What a mutating call carries so that its retries replay the first outcome."""
+
+    method: str
+    request_id: str
+    request_hash: bytes
+
+    @staticmethod
+    def of(method: str, request_id: str, payload: bytes) -> Idempotency:
+        return Idempotency(method, request_id, hashlib.sha256(payload).digest())
+
+
+@dataclass(frozen=True)
+class Replay:
+    """The stored outcome of an earlier call with the same request id."""
+
+    status_code: int
+    response: bytes
+
+
+class OutcomeEncoder(Protocol[T]):  # type: ignore[misc]
+    def ok(self, result: T) -> bytes: ...
+
+    def error(self, err: LabelrmError) -> tuple[int, bytes]: ...
+
+
+@dataclass
+class _Failed:
+    err: LabelrmError
+
+
+class RetryTransaction(Exception):
+    """Raised inside a transaction body to roll back and run it again."""
+
+
+def _is_retryable(exc: BaseException) -> bool:
+    return isinstance(
+        exc,
+        RetryTransaction
+        | pg_errors.SerializationFailure
+        | pg_errors.DeadlockDetected
+        | psycopg.OperationalError
+        | PoolTimeout,
+    )
+
+
+class Database:
+    """An async connection pool plus the transaction discipline of the store."""
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        min_size: int = 2,
+        max_size: int = 16,
+        connect_timeout: float = 5.0,
+        attempts: int = 4,
+    ) -> None:
+        self.conninfo = conninfo
+        self.attempts = attempts
+        self.pool = AsyncConnectionPool(
+            conninfo,
+            min_size=min_size,
+            max_size=max_size,
+            timeout=connect_timeout,
+            open=False,
+            kwargs={"autocommit": True, "connect_timeout": max(1, int(connect_timeout))},
+            reconnect_timeout=0,  # keep retrying forever in the background
+        )
+
+    async def open(self) -> None:
+        await self.pool.open(wait=True, timeout=30)
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    async def migrate(self) -> list[str]:
+        """Apply the numbered migrations not yet applied; safe with concurrent replicas."""
+        applied: list[str] = []
+        async with await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True) as conn:
+            await conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_ID,))
+            try:
+                await conn.execute(
+                    "CREATE TABLE IF NOT EXISTS schema_migration ("
+                    " version text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+                )
+                cur = await conn.execute("SELECT version FROM schema_migration")
+                done = {row[0] for row in await cur.fetchall()}
+                folder = resources.files("rm_server.store") / "migrations"
+                for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+                    version = entry.name.removesuffix(".sql")
+                    if not entry.name.endswith(".sql") or version in done:
+                        continue
+                    async with conn.transaction():
+                        await conn.execute(entry.read_text())  # type: ignore[arg-type]
+                        await conn.execute(
+                            "INSERT INTO schema_migration (version) VALUES (%s)", (version,)
+                        )
+                    log.info("applied migration %s", version)
+                    applied.append(version)
+            finally:
+                await conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_ID,))
+        return applied
+
+    async def run(self, body: Callable[[Conn], Awaitable[T]], *, read_only: bool = False) -> T:
+        """Run `body` in one transaction, retrying serialization failures, deadlocks
+        and lost connections; a database that stays away becomes Unavailable."""
+        try:
+            async for attempt in tenacity.AsyncRetrying(
+                retry=tenacity.retry_if_exception(_is_retryable),
+                stop=tenacity.stop_after_attempt(self.attempts),
+                wait=tenacity.wait_random_exponential(multiplier=0.02, max=0.5),
+                reraise=True,
+            ):
+                with attempt:
+                    async with self.pool.connection() as conn, conn.transaction():
+                        if read_only:
+                            await conn.execute(
+                                "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+                            )
+                        return await body(conn)
+        except (psycopg.OperationalError, PoolTimeout) as exc:
+            raise Unavailable(f"database unavailable: {exc}".strip()) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def run_idempotent(
+        self,
+        idem: Idempotency,
+        now: datetime,
+        body: Callable[[Conn], Awaitable[T]],
+        encoder: OutcomeEncoder[T],
+    ) -> T | Replay:
+        """Run a mutating `body` at most once per request id.
+
+        The request id is claimed with the first statement of the transaction
+        (a concurrent duplicate blocks on the primary key until this commits),
+        and the outcome, success or final error, is stored in the same commit.
+        """
+
+        async def attempt(conn: Conn) -> T | Replay | _Failed:
+            replay = await claim_request(conn, idem, now)
+            if replay is not None:
+                return replay
+            try:
+                result = await body(conn)
+            except FINAL_ERRORS as err:
+                code, payload = encoder.error(err)
+                await finish_request(conn, idem, code, payload)
+                return _Failed(err)
+            await finish_request(conn, idem, 0, encoder.ok(result))
+            return result
+
+        outcome = await self.run(attempt)
+        if isinstance(outcome, _Failed):
+            raise outcome.err
+        return outcome
+
+    async def purge_request_ids(self, older_than: datetime, batch: int = 5000) -> int:
+        async def body(conn: Conn) -> int:
+            cur = await conn.execute(
+                "DELETE FROM request_log WHERE ctid = ANY(ARRAY("
+                " SELECT ctid FROM request_log WHERE created_at < %s LIMIT %s))",
+                (older_than, batch),
+            )
+            return cur.rowcount
+
+        return await self.run(body)
+
+
+async def claim_request(conn: Conn, idem: Idempotency, now: datetime) -> Replay | None:
+    cur = await conn.execute(
+        "INSERT INTO request_log (method, request_id, request_hash, created_at)"
+        " VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING 1",
+        (idem.method, idem.request_id, idem.request_hash, now),
+    )
+    if await cur.fetchone() is not None:
+        return None
+    cur = await conn.execute(
+        "SELECT request_hash, status_code, response FROM request_log"
+        " WHERE method = %s AND request_id = %s",
+        (idem.method, idem.request_id),
+    )
+    row = await cur.fetchone()
+    if row is None or row[1] is None:  # pragma: no cover - the claim is committed with an outcome
+        raise FailedPrecondition("request id is still being processed", state="IN_FLIGHT")
+    if bytes(row[0]) != idem.request_hash:
+        raise InvalidArgument("request_id", "reused with a different request")
+    return Replay(status_code=row[1], response=bytes(row[2]))
+
+
+async def finish_request(conn: Conn, idem: Idempotency, code: int, payload: bytes) -> None:
+    await conn.execute(
+        "UPDATE request_log SET status_code = %s, response = %s"
+        " WHERE method = %s AND request_id = %s",
+        (code, payload, idem.method, idem.request_id),
+    )

@@ -1,0 +1,412 @@
+"""Apply, ReportUsed, Release and lock expiry: each runs inside one transaction
+given by `Database.run*`, locking label rows sorted by label text first, then the
+ticket row."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+from rm_server.domain.labels import Label, LabelKey
+from rm_server.domain.limits import LabelPattern, LimitRule, best_limit
+from rm_server.domain.model import Refusal, Ticket, TicketState
+from rm_server.domain.resources import Resource, ResourceError, Shortfall, fits, headroom
+from rm_server.errors import FailedPrecondition, InvalidArgument, NotFound
+from rm_server.store.codec import (
+    HISTORY_COLUMNS,
+    TICKET_COLUMNS,
+    jlabels,
+    jres,
+    opt_res,
+    res,
+    ticket_from_history,
+    ticket_from_row,
+)
+from rm_server.store.db import Conn
+from rm_server.store.notify import notify_freed
+
+NO_WAITER = 2**63 - 1  # a new request ranks after every registered waiter
+
+
+@dataclass(frozen=True)
+class LabelRow:
+    """A label_resource row as locked by the current transaction."""
+
+    label: str
+    source: str
+    max_resource: Resource | None
+    protected: Resource
+    used: Resource
+    locked: Resource
+    live_tickets: int
+    queued: bool  # an earlier waiter is queued on this label
+
+
+class NeedLimitRows(Exception):
+    """Labels without a record have a configured limit: create their rows, then retry."""
+
+    def __init__(self, labels: Sequence[str]) -> None:
+        super().__init__(", ".join(labels))
+        self.labels = tuple(labels)
+
+
+class MustWait(Exception):
+    """An Apply that may wait did not fit: roll back and wait for a release."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__("must wait")
+        self.refusal = refusal
+
+
+@dataclass(frozen=True)
+class ApplyCommand:
+    ticket_id: str
+    user: str
+    labels: tuple[Label, ...]
+    keys: tuple[str, ...]  # resource-carrying labels, canonical (sorted) order
+    resource: Resource
+    now: datetime
+    lock_expires_at: datetime
+    waiter_seq: int | None = None
+    may_wait: bool = False
+
+
+async def lock_labels(
+    conn: Conn, labels: Sequence[str], now: datetime, waiter_seq: int = NO_WAITER
+) -> dict[str, LabelRow]:
+    """Lock the rows of `labels` in canonical order; flag labels with an earlier waiter."""
+    cur = await conn.execute(
+        "SELECT r.label, r.source, r.max_resource, r.protected, r.used, r.locked,"
+        " r.live_tickets,"
+        " EXISTS (SELECT 1 FROM apply_waiter w WHERE w.label = r.label AND w.seq < %s"
+        "         AND w.expires_at > %s)"
+        " FROM label_resource r WHERE r.label = ANY(%s) ORDER BY r.label FOR UPDATE OF r",
+        (waiter_seq, now, list(labels)),
+    )
+    rows = {}
+    for label, source, maximum, protected, used, locked, live, queued in await cur.fetchall():
+        rows[label] = LabelRow(
+            label, source, opt_res(maximum), res(protected), res(used), res(locked), live, queued
+        )
+    return rows
+
+
+async def write_labels(conn: Conn, rows: Sequence[LabelRow], now: datetime) -> None:
+    """Write back used, locked and live ticket counts of locked rows in one statement."""
+    if not rows:
+        return
+    await conn.execute(
+        "UPDATE label_resource r SET used = u.used::jsonb, locked = u.locked::jsonb,"
+        " kind = u.kind, live_tickets = u.live, updated_at = %s"
+        " FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::bigint[])"
+        "   AS u(label, used, locked, kind, live)"
+        " WHERE r.label = u.label",
+        (
+            now,
+            [r.label for r in rows],
+            [json.dumps(r.used.to_dict()) for r in rows],
+            [json.dumps(r.locked.to_dict()) for r in rows],
+            [r.locked.kind.value for r in rows],
+            [r.live_tickets for r in rows],
+        ),
+    )
+
+
+async def load_limit_rules(conn: Conn, key_names: Sequence[str]) -> list[LimitRule]:
+    cur = await conn.execute(
+        "SELECT pattern, max_resource FROM label_limit WHERE key_names = ANY(%s)",
+        (list(key_names),),
+    )
+    return [LimitRule(LabelPattern.parse(p), res(m)) for p, m in await cur.fetchall()]
+
+
+def key_names(label: str) -> str:
+    return ",".join(LabelKey.parse(label).keys())
+
+
+async def _labels_needing_rows(conn: Conn, missing: Sequence[str]) -> list[str]:
+    rules = await load_limit_rules(conn, sorted({key_names(m) for m in missing}))
+    return [m for m in missing if best_limit(LabelKey.parse(m), rules) is not None]
+
+
+def _charge(row: LabelRow, resource: Resource) -> LabelRow:
+    try:
+        return replace(row, locked=row.locked + resource, live_tickets=row.live_tickets + 1)
+    except ResourceError as exc:
+        raise InvalidArgument("resource", f"does not match label {row.label}: {exc}") from exc
+
+
+def check_rows(rows: Sequence[LabelRow], resource: Resource) -> Refusal | None:
+    """Every shortfall over the rows with a maximum, or the labels queued behind waiters."""
+    shortfalls: list[Shortfall] = []
+    for row in rows:
+        if row.max_resource is None:
+            continue
+        try:
+            left = headroom(row.max_resource, row.used, row.locked, row.protected)
+            shortfalls.extend(fits(left, resource, row.label))
+        except ResourceError as exc:
+            raise InvalidArgument("resource", f"does not match label {row.label}: {exc}") from exc
+    queued = tuple(row.label for row in rows if row.queued)
+    if shortfalls or queued:
+        return Refusal(tuple(shortfalls), queued)
+    return None
+
+
+async def apply(conn: Conn, cmd: ApplyCommand) -> Ticket | Refusal:
+    """Lock every label, check every one, then charge all or none."""
+    seq = NO_WAITER if cmd.waiter_seq is None else cmd.waiter_seq
+    rows = await lock_labels(conn, cmd.keys, cmd.now, seq)
+    missing = [k for k in cmd.keys if k not in rows]
+    if missing:
+        need = await _labels_needing_rows(conn, missing)
+        if need:
+            raise NeedLimitRows(need)
+    ordered = [rows[k] for k in cmd.keys if k in rows]
+    charged = [_charge(row, cmd.resource) for row in ordered]  # validates kinds first
+    refusal = check_rows(ordered, cmd.resource)
+    if refusal is not None:
+        if cmd.may_wait:
+            raise MustWait(refusal)
+        return refusal
+    await write_labels(conn, charged, cmd.now)
+    ticket = Ticket(
+        ticket_id=cmd.ticket_id,
+        state=TicketState.LOCKED,
+        user=cmd.user,
+        labels=cmd.labels,
+        charged_labels=tuple(r.label for r in ordered),
+        requested=cmd.resource,
+        locked=cmd.resource,
+        used=None,
+        created_at=cmd.now,
+        updated_at=cmd.now,
+        lock_expires_at=cmd.lock_expires_at,
+    )
+    await conn.execute(
+        f"INSERT INTO ticket ({TICKET_COLUMNS}) VALUES"  # noqa: S608 - constant column list
+        " (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        (
+            ticket.ticket_id, ticket.state.value, ticket.user, jlabels(ticket.labels),
+            list(ticket.charged_labels), jres(ticket.requested), jres(ticket.locked),
+            jres(Resource.zero(cmd.resource.kind, cmd.resource.queue)), ticket.created_at,
+            ticket.updated_at, ticket.lock_expires_at,
+        ),
+    )
+    if cmd.waiter_seq is not None:
+        await conn.execute("DELETE FROM apply_waiter WHERE seq = %s", (cmd.waiter_seq,))
+    return ticket
+
+
+async def register_waiter(
+    conn: Conn, waiter_id: str, labels: Sequence[str], expires_at: datetime
+) -> int:
+    """Queue a waiting apply on each of its labels; returns its global sequence number."""
+    cur = await conn.execute("SELECT nextval('apply_waiter_seq')")
+    row = await cur.fetchone()
+    assert row is not None
+    seq = int(row[0])
+    await conn.execute(
+        "INSERT INTO apply_waiter (label, seq, waiter_id, expires_at)"
+        " SELECT unnest(%s::text[]), %s, %s, %s",
+        (list(labels), seq, waiter_id, expires_at),
+    )
+    return seq
+
+
+async def remove_waiter(conn: Conn, seq: int) -> None:
+    """Leave the queue; waiters behind it may now go, so wake them."""
+    cur = await conn.execute("DELETE FROM apply_waiter WHERE seq = %s RETURNING label", (seq,))
+    await notify_freed(conn, [r[0] for r in await cur.fetchall()])
+
+
+async def purge_waiters(conn: Conn, now: datetime) -> int:
+    """Drop waiters whose deadline passed (their replica may have died)."""
+    cur = await conn.execute(
+        "DELETE FROM apply_waiter WHERE expires_at <= %s RETURNING label", (now,)
+    )
+    labels = [r[0] for r in await cur.fetchall()]
+    await notify_freed(conn, labels)
+    return len(labels)
+
+
+async def _read_ticket(conn: Conn, ticket_id: str, *, lock: bool) -> Ticket | None:
+    sql = f"SELECT {TICKET_COLUMNS} FROM ticket WHERE ticket_id = %s"  # noqa: S608
+    cur = await conn.execute(sql + (" FOR UPDATE" if lock else ""), (ticket_id,))
+    row = await cur.fetchone()
+    return None if row is None else ticket_from_row(row)
+
+
+async def read_history(conn: Conn, ticket_id: str) -> Ticket | None:
+    cur = await conn.execute(
+        f"SELECT {HISTORY_COLUMNS} FROM ticket_history WHERE ticket_id = %s",  # noqa: S608
+        (ticket_id,),
+    )
+    row = await cur.fetchone()
+    return None if row is None else ticket_from_history(row)
+
+
+async def get_ticket(conn: Conn, ticket_id: str) -> Ticket:
+    ticket = await _read_ticket(conn, ticket_id, lock=False)
+    if ticket is None:
+        ticket = await read_history(conn, ticket_id)
+    if ticket is None:
+        raise NotFound(f"ticket {ticket_id} not found")
+    return ticket
+
+
+async def _lock_live_ticket(
+    conn: Conn, ticket_id: str, now: datetime
+) -> tuple[Ticket | None, dict[str, LabelRow]]:
+    """Lock a live ticket's labels (canonical order) and then the ticket itself.
+
+    Charged labels never change, so reading them before taking the locks is safe.
+    Returns (None, {}) when the ticket is not live (ended, or never existed).
+    """
+    peek = await _read_ticket(conn, ticket_id, lock=False)
+    if peek is None:
+        return None, {}
+    rows = await lock_labels(conn, peek.charged_labels, now)
+    ticket = await _read_ticket(conn, ticket_id, lock=True)
+    return ticket, rows
+
+
+async def end_ticket(
+    conn: Conn,
+    ticket: Ticket,
+    rows: dict[str, LabelRow],
+    now: datetime,
+    final_state: TicketState,
+    reason: str,
+) -> Ticket:
+    """Return a live ticket's resource to its labels and move it to the history."""
+    updated = []
+    for label in ticket.charged_labels:
+        row = rows.get(label)
+        if row is None:  # the label's record was removed (ECM unregistered)
+            continue
+        used = row.used - ticket.used if ticket.used is not None else row.used
+        updated.append(
+            replace(row, used=used, locked=row.locked - ticket.locked,
+                    live_tickets=row.live_tickets - 1)
+        )
+    await write_labels(conn, updated, now)
+    await conn.execute("DELETE FROM ticket WHERE ticket_id = %s", (ticket.ticket_id,))
+    await conn.execute(
+        f"INSERT INTO ticket_history ({HISTORY_COLUMNS}) VALUES"  # noqa: S608
+        " (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        (
+            ticket.ticket_id, final_state.value, reason, ticket.user, jlabels(ticket.labels),
+            list(ticket.charged_labels), jres(ticket.requested), jres(ticket.used),
+            ticket.created_at, ticket.updated_at if ticket.used is not None else None, now,
+        ),
+    )
+    await notify_freed(conn, [r.label for r in updated])
+    return replace(
+        ticket, state=final_state, locked=Resource.zero(ticket.locked.kind, ticket.locked.queue),
+        ended_at=now, end_reason=reason, lock_expires_at=None,
+    )
+
+
+async def _not_live(conn: Conn, ticket_id: str) -> FailedPrecondition | NotFound:
+    ended = await read_history(conn, ticket_id)
+    if ended is None:
+        return NotFound(f"ticket {ticket_id} not found")
+    return FailedPrecondition(
+        f"ticket {ticket_id} is {ended.state.value} ({ended.end_reason})", state=ended.state.value
+    )
+
+
+async def report_used(
+    conn: Conn, ticket_id: str, used: Resource | None, now: datetime
+) -> Ticket:
+    """LOCKED -> USED: the locked resource moves to used; any unused part is freed."""
+    ticket, rows = await _lock_live_ticket(conn, ticket_id, now)
+    if ticket is None:
+        raise await _not_live(conn, ticket_id)
+    if ticket.state is not TicketState.LOCKED:
+        raise FailedPrecondition(
+            f"ticket {ticket_id} is {ticket.state.value}, not LOCKED", state=ticket.state.value
+        )
+    if ticket.lock_expires_at is not None and now >= ticket.lock_expires_at:
+        await end_ticket(conn, ticket, rows, now, TicketState.EXPIRED, "lock timeout")
+        raise FailedPrecondition(
+            f"ticket {ticket_id} was not reported within the lock timeout", state="EXPIRED"
+        )
+    actual = ticket.locked if used is None else used
+    try:
+        within = ticket.locked.ge(actual)
+        remainder = ticket.locked - actual if within else None
+    except ResourceError as exc:
+        raise InvalidArgument("used_resource", str(exc)) from exc
+    if remainder is None:
+        raise FailedPrecondition(
+            f"used_resource exceeds what ticket {ticket_id} locked", state="LOCKED"
+        )
+    updated = [
+        replace(row, locked=row.locked - ticket.locked, used=row.used + actual)
+        for label in ticket.charged_labels
+        if (row := rows.get(label)) is not None
+    ]
+    await write_labels(conn, updated, now)
+    zero = Resource.zero(ticket.locked.kind, ticket.locked.queue)
+    await conn.execute(
+        "UPDATE ticket SET state = 'USED', used = %s, locked = %s, lock_expires_at = NULL,"
+        " updated_at = %s WHERE ticket_id = %s",
+        (jres(actual), jres(zero), now, ticket_id),
+    )
+    if not remainder.is_zero():
+        await notify_freed(conn, [r.label for r in updated])
+    return replace(
+        ticket, state=TicketState.USED, used=actual, locked=zero, updated_at=now,
+        lock_expires_at=None,
+    )
+
+
+async def release(conn: Conn, ticket_id: str, now: datetime, reason: str = "released") -> Ticket:
+    """End a live ticket; an ended one is returned as it is (Release is idempotent)."""
+    ticket, rows = await _lock_live_ticket(conn, ticket_id, now)
+    if ticket is None:
+        ended = await read_history(conn, ticket_id)
+        if ended is None:
+            raise NotFound(f"ticket {ticket_id} not found")
+        return ended
+    return await end_ticket(conn, ticket, rows, now, TicketState.RELEASED, reason)
+
+
+async def expired_ticket_ids(conn: Conn, now: datetime, limit: int) -> list[str]:
+    cur = await conn.execute(
+        "SELECT ticket_id FROM ticket WHERE state = 'LOCKED' AND lock_expires_at <= %s"
+        " ORDER BY lock_expires_at LIMIT %s",
+        (now, limit),
+    )
+    return [r[0] for r in await cur.fetchall()]
+
+
+async def expire_ticket(conn: Conn, ticket_id: str, now: datetime) -> bool:
+    """Reclaim one LOCKED ticket past its lock timeout; False if it no longer qualifies."""
+    ticket, rows = await _lock_live_ticket(conn, ticket_id, now)
+    if (
+        ticket is None
+        or ticket.state is not TicketState.LOCKED
+        or ticket.lock_expires_at is None
+        or ticket.lock_expires_at > now
+    ):
+        return False
+    await end_ticket(conn, ticket, rows, now, TicketState.EXPIRED, "lock timeout")
+    return True
+
+
+async def list_tickets(
+    conn: Conn, after: str, limit: int, label: str, state: str
+) -> list[Ticket]:
+    cur = await conn.execute(
+        f"SELECT {TICKET_COLUMNS} FROM ticket WHERE ticket_id > %s"  # noqa: S608
+        " AND (%s = '' OR charged_labels @> ARRAY[%s]::text[])"
+        " AND (%s = '' OR state = %s)"
+        " ORDER BY ticket_id LIMIT %s",
+        (after, label, label, state, state, limit),
+    )
+    return [ticket_from_row(r) for r in await cur.fetchall()]
