@@ -20,6 +20,7 @@ M = TypeVar("M", bound=Message)
 MAX_REQUEST_ID = 128
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 1000
+_TOKEN_PREFIX = "after:"  # page tokens are opaque to clients; this marks ours
 
 
 def idempotency(method: str, request: Message) -> Idempotency:
@@ -73,9 +74,12 @@ def page_of(request: Any) -> Page:
     after = ""
     if token:
         try:
-            after = base64.urlsafe_b64decode(token.encode()).decode()
+            decoded = base64.b64decode(token.encode(), altchars=b"-_", validate=True).decode()
         except (ValueError, UnicodeDecodeError) as exc:
             raise InvalidArgument("page_token", "is not a token this server issued") from exc
+        if not decoded.startswith(_TOKEN_PREFIX):
+            raise InvalidArgument("page_token", "is not a token this server issued")
+        after = decoded.removeprefix(_TOKEN_PREFIX)
     return Page(after, size)
 
 
@@ -83,4 +87,4 @@ def next_token(items: list[T], page: Page, key: Callable[[T], str]) -> str:
     """Fetch size+1 rows; a token exists only when there is a next page."""
     if len(items) <= page.size:
         return ""
-    return base64.urlsafe_b64encode(key(items[page.size - 1]).encode()).decode()
+    return base64.urlsafe_b64encode((_TOKEN_PREFIX + key(items[page.size - 1])).encode()).decode()

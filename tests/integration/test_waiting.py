@@ -1,0 +1,90 @@
+"""Applies that wait for capacity: woken by releases (LISTEN/NOTIFY), FIFO per label."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from grpc_status import rpc_status
+
+from labelrm.v1 import resource_manager_pb2 as pb
+from labelrm.v1 import resource_pb2
+from tests.conftest import wait_until
+from tests.helpers import GiB, apply_req, assert_consistent, limit_req, load
+
+USER = "userCreator=alice-IDE,engineType=spark-3.2.1"
+
+
+async def waiters(rm) -> int:
+    async def count(conn):
+        cur = await conn.execute("SELECT count(DISTINCT seq) FROM apply_waiter")
+        return (await cur.fetchone())[0]
+
+    return await rm.core.db.run(count)
+
+
+async def test_waiting_apply_is_granted_by_a_release(rm):
+    await rm.admin.SetLabelLimit(limit_req("userCreator=*,engineType=*", load(4 * GiB, 4000)))
+    holder = (await rm.rm.Apply(apply_req(USER, load(3 * GiB, 100)))).ticket
+    waiting = asyncio.ensure_future(rm.rm.Apply(apply_req(USER, load(2 * GiB, 100), wait=60)))
+    await wait_until(lambda: waiters(rm), timeout=10)
+    assert not waiting.done()
+    await rm.rm.Release(pb.ReleaseRequest(ticket_id=holder.ticket_id))
+    granted = await asyncio.wait_for(waiting, timeout=30)
+    assert granted.ticket.state == pb.TICKET_STATE_LOCKED
+    assert await waiters(rm) == 0
+    await assert_consistent(rm)
+
+
+async def test_waiting_apply_times_out_with_deadline_exceeded(rm):
+    await rm.admin.SetLabelLimit(limit_req("userCreator=*,engineType=*", load(GiB, 4000)))
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await rm.rm.Apply(apply_req(USER, load(2 * GiB, 100), wait=0.5))
+    assert exc.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    status = rpc_status.from_call(exc.value)
+    assert any(d.Is(resource_pb2.Shortfalls.DESCRIPTOR) for d in status.details)
+    assert await waiters(rm) == 0
+    records = await rm.rm.ListLabelResources(pb.ListLabelResourcesRequest())
+    assert all(r.live_tickets == 0 for r in records.label_resources)
+
+
+async def test_large_waiter_is_not_overtaken_by_later_small_requests(rm):
+    await rm.admin.SetLabelLimit(limit_req("userCreator=*,engineType=*", load(4 * GiB, 4000)))
+    small = [(await rm.rm.Apply(apply_req(USER, load(GiB, 100)))).ticket for _ in range(3)]
+    big = asyncio.ensure_future(rm.rm.Apply(apply_req(USER, load(3 * GiB, 100), wait=60)))
+    await wait_until(lambda: waiters(rm), timeout=10)
+    # One GiB is free, but the big waiter is first in line: a new small request must
+    # not take it, neither at once nor by waiting.
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await rm.rm.Apply(apply_req(USER, load(GiB, 100)))
+    assert exc.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "queued behind" in exc.value.details()
+    late_small = asyncio.ensure_future(rm.rm.Apply(apply_req(USER, load(GiB, 100), wait=60)))
+    await wait_until(lambda: _eq(waiters(rm), 2), timeout=10)
+    await rm.rm.Release(pb.ReleaseRequest(ticket_id=small[0].ticket_id))
+    await rm.rm.Release(pb.ReleaseRequest(ticket_id=small[1].ticket_id))
+    granted_big = await asyncio.wait_for(big, timeout=30)
+    assert granted_big.ticket.state == pb.TICKET_STATE_LOCKED
+    assert not late_small.done()
+    await rm.rm.Release(pb.ReleaseRequest(ticket_id=small[2].ticket_id))
+    granted_small = await asyncio.wait_for(late_small, timeout=30)
+    assert granted_small.ticket.create_time.ToNanoseconds() >= granted_big.ticket.create_time.ToNanoseconds()
+    await assert_consistent(rm)
+
+
+async def _eq(awaitable, expected):
+    return (await awaitable) == expected
+
+
+async def test_cancelled_waiter_leaves_the_queue(rm):
+    await rm.admin.SetLabelLimit(limit_req("userCreator=*,engineType=*", load(GiB, 4000)))
+    call = rm.rm.Apply(apply_req(USER, load(2 * GiB, 100), wait=60))
+    task = asyncio.ensure_future(call)
+    await wait_until(lambda: waiters(rm), timeout=10)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await wait_until(lambda: _eq(waiters(rm), 0), timeout=10)
+    ok = await rm.rm.Apply(apply_req(USER, load(GiB, 100)))
+    assert ok.ticket.state == pb.TICKET_STATE_LOCKED
