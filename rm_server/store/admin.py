@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from rm_server.domain.admission import excess_dimensions
 from rm_server.domain.labels import Label, LabelKey
 from rm_server.domain.limits import LabelPattern, best_limit
 from rm_server.domain.model import (
@@ -309,7 +310,9 @@ def _check_record(
                             f"stored {row.live_tickets}, live tickets {count}"))
     if row.max_resource is not None:
         in_use = row.used + row.locked + row.protected
-        if not row.max_resource.ge(in_use):
+        excess = excess_dimensions(row.max_resource, in_use)
+        if excess:
             out.append(Mismatch(label, "over_max", in_use, row.max_resource,
-                                "used + locked + protected exceeds the maximum"))
+                                "used + locked + protected exceeds the maximum in "
+                                + ", ".join(excess)))
     return out

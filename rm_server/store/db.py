@@ -228,7 +228,9 @@ async def claim_request(conn: Conn, idem: Idempotency, now: datetime) -> Replay 
     if row is None or row[1] is None:  # pragma: no cover - the claim is committed with an outcome
         raise FailedPrecondition("request id is still being processed", state="IN_FLIGHT")
     if bytes(row[0]) != idem.request_hash:
-        raise InvalidArgument("request_id", "reused with a different request")
+        raise InvalidArgument(
+            "request_id", "reused with a different request", reason="REQUEST_ID_REUSED"
+        )
     return Replay(status_code=row[1], response=bytes(row[2]))
 
 

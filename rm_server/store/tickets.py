@@ -12,7 +12,8 @@ from datetime import datetime
 from rm_server.domain.labels import Label, LabelKey
 from rm_server.domain.limits import LabelPattern, LimitRule, best_limit
 from rm_server.domain.model import Refusal, Ticket, TicketState
-from rm_server.domain.resources import Resource, ResourceError, Shortfall, fits, headroom
+from rm_server.domain.admission import label_shortfalls
+from rm_server.domain.resources import Resource, ResourceError, Shortfall
 from rm_server.errors import FailedPrecondition, InvalidArgument, NotFound
 from rm_server.store.codec import (
     HISTORY_COLUMNS,
@@ -145,8 +146,10 @@ def check_rows(rows: Sequence[LabelRow], resource: Resource) -> Refusal | None:
         if row.max_resource is None:
             continue
         try:
-            left = headroom(row.max_resource, row.used, row.locked, row.protected)
-            shortfalls.extend(fits(left, resource, row.label))
+            shortfalls.extend(
+                label_shortfalls(row.label, row.max_resource, row.used, row.locked,
+                                 row.protected, resource)
+            )
         except ResourceError as exc:
             raise InvalidArgument("resource", f"does not match label {row.label}: {exc}") from exc
     queued = tuple(row.label for row in rows if row.queued)
@@ -315,7 +318,8 @@ async def _not_live(conn: Conn, ticket_id: str) -> FailedPrecondition | NotFound
     if ended is None:
         return NotFound(f"ticket {ticket_id} not found")
     return FailedPrecondition(
-        f"ticket {ticket_id} is {ended.state.value} ({ended.end_reason})", state=ended.state.value
+        f"ticket {ticket_id} is {ended.state.value} ({ended.end_reason})", state=ended.state.value,
+        reason="TICKET_ENDED",
     )
 
 
@@ -328,12 +332,14 @@ async def report_used(
         raise await _not_live(conn, ticket_id)
     if ticket.state is not TicketState.LOCKED:
         raise FailedPrecondition(
-            f"ticket {ticket_id} is {ticket.state.value}, not LOCKED", state=ticket.state.value
+            f"ticket {ticket_id} is {ticket.state.value}, not LOCKED", state=ticket.state.value,
+            reason="TICKET_NOT_LOCKED",
         )
     if ticket.lock_expires_at is not None and now >= ticket.lock_expires_at:
         await end_ticket(conn, ticket, rows, now, TicketState.EXPIRED, "lock timeout")
         raise FailedPrecondition(
-            f"ticket {ticket_id} was not reported within the lock timeout", state="EXPIRED"
+            f"ticket {ticket_id} was not reported within the lock timeout", state="EXPIRED",
+            reason="LOCK_EXPIRED",
         )
     actual = ticket.locked if used is None else used
     try:
@@ -343,7 +349,8 @@ async def report_used(
         raise InvalidArgument("used_resource", str(exc)) from exc
     if remainder is None:
         raise FailedPrecondition(
-            f"used_resource exceeds what ticket {ticket_id} locked", state="LOCKED"
+            f"used_resource exceeds what ticket {ticket_id} locked", state="LOCKED",
+            reason="USED_EXCEEDS_LOCKED",
         )
     updated = [
         replace(row, locked=row.locked - ticket.locked, used=row.used + actual)

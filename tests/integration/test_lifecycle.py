@@ -230,3 +230,14 @@ async def test_list_tickets_paginates(rm):
             break
     assert pages == 3
     assert seen == sorted(ids)
+
+
+async def test_a_limit_limits_only_the_dimensions_it_names(rm):
+    await rm.admin.SetLabelLimit(limit_req("userCreator=*,engineType=*", load(2 * GiB, 2000)))
+    ok = await rm.rm.Apply(apply_req(USER, load_instance(GiB, 1000, 1)))
+    assert ok.ticket.charged_labels == [COMBINED]
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await rm.rm.Apply(apply_req(USER, load_instance(2 * GiB, 1000, 1)))
+    assert "memory_bytes" in refused.value.details()
+    assert "instances" not in refused.value.details()
+    await assert_consistent(rm)

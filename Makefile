@@ -1,0 +1,97 @@
+# labelrm task runner (GNU make). `make` or `make help` lists the targets.
+#
+# Every target that needs Python depends on the virtualenv, so `make run` and
+# `make test` work from a fresh clone: the first call creates .venv and installs
+# the project with its dev extras; later calls reinstall only when
+# pyproject.toml changed (stamp file .venv/.installed).
+
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+MAKEFLAGS += --no-print-directory
+
+PYTHON   ?= python3
+VENV     ?= .venv
+BIN      := $(VENV)/bin
+PY       := $(BIN)/python
+STAMP    := $(VENV)/.installed
+
+# `make run`
+LISTEN   ?= 127.0.0.1:7100
+DATA_DIR ?= ./labelrm-data
+
+# `make test`: extra pytest arguments, e.g. make test PYTEST_ARGS='-k apply -x'
+PYTEST_ARGS ?=
+# The system PostgreSQL used by `make test-all-dbs` (second run; PYTEST_ARGS passes through).
+TEST_PG_URL ?= postgresql://postgres@127.0.0.1:5432/test
+# Set LABELRM_TEST_DATABASE_URL (environment or make variable) to run the suite
+# against an external PostgreSQL instead of the embedded one; empty = embedded.
+LABELRM_TEST_DATABASE_URL ?=
+unexport LABELRM_TEST_DATABASE_URL
+TEST_ENV := $(if $(LABELRM_TEST_DATABASE_URL),env LABELRM_TEST_DATABASE_URL='$(LABELRM_TEST_DATABASE_URL)',env -u LABELRM_TEST_DATABASE_URL)
+
+TYPED := rm_server clients
+
+.PHONY: help venv run test test-all-dbs format lint typecheck protos protos-check bench clean distclean
+
+help: ## list the targets
+	@echo "labelrm make targets:"
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) \
+	  | awk 'BEGIN {FS = ":.*## "}; {printf "  %-14s %s\n", $$1, $$2}'
+	@echo
+	@echo "variables: PYTEST_ARGS='...'  LABELRM_TEST_DATABASE_URL=postgresql://...  LISTEN=$(LISTEN)  DATA_DIR=$(DATA_DIR)  PYTHON=$(PYTHON)"
+
+venv: $(STAMP) ## create .venv (if missing) and pip install -e '.[dev]' (re-runs when pyproject.toml changes)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "labelrm needs Python >= 3.11, $(PYTHON) is " + sys.version.split()[0])'
+	@test -x $(PY) || { echo "creating $(VENV) with $(PYTHON)"; $(PYTHON) -m venv $(VENV); }
+	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@touch $@
+
+run: $(STAMP) ## run labelrm: rm-server on the embedded database in ./labelrm-data, 127.0.0.1:7100, foreground
+	exec $(BIN)/rm-server --data-dir $(DATA_DIR) --listen $(LISTEN)
+
+test: $(STAMP) ## run the whole test suite (PYTEST_ARGS=..., honours LABELRM_TEST_DATABASE_URL)
+	@echo "test database: $(or $(LABELRM_TEST_DATABASE_URL),embedded PostgreSQL)"
+	@rc=0; $(TEST_ENV) $(BIN)/pytest $(PYTEST_ARGS) || rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: counted as a failure" >&2; fi; \
+	  exit $$rc
+
+test-all-dbs: $(STAMP) ## run the suite twice: embedded PostgreSQL, then the system PostgreSQL (TEST_PG_URL)
+	$(MAKE) test LABELRM_TEST_DATABASE_URL=
+	$(MAKE) test LABELRM_TEST_DATABASE_URL='$(TEST_PG_URL)'
+
+format: $(STAMP) ## ruff format + ruff check --fix
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+lint: $(STAMP) ## ruff check + ruff format --check + buf lint (protos)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/buf lint protos
+
+typecheck: $(STAMP) ## mypy (strict) on rm_server and clients
+	$(BIN)/mypy $(TYPED)
+
+protos: $(STAMP) ## regenerate protos/labelrm/v1/*_pb2*.py(i) from the .proto files, then buf lint
+	$(PY) scripts/gen_protos.py
+	$(BIN)/buf lint protos
+
+protos-check: $(STAMP) ## regenerate into the tree; fail (and show the diff) if protos/ differs from git HEAD
+	bash scripts/ci_check_drift.sh
+
+bench: $(STAMP) ## run the benchmarks (python -m bench) once bench/ has them
+	@if [ -f bench/__main__.py ]; then \
+	  $(PY) -m bench; \
+	else \
+	  echo "no benchmarks yet: bench/__main__.py lands with the benchmarks issue"; \
+	fi
+
+clean: ## remove caches and build output (keeps .venv and ./labelrm-data)
+	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	find . -path ./$(VENV) -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +
+
+distclean: clean ## clean, and remove .venv too (./labelrm-data is never removed)
+	rm -rf $(VENV)
