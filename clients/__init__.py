@@ -113,14 +113,14 @@ def yarn(
     """A share of a YARN queue."""
     return resource_pb2.Resource(
         yarn=resource_pb2.YarnResource(
-            queue_name=queue_name, queue_memory_bytes=memory_bytes,
-            queue_cpu_millis=cpu_millis, queue_instances=instances,
+            queue_name=queue_name,
+            queue_memory_bytes=memory_bytes,
+            queue_cpu_millis=cpu_millis,
+            queue_instances=instances,
         )
     )
 
 
 def special(quantities: Mapping[str, int]) -> resource_pb2.Resource:
     """A custom-resource Resource, for example special({"gpu": 2})."""
-    return resource_pb2.Resource(
-        special=resource_pb2.SpecialResource(quantities=dict(quantities))
-    )
+    return resource_pb2.Resource(special=resource_pb2.SpecialResource(quantities=dict(quantities)))

@@ -115,8 +115,11 @@ class _Requests:
         instance: str, total: Any, protected: Any, labels: LabelsLike, request_id: str | None
     ) -> Any:
         return resource_manager_pb2.RegisterEcmRequest(
-            request_id=_request_id(request_id), instance=instance, labels=to_labels(labels),
-            total_resource=total, protected_resource=protected,
+            request_id=_request_id(request_id),
+            instance=instance,
+            labels=to_labels(labels),
+            total_resource=total,
+            protected_resource=protected,
         )
 
     @staticmethod
@@ -126,8 +129,11 @@ class _Requests:
         if wait_timeout < 0:
             raise ValueError("wait_timeout must not be negative")
         return resource_manager_pb2.ApplyRequest(
-            request_id=_request_id(request_id), labels=to_labels(labels), resource=resource,
-            wait_timeout=_duration(wait_timeout) if wait_timeout > 0 else None, user=user,
+            request_id=_request_id(request_id),
+            labels=to_labels(labels),
+            resource=resource,
+            wait_timeout=_duration(wait_timeout) if wait_timeout > 0 else None,
+            user=user,
         )
 
     @staticmethod
@@ -188,7 +194,9 @@ class RMClient(_Base):
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         self.close()
@@ -213,7 +221,11 @@ class RMClient(_Base):
     # --- ResourceManagerService -------------------------------------------------------------
 
     def register_ecm(
-        self, instance: str, total: Any, protected: Any = None, labels: LabelsLike = (),
+        self,
+        instance: str,
+        total: Any,
+        protected: Any = None,
+        labels: LabelsLike = (),
         request_id: str | None = None,
     ) -> Any:
         """Register (or re-register) an ECM with its total resource; returns the Ecm."""
@@ -228,7 +240,11 @@ class RMClient(_Base):
         return list(self._call(self._rm.UnregisterEcm, req).released_ticket_ids)
 
     def apply(
-        self, labels: LabelsLike, resource: Any, wait_timeout: float = 0, user: str = "",
+        self,
+        labels: LabelsLike,
+        resource: Any,
+        wait_timeout: float = 0,
+        user: str = "",
         request_id: str | None = None,
     ) -> Any:
         """Lock `resource` on every resource-carrying label; returns the LOCKED Ticket.
@@ -238,9 +254,7 @@ class RMClient(_Base):
         req = _Requests.apply(labels, resource, wait_timeout, user, request_id)
         return self._call(self._rm.Apply, req, wait_timeout + self.timeout).ticket
 
-    def report_used(
-        self, ticket_id: str, used: Any = None, request_id: str | None = None
-    ) -> Any:
+    def report_used(self, ticket_id: str, used: Any = None, request_id: str | None = None) -> Any:
         """Turn a LOCKED ticket into USED (all of it when `used` is None); returns the Ticket."""
         req = resource_manager_pb2.ReportUsedRequest(
             request_id=_request_id(request_id), ticket_id=ticket_id, used_resource=used
@@ -283,7 +297,8 @@ class RMClient(_Base):
     ) -> Any:
         """Create or replace the limit of a label pattern ("*" allowed); returns the LabelLimit."""
         req = admin_pb2.SetLabelLimitRequest(
-            request_id=_request_id(request_id), labels=to_labels(labels),
+            request_id=_request_id(request_id),
+            labels=to_labels(labels),
             max_resource=max_resource,
         )
         return self._call(self._admin.SetLabelLimit, req).limit
@@ -335,7 +350,9 @@ class AsyncRMClient(_Base):
         return self
 
     async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         await self.close()
@@ -369,7 +386,11 @@ class AsyncRMClient(_Base):
     # --- ResourceManagerService -------------------------------------------------------------
 
     async def register_ecm(
-        self, instance: str, total: Any, protected: Any = None, labels: LabelsLike = (),
+        self,
+        instance: str,
+        total: Any,
+        protected: Any = None,
+        labels: LabelsLike = (),
         request_id: str | None = None,
     ) -> Any:
         """Register (or re-register) an ECM with its total resource; returns the Ecm."""
@@ -384,7 +405,11 @@ class AsyncRMClient(_Base):
         return list((await self._call(self._rm.UnregisterEcm, req)).released_ticket_ids)
 
     async def apply(
-        self, labels: LabelsLike, resource: Any, wait_timeout: float = 0, user: str = "",
+        self,
+        labels: LabelsLike,
+        resource: Any,
+        wait_timeout: float = 0,
+        user: str = "",
         request_id: str | None = None,
     ) -> Any:
         """Lock `resource` on every resource-carrying label; returns the LOCKED Ticket."""
@@ -436,7 +461,8 @@ class AsyncRMClient(_Base):
     ) -> Any:
         """Create or replace the limit of a label pattern ("*" allowed); returns the LabelLimit."""
         req = admin_pb2.SetLabelLimitRequest(
-            request_id=_request_id(request_id), labels=to_labels(labels),
+            request_id=_request_id(request_id),
+            labels=to_labels(labels),
             max_resource=max_resource,
         )
         return (await self._call(self._admin.SetLabelLimit, req)).limit

@@ -134,8 +134,12 @@ def _non_negative(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of rmctl."""
     p = argparse.ArgumentParser(prog="rmctl", description="labelrm resource manager client")
-    p.add_argument("--rm", default=os.environ.get("LABELRM_RM") or DEFAULT_TARGET,
-                   metavar="HOST:PORT", help="RM address (default: $LABELRM_RM or %(default)s)")
+    p.add_argument(
+        "--rm",
+        default=os.environ.get("LABELRM_RM") or DEFAULT_TARGET,
+        metavar="HOST:PORT",
+        help="RM address (default: $LABELRM_RM or %(default)s)",
+    )
     p.add_argument("-o", "--output", choices=("table", "json"), default="table")
     p.add_argument("--timeout", type=float, default=10.0, help="per-call deadline in seconds")
     cmds = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -144,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_check)
 
     res = cmds.add_parser("resource", help="label resource records").add_subparsers(
-        dest="sub", required=True, metavar="SUBCOMMAND")
+        dest="sub", required=True, metavar="SUBCOMMAND"
+    )
     c = res.add_parser("list", help="list resource records")
     c.add_argument("--source", choices=("ecm", "limit"), default="")
     c.set_defaults(func=cmd_resource_list)
@@ -153,7 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_resource_show)
 
     tk = cmds.add_parser("ticket", help="tickets").add_subparsers(
-        dest="sub", required=True, metavar="SUBCOMMAND")
+        dest="sub", required=True, metavar="SUBCOMMAND"
+    )
     c = tk.add_parser("list", help="list live tickets")
     c.add_argument("--label", default="", help="only tickets charged to this label")
     c.add_argument("--state", choices=("locked", "used"), default=None)
@@ -163,7 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_ticket_show)
 
     lim = cmds.add_parser("limit", help="label limits").add_subparsers(
-        dest="sub", required=True, metavar="SUBCOMMAND")
+        dest="sub", required=True, metavar="SUBCOMMAND"
+    )
     c = lim.add_parser("set", help="create or replace a limit")
     c.add_argument("pattern", type=_labels_arg, metavar="PATTERN", help='"k=v,k2=*"')
     c.add_argument("--memory", type=parse_size, required=True, metavar="BYTES")
@@ -189,14 +196,25 @@ def cmd_check(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     if args.output == "json":
         print(to_json(report), file=out)
     elif report.consistent:
-        print(f"consistent: {report.labels_checked} labels, "
-              f"{report.tickets_checked} tickets checked", file=out)
+        print(
+            f"consistent: {report.labels_checked} labels, {report.tickets_checked} tickets checked",
+            file=out,
+        )
     else:
-        print_table(out, ("label", "field", "stored", "expected", "detail"), (
-            (m.label, m.field, fmt_resource(_opt(m, "stored")),
-             fmt_resource(_opt(m, "expected")), m.detail or "-")
-            for m in report.mismatches
-        ))
+        print_table(
+            out,
+            ("label", "field", "stored", "expected", "detail"),
+            (
+                (
+                    m.label,
+                    m.field,
+                    fmt_resource(_opt(m, "stored")),
+                    fmt_resource(_opt(m, "expected")),
+                    m.detail or "-",
+                )
+                for m in report.mismatches
+            ),
+        )
         print(f"inconsistent: {len(report.mismatches)} mismatches", file=sys.stderr)
     return 0 if report.consistent else 1
 
@@ -208,12 +226,22 @@ def cmd_resource_list(client: RMClient, args: argparse.Namespace, out: TextIO) -
         resp = resource_manager_pb2.ListLabelResourcesResponse(label_resources=records)
         print(to_json(resp), file=out)
         return 0
-    print_table(out, ("label", "source", "max", "used", "locked", "left", "tickets"), (
-        (r.label, r.source, fmt_resource(_opt(r, "max_resource")),
-         fmt_resource(_opt(r, "used_resource")), fmt_resource(_opt(r, "locked_resource")),
-         fmt_resource(_opt(r, "left_resource")), str(r.live_tickets))
-        for r in records
-    ))
+    print_table(
+        out,
+        ("label", "source", "max", "used", "locked", "left", "tickets"),
+        (
+            (
+                r.label,
+                r.source,
+                fmt_resource(_opt(r, "max_resource")),
+                fmt_resource(_opt(r, "used_resource")),
+                fmt_resource(_opt(r, "locked_resource")),
+                fmt_resource(_opt(r, "left_resource")),
+                str(r.live_tickets),
+            )
+            for r in records
+        ),
+    )
     return 0
 
 
@@ -224,13 +252,15 @@ def cmd_resource_show(client: RMClient, args: argparse.Namespace, out: TextIO) -
         print(to_json(r), file=out)
         return 0
     rows = [
-        ("label", r.label), ("source", r.source or "-"),
+        ("label", r.label),
+        ("source", r.source or "-"),
         ("max", fmt_resource(_opt(r, "max_resource"))),
         ("protected", fmt_resource(_opt(r, "protected_resource"))),
         ("used", fmt_resource(_opt(r, "used_resource"))),
         ("locked", fmt_resource(_opt(r, "locked_resource"))),
         ("left", fmt_resource(_opt(r, "left_resource"))),
-        ("tickets", str(r.live_tickets)), ("updated", _fmt_time(r.update_time)),
+        ("tickets", str(r.live_tickets)),
+        ("updated", _fmt_time(r.update_time)),
     ]
     print_table(out, ("field", "value"), rows)
     return 0
@@ -238,9 +268,13 @@ def cmd_resource_show(client: RMClient, args: argparse.Namespace, out: TextIO) -
 
 def _ticket_row(t: Any) -> tuple[str, ...]:
     return (
-        t.ticket_id, _STATE_NAMES.get(t.state, str(t.state)), t.user or "-",
-        ";".join(t.charged_labels) or "-", fmt_resource(_opt(t, "requested_resource")),
-        fmt_resource(_opt(t, "used_resource")), _fmt_time(t.create_time),
+        t.ticket_id,
+        _STATE_NAMES.get(t.state, str(t.state)),
+        t.user or "-",
+        ";".join(t.charged_labels) or "-",
+        fmt_resource(_opt(t, "requested_resource")),
+        fmt_resource(_opt(t, "used_resource")),
+        _fmt_time(t.create_time),
     )
 
 
@@ -277,9 +311,11 @@ def cmd_limit_set(client: RMClient, args: argparse.Namespace, out: TextIO) -> in
     if args.output == "json":
         print(to_json(limit), file=out)
         return 0
-    print_table(out, ("pattern", "max", "updated"), [
-        (limit.pattern, fmt_resource(_opt(limit, "max_resource")), _fmt_time(limit.update_time))
-    ])
+    print_table(
+        out,
+        ("pattern", "max", "updated"),
+        [(limit.pattern, fmt_resource(_opt(limit, "max_resource")), _fmt_time(limit.update_time))],
+    )
     return 0
 
 
@@ -289,10 +325,14 @@ def cmd_limit_list(client: RMClient, args: argparse.Namespace, out: TextIO) -> i
     if args.output == "json":
         print(to_json(admin_pb2.ListLabelLimitsResponse(limits=limits)), file=out)
         return 0
-    print_table(out, ("pattern", "max", "updated"), (
-        (lim.pattern, fmt_resource(_opt(lim, "max_resource")), _fmt_time(lim.update_time))
-        for lim in limits
-    ))
+    print_table(
+        out,
+        ("pattern", "max", "updated"),
+        (
+            (lim.pattern, fmt_resource(_opt(lim, "max_resource")), _fmt_time(lim.update_time))
+            for lim in limits
+        ),
+    )
     return 0
 
 

@@ -35,6 +35,7 @@ from rm_server.store.notify import LabelNotifier
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class CoreSettings:
     lock_timeout: timedelta = timedelta(minutes=10)
@@ -125,7 +126,14 @@ class RMCore:
                     freed.clear()
                     try:
                         return await self._apply_once(
-                            idem, encoder, ticket_id, user, labels, keys, resource, waiter,
+                            idem,
+                            encoder,
+                            ticket_id,
+                            user,
+                            labels,
+                            keys,
+                            resource,
+                            waiter,
                             may_wait=True,
                         )
                     except ticket_store.MustWait as wait:
@@ -138,10 +146,7 @@ class RMCore:
                     if waiter is None:
                         # Join the queue, then try again before sleeping: a release that
                         # happened before we subscribed must not be missed.
-                        expires = self.clock.now() + timedelta(seconds=remaining + 5)
-                        waiter = await self.db.run(
-                            lambda c: ticket_store.register_waiter(c, ticket_id, keys, expires)
-                        )
+                        waiter = await self._join_queue(ticket_id, keys, remaining)
                         continue
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(freed.wait(), timeout=remaining)
@@ -150,6 +155,13 @@ class RMCore:
                     seq = waiter
                     await asyncio.shield(self.db.run(lambda c: ticket_store.remove_waiter(c, seq)))
                 raise
+
+    async def _join_queue(self, waiter_id: str, keys: tuple[str, ...], wait: float) -> int:
+        # The row outlives a crashed replica by at most the wait (+ slack); the sweep drops it.
+        expires = self.clock.now() + timedelta(seconds=wait + 5)
+        return await self.db.run(
+            lambda c: ticket_store.register_waiter(c, waiter_id, keys, expires)
+        )
 
     async def _apply_once(
         self,
@@ -167,9 +179,15 @@ class RMCore:
         while True:
             now = self.clock.now()
             cmd = ticket_store.ApplyCommand(
-                ticket_id=ticket_id, user=user, labels=labels, keys=keys, resource=resource,
-                now=now, lock_expires_at=now + self.settings.lock_timeout,
-                waiter_seq=waiter, may_wait=may_wait,
+                ticket_id=ticket_id,
+                user=user,
+                labels=labels,
+                keys=keys,
+                resource=resource,
+                now=now,
+                lock_expires_at=now + self.settings.lock_timeout,
+                waiter_seq=waiter,
+                may_wait=may_wait,
             )
 
             async def body(conn: Conn, cmd: ticket_store.ApplyCommand = cmd) -> Ticket:
@@ -182,11 +200,14 @@ class RMCore:
                 return await self.db.run_idempotent(idem, now, body, encoder)
             except ticket_store.NeedLimitRows as need:
                 await self.db.run(
-                    lambda c, n=need: admin_store.ensure_limit_rows(c, n.labels, now)  # type: ignore[misc]
+                    lambda c, n=need, at=now: admin_store.ensure_limit_rows(c, n.labels, at)  # type: ignore[misc]
                 )
 
     async def report_used(
-        self, idem: Idempotency, ticket_id: str, used: Resource | None,
+        self,
+        idem: Idempotency,
+        ticket_id: str,
+        used: Resource | None,
         encoder: OutcomeEncoder[Ticket],
     ) -> Ticket | Replay:
         now = self.clock.now()
@@ -206,9 +227,7 @@ class RMCore:
         return await self.db.run(lambda c: ticket_store.get_ticket(c, ticket_id))
 
     async def list_tickets(self, after: str, limit: int, label: str, state: str) -> list[Ticket]:
-        return await self.db.run(
-            lambda c: ticket_store.list_tickets(c, after, limit, label, state)
-        )
+        return await self.db.run(lambda c: ticket_store.list_tickets(c, after, limit, label, state))
 
     async def get_label_resource(self, label: str) -> LabelResource:
         return await self.db.run(lambda c: admin_store.get_label_resource(c, label))
@@ -223,8 +242,13 @@ class RMCore:
     # ----- ECMs ----------------------------------------------------------------------------
 
     async def register_ecm(
-        self, idem: Idempotency, instance: str, labels: tuple[Label, ...], total: Resource,
-        protected: Resource, encoder: OutcomeEncoder[Registration],
+        self,
+        idem: Idempotency,
+        instance: str,
+        labels: tuple[Label, ...],
+        total: Resource,
+        protected: Resource,
+        encoder: OutcomeEncoder[Registration],
     ) -> Registration | Replay:
         own = Label(EM_INSTANCE, instance)
         others = tuple(lb for lb in labels if lb.key != EM_INSTANCE)
@@ -235,9 +259,11 @@ class RMCore:
         all_labels = (own, *others)
         now = self.clock.now()
         return await self.db.run_idempotent(
-            idem, now,
-            lambda c: admin_store.register_ecm(c, instance, str(own), all_labels, total,
-                                               protected, now),
+            idem,
+            now,
+            lambda c: admin_store.register_ecm(
+                c, instance, str(own), all_labels, total, protected, now
+            ),
             encoder,
         )
 
@@ -255,7 +281,10 @@ class RMCore:
     # ----- limits and checks --------------------------------------------------------------
 
     async def set_limit(
-        self, idem: Idempotency, pattern: LabelPattern, max_resource: Resource,
+        self,
+        idem: Idempotency,
+        pattern: LabelPattern,
+        max_resource: Resource,
         encoder: OutcomeEncoder[tuple[StoredLimit, int]],
     ) -> tuple[StoredLimit, int] | Replay:
         now = self.clock.now()
@@ -285,4 +314,3 @@ def _refused(refusal: Refusal) -> ResourceExhausted:
         "queued behind earlier waiting applies on " + ", ".join(refusal.queued_behind),
         reason="QUEUED_BEHIND_WAITERS",
     )
-

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 
@@ -17,10 +18,8 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)s",
         stream=sys.stderr,
     )
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(RMServer(settings).run_until_signalled())
-    except KeyboardInterrupt:
-        pass
     return 0
 
 

@@ -12,8 +12,8 @@ from datetime import timedelta
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-
 from labelrm.v1 import admin_pb2, admin_pb2_grpc, resource_manager_pb2, resource_manager_pb2_grpc
+
 from rm_server.clock import Clock, IdFactory, SystemClock, random_ids
 from rm_server.config import Settings
 from rm_server.core import CoreSettings, RMCore

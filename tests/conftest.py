@@ -23,13 +23,13 @@ from typing import Any
 # the child. Nothing here needs gRPC in a forked child, so turn fork support off.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
-import grpc  # noqa: E402
+import grpc
 import psycopg
 import pytest
+from labelrm.v1 import admin_pb2_grpc, resource_manager_pb2_grpc
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from labelrm.v1 import admin_pb2_grpc, resource_manager_pb2_grpc
 from rm_server.clock import Clock, ManualClock, SystemClock
 from rm_server.config import Settings
 from rm_server.server import RMServer
@@ -182,8 +182,14 @@ class RMProcess:
 
     def start(self, timeout: float = 30.0) -> None:
         cmd = [
-            sys.executable, "-m", "rm_server", "--listen", self.target,
-            "--database-url", self.database_url, *self.extra,
+            sys.executable,
+            "-m",
+            "rm_server",
+            "--listen",
+            self.target,
+            "--database-url",
+            self.database_url,
+            *self.extra,
         ]
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from google.protobuf.duration_pb2 import Duration
-
 from labelrm.v1 import admin_pb2, resource_manager_pb2, resource_pb2
 
 GiB = 1024**3
@@ -33,7 +32,9 @@ def load_instance(memory_bytes: int, cpu_millis: int, instances: int) -> resourc
 
 def register(instance: str, total: resource_pb2.Resource, protected=None, request_id=""):
     return resource_manager_pb2.RegisterEcmRequest(
-        request_id=request_id, instance=instance, total_resource=total,
+        request_id=request_id,
+        instance=instance,
+        total_resource=total,
         protected_resource=protected,
     )
 
@@ -43,8 +44,11 @@ def apply_req(labels: str, resource, request_id: str = "", wait: float = 0.0, us
     if wait:
         wait_timeout = Duration(seconds=int(wait), nanos=int((wait % 1) * 1e9))
     return resource_manager_pb2.ApplyRequest(
-        request_id=request_id, labels=lbl(labels), resource=resource,
-        wait_timeout=wait_timeout, user=user,
+        request_id=request_id,
+        labels=lbl(labels),
+        resource=resource,
+        wait_timeout=wait_timeout,
+        user=user,
     )
 
 

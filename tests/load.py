@@ -12,9 +12,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import grpc
-
 from labelrm.v1 import resource_manager_pb2 as pb
 from labelrm.v1 import resource_manager_pb2_grpc
+
 from tests.helpers import apply_req, load
 
 MiB = 1024**2
@@ -33,8 +33,9 @@ class LoadStats:
     retried: Counter[str] = field(default_factory=Counter)  # outages ridden out
 
 
-async def _call(method, request, deadline: float, stats: LoadStats | None = None,
-                timeout: float = 10.0):
+async def _call(
+    method, request, deadline: float, stats: LoadStats | None = None, timeout: float = 10.0
+):
     """Call with retries on UNAVAILABLE / timeouts, same request id, until the deadline."""
     while True:
         try:
@@ -70,8 +71,10 @@ async def worker(
                 )
                 wait = rng.choice([0.0, 0.0, 0.0, 0.3])
                 req = apply_req(
-                    labels, load(rng.randint(1, 4) * 64 * MiB, rng.randint(1, 4) * 100),
-                    request_id=f"apply-{uuid.uuid4().hex}", wait=wait,
+                    labels,
+                    load(rng.randint(1, 4) * 64 * MiB, rng.randint(1, 4) * 100),
+                    request_id=f"apply-{uuid.uuid4().hex}",
+                    wait=wait,
                 )
                 resp = await _call(stub.Apply, req, give_up_at, stats)
                 mine[resp.ticket.ticket_id] = "LOCKED"
@@ -81,7 +84,8 @@ async def worker(
                 await _call(
                     stub.ReportUsed,
                     pb.ReportUsedRequest(request_id=f"rep-{uuid.uuid4().hex}", ticket_id=tid),
-                    give_up_at, stats,
+                    give_up_at,
+                    stats,
                 )
                 mine[tid] = "USED"
                 stats.ok["report"] += 1
@@ -90,7 +94,8 @@ async def worker(
                 await _call(
                     stub.Release,
                     pb.ReleaseRequest(request_id=f"rel-{uuid.uuid4().hex}", ticket_id=tid),
-                    give_up_at, stats,
+                    give_up_at,
+                    stats,
                 )
                 del mine[tid]
                 stats.ok["release"] += 1

@@ -42,8 +42,4 @@ def label_shortfalls(
 def excess_dimensions(maximum: Resource, in_use: Resource) -> list[str]:
     """The named dimensions in which `in_use` exceeds `maximum` (empty when within)."""
     named = _named(maximum)
-    return [
-        s.dimension
-        for s in fits(maximum, in_use)
-        if named is None or s.dimension in named
-    ]
+    return [s.dimension for s in fits(maximum, in_use) if named is None or s.dimension in named]

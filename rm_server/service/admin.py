@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import grpc
-
 from labelrm.v1 import admin_pb2 as pb
 from labelrm.v1 import admin_pb2_grpc as pb_grpc
+
 from rm_server.core import RMCore
 from rm_server.domain.model import StoredLimit
 from rm_server.service import convert

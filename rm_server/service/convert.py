@@ -96,7 +96,8 @@ def _yarn_to_pb(r: Resource) -> resource_pb2.YarnResource:
 
 def _load_instance_to_pb(r: Resource) -> resource_pb2.LoadInstanceResource:
     return resource_pb2.LoadInstanceResource(
-        memory_bytes=r.get("memory_bytes"), cpu_millis=r.get("cpu_millis"),
+        memory_bytes=r.get("memory_bytes"),
+        cpu_millis=r.get("cpu_millis"),
         instances=r.get("instances"),
     )
 
@@ -104,24 +105,36 @@ def _load_instance_to_pb(r: Resource) -> resource_pb2.LoadInstanceResource:
 def resource_to_pb(r: Resource) -> resource_pb2.Resource:
     kind = r.kind
     if kind is ResourceKind.MEMORY:
-        return resource_pb2.Resource(memory=resource_pb2.MemoryResource(memory_bytes=r.get("memory_bytes")))
+        return resource_pb2.Resource(
+            memory=resource_pb2.MemoryResource(memory_bytes=r.get("memory_bytes"))
+        )
     if kind is ResourceKind.CPU:
         return resource_pb2.Resource(cpu=resource_pb2.CpuResource(cpu_millis=r.get("cpu_millis")))
     if kind is ResourceKind.LOAD:
-        return resource_pb2.Resource(load=resource_pb2.LoadResource(
-            memory_bytes=r.get("memory_bytes"), cpu_millis=r.get("cpu_millis")))
+        return resource_pb2.Resource(
+            load=resource_pb2.LoadResource(
+                memory_bytes=r.get("memory_bytes"), cpu_millis=r.get("cpu_millis")
+            )
+        )
     if kind is ResourceKind.INSTANCE:
         return resource_pb2.Resource(
-            instance=resource_pb2.InstanceResource(instances=r.get("instances")))
+            instance=resource_pb2.InstanceResource(instances=r.get("instances"))
+        )
     if kind is ResourceKind.LOAD_INSTANCE:
         return resource_pb2.Resource(load_instance=_load_instance_to_pb(r))
     if kind is ResourceKind.YARN:
         return resource_pb2.Resource(yarn=_yarn_to_pb(r))
     if kind is ResourceKind.DRIVER_AND_YARN:
-        return resource_pb2.Resource(driver_and_yarn=resource_pb2.DriverAndYarnResource(
-            driver=_load_instance_to_pb(r), yarn=_yarn_to_pb(r)))
-    return resource_pb2.Resource(special=resource_pb2.SpecialResource(
-        quantities={k.removeprefix(SPECIAL_PREFIX): v for k, v in r.quantities}))
+        return resource_pb2.Resource(
+            driver_and_yarn=resource_pb2.DriverAndYarnResource(
+                driver=_load_instance_to_pb(r), yarn=_yarn_to_pb(r)
+            )
+        )
+    return resource_pb2.Resource(
+        special=resource_pb2.SpecialResource(
+            quantities={k.removeprefix(SPECIAL_PREFIX): v for k, v in r.quantities}
+        )
+    )
 
 
 def labels_from_pb(

@@ -67,30 +67,53 @@ def status_of(err: LabelrmError) -> status_pb2.Status:
     message = err.message
     if isinstance(err, InvalidArgument):
         metadata["field"] = err.field
-        details.append(error_details_pb2.BadRequest(field_violations=[
-            error_details_pb2.BadRequest.FieldViolation(field=err.field, description=err.description)
-        ]))
+        details.append(
+            error_details_pb2.BadRequest(
+                field_violations=[
+                    error_details_pb2.BadRequest.FieldViolation(
+                        field=err.field, description=err.description
+                    )
+                ]
+            )
+        )
     elif isinstance(err, FailedPrecondition):
         metadata["state"] = err.state
-        details.append(error_details_pb2.PreconditionFailure(violations=[
-            error_details_pb2.PreconditionFailure.Violation(
-                type="STATE", subject=err.state, description=err.message)
-        ]))
+        details.append(
+            error_details_pb2.PreconditionFailure(
+                violations=[
+                    error_details_pb2.PreconditionFailure.Violation(
+                        type="STATE", subject=err.state, description=err.message
+                    )
+                ]
+            )
+        )
     elif isinstance(err, ResourceExhausted | DeadlineExceeded) and err.shortfalls:
         message = f"{err.message}: {describe_shortfalls(err.shortfalls)}"
         metadata["labels"] = ",".join(sorted({s.label for s in err.shortfalls}))
-        details.append(error_details_pb2.QuotaFailure(violations=[
-            error_details_pb2.QuotaFailure.Violation(
-                subject=f"{s.label}/{s.dimension}",
-                description=f"requested {s.requested}, available {s.available}",
+        details.append(
+            error_details_pb2.QuotaFailure(
+                violations=[
+                    error_details_pb2.QuotaFailure.Violation(
+                        subject=f"{s.label}/{s.dimension}",
+                        description=f"requested {s.requested}, available {s.available}",
+                    )
+                    for s in err.shortfalls
+                ]
             )
-            for s in err.shortfalls
-        ]))
-        details.append(resource_pb2.Shortfalls(shortfalls=[
-            resource_pb2.Shortfall(label=s.label, dimension=s.dimension,
-                                   requested=s.requested, available=s.available)
-            for s in err.shortfalls
-        ]))
+        )
+        details.append(
+            resource_pb2.Shortfalls(
+                shortfalls=[
+                    resource_pb2.Shortfall(
+                        label=s.label,
+                        dimension=s.dimension,
+                        requested=s.requested,
+                        available=s.available,
+                    )
+                    for s in err.shortfalls
+                ]
+            )
+        )
     info = error_details_pb2.ErrorInfo(reason=err.reason, domain=DOMAIN, metadata=metadata)
     return status_pb2.Status(
         code=code, message=message, details=[_pack(info), *(_pack(d) for d in details)]

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import grpc
-
+from google.protobuf.message import Message
 from labelrm.v1 import resource_manager_pb2 as pb
 from labelrm.v1 import resource_manager_pb2_grpc as pb_grpc
+
 from rm_server.core import RMCore
 from rm_server.domain.labels import EM_INSTANCE, Label, LabelError, LabelKey
 from rm_server.domain.model import Ticket
@@ -15,21 +16,25 @@ from rm_server.service import convert
 from rm_server.service.common import ProtoEncoder, idempotency, next_token, page_of, respond
 from rm_server.store.admin import Registration
 
+
+def _ticket_encoder(response_type: type[Message]) -> ProtoEncoder[Ticket]:
+    def encode(ticket: Ticket) -> Message:
+        return response_type(ticket=convert.ticket_to_pb(ticket))
+
+    return ProtoEncoder[Ticket](encode)
+
+
 _TICKET_ENCODERS = {
-    name: ProtoEncoder[Ticket](lambda t, r=resp: r(ticket=convert.ticket_to_pb(t)))
-    for name, resp in (
-        ("Apply", pb.ApplyResponse),
-        ("ReportUsed", pb.ReportUsedResponse),
-        ("Release", pb.ReleaseResponse),
-    )
+    "Apply": _ticket_encoder(pb.ApplyResponse),
+    "ReportUsed": _ticket_encoder(pb.ReportUsedResponse),
+    "Release": _ticket_encoder(pb.ReleaseResponse),
 }
 _REGISTER = ProtoEncoder[Registration](
-    lambda r: pb.RegisterEcmResponse(ecm=convert.ecm_to_pb(r.ecm),
-                                     resource_changed=r.resource_changed)
+    lambda r: pb.RegisterEcmResponse(
+        ecm=convert.ecm_to_pb(r.ecm), resource_changed=r.resource_changed
+    )
 )
-_UNREGISTER = ProtoEncoder[list[str]](
-    lambda ids: pb.UnregisterEcmResponse(released_ticket_ids=ids)
-)
+_UNREGISTER = ProtoEncoder[list[str]](lambda ids: pb.UnregisterEcmResponse(released_ticket_ids=ids))
 
 _STATE_FILTER = {
     pb.TICKET_STATE_UNSPECIFIED: "",

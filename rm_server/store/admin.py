@@ -73,16 +73,22 @@ async def register_ecm(
         (instance,),
     )
     previous = await cur.fetchone()
-    changed = previous is not None and (
-        res(previous[0]) != total or res(previous[1]) != protected
-    )
+    changed = previous is not None and (res(previous[0]) != total or res(previous[1]) != protected)
     if row is None:
         zero = Resource.zero(total.kind, total.queue)
         await conn.execute(
             "INSERT INTO label_resource (label, source, kind, max_resource, protected, used,"
             " locked, created_at, updated_at) VALUES (%s, 'ecm', %s, %s, %s, %s, %s, %s, %s)",
-            (label, total.kind.value, jres(total), jres(protected), jres(zero), jres(zero),
-             now, now),
+            (
+                label,
+                total.kind.value,
+                jres(total),
+                jres(protected),
+                jres(zero),
+                jres(zero),
+                now,
+                now,
+            ),
         )
     else:
         try:
@@ -109,7 +115,11 @@ async def register_ecm(
     if changed and previous is not None:
         log.warning(
             "ECM %s re-registered with a changed resource: total %s -> %s, protected %s -> %s",
-            instance, previous[0], total.to_dict(), previous[1], protected.to_dict(),
+            instance,
+            previous[0],
+            total.to_dict(),
+            previous[1],
+            protected.to_dict(),
         )
     ecm = Ecm(instance, label, labels, total, protected, registered_at, now)
     return Registration(ecm, changed)
@@ -175,8 +185,16 @@ async def ensure_limit_rows(conn: Conn, labels: Sequence[str], now: datetime) ->
             "INSERT INTO label_resource (label, source, kind, max_resource, protected, used,"
             " locked, created_at, updated_at) VALUES (%s, 'limit', %s, %s, %s, %s, %s, %s, %s)"
             " ON CONFLICT (label) DO NOTHING",
-            (label, zero.kind.value, jres(rule.max_resource), jres(zero), jres(zero), jres(zero),
-             now, now),
+            (
+                label,
+                zero.kind.value,
+                jres(rule.max_resource),
+                jres(zero),
+                jres(zero),
+                jres(zero),
+                now,
+                now,
+            ),
         )
         created += cur.rowcount
     return created
@@ -283,8 +301,11 @@ async def check_consistency(conn: Conn) -> ConsistencyReport:
             if ticket.used is not None:
                 used[label].append(ticket.used)
             if label not in records:
-                mismatches.append(Mismatch(label, "missing_record", None, None,
-                                           f"ticket {ticket.ticket_id} charges it"))
+                mismatches.append(
+                    Mismatch(
+                        label, "missing_record", None, None, f"ticket {ticket.ticket_id} charges it"
+                    )
+                )
     for label, raw in sorted(records.items()):
         mismatches.extend(_check_record(label, raw, used[label], locked[label]))
     return ConsistencyReport(tuple(mismatches), len(records), len(tickets))
@@ -306,13 +327,26 @@ def _check_record(
             out.append(Mismatch(label, field, stored, expected, "stored != sum of live tickets"))
     count = sum(1 for _ in locked)
     if row.live_tickets != count:
-        out.append(Mismatch(label, "live_tickets", None, None,
-                            f"stored {row.live_tickets}, live tickets {count}"))
+        out.append(
+            Mismatch(
+                label,
+                "live_tickets",
+                None,
+                None,
+                f"stored {row.live_tickets}, live tickets {count}",
+            )
+        )
     if row.max_resource is not None:
         in_use = row.used + row.locked + row.protected
         excess = excess_dimensions(row.max_resource, in_use)
         if excess:
-            out.append(Mismatch(label, "over_max", in_use, row.max_resource,
-                                "used + locked + protected exceeds the maximum in "
-                                + ", ".join(excess)))
+            out.append(
+                Mismatch(
+                    label,
+                    "over_max",
+                    in_use,
+                    row.max_resource,
+                    "used + locked + protected exceeds the maximum in " + ", ".join(excess),
+                )
+            )
     return out

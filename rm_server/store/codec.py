@@ -39,8 +39,19 @@ TICKET_COLUMNS = (
 
 
 def ticket_from_row(row: tuple[Any, ...]) -> Ticket:
-    (ticket_id, state, user, labels, charged, requested, locked, used, created, updated,
-     expires) = row
+    (
+        ticket_id,
+        state,
+        user,
+        labels,
+        charged,
+        requested,
+        locked,
+        used,
+        created,
+        updated,
+        expires,
+    ) = row
     state_enum = TicketState(state)
     return Ticket(
         ticket_id=ticket_id,
@@ -64,8 +75,9 @@ HISTORY_COLUMNS = (
 
 
 def ticket_from_history(row: tuple[Any, ...]) -> Ticket:
-    (ticket_id, state, reason, user, labels, charged, requested, used, created, reported,
-     ended) = row
+    (ticket_id, state, reason, user, labels, charged, requested, used, created, reported, ended) = (
+        row
+    )
     requested_res = res(requested)
     ended_at: datetime = ended
     return Ticket(

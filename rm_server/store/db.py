@@ -136,7 +136,7 @@ class Database:
                     if not entry.name.endswith(".sql") or version in done:
                         continue
                     async with conn.transaction():
-                        await conn.execute(entry.read_text())  # type: ignore[arg-type]
+                        await conn.execute(entry.read_text().encode())
                         await conn.execute(
                             "INSERT INTO schema_migration (version) VALUES (%s)", (version,)
                         )

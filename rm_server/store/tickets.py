@@ -9,10 +9,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
+from rm_server.domain.admission import label_shortfalls
 from rm_server.domain.labels import Label, LabelKey
 from rm_server.domain.limits import LabelPattern, LimitRule, best_limit
 from rm_server.domain.model import Refusal, Ticket, TicketState
-from rm_server.domain.admission import label_shortfalls
 from rm_server.domain.resources import Resource, ResourceError, Shortfall
 from rm_server.errors import FailedPrecondition, InvalidArgument, NotFound
 from rm_server.store.codec import (
@@ -147,8 +147,9 @@ def check_rows(rows: Sequence[LabelRow], resource: Resource) -> Refusal | None:
             continue
         try:
             shortfalls.extend(
-                label_shortfalls(row.label, row.max_resource, row.used, row.locked,
-                                 row.protected, resource)
+                label_shortfalls(
+                    row.label, row.max_resource, row.used, row.locked, row.protected, resource
+                )
             )
         except ResourceError as exc:
             raise InvalidArgument("resource", f"does not match label {row.label}: {exc}") from exc
@@ -192,10 +193,17 @@ async def apply(conn: Conn, cmd: ApplyCommand) -> Ticket | Refusal:
         f"INSERT INTO ticket ({TICKET_COLUMNS}) VALUES"  # noqa: S608 - constant column list
         " (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
         (
-            ticket.ticket_id, ticket.state.value, ticket.user, jlabels(ticket.labels),
-            list(ticket.charged_labels), jres(ticket.requested), jres(ticket.locked),
-            jres(Resource.zero(cmd.resource.kind, cmd.resource.queue)), ticket.created_at,
-            ticket.updated_at, ticket.lock_expires_at,
+            ticket.ticket_id,
+            ticket.state.value,
+            ticket.user,
+            jlabels(ticket.labels),
+            list(ticket.charged_labels),
+            jres(ticket.requested),
+            jres(ticket.locked),
+            jres(Resource.zero(cmd.resource.kind, cmd.resource.queue)),
+            ticket.created_at,
+            ticket.updated_at,
+            ticket.lock_expires_at,
         ),
     )
     if cmd.waiter_seq is not None:
@@ -292,8 +300,9 @@ async def end_ticket(
             continue
         used = row.used - ticket.used if ticket.used is not None else row.used
         updated.append(
-            replace(row, used=used, locked=row.locked - ticket.locked,
-                    live_tickets=row.live_tickets - 1)
+            replace(
+                row, used=used, locked=row.locked - ticket.locked, live_tickets=row.live_tickets - 1
+            )
         )
     await write_labels(conn, updated, now)
     await conn.execute("DELETE FROM ticket WHERE ticket_id = %s", (ticket.ticket_id,))
@@ -301,15 +310,27 @@ async def end_ticket(
         f"INSERT INTO ticket_history ({HISTORY_COLUMNS}) VALUES"  # noqa: S608
         " (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
         (
-            ticket.ticket_id, final_state.value, reason, ticket.user, jlabels(ticket.labels),
-            list(ticket.charged_labels), jres(ticket.requested), jres(ticket.used),
-            ticket.created_at, ticket.updated_at if ticket.used is not None else None, now,
+            ticket.ticket_id,
+            final_state.value,
+            reason,
+            ticket.user,
+            jlabels(ticket.labels),
+            list(ticket.charged_labels),
+            jres(ticket.requested),
+            jres(ticket.used),
+            ticket.created_at,
+            ticket.updated_at if ticket.used is not None else None,
+            now,
         ),
     )
     await notify_freed(conn, [r.label for r in updated])
     return replace(
-        ticket, state=final_state, locked=Resource.zero(ticket.locked.kind, ticket.locked.queue),
-        ended_at=now, end_reason=reason, lock_expires_at=None,
+        ticket,
+        state=final_state,
+        locked=Resource.zero(ticket.locked.kind, ticket.locked.queue),
+        ended_at=now,
+        end_reason=reason,
+        lock_expires_at=None,
     )
 
 
@@ -318,27 +339,28 @@ async def _not_live(conn: Conn, ticket_id: str) -> FailedPrecondition | NotFound
     if ended is None:
         return NotFound(f"ticket {ticket_id} not found")
     return FailedPrecondition(
-        f"ticket {ticket_id} is {ended.state.value} ({ended.end_reason})", state=ended.state.value,
+        f"ticket {ticket_id} is {ended.state.value} ({ended.end_reason})",
+        state=ended.state.value,
         reason="TICKET_ENDED",
     )
 
 
-async def report_used(
-    conn: Conn, ticket_id: str, used: Resource | None, now: datetime
-) -> Ticket:
+async def report_used(conn: Conn, ticket_id: str, used: Resource | None, now: datetime) -> Ticket:
     """LOCKED -> USED: the locked resource moves to used; any unused part is freed."""
     ticket, rows = await _lock_live_ticket(conn, ticket_id, now)
     if ticket is None:
         raise await _not_live(conn, ticket_id)
     if ticket.state is not TicketState.LOCKED:
         raise FailedPrecondition(
-            f"ticket {ticket_id} is {ticket.state.value}, not LOCKED", state=ticket.state.value,
+            f"ticket {ticket_id} is {ticket.state.value}, not LOCKED",
+            state=ticket.state.value,
             reason="TICKET_NOT_LOCKED",
         )
     if ticket.lock_expires_at is not None and now >= ticket.lock_expires_at:
         await end_ticket(conn, ticket, rows, now, TicketState.EXPIRED, "lock timeout")
         raise FailedPrecondition(
-            f"ticket {ticket_id} was not reported within the lock timeout", state="EXPIRED",
+            f"ticket {ticket_id} was not reported within the lock timeout",
+            state="EXPIRED",
             reason="LOCK_EXPIRED",
         )
     actual = ticket.locked if used is None else used
@@ -349,7 +371,8 @@ async def report_used(
         raise InvalidArgument("used_resource", str(exc)) from exc
     if remainder is None:
         raise FailedPrecondition(
-            f"used_resource exceeds what ticket {ticket_id} locked", state="LOCKED",
+            f"used_resource exceeds what ticket {ticket_id} locked",
+            state="LOCKED",
             reason="USED_EXCEEDS_LOCKED",
         )
     updated = [
@@ -367,7 +390,11 @@ async def report_used(
     if not remainder.is_zero():
         await notify_freed(conn, [r.label for r in updated])
     return replace(
-        ticket, state=TicketState.USED, used=actual, locked=zero, updated_at=now,
+        ticket,
+        state=TicketState.USED,
+        used=actual,
+        locked=zero,
+        updated_at=now,
         lock_expires_at=None,
     )
 
@@ -406,9 +433,7 @@ async def expire_ticket(conn: Conn, ticket_id: str, now: datetime) -> bool:
     return True
 
 
-async def list_tickets(
-    conn: Conn, after: str, limit: int, label: str, state: str
-) -> list[Ticket]:
+async def list_tickets(conn: Conn, after: str, limit: int, label: str, state: str) -> list[Ticket]:
     cur = await conn.execute(
         f"SELECT {TICKET_COLUMNS} FROM ticket WHERE ticket_id > %s"  # noqa: S608
         " AND (%s = '' OR charged_labels @> ARRAY[%s]::text[])"

@@ -6,11 +6,19 @@ import grpc
 import pytest
 from google.protobuf import json_format
 from grpc_status import rpc_status
-
 from labelrm.v1 import resource_manager_pb2 as pb
 from labelrm.v1 import resource_pb2
-from tests.helpers import GiB, apply_req, assert_consistent, lbl, limit_req, load, register
-from tests.helpers import load_instance
+
+from tests.helpers import (
+    GiB,
+    apply_req,
+    assert_consistent,
+    lbl,
+    limit_req,
+    load,
+    load_instance,
+    register,
+)
 
 USER = "userCreator=alice-IDE,engineType=spark-3.2.1"
 

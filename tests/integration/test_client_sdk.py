@@ -164,8 +164,9 @@ async def test_sync_client_retries_are_bounded(rm: Any) -> None:
 
 
 async def test_list_tickets_walks_every_page(client: Any, rm: Any) -> None:
-    ids = {(await client.apply(REQUEST, load_instance(GiB // 8, 100, 1))).ticket_id
-           for _ in range(7)}
+    ids = {
+        (await client.apply(REQUEST, load_instance(GiB // 8, 100, 1))).ticket_id for _ in range(7)
+    }
     assert {t.ticket_id async for t in client.list_tickets(page_size=3)} == ids
     locked = [t async for t in client.list_tickets(ECM_LABEL, state="locked", page_size=2)]
     assert {t.ticket_id for t in locked} == ids
@@ -220,8 +221,20 @@ async def test_rmctl_json_matches_sdk(client: Any, rm: Any, capsys: Any) -> None
 
 async def test_rmctl_limits_roundtrip(client: Any, rm: Any, capsys: Any) -> None:
     pattern = "userCreator=*-IDE,engineType=spark-3.2.1"
-    code = await ctl(rm, "-o", "json", "limit", "set", pattern, "--memory", "4Gi",
-                     "--cpu", "2000", "--instances", "3")
+    code = await ctl(
+        rm,
+        "-o",
+        "json",
+        "limit",
+        "set",
+        pattern,
+        "--memory",
+        "4Gi",
+        "--cpu",
+        "2000",
+        "--instances",
+        "3",
+    )
     assert code == 0
     limit = json_format.Parse(capsys.readouterr().out, admin_pb2.LabelLimit())
     assert limit.max_resource == load_instance(4 * GiB, 2000, 3)

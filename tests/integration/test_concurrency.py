@@ -8,10 +8,9 @@ import time
 
 import grpc
 import pytest
-
-from labelrm.v1 import admin_pb2, admin_pb2_grpc
+from labelrm.v1 import admin_pb2, admin_pb2_grpc, resource_manager_pb2_grpc
 from labelrm.v1 import resource_manager_pb2 as pb
-from labelrm.v1 import resource_manager_pb2_grpc
+
 from tests.helpers import GiB, limit_req, load, load_instance, register
 from tests.load import ECMS, run_load
 
@@ -24,11 +23,17 @@ async def seed(target: str) -> None:
         rm = resource_manager_pb2_grpc.ResourceManagerServiceStub(channel)
         admin = admin_pb2_grpc.AdminServiceStub(channel)
         for i, ecm in enumerate(ECMS):
-            await rm.RegisterEcm(register(ecm, load_instance(2 * GiB, 2000, 100),
-                                          load_instance(256 * 1024**2 * (i % 2), 0, 0)))
+            await rm.RegisterEcm(
+                register(
+                    ecm,
+                    load_instance(2 * GiB, 2000, 100),
+                    load_instance(256 * 1024**2 * (i % 2), 0, 0),
+                )
+            )
         await admin.SetLabelLimit(limit_req("userCreator=*,engineType=*", load(GiB, 1500)))
-        await admin.SetLabelLimit(limit_req("userCreator=u0-*,engineType=spark-3.2.1",
-                                            load(512 * 1024**2, 800)))
+        await admin.SetLabelLimit(
+            limit_req("userCreator=u0-*,engineType=spark-3.2.1", load(512 * 1024**2, 800))
+        )
 
 
 async def check(target: str) -> admin_pb2.CheckConsistencyResponse:
@@ -65,7 +70,10 @@ async def test_64_concurrent_clients_keep_every_invariant(rm_process_factory):
     await seed(server.target)
     checks: list = []
     stats = await run_load(
-        [server.target], STRESS_SECONDS, 64, NORMAL,
+        [server.target],
+        STRESS_SECONDS,
+        64,
+        NORMAL,
         during=periodic_checks(server.target, time.monotonic() + STRESS_SECONDS, checks),
     )
     assert stats.unexpected == []
@@ -103,8 +111,12 @@ async def test_kill_9_mid_load_then_restart(rm_process_factory):
 
     allowed = NORMAL | {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION}
     stats = await run_load(
-        [server.target], STRESS_SECONDS / 2, 32, allowed,
-        release_at_end=False, during=crash_and_restart(),
+        [server.target],
+        STRESS_SECONDS / 2,
+        32,
+        allowed,
+        release_at_end=False,
+        during=crash_and_restart(),
     )
     assert stats.unexpected == []
     assert stats.retried["UNAVAILABLE"] > 0  # the clients did see the crash

@@ -37,20 +37,23 @@ async def test_grpcurl_lists_services_and_applies_with_json(rm):
     ecm = {
         "request_id": "reg-1",
         "instance": "host1:9000",
-        "total_resource": {"load_instance": {"memory_bytes": "8589934592", "cpu_millis": "8000",
-                                             "instances": "8"}},
+        "total_resource": {
+            "load_instance": {"memory_bytes": "8589934592", "cpu_millis": "8000", "instances": "8"}
+        },
     }
-    await grpcurl(rm.target, "labelrm.v1.ResourceManagerService/RegisterEcm",
-                  data=json.dumps(ecm))
+    await grpcurl(rm.target, "labelrm.v1.ResourceManagerService/RegisterEcm", data=json.dumps(ecm))
     apply = {
         "request_id": "apply-1",
-        "labels": [{"key": "userCreator", "value": "alice-IDE"},
-                   {"key": "engineType", "value": "spark-3.2.1"},
-                   {"key": "emInstance", "value": "host1:9000"}],
+        "labels": [
+            {"key": "userCreator", "value": "alice-IDE"},
+            {"key": "engineType", "value": "spark-3.2.1"},
+            {"key": "emInstance", "value": "host1:9000"},
+        ],
         "resource": {"load": {"memory_bytes": "1073741824", "cpu_millis": "1000"}},
     }
-    resp = await grpcurl(rm.target, "labelrm.v1.ResourceManagerService/Apply",
-                         data=json.dumps(apply))
+    resp = await grpcurl(
+        rm.target, "labelrm.v1.ResourceManagerService/Apply", data=json.dumps(apply)
+    )
     assert resp["ticket"]["state"] == "TICKET_STATE_LOCKED"
     assert resp["ticket"]["charged_labels"] == ["emInstance=host1:9000"]
     assert resp["ticket"]["requested_resource"] == apply["resource"]  # exact JSON round trip

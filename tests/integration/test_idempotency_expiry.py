@@ -6,8 +6,8 @@ import asyncio
 
 import grpc
 import pytest
-
 from labelrm.v1 import resource_manager_pb2 as pb
+
 from tests.helpers import GiB, apply_req, assert_consistent, label_state, limit_req, load
 
 USER = "userCreator=alice-IDE,engineType=spark-3.2.1"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import grpc
 import pytest
 from google.protobuf import json_format
-
 from labelrm.v1 import admin_pb2, resource_manager_pb2, resource_pb2
+
 from tests.helpers import (
     GiB,
     apply_req,
@@ -159,15 +159,23 @@ async def test_labels_without_record_or_limit_are_skipped(rm):
 
 
 async def test_most_specific_limit_wins_and_changes_apply_without_restart(rm):
-    await rm.admin.SetLabelLimit(limit_req("userCreator=*,engineType=spark-3.2.1", load(10 * GiB, 10000)))
-    await rm.admin.SetLabelLimit(limit_req("userCreator=alice-*,engineType=spark-3.2.1", load(2 * GiB, 2000)))
+    await rm.admin.SetLabelLimit(
+        limit_req("userCreator=*,engineType=spark-3.2.1", load(10 * GiB, 10000))
+    )
+    await rm.admin.SetLabelLimit(
+        limit_req("userCreator=alice-*,engineType=spark-3.2.1", load(2 * GiB, 2000))
+    )
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await rm.rm.Apply(apply_req(USER, load(3 * GiB, 100)))
     assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    bob = await rm.rm.Apply(apply_req("userCreator=bob-IDE,engineType=spark-3.2.1", load(3 * GiB, 100)))
+    bob = await rm.rm.Apply(
+        apply_req("userCreator=bob-IDE,engineType=spark-3.2.1", load(3 * GiB, 100))
+    )
     assert bob.ticket.charged_labels == ["userCreator=bob-IDE,engineType=spark-3.2.1"]
     # Raise alice's limit: the next apply sees it.
-    resp = await rm.admin.SetLabelLimit(limit_req("userCreator=alice-*,engineType=spark-3.2.1", load(4 * GiB, 2000)))
+    resp = await rm.admin.SetLabelLimit(
+        limit_req("userCreator=alice-*,engineType=spark-3.2.1", load(4 * GiB, 2000))
+    )
     assert resp.affected_labels == 1
     ok = await rm.rm.Apply(apply_req(USER, load(3 * GiB, 100)))
     assert ok.ticket.state == resource_manager_pb2.TICKET_STATE_LOCKED
@@ -177,7 +185,9 @@ async def test_most_specific_limit_wins_and_changes_apply_without_restart(rm):
         "userCreator=alice-*,engineType=spark-3.2.1",
     ]
     # Delete the specific one: the general one (10 GiB) now governs alice.
-    await rm.admin.DeleteLabelLimit(admin_pb2.DeleteLabelLimitRequest(labels=lbl("userCreator=alice-*,engineType=spark-3.2.1")))
+    await rm.admin.DeleteLabelLimit(
+        admin_pb2.DeleteLabelLimitRequest(labels=lbl("userCreator=alice-*,engineType=spark-3.2.1"))
+    )
     state = await label_state(rm, COMBINED)
     assert state.max_resource.load.memory_bytes == 10 * GiB
     await assert_consistent(rm)
@@ -187,14 +197,18 @@ async def test_unregister_releases_live_tickets_and_removes_the_record(rm):
     await rm.rm.RegisterEcm(register("host2:9000", load_instance(4 * GiB, 4000, 4)))
     await rm.admin.SetLabelLimit(limit_req("userCreator=*,engineType=*", load(8 * GiB, 8000)))
     t1 = await rm.rm.Apply(apply_req(USER + ",emInstance=host2:9000", load(GiB, 100)))
-    resp = await rm.rm.UnregisterEcm(resource_manager_pb2.UnregisterEcmRequest(instance="host2:9000"))
+    resp = await rm.rm.UnregisterEcm(
+        resource_manager_pb2.UnregisterEcmRequest(instance="host2:9000")
+    )
     assert list(resp.released_ticket_ids) == [t1.ticket.ticket_id]
     combined = await label_state(rm, COMBINED)
     assert combined.live_tickets == 0 and combined.locked_resource.load.memory_bytes == 0
     with pytest.raises(grpc.aio.AioRpcError) as gone:
         await label_state(rm, "emInstance=host2:9000")
     assert gone.value.code() == grpc.StatusCode.NOT_FOUND
-    got = await rm.rm.GetTicket(resource_manager_pb2.GetTicketRequest(ticket_id=t1.ticket.ticket_id))
+    got = await rm.rm.GetTicket(
+        resource_manager_pb2.GetTicketRequest(ticket_id=t1.ticket.ticket_id)
+    )
     assert got.ticket.state == resource_manager_pb2.TICKET_STATE_RELEASED
     assert got.ticket.end_reason == "ECM unregistered"
     await assert_consistent(rm)

@@ -7,9 +7,9 @@ import asyncio
 import grpc
 import pytest
 from grpc_status import rpc_status
-
 from labelrm.v1 import resource_manager_pb2 as pb
 from labelrm.v1 import resource_pb2
+
 from tests.conftest import wait_until
 from tests.helpers import GiB, apply_req, assert_consistent, limit_req, load
 
@@ -69,7 +69,10 @@ async def test_large_waiter_is_not_overtaken_by_later_small_requests(rm):
     assert not late_small.done()
     await rm.rm.Release(pb.ReleaseRequest(ticket_id=small[2].ticket_id))
     granted_small = await asyncio.wait_for(late_small, timeout=30)
-    assert granted_small.ticket.create_time.ToNanoseconds() >= granted_big.ticket.create_time.ToNanoseconds()
+    assert (
+        granted_small.ticket.create_time.ToNanoseconds()
+        >= granted_big.ticket.create_time.ToNanoseconds()
+    )
     await assert_consistent(rm)
 
 

@@ -1,0 +1,1 @@
+"""Benchmarks (one command each); see docs/benchmarks.md."""

@@ -1,0 +1,112 @@
+"""rm-server as an operator runs it: embedded database, SIGTERM, replicas starting
+together, and a multi-host database URL."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+import psutil
+from labelrm.v1 import resource_manager_pb2 as pb
+from labelrm.v1 import resource_manager_pb2_grpc
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from tests.conftest import ROOT, free_port, start_in_process, stop_in_process, wait_serving
+from tests.helpers import GiB, apply_req, assert_consistent, load, load_instance, register
+
+
+def postgres_processes_for(pgdata) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if any(str(pgdata) in part for part in cmdline) and "postgres" in " ".join(cmdline):
+            found.append(proc)
+    return found
+
+
+def test_embedded_database_and_graceful_sigterm(tmp_path):
+    port = free_port()
+    data_dir = tmp_path / "data"
+    log = (tmp_path / "rm.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rm_server",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--data-dir",
+            str(data_dir),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+    )
+    try:
+        wait_serving(f"127.0.0.1:{port}", 60)
+        assert (data_dir / "pgdata" / "PG_VERSION").exists()
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = resource_manager_pb2_grpc.ResourceManagerServiceStub(channel)
+            stub.RegisterEcm(register("h:1", load_instance(GiB, 1000, 1)), timeout=10)
+            ticket = stub.Apply(apply_req("emInstance=h:1", load(1, 1)), timeout=10).ticket
+            assert ticket.state == pb.TICKET_STATE_LOCKED
+        assert postgres_processes_for(data_dir / "pgdata")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        text = (tmp_path / "rm.log").read_text()
+        assert "draining" in text
+        deadline = time.monotonic() + 20
+        while postgres_processes_for(data_dir / "pgdata") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not postgres_processes_for(data_dir / "pgdata")  # embedded server stopped
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_two_replicas_starting_together_migrate_once(rm_process_factory, database_url):
+    first, second = rm_process_factory(), rm_process_factory()
+    errors: list[BaseException] = []
+
+    def start(p):
+        try:
+            p.start()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start, args=(p,)) for p in (first, second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    assert errors == []
+    import psycopg
+
+    with psycopg.connect(database_url) as conn:
+        versions = conn.execute("SELECT version FROM schema_migration").fetchall()
+    assert versions == [("0001_core",)]
+
+
+async def test_multi_host_url_with_target_session_attrs(database_url):
+    parts = conninfo_to_dict(database_url)
+    host = parts.get("host") or "127.0.0.1"
+    port = str(parts.get("port") or 5432)
+    # The first host refuses connections; libpq must go on to the second.
+    url = make_conninfo(
+        database_url,
+        host=f"127.0.0.1,{host}",
+        port=f"1,{port}",
+        target_session_attrs="read-write",
+    )
+    rm = await start_in_process(url)
+    try:
+        await rm.rm.RegisterEcm(register("h:1", load_instance(GiB, 1000, 1)))
+        resp = await rm.rm.Apply(apply_req("emInstance=h:1", load(1, 1)))
+        assert resp.ticket.state == pb.TICKET_STATE_LOCKED
+        await assert_consistent(rm)
+    finally:
+        await stop_in_process(rm)
