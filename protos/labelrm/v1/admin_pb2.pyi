@@ -10,6 +10,36 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class RefreshNodesRequest(_message.Message):
+    __slots__ = ("request_id", "include", "exclude")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    include: _containers.RepeatedScalarFieldContainer[str]
+    exclude: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_id: _Optional[str] = ..., include: _Optional[_Iterable[str]] = ..., exclude: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RefreshNodesResponse(_message.Message):
+    __slots__ = ("disallowed_instances",)
+    DISALLOWED_INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    disallowed_instances: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, disallowed_instances: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DecommissionEcmRequest(_message.Message):
+    __slots__ = ("request_id", "instance")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    instance: str
+    def __init__(self, request_id: _Optional[str] = ..., instance: _Optional[str] = ...) -> None: ...
+
+class DecommissionEcmResponse(_message.Message):
+    __slots__ = ("live_engine_conns",)
+    LIVE_ENGINE_CONNS_FIELD_NUMBER: _ClassVar[int]
+    live_engine_conns: int
+    def __init__(self, live_engine_conns: _Optional[int] = ...) -> None: ...
+
 class LabelLimit(_message.Message):
     __slots__ = ("pattern", "labels", "max_resource", "update_time")
     PATTERN_FIELD_NUMBER: _ClassVar[int]

@@ -55,6 +55,16 @@ class AdminServiceStub:
                 request_serializer=labelrm_dot_v1_dot_admin__pb2.CheckConsistencyRequest.SerializeToString,
                 response_deserializer=labelrm_dot_v1_dot_admin__pb2.CheckConsistencyResponse.FromString,
                 _registered_method=True)
+        self.RefreshNodes = channel.unary_unary(
+                '/labelrm.v1.AdminService/RefreshNodes',
+                request_serializer=labelrm_dot_v1_dot_admin__pb2.RefreshNodesRequest.SerializeToString,
+                response_deserializer=labelrm_dot_v1_dot_admin__pb2.RefreshNodesResponse.FromString,
+                _registered_method=True)
+        self.DecommissionEcm = channel.unary_unary(
+                '/labelrm.v1.AdminService/DecommissionEcm',
+                request_serializer=labelrm_dot_v1_dot_admin__pb2.DecommissionEcmRequest.SerializeToString,
+                response_deserializer=labelrm_dot_v1_dot_admin__pb2.DecommissionEcmResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -89,6 +99,21 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RefreshNodes(self, request, context):
+        """RefreshNodes replaces the include and exclude lists (YARN's refreshNodes); takes effect
+        at once: excluded agents are refused at registration and told to shut down.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DecommissionEcm(self, request, context):
+        """DecommissionEcm drains an ECM: no new EngineConns; once its EngineConns end it leaves.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -111,6 +136,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.CheckConsistency,
                     request_deserializer=labelrm_dot_v1_dot_admin__pb2.CheckConsistencyRequest.FromString,
                     response_serializer=labelrm_dot_v1_dot_admin__pb2.CheckConsistencyResponse.SerializeToString,
+            ),
+            'RefreshNodes': grpc.unary_unary_rpc_method_handler(
+                    servicer.RefreshNodes,
+                    request_deserializer=labelrm_dot_v1_dot_admin__pb2.RefreshNodesRequest.FromString,
+                    response_serializer=labelrm_dot_v1_dot_admin__pb2.RefreshNodesResponse.SerializeToString,
+            ),
+            'DecommissionEcm': grpc.unary_unary_rpc_method_handler(
+                    servicer.DecommissionEcm,
+                    request_deserializer=labelrm_dot_v1_dot_admin__pb2.DecommissionEcmRequest.FromString,
+                    response_serializer=labelrm_dot_v1_dot_admin__pb2.DecommissionEcmResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -222,6 +257,60 @@ class AdminService:
             '/labelrm.v1.AdminService/CheckConsistency',
             labelrm_dot_v1_dot_admin__pb2.CheckConsistencyRequest.SerializeToString,
             labelrm_dot_v1_dot_admin__pb2.CheckConsistencyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RefreshNodes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/labelrm.v1.AdminService/RefreshNodes',
+            labelrm_dot_v1_dot_admin__pb2.RefreshNodesRequest.SerializeToString,
+            labelrm_dot_v1_dot_admin__pb2.RefreshNodesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DecommissionEcm(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/labelrm.v1.AdminService/DecommissionEcm',
+            labelrm_dot_v1_dot_admin__pb2.DecommissionEcmRequest.SerializeToString,
+            labelrm_dot_v1_dot_admin__pb2.DecommissionEcmResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -24,60 +24,77 @@ _sym_db = _symbol_database.Default()
 
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
+from labelrm.v1 import engine_conn_pb2 as labelrm_dot_v1_dot_engine__conn__pb2
 from labelrm.v1 import resource_pb2 as labelrm_dot_v1_dot_resource__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!labelrm/v1/resource_manager.proto\x12\nlabelrm.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19labelrm/v1/resource.proto\"\xc5\x03\n\x06Ticket\x12\x11\n\tticket_id\x18\x01 \x01(\t\x12&\n\x05state\x18\x02 \x01(\x0e\x32\x17.labelrm.v1.TicketState\x12!\n\x06labels\x18\x03 \x03(\x0b\x32\x11.labelrm.v1.Label\x12\x16\n\x0e\x63harged_labels\x18\x04 \x03(\t\x12\x30\n\x12requested_resource\x18\x05 \x01(\x0b\x32\x14.labelrm.v1.Resource\x12+\n\rused_resource\x18\x06 \x01(\x0b\x32\x14.labelrm.v1.Resource\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x34\n\x10lock_expire_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nend_reason\x18\x0b \x01(\t\x12\x0c\n\x04user\x18\x0c \x01(\t\"\xff\x02\n\rLabelResource\x12\r\n\x05label\x18\x01 \x01(\t\x12!\n\x06labels\x18\x02 \x03(\x0b\x32\x11.labelrm.v1.Label\x12\x0e\n\x06source\x18\x03 \x01(\t\x12*\n\x0cmax_resource\x18\x04 \x01(\x0b\x32\x14.labelrm.v1.Resource\x12\x30\n\x12protected_resource\x18\x05 \x01(\x0b\x32\x14.labelrm.v1.Resource\x12+\n\rused_resource\x18\x06 \x01(\x0b\x32\x14.labelrm.v1.Resource\x12-\n\x0flocked_resource\x18\x07 \x01(\x0b\x32\x14.labelrm.v1.Resource\x12+\n\rleft_resource\x18\x08 \x01(\x0b\x32\x14.labelrm.v1.Resource\x12\x14\n\x0clive_tickets\x18\t \x01(\x03\x12/\n\x0bupdate_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xfe\x01\n\x03\x45\x63m\x12\x10\n\x08instance\x18\x01 \x01(\t\x12!\n\x06labels\x18\x02 \x03(\x0b\x32\x11.labelrm.v1.Label\x12,\n\x0etotal_resource\x18\x03 \x01(\x0b\x32\x14.labelrm.v1.Resource\x12\x30\n\x12protected_resource\x18\x04 \x01(\x0b\x32\x14.labelrm.v1.Resource\x12\x31\n\rregister_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xbd\x01\n\x12RegisterEcmRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08instance\x18\x02 \x01(\t\x12!\n\x06labels\x18\x03 \x03(\x0b\x32\x11.labelrm.v1.Label\x12,\n\x0etotal_resource\x18\x04 \x01(\x0b\x32\x14.labelrm.v1.Resource\x12\x30\n\x12protected_resource\x18\x05 \x01(\x0b\x32\x14.labelrm.v1.Resource\"M\n\x13RegisterEcmResponse\x12\x1c\n\x03\x65\x63m\x18\x01 \x01(\x0b\x32\x0f.labelrm.v1.Ecm\x12\x18\n\x10resource_changed\x18\x02 \x01(\x08\"<\n\x14UnregisterEcmRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08instance\x18\x02 \x01(\t\"4\n\x15UnregisterEcmResponse\x12\x1b\n\x13released_ticket_ids\x18\x01 \x03(\t\"\xac\x01\n\x0c\x41pplyRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12!\n\x06labels\x18\x02 \x03(\x0b\x32\x11.labelrm.v1.Label\x12&\n\x08resource\x18\x03 \x01(\x0b\x32\x14.labelrm.v1.Resource\x12/\n\x0cwait_timeout\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0c\n\x04user\x18\x05 \x01(\t\"3\n\rApplyResponse\x12\"\n\x06ticket\x18\x01 \x01(\x0b\x32\x12.labelrm.v1.Ticket\"g\n\x11ReportUsedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tticket_id\x18\x02 \x01(\t\x12+\n\rused_resource\x18\x03 \x01(\x0b\x32\x14.labelrm.v1.Resource\"8\n\x12ReportUsedResponse\x12\"\n\x06ticket\x18\x01 \x01(\x0b\x32\x12.labelrm.v1.Ticket\"7\n\x0eReleaseRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tticket_id\x18\x02 \x01(\t\"5\n\x0fReleaseResponse\x12\"\n\x06ticket\x18\x01 \x01(\x0b\x32\x12.labelrm.v1.Ticket\"%\n\x10GetTicketRequest\x12\x11\n\tticket_id\x18\x01 \x01(\t\"7\n\x11GetTicketResponse\x12\"\n\x06ticket\x18\x01 \x01(\x0b\x32\x12.labelrm.v1.Ticket\"r\n\x12ListTicketsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\r\n\x05label\x18\x03 \x01(\t\x12&\n\x05state\x18\x04 \x01(\x0e\x32\x17.labelrm.v1.TicketState\"S\n\x13ListTicketsResponse\x12#\n\x07tickets\x18\x01 \x03(\x0b\x32\x12.labelrm.v1.Ticket\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"<\n\x17GetLabelResourceRequest\x12!\n\x06labels\x18\x01 \x03(\x0b\x32\x11.labelrm.v1.Label\"M\n\x18GetLabelResourceResponse\x12\x31\n\x0elabel_resource\x18\x01 \x01(\x0b\x32\x19.labelrm.v1.LabelResource\"R\n\x19ListLabelResourcesRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x0e\n\x06source\x18\x03 \x01(\t\"i\n\x1aListLabelResourcesResponse\x12\x32\n\x0flabel_resources\x18\x01 \x03(\x0b\x32\x19.labelrm.v1.LabelResource\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t*\x90\x01\n\x0bTicketState\x12\x1c\n\x18TICKET_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13TICKET_STATE_LOCKED\x10\x01\x12\x15\n\x11TICKET_STATE_USED\x10\x02\x12\x19\n\x15TICKET_STATE_RELEASED\x10\x03\x12\x18\n\x14TICKET_STATE_EXPIRED\x10\x04\x32\xeb\x05\n\x16ResourceManagerService\x12N\n\x0bRegisterEcm\x12\x1e.labelrm.v1.RegisterEcmRequest\x1a\x1f.labelrm.v1.RegisterEcmResponse\x12T\n\rUnregisterEcm\x12 .labelrm.v1.UnregisterEcmRequest\x1a!.labelrm.v1.UnregisterEcmResponse\x12<\n\x05\x41pply\x12\x18.labelrm.v1.ApplyRequest\x1a\x19.labelrm.v1.ApplyResponse\x12K\n\nReportUsed\x12\x1d.labelrm.v1.ReportUsedRequest\x1a\x1e.labelrm.v1.ReportUsedResponse\x12\x42\n\x07Release\x12\x1a.labelrm.v1.ReleaseRequest\x1a\x1b.labelrm.v1.ReleaseResponse\x12H\n\tGetTicket\x12\x1c.labelrm.v1.GetTicketRequest\x1a\x1d.labelrm.v1.GetTicketResponse\x12N\n\x0bListTickets\x12\x1e.labelrm.v1.ListTicketsRequest\x1a\x1f.labelrm.v1.ListTicketsResponse\x12]\n\x10GetLabelResource\x12#.labelrm.v1.GetLabelResourceRequest\x1a$.labelrm.v1.GetLabelResourceResponse\x12\x63\n\x12ListLabelResources\x12%.labelrm.v1.ListLabelResourcesRequest\x1a&.labelrm.v1.ListLabelResourcesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!labelrm/v1/resource_manager.proto\x12\nlabelrm.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1clabelrm/v1/engine_conn.proto\x1a\x19labelrm/v1/resource.proto\"\x85\x01\n\x10HeartbeatRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x03\x12\x33\n\x0c\x65ngine_conns\x18\x03 \x03(\x0b\x32\x1d.labelrm.v1.EngineConnProcess\x12\x18\n\x10\x64one_command_ids\x18\x04 \x03(\t\"\xc5\x01\n\x11HeartbeatResponse\x12+\n\x06\x61\x63tion\x18\x01 \x01(\x0e\x32\x1b.labelrm.v1.HeartbeatAction\x12*\n\x08\x63ommands\x18\x02 \x03(\x0b\x32\x18.labelrm.v1.AgentCommand\x12\x35\n\x12heartbeat_interval\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x10\n\x08sequence\x18\x04 \x01(\x03\x12\x0e\n\x06reason\x18\x05 \x01(\t\"!\n\rGetEcmRequest\x12\x10\n\x08instance\x18\x01 \x01(\t\".\n\x0eGetEcmResponse\x12\x1c\n\x03\x65\x63m\x18\x01 \x01(\x0b\x32\x0f.labelrm.v1.Ecm\"8\n\x0fListEcmsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"J\n\x10ListEcmsResponse\x12\x1d\n\x04\x65\x63ms\x18\x01 \x03(\x0b\x32\x0f.labelrm.v1.Ecm\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xc5\x03\n\x06Ticket\x12\x11\n\tticket_id\x18\x01 \x01(\t\x12&\n\x05state\x18\x02 \x01(\x0e\x32\x17.labelrm.v1.TicketState\x12!\n\x06labels\x18\x03 \x03(\x0b\x32\x11.labelrm.v1.Label\x12\x16\n\x0e\x63harged_labels\x18\x04 \x03(\t\x12\x30\n\x12requested_resource\x18\x05 \x01(\x0b\x32\x14.labelrm.v1.Resource\x12+\n\rused_resource\x18\x06 \x01(\x0b\x32\x14.labelrm.v1.Resource\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x34\n\x10lock_expire_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nend_reason\x18\x0b \x01(\t\x12\x0c\n\x04user\x18\x0c \x01(\t\"\xff\x02\n\rLabelResource\x12\r\n\x05label\x18\x01 \x01(\t\x12!\n\x06labels\x18\x02 \x03(\x0b\x32\x11.labelrm.v1.Label\x12\x0e\n\x06source\x18\x03 \x01(\t\x12*\n\x0cmax_resource\x18\x04 \x01(\x0b\x32\x14.labelrm.v1.Resource\x12\x30\n\x12protected_resource\x18\x05 \x01(\x0b\x32\x14.labelrm.v1.Resource\x12+\n\rused_resource\x18\x06 \x01(\x0b\x32\x14.labelrm.v1.Resource\x12-\n\x0flocked_resource\x18\x07 \x01(\x0b\x32\x14.labelrm.v1.Resource\x12+\n\rleft_resource\x18\x08 \x01(\x0b\x32\x14.labelrm.v1.Resource\x12\x14\n\x0clive_tickets\x18\t \x01(\x03\x12/\n\x0bupdate_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xa4\x03\n\x03\x45\x63m\x12\x10\n\x08instance\x18\x01 \x01(\t\x12!\n\x06labels\x18\x02 \x03(\x0b\x32\x11.labelrm.v1.Label\x12,\n\x0etotal_resource\x18\x03 \x01(\x0b\x32\x14.labelrm.v1.Resource\x12\x30\n\x12protected_resource\x18\x04 \x01(\x0b\x32\x14.labelrm.v1.Resource\x12\x31\n\rregister_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12#\n\x05state\x18\x07 \x01(\x0e\x32\x14.labelrm.v1.EcmState\x12\x37\n\x13last_heartbeat_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x19\n\x11live_engine_conns\x18\t \x01(\x03\x12+\n\rleft_resource\x18\n \x01(\x0b\x32\x14.labelrm.v1.Resource\"\xbd\x01\n\x12RegisterEcmRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08instance\x18\x02 \x01(\t\x12!\n\x06labels\x18\x03 \x03(\x0b\x32\x11.labelrm.v1.Label\x12,\n\x0etotal_resource\x18\x04 \x01(\x0b\x32\x14.labelrm.v1.Resource\x12\x30\n\x12protected_resource\x18\x05 \x01(\x0b\x32\x14.labelrm.v1.Resource\"M\n\x13RegisterEcmResponse\x12\x1c\n\x03\x65\x63m\x18\x01 \x01(\x0b\x32\x0f.labelrm.v1.Ecm\x12\x18\n\x10resource_changed\x18\x02 \x01(\x08\"<\n\x14UnregisterEcmRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08instance\x18\x02 \x01(\t\"4\n\x15UnregisterEcmResponse\x12\x1b\n\x13released_ticket_ids\x18\x01 \x03(\t\"\xac\x01\n\x0c\x41pplyRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12!\n\x06labels\x18\x02 \x03(\x0b\x32\x11.labelrm.v1.Label\x12&\n\x08resource\x18\x03 \x01(\x0b\x32\x14.labelrm.v1.Resource\x12/\n\x0cwait_timeout\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0c\n\x04user\x18\x05 \x01(\t\"3\n\rApplyResponse\x12\"\n\x06ticket\x18\x01 \x01(\x0b\x32\x12.labelrm.v1.Ticket\"g\n\x11ReportUsedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tticket_id\x18\x02 \x01(\t\x12+\n\rused_resource\x18\x03 \x01(\x0b\x32\x14.labelrm.v1.Resource\"8\n\x12ReportUsedResponse\x12\"\n\x06ticket\x18\x01 \x01(\x0b\x32\x12.labelrm.v1.Ticket\"7\n\x0eReleaseRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tticket_id\x18\x02 \x01(\t\"5\n\x0fReleaseResponse\x12\"\n\x06ticket\x18\x01 \x01(\x0b\x32\x12.labelrm.v1.Ticket\"%\n\x10GetTicketRequest\x12\x11\n\tticket_id\x18\x01 \x01(\t\"7\n\x11GetTicketResponse\x12\"\n\x06ticket\x18\x01 \x01(\x0b\x32\x12.labelrm.v1.Ticket\"r\n\x12ListTicketsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\r\n\x05label\x18\x03 \x01(\t\x12&\n\x05state\x18\x04 \x01(\x0e\x32\x17.labelrm.v1.TicketState\"S\n\x13ListTicketsResponse\x12#\n\x07tickets\x18\x01 \x03(\x0b\x32\x12.labelrm.v1.Ticket\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"<\n\x17GetLabelResourceRequest\x12!\n\x06labels\x18\x01 \x03(\x0b\x32\x11.labelrm.v1.Label\"M\n\x18GetLabelResourceResponse\x12\x31\n\x0elabel_resource\x18\x01 \x01(\x0b\x32\x19.labelrm.v1.LabelResource\"R\n\x19ListLabelResourcesRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x0e\n\x06source\x18\x03 \x01(\t\"i\n\x1aListLabelResourcesResponse\x12\x32\n\x0flabel_resources\x18\x01 \x03(\x0b\x32\x19.labelrm.v1.LabelResource\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t*h\n\x08\x45\x63mState\x12\x19\n\x15\x45\x43M_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11\x45\x43M_STATE_RUNNING\x10\x01\x12\x16\n\x12\x45\x43M_STATE_DRAINING\x10\x02\x12\x12\n\x0e\x45\x43M_STATE_LOST\x10\x03*\x92\x01\n\x0fHeartbeatAction\x12 \n\x1cHEARTBEAT_ACTION_UNSPECIFIED\x10\x00\x12\x1d\n\x19HEARTBEAT_ACTION_CONTINUE\x10\x01\x12\x1f\n\x1bHEARTBEAT_ACTION_REREGISTER\x10\x02\x12\x1d\n\x19HEARTBEAT_ACTION_SHUTDOWN\x10\x03*\x90\x01\n\x0bTicketState\x12\x1c\n\x18TICKET_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13TICKET_STATE_LOCKED\x10\x01\x12\x15\n\x11TICKET_STATE_USED\x10\x02\x12\x19\n\x15TICKET_STATE_RELEASED\x10\x03\x12\x18\n\x14TICKET_STATE_EXPIRED\x10\x04\x32\xbd\x07\n\x16ResourceManagerService\x12N\n\x0bRegisterEcm\x12\x1e.labelrm.v1.RegisterEcmRequest\x1a\x1f.labelrm.v1.RegisterEcmResponse\x12T\n\rUnregisterEcm\x12 .labelrm.v1.UnregisterEcmRequest\x1a!.labelrm.v1.UnregisterEcmResponse\x12<\n\x05\x41pply\x12\x18.labelrm.v1.ApplyRequest\x1a\x19.labelrm.v1.ApplyResponse\x12K\n\nReportUsed\x12\x1d.labelrm.v1.ReportUsedRequest\x1a\x1e.labelrm.v1.ReportUsedResponse\x12\x42\n\x07Release\x12\x1a.labelrm.v1.ReleaseRequest\x1a\x1b.labelrm.v1.ReleaseResponse\x12H\n\tGetTicket\x12\x1c.labelrm.v1.GetTicketRequest\x1a\x1d.labelrm.v1.GetTicketResponse\x12N\n\x0bListTickets\x12\x1e.labelrm.v1.ListTicketsRequest\x1a\x1f.labelrm.v1.ListTicketsResponse\x12]\n\x10GetLabelResource\x12#.labelrm.v1.GetLabelResourceRequest\x1a$.labelrm.v1.GetLabelResourceResponse\x12\x63\n\x12ListLabelResources\x12%.labelrm.v1.ListLabelResourcesRequest\x1a&.labelrm.v1.ListLabelResourcesResponse\x12H\n\tHeartbeat\x12\x1c.labelrm.v1.HeartbeatRequest\x1a\x1d.labelrm.v1.HeartbeatResponse\x12?\n\x06GetEcm\x12\x19.labelrm.v1.GetEcmRequest\x1a\x1a.labelrm.v1.GetEcmResponse\x12\x45\n\x08ListEcms\x12\x1b.labelrm.v1.ListEcmsRequest\x1a\x1c.labelrm.v1.ListEcmsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'labelrm.v1.resource_manager_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TICKETSTATE']._serialized_start=2760
-  _globals['_TICKETSTATE']._serialized_end=2904
-  _globals['_TICKET']._serialized_start=142
-  _globals['_TICKET']._serialized_end=595
-  _globals['_LABELRESOURCE']._serialized_start=598
-  _globals['_LABELRESOURCE']._serialized_end=981
-  _globals['_ECM']._serialized_start=984
-  _globals['_ECM']._serialized_end=1238
-  _globals['_REGISTERECMREQUEST']._serialized_start=1241
-  _globals['_REGISTERECMREQUEST']._serialized_end=1430
-  _globals['_REGISTERECMRESPONSE']._serialized_start=1432
-  _globals['_REGISTERECMRESPONSE']._serialized_end=1509
-  _globals['_UNREGISTERECMREQUEST']._serialized_start=1511
-  _globals['_UNREGISTERECMREQUEST']._serialized_end=1571
-  _globals['_UNREGISTERECMRESPONSE']._serialized_start=1573
-  _globals['_UNREGISTERECMRESPONSE']._serialized_end=1625
-  _globals['_APPLYREQUEST']._serialized_start=1628
-  _globals['_APPLYREQUEST']._serialized_end=1800
-  _globals['_APPLYRESPONSE']._serialized_start=1802
-  _globals['_APPLYRESPONSE']._serialized_end=1853
-  _globals['_REPORTUSEDREQUEST']._serialized_start=1855
-  _globals['_REPORTUSEDREQUEST']._serialized_end=1958
-  _globals['_REPORTUSEDRESPONSE']._serialized_start=1960
-  _globals['_REPORTUSEDRESPONSE']._serialized_end=2016
-  _globals['_RELEASEREQUEST']._serialized_start=2018
-  _globals['_RELEASEREQUEST']._serialized_end=2073
-  _globals['_RELEASERESPONSE']._serialized_start=2075
-  _globals['_RELEASERESPONSE']._serialized_end=2128
-  _globals['_GETTICKETREQUEST']._serialized_start=2130
-  _globals['_GETTICKETREQUEST']._serialized_end=2167
-  _globals['_GETTICKETRESPONSE']._serialized_start=2169
-  _globals['_GETTICKETRESPONSE']._serialized_end=2224
-  _globals['_LISTTICKETSREQUEST']._serialized_start=2226
-  _globals['_LISTTICKETSREQUEST']._serialized_end=2340
-  _globals['_LISTTICKETSRESPONSE']._serialized_start=2342
-  _globals['_LISTTICKETSRESPONSE']._serialized_end=2425
-  _globals['_GETLABELRESOURCEREQUEST']._serialized_start=2427
-  _globals['_GETLABELRESOURCEREQUEST']._serialized_end=2487
-  _globals['_GETLABELRESOURCERESPONSE']._serialized_start=2489
-  _globals['_GETLABELRESOURCERESPONSE']._serialized_end=2566
-  _globals['_LISTLABELRESOURCESREQUEST']._serialized_start=2568
-  _globals['_LISTLABELRESOURCESREQUEST']._serialized_end=2650
-  _globals['_LISTLABELRESOURCESRESPONSE']._serialized_start=2652
-  _globals['_LISTLABELRESOURCESRESPONSE']._serialized_end=2757
-  _globals['_RESOURCEMANAGERSERVICE']._serialized_start=2907
-  _globals['_RESOURCEMANAGERSERVICE']._serialized_end=3654
+  _globals['_ECMSTATE']._serialized_start=3508
+  _globals['_ECMSTATE']._serialized_end=3612
+  _globals['_HEARTBEATACTION']._serialized_start=3615
+  _globals['_HEARTBEATACTION']._serialized_end=3761
+  _globals['_TICKETSTATE']._serialized_start=3764
+  _globals['_TICKETSTATE']._serialized_end=3908
+  _globals['_HEARTBEATREQUEST']._serialized_start=172
+  _globals['_HEARTBEATREQUEST']._serialized_end=305
+  _globals['_HEARTBEATRESPONSE']._serialized_start=308
+  _globals['_HEARTBEATRESPONSE']._serialized_end=505
+  _globals['_GETECMREQUEST']._serialized_start=507
+  _globals['_GETECMREQUEST']._serialized_end=540
+  _globals['_GETECMRESPONSE']._serialized_start=542
+  _globals['_GETECMRESPONSE']._serialized_end=588
+  _globals['_LISTECMSREQUEST']._serialized_start=590
+  _globals['_LISTECMSREQUEST']._serialized_end=646
+  _globals['_LISTECMSRESPONSE']._serialized_start=648
+  _globals['_LISTECMSRESPONSE']._serialized_end=722
+  _globals['_TICKET']._serialized_start=725
+  _globals['_TICKET']._serialized_end=1178
+  _globals['_LABELRESOURCE']._serialized_start=1181
+  _globals['_LABELRESOURCE']._serialized_end=1564
+  _globals['_ECM']._serialized_start=1567
+  _globals['_ECM']._serialized_end=1987
+  _globals['_REGISTERECMREQUEST']._serialized_start=1990
+  _globals['_REGISTERECMREQUEST']._serialized_end=2179
+  _globals['_REGISTERECMRESPONSE']._serialized_start=2181
+  _globals['_REGISTERECMRESPONSE']._serialized_end=2258
+  _globals['_UNREGISTERECMREQUEST']._serialized_start=2260
+  _globals['_UNREGISTERECMREQUEST']._serialized_end=2320
+  _globals['_UNREGISTERECMRESPONSE']._serialized_start=2322
+  _globals['_UNREGISTERECMRESPONSE']._serialized_end=2374
+  _globals['_APPLYREQUEST']._serialized_start=2377
+  _globals['_APPLYREQUEST']._serialized_end=2549
+  _globals['_APPLYRESPONSE']._serialized_start=2551
+  _globals['_APPLYRESPONSE']._serialized_end=2602
+  _globals['_REPORTUSEDREQUEST']._serialized_start=2604
+  _globals['_REPORTUSEDREQUEST']._serialized_end=2707
+  _globals['_REPORTUSEDRESPONSE']._serialized_start=2709
+  _globals['_REPORTUSEDRESPONSE']._serialized_end=2765
+  _globals['_RELEASEREQUEST']._serialized_start=2767
+  _globals['_RELEASEREQUEST']._serialized_end=2822
+  _globals['_RELEASERESPONSE']._serialized_start=2824
+  _globals['_RELEASERESPONSE']._serialized_end=2877
+  _globals['_GETTICKETREQUEST']._serialized_start=2879
+  _globals['_GETTICKETREQUEST']._serialized_end=2916
+  _globals['_GETTICKETRESPONSE']._serialized_start=2918
+  _globals['_GETTICKETRESPONSE']._serialized_end=2973
+  _globals['_LISTTICKETSREQUEST']._serialized_start=2975
+  _globals['_LISTTICKETSREQUEST']._serialized_end=3089
+  _globals['_LISTTICKETSRESPONSE']._serialized_start=3091
+  _globals['_LISTTICKETSRESPONSE']._serialized_end=3174
+  _globals['_GETLABELRESOURCEREQUEST']._serialized_start=3176
+  _globals['_GETLABELRESOURCEREQUEST']._serialized_end=3236
+  _globals['_GETLABELRESOURCERESPONSE']._serialized_start=3238
+  _globals['_GETLABELRESOURCERESPONSE']._serialized_end=3315
+  _globals['_LISTLABELRESOURCESREQUEST']._serialized_start=3317
+  _globals['_LISTLABELRESOURCESREQUEST']._serialized_end=3399
+  _globals['_LISTLABELRESOURCESRESPONSE']._serialized_start=3401
+  _globals['_LISTLABELRESOURCESRESPONSE']._serialized_end=3506
+  _globals['_RESOURCEMANAGERSERVICE']._serialized_start=3911
+  _globals['_RESOURCEMANAGERSERVICE']._serialized_end=4868
 # @@protoc_insertion_point(module_scope)

@@ -2,6 +2,7 @@ import datetime
 
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from labelrm.v1 import engine_conn_pb2 as _engine_conn_pb2
 from labelrm.v1 import resource_pb2 as _resource_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
@@ -12,6 +13,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class EcmState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ECM_STATE_UNSPECIFIED: _ClassVar[EcmState]
+    ECM_STATE_RUNNING: _ClassVar[EcmState]
+    ECM_STATE_DRAINING: _ClassVar[EcmState]
+    ECM_STATE_LOST: _ClassVar[EcmState]
+
+class HeartbeatAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    HEARTBEAT_ACTION_UNSPECIFIED: _ClassVar[HeartbeatAction]
+    HEARTBEAT_ACTION_CONTINUE: _ClassVar[HeartbeatAction]
+    HEARTBEAT_ACTION_REREGISTER: _ClassVar[HeartbeatAction]
+    HEARTBEAT_ACTION_SHUTDOWN: _ClassVar[HeartbeatAction]
+
 class TicketState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     TICKET_STATE_UNSPECIFIED: _ClassVar[TicketState]
@@ -19,11 +34,73 @@ class TicketState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TICKET_STATE_USED: _ClassVar[TicketState]
     TICKET_STATE_RELEASED: _ClassVar[TicketState]
     TICKET_STATE_EXPIRED: _ClassVar[TicketState]
+ECM_STATE_UNSPECIFIED: EcmState
+ECM_STATE_RUNNING: EcmState
+ECM_STATE_DRAINING: EcmState
+ECM_STATE_LOST: EcmState
+HEARTBEAT_ACTION_UNSPECIFIED: HeartbeatAction
+HEARTBEAT_ACTION_CONTINUE: HeartbeatAction
+HEARTBEAT_ACTION_REREGISTER: HeartbeatAction
+HEARTBEAT_ACTION_SHUTDOWN: HeartbeatAction
 TICKET_STATE_UNSPECIFIED: TicketState
 TICKET_STATE_LOCKED: TicketState
 TICKET_STATE_USED: TicketState
 TICKET_STATE_RELEASED: TicketState
 TICKET_STATE_EXPIRED: TicketState
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("agent_id", "sequence", "engine_conns", "done_command_ids")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_CONNS_FIELD_NUMBER: _ClassVar[int]
+    DONE_COMMAND_IDS_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    sequence: int
+    engine_conns: _containers.RepeatedCompositeFieldContainer[_engine_conn_pb2.EngineConnProcess]
+    done_command_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, agent_id: _Optional[str] = ..., sequence: _Optional[int] = ..., engine_conns: _Optional[_Iterable[_Union[_engine_conn_pb2.EngineConnProcess, _Mapping]]] = ..., done_command_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("action", "commands", "heartbeat_interval", "sequence", "reason")
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    COMMANDS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    action: HeartbeatAction
+    commands: _containers.RepeatedCompositeFieldContainer[_engine_conn_pb2.AgentCommand]
+    heartbeat_interval: _duration_pb2.Duration
+    sequence: int
+    reason: str
+    def __init__(self, action: _Optional[_Union[HeartbeatAction, str]] = ..., commands: _Optional[_Iterable[_Union[_engine_conn_pb2.AgentCommand, _Mapping]]] = ..., heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., sequence: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class GetEcmRequest(_message.Message):
+    __slots__ = ("instance",)
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    instance: str
+    def __init__(self, instance: _Optional[str] = ...) -> None: ...
+
+class GetEcmResponse(_message.Message):
+    __slots__ = ("ecm",)
+    ECM_FIELD_NUMBER: _ClassVar[int]
+    ecm: Ecm
+    def __init__(self, ecm: _Optional[_Union[Ecm, _Mapping]] = ...) -> None: ...
+
+class ListEcmsRequest(_message.Message):
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListEcmsResponse(_message.Message):
+    __slots__ = ("ecms", "next_page_token")
+    ECMS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    ecms: _containers.RepeatedCompositeFieldContainer[Ecm]
+    next_page_token: str
+    def __init__(self, ecms: _Optional[_Iterable[_Union[Ecm, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class Ticket(_message.Message):
     __slots__ = ("ticket_id", "state", "labels", "charged_labels", "requested_resource", "used_resource", "create_time", "update_time", "lock_expire_time", "end_time", "end_reason", "user")
@@ -78,20 +155,28 @@ class LabelResource(_message.Message):
     def __init__(self, label: _Optional[str] = ..., labels: _Optional[_Iterable[_Union[_resource_pb2.Label, _Mapping]]] = ..., source: _Optional[str] = ..., max_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., protected_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., used_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., locked_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., left_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., live_tickets: _Optional[int] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Ecm(_message.Message):
-    __slots__ = ("instance", "labels", "total_resource", "protected_resource", "register_time", "update_time")
+    __slots__ = ("instance", "labels", "total_resource", "protected_resource", "register_time", "update_time", "state", "last_heartbeat_time", "live_engine_conns", "left_resource")
     INSTANCE_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_RESOURCE_FIELD_NUMBER: _ClassVar[int]
     PROTECTED_RESOURCE_FIELD_NUMBER: _ClassVar[int]
     REGISTER_TIME_FIELD_NUMBER: _ClassVar[int]
     UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LAST_HEARTBEAT_TIME_FIELD_NUMBER: _ClassVar[int]
+    LIVE_ENGINE_CONNS_FIELD_NUMBER: _ClassVar[int]
+    LEFT_RESOURCE_FIELD_NUMBER: _ClassVar[int]
     instance: str
     labels: _containers.RepeatedCompositeFieldContainer[_resource_pb2.Label]
     total_resource: _resource_pb2.Resource
     protected_resource: _resource_pb2.Resource
     register_time: _timestamp_pb2.Timestamp
     update_time: _timestamp_pb2.Timestamp
-    def __init__(self, instance: _Optional[str] = ..., labels: _Optional[_Iterable[_Union[_resource_pb2.Label, _Mapping]]] = ..., total_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., protected_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., register_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    state: EcmState
+    last_heartbeat_time: _timestamp_pb2.Timestamp
+    live_engine_conns: int
+    left_resource: _resource_pb2.Resource
+    def __init__(self, instance: _Optional[str] = ..., labels: _Optional[_Iterable[_Union[_resource_pb2.Label, _Mapping]]] = ..., total_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., protected_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., register_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., state: _Optional[_Union[EcmState, str]] = ..., last_heartbeat_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., live_engine_conns: _Optional[int] = ..., left_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ...) -> None: ...
 
 class RegisterEcmRequest(_message.Message):
     __slots__ = ("request_id", "instance", "labels", "total_resource", "protected_resource")

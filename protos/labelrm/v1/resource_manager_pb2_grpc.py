@@ -80,6 +80,21 @@ class ResourceManagerServiceStub:
                 request_serializer=labelrm_dot_v1_dot_resource__manager__pb2.ListLabelResourcesRequest.SerializeToString,
                 response_deserializer=labelrm_dot_v1_dot_resource__manager__pb2.ListLabelResourcesResponse.FromString,
                 _registered_method=True)
+        self.Heartbeat = channel.unary_unary(
+                '/labelrm.v1.ResourceManagerService/Heartbeat',
+                request_serializer=labelrm_dot_v1_dot_resource__manager__pb2.HeartbeatRequest.SerializeToString,
+                response_deserializer=labelrm_dot_v1_dot_resource__manager__pb2.HeartbeatResponse.FromString,
+                _registered_method=True)
+        self.GetEcm = channel.unary_unary(
+                '/labelrm.v1.ResourceManagerService/GetEcm',
+                request_serializer=labelrm_dot_v1_dot_resource__manager__pb2.GetEcmRequest.SerializeToString,
+                response_deserializer=labelrm_dot_v1_dot_resource__manager__pb2.GetEcmResponse.FromString,
+                _registered_method=True)
+        self.ListEcms = channel.unary_unary(
+                '/labelrm.v1.ResourceManagerService/ListEcms',
+                request_serializer=labelrm_dot_v1_dot_resource__manager__pb2.ListEcmsRequest.SerializeToString,
+                response_deserializer=labelrm_dot_v1_dot_resource__manager__pb2.ListEcmsResponse.FromString,
+                _registered_method=True)
 
 
 class ResourceManagerServiceServicer:
@@ -149,6 +164,28 @@ class ResourceManagerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Heartbeat(self, request, context):
+        """Heartbeat is an agent's periodic report (YARN pull model): sequence-numbered; a
+        resend of the last sequence gets the previous response; commands ride on the reply.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetEcm(self, request, context):
+        """GetEcm returns one ECM with its state.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListEcms(self, request, context):
+        """ListEcms lists ECMs, paginated.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ResourceManagerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -196,6 +233,21 @@ def add_ResourceManagerServiceServicer_to_server(servicer, server):
                     servicer.ListLabelResources,
                     request_deserializer=labelrm_dot_v1_dot_resource__manager__pb2.ListLabelResourcesRequest.FromString,
                     response_serializer=labelrm_dot_v1_dot_resource__manager__pb2.ListLabelResourcesResponse.SerializeToString,
+            ),
+            'Heartbeat': grpc.unary_unary_rpc_method_handler(
+                    servicer.Heartbeat,
+                    request_deserializer=labelrm_dot_v1_dot_resource__manager__pb2.HeartbeatRequest.FromString,
+                    response_serializer=labelrm_dot_v1_dot_resource__manager__pb2.HeartbeatResponse.SerializeToString,
+            ),
+            'GetEcm': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetEcm,
+                    request_deserializer=labelrm_dot_v1_dot_resource__manager__pb2.GetEcmRequest.FromString,
+                    response_serializer=labelrm_dot_v1_dot_resource__manager__pb2.GetEcmResponse.SerializeToString,
+            ),
+            'ListEcms': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListEcms,
+                    request_deserializer=labelrm_dot_v1_dot_resource__manager__pb2.ListEcmsRequest.FromString,
+                    response_serializer=labelrm_dot_v1_dot_resource__manager__pb2.ListEcmsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -442,6 +494,87 @@ class ResourceManagerService:
             '/labelrm.v1.ResourceManagerService/ListLabelResources',
             labelrm_dot_v1_dot_resource__manager__pb2.ListLabelResourcesRequest.SerializeToString,
             labelrm_dot_v1_dot_resource__manager__pb2.ListLabelResourcesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Heartbeat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/labelrm.v1.ResourceManagerService/Heartbeat',
+            labelrm_dot_v1_dot_resource__manager__pb2.HeartbeatRequest.SerializeToString,
+            labelrm_dot_v1_dot_resource__manager__pb2.HeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetEcm(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/labelrm.v1.ResourceManagerService/GetEcm',
+            labelrm_dot_v1_dot_resource__manager__pb2.GetEcmRequest.SerializeToString,
+            labelrm_dot_v1_dot_resource__manager__pb2.GetEcmResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListEcms(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/labelrm.v1.ResourceManagerService/ListEcms',
+            labelrm_dot_v1_dot_resource__manager__pb2.ListEcmsRequest.SerializeToString,
+            labelrm_dot_v1_dot_resource__manager__pb2.ListEcmsResponse.FromString,
             options,
             channel_credentials,
             insecure,
