@@ -1,6 +1,13 @@
 """`rmctl`: a command-line client for the labelrm resource manager.
 
-Exit codes: 0 ok, 1 error (or an inconsistent `check`), 2 usage.
+Output: a table by default (`-o wide` adds columns), a ``key = value`` view for `show`
+commands, `-o json` for the protobuf JSON mapping. Lists take `--watch` (re-render every
+`--watch-interval` seconds until Ctrl-C; when piped, only changed renderings are printed,
+without screen control codes). Ticket ids may be abbreviated to a unique prefix.
+
+Exit codes: 0 ok, 1 error (or an inconsistent `check`), 2 usage. An error is one line
+on stderr: the status code, the reason and the message (a refusal's message names the
+shortfall per label and dimension).
 """
 
 from __future__ import annotations
@@ -9,95 +16,28 @@ import argparse
 import os
 import re
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
-from google.protobuf import json_format
 from labelrm.v1 import admin_pb2, resource_manager_pb2
 
 from clients import load, load_instance
-from clients._errors import RMError
+from clients._errors import NotFound, RMError
+from clients._format import (
+    STATE_NAMES,
+    fmt_labels,
+    fmt_resource,
+    fmt_time,
+    opt,
+    print_details,
+    print_table,
+    run_watch,
+    to_json,
+)
 from clients._impl import DEFAULT_TARGET, RMClient, parse_labels
 
 _SIZE_RE = re.compile(r"(\d+)\s*([kmgtp]?)(?:i?b?)", re.IGNORECASE)
 _UNITS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
-_STATE_NAMES = {
-    resource_manager_pb2.TICKET_STATE_UNSPECIFIED: "-",
-    resource_manager_pb2.TICKET_STATE_LOCKED: "LOCKED",
-    resource_manager_pb2.TICKET_STATE_USED: "USED",
-    resource_manager_pb2.TICKET_STATE_RELEASED: "RELEASED",
-    resource_manager_pb2.TICKET_STATE_EXPIRED: "EXPIRED",
-}
-
-
-# --- formatting ------------------------------------------------------------------------------
-
-
-def to_json(message: Any) -> str:
-    """A message as JSON in grpcurl's style (proto field names, proto3 JSON mapping)."""
-    return str(json_format.MessageToJson(message, preserving_proto_field_name=True, indent=2))
-
-
-def fmt_bytes(n: int) -> str:
-    """Bytes with a binary suffix when exact (4Gi), plain otherwise."""
-    for suffix, power in (("Pi", 5), ("Ti", 4), ("Gi", 3), ("Mi", 2), ("Ki", 1)):
-        if n and n % (1024**power) == 0:
-            return f"{n // 1024**power}{suffix}"
-    return str(n)
-
-
-def fmt_resource(r: Any) -> str:
-    """A compact one-line form of a resource_pb2.Resource ("-" when unset)."""
-    if r is None:
-        return "-"
-    kind = r.WhichOneof("kind")
-    if kind is None:
-        return "-"
-    if kind == "special":
-        return " ".join(f"{k}={v}" for k, v in sorted(r.special.quantities.items())) or "-"
-    if kind == "driver_and_yarn":
-        return f"driver({_fmt_dims(r.driver_and_yarn.driver)}) {_fmt_yarn(r.driver_and_yarn.yarn)}"
-    if kind == "yarn":
-        return _fmt_yarn(r.yarn)
-    return _fmt_dims(getattr(r, kind))
-
-
-def _fmt_dims(m: Any) -> str:
-    parts = []
-    names = {f.name for f in m.DESCRIPTOR.fields}
-    if "memory_bytes" in names:
-        parts.append(f"mem={fmt_bytes(m.memory_bytes)}")
-    if "cpu_millis" in names:
-        parts.append(f"cpu={m.cpu_millis}m")
-    if "instances" in names:
-        parts.append(f"inst={m.instances}")
-    return " ".join(parts)
-
-
-def _fmt_yarn(y: Any) -> str:
-    return (
-        f"queue={y.queue_name} mem={fmt_bytes(y.queue_memory_bytes)} "
-        f"cpu={y.queue_cpu_millis}m inst={y.queue_instances}"
-    )
-
-
-def _fmt_time(ts: Any) -> str:
-    if not ts.seconds and not ts.nanos:
-        return "-"
-    return str(ts.ToDatetime().strftime("%Y-%m-%dT%H:%M:%SZ"))
-
-
-def _opt(msg: Any, field: str) -> Any:
-    return getattr(msg, field) if msg.HasField(field) else None
-
-
-def print_table(out: TextIO, header: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
-    """Aligned columns with an upper-case header row, kubectl style."""
-    all_rows = [[h.upper() for h in header], *([str(c) for c in row] for row in rows)]
-    widths = [max(len(row[i]) for row in all_rows) for i in range(len(header))]
-    for row in all_rows:
-        cells = [c.ljust(w) for c, w in zip(row[:-1], widths[:-1], strict=True)]
-        print("   ".join([*cells, row[-1]]).rstrip(), file=out)
 
 
 # --- arguments -------------------------------------------------------------------------------
@@ -133,15 +73,22 @@ def _non_negative(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of rmctl."""
-    p = argparse.ArgumentParser(prog="rmctl", description="labelrm resource manager client")
+    p = argparse.ArgumentParser(
+        prog="rmctl", description="labelrm resource manager client", allow_abbrev=False
+    )
     p.add_argument(
         "--rm",
         default=os.environ.get("LABELRM_RM") or DEFAULT_TARGET,
         metavar="HOST:PORT",
         help="RM address (default: $LABELRM_RM or %(default)s)",
     )
-    p.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    p.add_argument("-o", "--output", choices=("table", "wide", "json"), default="table")
     p.add_argument("--timeout", type=float, default=10.0, help="per-call deadline in seconds")
+    p.add_argument(
+        "--watch-interval", type=float, default=2.0, metavar="SECONDS", help="for --watch"
+    )
+    # Bounds --watch (tests); a person stops it with Ctrl-C.
+    p.add_argument("--watch-rounds", type=int, default=None, help=argparse.SUPPRESS)
     cmds = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     c = cmds.add_parser("check", help="check used/locked against live tickets (exit 1 if not)")
@@ -152,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c = res.add_parser("list", help="list resource records")
     c.add_argument("--source", choices=("ecm", "limit"), default="")
+    _watchable(c)
     c.set_defaults(func=cmd_resource_list)
     c = res.add_parser("show", help="show one resource record")
     c.add_argument("labels", type=_labels_arg, metavar="LABELS", help='"k=v,k2=v2"')
@@ -163,9 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     c = tk.add_parser("list", help="list live tickets")
     c.add_argument("--label", default="", help="only tickets charged to this label")
     c.add_argument("--state", choices=("locked", "used"), default=None)
+    _watchable(c)
     c.set_defaults(func=cmd_ticket_list)
     c = tk.add_parser("show", help="show one ticket")
-    c.add_argument("ticket_id", metavar="ID")
+    c.add_argument("ticket_id", metavar="ID", help="a ticket id, or a unique prefix of a live one")
     c.set_defaults(func=cmd_ticket_show)
 
     lim = cmds.add_parser("limit", help="label limits").add_subparsers(
@@ -178,11 +127,18 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--instances", type=_non_negative, default=None, metavar="N")
     c.set_defaults(func=cmd_limit_set)
     c = lim.add_parser("list", help="list limits")
+    _watchable(c)
     c.set_defaults(func=cmd_limit_list)
     c = lim.add_parser("rm", help="delete a limit")
     c.add_argument("pattern", type=_labels_arg, metavar="PATTERN")
     c.set_defaults(func=cmd_limit_rm)
     return p
+
+
+def _watchable(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-w", "--watch", action="store_true", help="re-render until interrupted (Ctrl-C)"
+    )
 
 
 # --- commands --------------------------------------------------------------------------------
@@ -208,8 +164,8 @@ def cmd_check(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
                 (
                     m.label,
                     m.field,
-                    fmt_resource(_opt(m, "stored")),
-                    fmt_resource(_opt(m, "expected")),
+                    fmt_resource(opt(m, "stored")),
+                    fmt_resource(opt(m, "expected")),
                     m.detail or "-",
                 )
                 for m in report.mismatches
@@ -226,22 +182,25 @@ def cmd_resource_list(client: RMClient, args: argparse.Namespace, out: TextIO) -
         resp = resource_manager_pb2.ListLabelResourcesResponse(label_resources=records)
         print(to_json(resp), file=out)
         return 0
-    print_table(
-        out,
-        ("label", "source", "max", "used", "locked", "left", "tickets"),
-        (
-            (
-                r.label,
-                r.source,
-                fmt_resource(_opt(r, "max_resource")),
-                fmt_resource(_opt(r, "used_resource")),
-                fmt_resource(_opt(r, "locked_resource")),
-                fmt_resource(_opt(r, "left_resource")),
-                str(r.live_tickets),
-            )
-            for r in records
-        ),
-    )
+    wide = args.output == "wide"
+    header: tuple[str, ...] = ("label", "source", "max", "used", "locked", "left", "tickets")
+    if wide:
+        header += ("protected", "updated")
+    rows = []
+    for r in records:
+        row: tuple[str, ...] = (
+            r.label,
+            r.source,
+            fmt_resource(opt(r, "max_resource")),
+            fmt_resource(opt(r, "used_resource")),
+            fmt_resource(opt(r, "locked_resource")),
+            fmt_resource(opt(r, "left_resource")),
+            str(r.live_tickets),
+        )
+        if wide:
+            row += (fmt_resource(opt(r, "protected_resource")), fmt_time(r.update_time))
+        rows.append(row)
+    print_table(out, header, rows)
     return 0
 
 
@@ -254,31 +213,53 @@ def cmd_resource_show(client: RMClient, args: argparse.Namespace, out: TextIO) -
     rows = [
         ("label", r.label),
         ("source", r.source or "-"),
-        ("max", fmt_resource(_opt(r, "max_resource"))),
-        ("protected", fmt_resource(_opt(r, "protected_resource"))),
-        ("used", fmt_resource(_opt(r, "used_resource"))),
-        ("locked", fmt_resource(_opt(r, "locked_resource"))),
-        ("left", fmt_resource(_opt(r, "left_resource"))),
+        ("max", fmt_resource(opt(r, "max_resource"))),
+        ("protected", fmt_resource(opt(r, "protected_resource"))),
+        ("used", fmt_resource(opt(r, "used_resource"))),
+        ("locked", fmt_resource(opt(r, "locked_resource"))),
+        ("left", fmt_resource(opt(r, "left_resource"))),
         ("tickets", str(r.live_tickets)),
-        ("updated", _fmt_time(r.update_time)),
+        ("updated", fmt_time(r.update_time)),
     ]
-    print_table(out, ("field", "value"), rows)
+    print_details(out, rows)
     return 0
 
 
-def _ticket_row(t: Any) -> tuple[str, ...]:
-    return (
+def _ticket_row(t: Any, wide: bool = False) -> tuple[str, ...]:
+    row: tuple[str, ...] = (
         t.ticket_id,
-        _STATE_NAMES.get(t.state, str(t.state)),
+        STATE_NAMES.get(t.state, str(t.state)),
         t.user or "-",
         ";".join(t.charged_labels) or "-",
-        fmt_resource(_opt(t, "requested_resource")),
-        fmt_resource(_opt(t, "used_resource")),
-        _fmt_time(t.create_time),
+        fmt_resource(opt(t, "requested_resource")),
+        fmt_resource(opt(t, "used_resource")),
+        fmt_time(t.create_time),
     )
+    if wide:
+        row += (fmt_labels(t.labels), fmt_time(t.lock_expire_time), fmt_time(t.update_time))
+    return row
 
 
 _TICKET_HEADER = ("ticket_id", "state", "user", "charged", "requested", "used", "created")
+_TICKET_WIDE = (*_TICKET_HEADER, "labels", "lock_expires", "updated")
+
+
+def resolve_ticket(client: RMClient, given: str) -> Any:
+    """The ticket with id `given`, or the one live ticket whose id starts with it."""
+    try:
+        return client.get_ticket(given)
+    except NotFound:
+        matches = [t for t in client.list_tickets() if t.ticket_id.startswith(given)]
+        if len(matches) == 1:
+            return matches[0]
+        if not matches:
+            raise
+        shown = ", ".join(t.ticket_id for t in matches[:3])
+        more = f" and {len(matches) - 3} more" if len(matches) > 3 else ""
+        raise ValueError(
+            f"ticket id prefix {given!r} is ambiguous: {len(matches)} live tickets match "
+            f"({shown}{more})"
+        ) from None
 
 
 def cmd_ticket_list(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
@@ -287,17 +268,34 @@ def cmd_ticket_list(client: RMClient, args: argparse.Namespace, out: TextIO) -> 
     if args.output == "json":
         print(to_json(resource_manager_pb2.ListTicketsResponse(tickets=tickets)), file=out)
         return 0
-    print_table(out, _TICKET_HEADER, (_ticket_row(t) for t in tickets))
+    wide = args.output == "wide"
+    print_table(
+        out, _TICKET_WIDE if wide else _TICKET_HEADER, (_ticket_row(t, wide) for t in tickets)
+    )
     return 0
 
 
 def cmd_ticket_show(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     """`rmctl ticket show ID`."""
-    t = client.get_ticket(args.ticket_id)
+    t = resolve_ticket(client, args.ticket_id)
     if args.output == "json":
         print(to_json(t), file=out)
         return 0
-    print_table(out, _TICKET_HEADER, [_ticket_row(t)])
+    rows = [
+        ("ticket_id", t.ticket_id),
+        ("state", STATE_NAMES.get(t.state, str(t.state))),
+        ("user", t.user or "-"),
+        ("labels", fmt_labels(t.labels)),
+        ("charged", ";".join(t.charged_labels) or "-"),
+        ("requested", fmt_resource(opt(t, "requested_resource"))),
+        ("used", fmt_resource(opt(t, "used_resource"))),
+        ("created", fmt_time(t.create_time)),
+        ("updated", fmt_time(t.update_time)),
+        ("lock_expires", fmt_time(t.lock_expire_time)),
+        ("ended", fmt_time(t.end_time)),
+        ("end_reason", t.end_reason or "-"),
+    ]
+    print_details(out, rows)
     return 0
 
 
@@ -314,7 +312,7 @@ def cmd_limit_set(client: RMClient, args: argparse.Namespace, out: TextIO) -> in
     print_table(
         out,
         ("pattern", "max", "updated"),
-        [(limit.pattern, fmt_resource(_opt(limit, "max_resource")), _fmt_time(limit.update_time))],
+        [(limit.pattern, fmt_resource(opt(limit, "max_resource")), fmt_time(limit.update_time))],
     )
     return 0
 
@@ -329,7 +327,7 @@ def cmd_limit_list(client: RMClient, args: argparse.Namespace, out: TextIO) -> i
         out,
         ("pattern", "max", "updated"),
         (
-            (lim.pattern, fmt_resource(_opt(lim, "max_resource")), _fmt_time(lim.update_time))
+            (lim.pattern, fmt_resource(opt(lim, "max_resource")), fmt_time(lim.update_time))
             for lim in limits
         ),
     )
@@ -350,11 +348,25 @@ def cmd_limit_rm(client: RMClient, args: argparse.Namespace, out: TextIO) -> int
 # --- entry point -----------------------------------------------------------------------------
 
 
+def error_line(err: RMError) -> str:
+    """``error: CODE (REASON): message``, on one line; a refusal names every shortfall.
+
+    The reason is left out when it only repeats the code; the shortfalls are appended
+    unless the server's message already lists them.
+    """
+    head = err.code.name
+    if err.reason and err.reason != head:
+        head += f" ({err.reason})"
+    message = " ".join(err.message.split())  # one line, whatever the server sent
+    missing = [str(s) for s in getattr(err, "shortfalls", ()) if str(s) not in message]
+    if missing:
+        message += ": " + "; ".join(missing)
+    return f"error: {head}: {message}"
+
+
 def report_error(err: RMError, stream: TextIO) -> None:
-    """`error: <CODE>: <message>`, plus one line per shortfall of a refusal."""
-    print(f"error: {err.code.name}: {err.message}", file=stream)
-    for shortfall in getattr(err, "shortfalls", ()):
-        print(f"  shortfall: {shortfall}", file=stream)
+    """Print `error_line(err)` to `stream`."""
+    print(error_line(err), file=stream)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -366,6 +378,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     func: Command = args.func
     try:
         with RMClient(args.rm, timeout=args.timeout) as client:
+            if getattr(args, "watch", False):
+                title = "rmctl " + " ".join(argv if argv is not None else sys.argv[1:])
+                return run_watch(
+                    lambda out: func(client, args, out),
+                    sys.stdout,
+                    interval=args.watch_interval,
+                    title=title,
+                    rounds=args.watch_rounds,
+                )
             return func(client, args, sys.stdout)
     except RMError as err:
         report_error(err, sys.stderr)

@@ -1,15 +1,21 @@
-"""rm-server settings: defaults < TOML file < LABELRM_* environment < flags."""
+"""rm-server settings: defaults < TOML file < LABELRM_* environment < flags.
+
+`load_config` also records where each value came from, for `rm-server --print-config`.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 DEFAULT_RULES_SPEC = "userCreator+engineType;emInstance"
+LOG_FORMATS = ("text", "json")
 
 
 @dataclass(frozen=True)
@@ -26,6 +32,19 @@ class Settings:
     max_message_bytes: int = 4 * 1024 * 1024
     shutdown_grace: float = 10.0
     log_level: str = "INFO"
+    log_format: str = "text"
+    metrics_label_cap: int = 1000
+    # EngineConns and agents
+    create_timeout: float = 60.0
+    max_launch_attempts: int = 3
+    ecm_expiry: float = 30.0
+    ec_expiry: float = 30.0
+    agent_heartbeat_interval: float = 3.0
+    ec_heartbeat_interval: float = 3.0
+    kill_grace: float = 5.0
+
+
+Source = Literal["default", "file", "env", "flag"]
 
 
 def _coerce(name: str, raw: Any) -> Any:
@@ -39,28 +58,100 @@ def _coerce(name: str, raw: Any) -> Any:
     return str(raw)
 
 
-def load_settings(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> Settings:
-    env = os.environ if environ is None else environ
+@dataclass(frozen=True)
+class LoadedConfig:
+    """The effective settings, where each came from, and what the command line asked."""
+
+    settings: Settings
+    sources: dict[str, Source] = field(default_factory=dict)
+    config_file: str = ""
+    print_config: bool = False
+
+    def describe(self) -> str:
+        """The effective configuration as TOML, each value annotated with its source."""
+        lines = ["# rm-server effective configuration (source: default < file < env < flag)"]
+        if self.config_file:
+            lines.append(f"# config file: {self.config_file}")
+        for f in fields(Settings):
+            value = getattr(self.settings, f.name)
+            if f.name == "database_url":
+                value = redact_url(value)
+            rendered = _toml_value(str(value) if isinstance(value, Path) else value)
+            env = "LABELRM_" + f.name.upper()
+            flag = "--" + f.name.replace("_", "-")
+            source = self.sources.get(f.name, "default")
+            lines.append(f"{f.name} = {rendered}  # {source} ({env}, {flag})")
+        return "\n".join(lines)
+
+
+def redact_url(url: str) -> str:
+    """The database URL with its password (URL or key=value form) replaced by ***."""
+    url = re.sub(r"(://[^/@:]*:)[^/@]*@", r"\1***@", url)
+    return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", url)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(str(value))  # a JSON string is a valid TOML basic string
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rm-server", description="labelrm resource manager")
-    parser.add_argument("--config", help="TOML file with settings")
+    parser.add_argument("--config", help="TOML file with settings (or $LABELRM_CONFIG)")
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the effective configuration with the source of each value, and exit",
+    )
     for f in fields(Settings):
         parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None)
+    return parser
+
+
+def load_config(
+    argv: list[str] | None = None, environ: dict[str, str] | None = None
+) -> LoadedConfig:
+    """Parse the command line, the TOML file and the environment into `LoadedConfig`."""
+    env = os.environ if environ is None else environ
+    parser = build_parser()
     args = parser.parse_args(argv)
+    names = {f.name for f in fields(Settings)}
     values: dict[str, Any] = {}
-    config_file = args.config or env.get("LABELRM_CONFIG")
+    sources: dict[str, Source] = {}
+
+    def put(name: str, raw: Any, source: Source, where: str) -> None:
+        try:
+            values[name] = _coerce(name, raw)
+        except ValueError:
+            parser.error(f"invalid value {raw!r} for {name} ({where})")
+        sources[name] = source
+
+    config_file = args.config or env.get("LABELRM_CONFIG") or ""
     if config_file:
-        with open(config_file, "rb") as fh:
-            table = tomllib.load(fh)
+        try:
+            with open(config_file, "rb") as fh:
+                table = tomllib.load(fh)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            parser.error(f"cannot read config file {config_file}: {exc}")
         for key, raw in table.items():
             name = key.replace("-", "_")
-            if name not in {f.name for f in fields(Settings)}:
+            if name not in names:
                 parser.error(f"unknown setting {key!r} in {config_file}")
-            values[name] = _coerce(name, raw)
+            put(name, raw, "file", config_file)
     for f in fields(Settings):
         raw = env.get("LABELRM_" + f.name.upper())
         if raw is not None:
-            values[f.name] = _coerce(f.name, raw)
+            put(f.name, raw, "env", "LABELRM_" + f.name.upper())
         flag = getattr(args, f.name)
         if flag is not None:
-            values[f.name] = _coerce(f.name, flag)
-    return Settings(**values)
+            put(f.name, flag, "flag", "--" + f.name.replace("_", "-"))
+    if values.get("log_format", "text") not in LOG_FORMATS:
+        parser.error(f"log_format must be one of {', '.join(LOG_FORMATS)}")
+    return LoadedConfig(Settings(**values), sources, config_file, bool(args.print_config))
+
+
+def load_settings(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> Settings:
+    return load_config(argv, environ).settings

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -34,6 +35,8 @@ from rm_server.store.db import Conn, Database, Idempotency, OutcomeEncoder, Repl
 from rm_server.store.notify import LabelNotifier
 
 log = logging.getLogger(__name__)
+
+AfterApply = Callable[[Conn, Ticket], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -110,13 +113,17 @@ class RMCore:
         resource: Resource,
         wait_seconds: float,
         encoder: OutcomeEncoder[Ticket],
+        after: AfterApply | None = None,
     ) -> Ticket | Replay:
-        """Lock `resource` on every resource-carrying label, or wait for it (FIFO)."""
+        """Lock `resource` on every resource-carrying label, or wait for it (FIFO).
+
+        `after`, if given, runs in the same transaction once the ticket is charged
+        (the EngineConn flow queues its launch command there, atomically)."""
         keys = self.charged_keys(labels)
         ticket_id = self.new_id("t")
         if wait_seconds <= 0:
             return await self._apply_once(
-                idem, encoder, ticket_id, user, labels, keys, resource, None
+                idem, encoder, ticket_id, user, labels, keys, resource, None, after=after
             )
         deadline = time.monotonic() + wait_seconds
         waiter: int | None = None
@@ -175,6 +182,7 @@ class RMCore:
         waiter: int | None,
         *,
         may_wait: bool = False,
+        after: AfterApply | None = None,
     ) -> Ticket | Replay:
         while True:
             now = self.clock.now()
@@ -194,6 +202,8 @@ class RMCore:
                 outcome = await ticket_store.apply(conn, cmd)
                 if isinstance(outcome, Refusal):
                     raise _refused(outcome)
+                if after is not None:
+                    await after(conn, outcome)
                 return outcome
 
             try:

@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-import sys
 
-from rm_server.config import load_settings
+from rm_server.config import load_config
+from rm_server.observability.logging import setup_logging
 from rm_server.server import RMServer
 
 
 def main(argv: list[str] | None = None) -> int:
-    settings = load_settings(argv)
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)s",
-        stream=sys.stderr,
-    )
+    config = load_config(argv)
+    if config.print_config:
+        print(config.describe())
+        return 0
+    settings = config.settings
+    setup_logging(settings.log_level, settings.log_format)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(RMServer(settings).run_until_signalled())
     return 0

@@ -4,6 +4,7 @@ error interceptor, reflection and the standard health service."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 from dataclasses import dataclass, field
@@ -12,14 +13,26 @@ from datetime import timedelta
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from labelrm.v1 import admin_pb2, admin_pb2_grpc, resource_manager_pb2, resource_manager_pb2_grpc
+from labelrm.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    engine_conn_pb2,
+    engine_conn_pb2_grpc,
+    resource_manager_pb2,
+    resource_manager_pb2_grpc,
+)
 
+from rm_server.agents import AgentHub
 from rm_server.clock import Clock, IdFactory, SystemClock, random_ids
 from rm_server.config import Settings
 from rm_server.core import CoreSettings, RMCore
 from rm_server.domain.labels import parse_rules
 from rm_server.embedded import EmbeddedPostgres
+from rm_server.engineconns import EcSettings, EngineConnManager
+from rm_server.observability.logging import RequestContextInterceptor
+from rm_server.observability.metrics import Metrics, MetricsHttpServer
 from rm_server.service.admin import AdminServicer
+from rm_server.service.engine_conn import EngineConnServicer
 from rm_server.service.errors import ErrorInterceptor
 from rm_server.service.resource_manager import ResourceManagerServicer
 from rm_server.store import Database, LabelNotifier
@@ -29,6 +42,7 @@ log = logging.getLogger(__name__)
 SERVICE_NAMES = (
     resource_manager_pb2.DESCRIPTOR.services_by_name["ResourceManagerService"].full_name,
     admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
+    engine_conn_pb2.DESCRIPTOR.services_by_name["EngineConnService"].full_name,
 )
 
 
@@ -41,11 +55,16 @@ class RMServer:
     new_id: IdFactory = random_ids
     port: int = 0
     core: RMCore | None = None
+    engine_conns: EngineConnManager | None = None
+    hub: AgentHub | None = None
+    _liveness: asyncio.Task[None] | None = None
     _server: grpc.aio.Server | None = None
     _health: health.aio.HealthServicer | None = None
     _embedded: EmbeddedPostgres | None = None
     _db: Database | None = None
     _notifier: LabelNotifier | None = None
+    metrics: Metrics | None = None
+    _metrics_http: MetricsHttpServer | None = None
 
     async def start(self) -> None:
         url = self.settings.database_url
@@ -63,21 +82,36 @@ class RMServer:
             rules=parse_rules(self.settings.label_rules),
         )
         self.core = RMCore(self._db, self._notifier, core_settings, self.clock, self.new_id)
+        self.metrics = Metrics(label_cap=self.settings.metrics_label_cap)
+        self.metrics.attach(self.core)  # before start_background: it counts the sweeps
         self.core.start_background()
 
         limit = self.settings.max_message_bytes
         self._server = grpc.aio.server(
-            interceptors=[ErrorInterceptor()],
+            # Outermost first: log context, then metrics (both see the final status).
+            interceptors=[
+                RequestContextInterceptor(),
+                self.metrics.interceptor(),
+                ErrorInterceptor(),
+            ],
             options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", limit),
                 ("grpc.so_reuseport", 0),
             ],
         )
+        self.engine_conns = EngineConnManager(self.core, self._ec_settings())
+        self.hub = AgentHub(self.engine_conns)
+        self._liveness = asyncio.create_task(self._liveness_forever(), name="liveness")
         resource_manager_pb2_grpc.add_ResourceManagerServiceServicer_to_server(
-            ResourceManagerServicer(self.core), self._server
+            ResourceManagerServicer(self.core, self.hub), self._server
         )
-        admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(self.core), self._server)
+        admin_pb2_grpc.add_AdminServiceServicer_to_server(
+            AdminServicer(self.core, self.hub), self._server
+        )
+        engine_conn_pb2_grpc.add_EngineConnServiceServicer_to_server(
+            EngineConnServicer(self.engine_conns, self.hub), self._server
+        )
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(
@@ -90,13 +124,51 @@ class RMServer:
         for name in ("", *SERVICE_NAMES):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("rm-server listening on %s (port %d)", self.settings.listen, self.port)
+        if self.settings.metrics_listen:
+            self._metrics_http = MetricsHttpServer(self.metrics, self.settings.metrics_listen)
+            await self._metrics_http.start()
+
+    @property
+    def metrics_port(self) -> int:
+        """The port of the metrics endpoint (0 when it is off)."""
+        return self._metrics_http.port if self._metrics_http is not None else 0
+
+    def _ec_settings(self) -> EcSettings:
+        st = self.settings
+        return EcSettings(
+            create_timeout=st.create_timeout,
+            max_launch_attempts=st.max_launch_attempts,
+            ecm_expiry=timedelta(seconds=st.ecm_expiry),
+            ec_expiry=timedelta(seconds=st.ec_expiry),
+            agent_heartbeat_interval=st.agent_heartbeat_interval,
+            ec_heartbeat_interval=st.ec_heartbeat_interval,
+            kill_grace=st.kill_grace,
+        )
+
+    async def _liveness_forever(self) -> None:
+        """ECM and EngineConn liveness; on every replica (row locks make it safe)."""
+        assert self.hub is not None
+        while True:
+            try:
+                await self.hub.sweep()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("liveness sweep failed")
+            await asyncio.sleep(self.settings.sweep_interval)
 
     async def stop(self, grace: float | None = None) -> None:
         """Graceful stop: health NOT_SERVING, finish in-flight calls, then close."""
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
+        if self._metrics_http is not None:
+            await self._metrics_http.stop()
         if self._server is not None:
             await self._server.stop(self.settings.shutdown_grace if grace is None else grace)
+        if self._liveness is not None:
+            self._liveness.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._liveness
         if self.core is not None:
             await self.core.stop_background()
         if self._notifier is not None:

@@ -260,3 +260,159 @@ async def wait_until(predicate: Any, timeout: float, interval: float = 0.05) -> 
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s (last: {value!r})")
         await asyncio.sleep(interval)
+
+
+# ----- EngineConns: real sudo, real users, the runtime installed for them ------------------
+
+TEST_USERS = ("lrmtest_a", "lrmtest_b")
+EC_VENV = Path(os.environ.get("LABELRM_EC_VENV", "/opt/labelrm/ec-venv"))
+
+
+def _require(condition: bool, reason: str) -> None:
+    """In CI a missing sudo prerequisite fails the test; elsewhere it skips it."""
+    if condition:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI prerequisite missing: {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def sudo_users() -> tuple[str, ...]:
+    import pwd
+
+    _require(os.geteuid() == 0, "the agent tests run as root (the agent sudoes to users)")
+    for user in TEST_USERS:
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            _require(False, f"user {user} missing: run scripts/create_test_users.sh")
+        ok = subprocess.run(["sudo", "-n", "-u", user, "true"], capture_output=True).returncode
+        _require(ok == 0, f"sudo -n -u {user} true failed")
+    return TEST_USERS
+
+
+@pytest.fixture(scope="session")
+def ec_python(sudo_users: tuple[str, ...]) -> str:
+    """The interpreter EngineConns run with, usable by the test users."""
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "install_ec_runtime.sh")], capture_output=True, text=True
+    )
+    _require(done.returncode == 0, f"install_ec_runtime.sh failed: {done.stderr[-2000:]}")
+    return str(EC_VENV / "bin" / "python")
+
+
+def shared_tmp(prefix: str) -> Path:
+    """A temporary directory the test users can traverse (pytest's tmp_path is 0700)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    path.chmod(0o755)
+    return path
+
+
+@dataclass
+class AgentProcess:
+    """ecm-agent as a real subprocess (root), launching EngineConns through sudo."""
+
+    rm_target: str
+    agent_id: str
+    root: Path
+    python: str
+    extra: tuple[str, ...] = ()
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def log_path(self) -> Path:
+        return self.root / "agent.log"
+
+    def start(self) -> None:
+        cmd = [
+            sys.executable,
+            "-m",
+            "ecm_agent",
+            "--rm",
+            self.rm_target,
+            "--agent-id",
+            self.agent_id,
+            "--work-root",
+            str(self.root / "work"),
+            "--state-dir",
+            str(self.root / "state"),
+            "--allowed-users",
+            ",".join(TEST_USERS),
+            "--python",
+            self.python,
+            "--heartbeat-interval",
+            "0.5",
+            "--kill-grace",
+            "2",
+            "--total-memory-bytes",
+            str(8 * 1024**3),
+            "--total-cpu-millis",
+            "8000",
+            "--total-instances",
+            "16",
+            *self.extra,
+        ]
+        (self.root / "work").mkdir(exist_ok=True, mode=0o755)
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def log_text(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+
+@pytest.fixture
+def agent_factory(ec_python: str) -> Iterator[Any]:
+    started: list[AgentProcess] = []
+
+    def make(
+        rm_target: str, agent_id: str = "agent1", *extra: str, python: str | None = None
+    ) -> AgentProcess:
+        agent = AgentProcess(
+            rm_target, agent_id, shared_tmp(f"lrm-{agent_id}-"), python or ec_python, extra
+        )
+        started.append(agent)
+        return agent
+
+    yield make
+    for agent in started:
+        agent.kill()
+        _kill_engineconns(agent.root)
+        shutil.rmtree(agent.root, ignore_errors=True)
+
+
+def _kill_engineconns(root: Path) -> None:
+    """Leave no EngineConn behind: kill every process group recorded in the state dir."""
+    import json
+    import signal
+
+    for state in (root / "state").glob("*.json"):
+        try:
+            pgid = int(json.loads(state.read_text())["pgid"])
+            os.killpg(pgid, signal.SIGKILL)
+        except (OSError, ValueError, KeyError):
+            pass
+
+
+@pytest.fixture
+async def cluster_rm(database_url: str) -> AsyncIterator[InProcessRM]:
+    """An in-process RM with short liveness intervals, for EngineConn tests."""
+    server = await start_in_process(
+        database_url,
+        sweep_interval=0.2,
+        ecm_expiry=3.0,
+        ec_expiry=6.0,
+        agent_heartbeat_interval=0.5,
+        ec_heartbeat_interval=0.5,
+        create_timeout=30.0,
+        kill_grace=2.0,
+    )
+    try:
+        yield server
+    finally:
+        await stop_in_process(server)

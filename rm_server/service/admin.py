@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import re
+
 import grpc
 from labelrm.v1 import admin_pb2 as pb
 from labelrm.v1 import admin_pb2_grpc as pb_grpc
 
+from rm_server.agents import AgentHub
 from rm_server.core import RMCore
 from rm_server.domain.model import StoredLimit
+from rm_server.errors import InvalidArgument
 from rm_server.service import convert
 from rm_server.service.common import ProtoEncoder, idempotency, next_token, page_of, respond
 
@@ -18,8 +22,9 @@ _DELETE = ProtoEncoder[int](lambda n: pb.DeleteLabelLimitResponse(affected_label
 
 
 class AdminServicer(pb_grpc.AdminServiceServicer):
-    def __init__(self, core: RMCore) -> None:
+    def __init__(self, core: RMCore, hub: AgentHub) -> None:
         self.core = core
+        self.hub = hub
 
     async def SetLabelLimit(
         self, request: pb.SetLabelLimitRequest, context: grpc.aio.ServicerContext
@@ -54,3 +59,24 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         self, request: pb.CheckConsistencyRequest, context: grpc.aio.ServicerContext
     ) -> pb.CheckConsistencyResponse:
         return convert.report_to_pb(await self.core.check_consistency())
+
+    async def RefreshNodes(
+        self, request: pb.RefreshNodesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RefreshNodesResponse:
+        for field in ("include", "exclude"):
+            for i, entry in enumerate(getattr(request, field)):
+                if not _NODE_RE.fullmatch(entry):
+                    raise InvalidArgument(f"{field}[{i}]", "must be a host or host:port")
+        disallowed = await self.hub.refresh_nodes(list(request.include), list(request.exclude))
+        return pb.RefreshNodesResponse(disallowed_instances=disallowed)
+
+    async def DecommissionEcm(
+        self, request: pb.DecommissionEcmRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DecommissionEcmResponse:
+        if not _NODE_RE.fullmatch(request.instance):
+            raise InvalidArgument("instance", "must be an ECM instance")
+        live = await self.hub.decommission(request.instance)
+        return pb.DecommissionEcmResponse(live_engine_conns=live)
+
+
+_NODE_RE = re.compile(r"[A-Za-z0-9_.-]{1,253}(:[0-9]{1,5})?")

@@ -11,8 +11,18 @@ from datetime import datetime
 
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
-from labelrm.v1 import admin_pb2, resource_manager_pb2, resource_pb2
+from labelrm.v1 import admin_pb2, engine_conn_pb2, resource_manager_pb2, resource_pb2
 
+from rm_server.domain.engineconn import (
+    AgentCommand,
+    EcmState,
+    EcmStatus,
+    EcState,
+    EngineConn,
+    HeartbeatOutcome,
+    ProcessReport,
+    ProcessState,
+)
 from rm_server.domain.labels import Label, LabelError, make_label, validate_labels
 from rm_server.domain.limits import LabelPattern
 from rm_server.domain.model import ConsistencyReport, Ecm, LabelResource, StoredLimit, Ticket
@@ -264,3 +274,152 @@ def report_to_pb(report: ConsistencyReport) -> admin_pb2.CheckConsistencyRespons
         labels_checked=report.labels_checked,
         tickets_checked=report.tickets_checked,
     )
+
+
+# ----- EngineConns, agents, ECM status ----------------------------------------------------
+
+_EC_STATES = {
+    EcState.STARTING: engine_conn_pb2.ENGINE_CONN_STATE_STARTING,
+    EcState.IDLE: engine_conn_pb2.ENGINE_CONN_STATE_IDLE,
+    EcState.BUSY: engine_conn_pb2.ENGINE_CONN_STATE_BUSY,
+    EcState.SHUTTING_DOWN: engine_conn_pb2.ENGINE_CONN_STATE_SHUTTING_DOWN,
+    EcState.SUCCEEDED: engine_conn_pb2.ENGINE_CONN_STATE_SUCCEEDED,
+    EcState.FAILED: engine_conn_pb2.ENGINE_CONN_STATE_FAILED,
+    EcState.LOST: engine_conn_pb2.ENGINE_CONN_STATE_LOST,
+}
+EC_STATE_OF_PB = {v: k for k, v in _EC_STATES.items()}
+_ECM_STATES = {
+    EcmState.RUNNING: resource_manager_pb2.ECM_STATE_RUNNING,
+    EcmState.DRAINING: resource_manager_pb2.ECM_STATE_DRAINING,
+    EcmState.LOST: resource_manager_pb2.ECM_STATE_LOST,
+}
+_PROCESS_STATES = {
+    engine_conn_pb2.PROCESS_STATE_RUNNING: ProcessState.RUNNING,
+    engine_conn_pb2.PROCESS_STATE_EXITED: ProcessState.EXITED,
+    engine_conn_pb2.PROCESS_STATE_LAUNCH_FAILED: ProcessState.LAUNCH_FAILED,
+}
+_ACTIONS = {
+    "CONTINUE": resource_manager_pb2.HEARTBEAT_ACTION_CONTINUE,
+    "REREGISTER": resource_manager_pb2.HEARTBEAT_ACTION_REREGISTER,
+    "SHUTDOWN": resource_manager_pb2.HEARTBEAT_ACTION_SHUTDOWN,
+}
+
+
+def ec_state_to_pb(state: EcState) -> int:
+    return int(_EC_STATES[state])
+
+
+def engine_conn_to_pb(ec: EngineConn) -> engine_conn_pb2.EngineConn:
+    return engine_conn_pb2.EngineConn(
+        engine_conn_id=ec.ec_id,
+        state=_EC_STATES[ec.state],
+        user=ec.user,
+        labels=labels_to_pb(ec.labels),
+        params=dict(ec.params),
+        ecm_instance=ec.ecm_instance,
+        ticket_id=ec.ticket_id,
+        resource=resource_to_pb(ec.resource),
+        address=ec.address,
+        pid=ec.pid,
+        exit_code=ec.exit_code,
+        reason=ec.reason,
+        log_tail=ec.log_tail,
+        work_dir=ec.work_dir,
+        ecm_choices=[
+            engine_conn_pb2.EcmChoice(
+                instance=c.instance, eligible=c.eligible, score=c.score, reasons=c.reasons
+            )
+            for c in ec.ecm_choices
+        ],
+        launch_attempts=ec.launch_attempts,
+        create_time=ts(ec.created_at),
+        update_time=ts(ec.updated_at),
+        ready_time=ts(ec.ready_at),
+        end_time=ts(ec.ended_at),
+        holder=ec.holder,
+        hold_expire_time=ts(ec.hold_expires_at),
+    )
+
+
+def command_to_pb(cmd: AgentCommand) -> engine_conn_pb2.AgentCommand:
+    out = engine_conn_pb2.AgentCommand(command_id=cmd.command_id)
+    if cmd.kind == "launch" and cmd.launch is not None:
+        lp = cmd.launch
+        out.launch.CopyFrom(
+            engine_conn_pb2.LaunchCommand(
+                engine_conn_id=cmd.ec_id,
+                user=lp.user,
+                engine_type=lp.engine_type,
+                launch_request=engine_conn_pb2.EngineConnLaunchRequest(
+                    program=lp.program,
+                    argv=list(lp.argv),
+                    environment=dict(lp.environment),
+                    required_local_environment=list(lp.required_local_environment),
+                    material_files=[
+                        engine_conn_pb2.MaterialFile(name=n, content=c, executable=x)
+                        for n, c, x in lp.material_files
+                    ],
+                ),
+            )
+        )
+    elif cmd.kind == "kill":
+        grace = Duration()
+        grace.FromNanoseconds(int(cmd.grace_seconds * 1e9))
+        out.kill.CopyFrom(
+            engine_conn_pb2.KillCommand(engine_conn_id=cmd.ec_id, reason=cmd.reason, grace=grace)
+        )
+    else:
+        out.cleanup.CopyFrom(engine_conn_pb2.CleanupCommand(engine_conn_id=cmd.ec_id))
+    return out
+
+
+def process_from_pb(msg: engine_conn_pb2.EngineConnProcess, field: str) -> ProcessReport:
+    state = _PROCESS_STATES.get(msg.state)
+    if state is None:
+        raise InvalidArgument(f"{field}.state", "must be RUNNING, EXITED or LAUNCH_FAILED")
+    if not msg.engine_conn_id or len(msg.engine_conn_id) > 128:
+        raise InvalidArgument(f"{field}.engine_conn_id", "must be 1 to 128 characters")
+    return ProcessReport(
+        ec_id=msg.engine_conn_id,
+        state=state,
+        pid=msg.pid,
+        exit_code=msg.exit_code,
+        reason=msg.reason[:2000],
+        log_tail=msg.log_tail[-4000:],
+        work_dir=msg.work_dir[:4096],
+    )
+
+
+def heartbeat_to_pb(
+    outcome: HeartbeatOutcome, interval: float
+) -> resource_manager_pb2.HeartbeatResponse:
+    every = Duration()
+    every.FromNanoseconds(int(interval * 1e9))
+    return resource_manager_pb2.HeartbeatResponse(
+        action=_ACTIONS[outcome.action],
+        commands=[command_to_pb(c) for c in outcome.commands],
+        heartbeat_interval=every,
+        sequence=outcome.sequence,
+        reason=outcome.reason,
+    )
+
+
+def ecm_status_to_pb(s: EcmStatus) -> resource_manager_pb2.Ecm:
+    return resource_manager_pb2.Ecm(
+        instance=s.instance,
+        labels=labels_to_pb(s.labels),
+        total_resource=resource_to_pb(s.total),
+        protected_resource=resource_to_pb(s.protected),
+        register_time=ts(s.registered_at),
+        update_time=ts(s.updated_at),
+        state=_ECM_STATES[s.state],
+        last_heartbeat_time=ts(s.last_heartbeat_at),
+        live_engine_conns=s.live_engine_conns,
+        left_resource=resource_to_pb(s.left) if s.left is not None else None,
+    )
+
+
+def duration_of(seconds: float) -> Duration:
+    out = Duration()
+    out.FromNanoseconds(int(seconds * 1e9))
+    return out

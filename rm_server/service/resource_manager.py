@@ -7,7 +7,9 @@ from google.protobuf.message import Message
 from labelrm.v1 import resource_manager_pb2 as pb
 from labelrm.v1 import resource_manager_pb2_grpc as pb_grpc
 
+from rm_server.agents import AgentHub
 from rm_server.core import RMCore
+from rm_server.domain.engineconn import HeartbeatOutcome
 from rm_server.domain.labels import EM_INSTANCE, Label, LabelError, LabelKey
 from rm_server.domain.model import Ticket
 from rm_server.domain.resources import Resource
@@ -49,16 +51,17 @@ def _ticket_id(value: str) -> str:
     return value
 
 
-def _instance(value: str) -> str:
+def _instance(value: str, field: str = "instance") -> str:
     try:
         return Label(EM_INSTANCE, value).value
     except LabelError as exc:
-        raise InvalidArgument("instance", exc.message) from exc
+        raise InvalidArgument(field, exc.message) from exc
 
 
 class ResourceManagerServicer(pb_grpc.ResourceManagerServiceServicer):
-    def __init__(self, core: RMCore) -> None:
+    def __init__(self, core: RMCore, hub: AgentHub) -> None:
         self.core = core
+        self.hub = hub
 
     async def RegisterEcm(
         self, request: pb.RegisterEcmRequest, context: grpc.aio.ServicerContext
@@ -160,6 +163,47 @@ class ResourceManagerServicer(pb_grpc.ResourceManagerServiceServicer):
         return pb.ListLabelResourcesResponse(
             label_resources=[convert.label_resource_to_pb(r) for r in records[: page.size]],
             next_page_token=next_token(records, page, lambda r: r.label),
+        )
+
+    async def Heartbeat(
+        self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext
+    ) -> pb.HeartbeatResponse:
+        agent_id = _instance(request.agent_id, "agent_id")
+        if request.sequence < 1:
+            raise InvalidArgument("sequence", "must be >= 1")
+        if len(request.engine_conns) > 10_000:
+            raise InvalidArgument("engine_conns", "too many entries")
+        processes = [
+            convert.process_from_pb(p, f"engine_conns[{i}]")
+            for i, p in enumerate(request.engine_conns)
+        ]
+        interval = self.hub.settings.agent_heartbeat_interval
+
+        def encode(outcome: HeartbeatOutcome) -> bytes:
+            encoded: bytes = convert.heartbeat_to_pb(outcome, interval).SerializeToString()
+            return encoded
+
+        outcome = await self.hub.heartbeat(
+            agent_id, request.sequence, processes, list(request.done_command_ids)[:10_000], encode
+        )
+        if isinstance(outcome, bytes):  # a resend: the previous answer, verbatim
+            return pb.HeartbeatResponse.FromString(outcome)
+        return convert.heartbeat_to_pb(outcome, interval)
+
+    async def GetEcm(
+        self, request: pb.GetEcmRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetEcmResponse:
+        status = await self.hub.ecm_status(_instance(request.instance))
+        return pb.GetEcmResponse(ecm=convert.ecm_status_to_pb(status))
+
+    async def ListEcms(
+        self, request: pb.ListEcmsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListEcmsResponse:
+        page = page_of(request)
+        ecms = await self.hub.list_ecm_status(page.after, page.size + 1)
+        return pb.ListEcmsResponse(
+            ecms=[convert.ecm_status_to_pb(e) for e in ecms[: page.size]],
+            next_page_token=next_token(ecms, page, lambda e: e.instance),
         )
 
 

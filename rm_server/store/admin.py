@@ -33,6 +33,8 @@ from rm_server.store.codec import (
     ticket_from_row,
 )
 from rm_server.store.db import LIMITS_LOCK_ID, Conn, RetryTransaction
+from rm_server.store.ecms import node_lists
+from rm_server.store.engineconns import LIVE
 from rm_server.store.notify import notify_freed
 from rm_server.store.tickets import end_ticket, key_names, load_limit_rules, lock_labels
 
@@ -66,6 +68,12 @@ async def register_ecm(
     now: datetime,
 ) -> Registration:
     """Create or update an ECM and its label record; a changed total is applied and logged."""
+    if not (await node_lists(conn)).allows(instance):
+        raise FailedPrecondition(
+            f"ECM {instance} is not allowed by the include/exclude lists",
+            state="EXCLUDED",
+            reason="NODE_EXCLUDED",
+        )
     rows = await lock_labels(conn, [label], now)
     row = rows.get(label)
     cur = await conn.execute(
@@ -109,7 +117,10 @@ async def register_ecm(
         "INSERT INTO ecm (instance, label, labels, total, protected, registered_at, updated_at)"
         " VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (instance) DO UPDATE SET"
         " labels = EXCLUDED.labels, total = EXCLUDED.total, protected = EXCLUDED.protected,"
-        " updated_at = EXCLUDED.updated_at",
+        " updated_at = EXCLUDED.updated_at,"
+        # A (re-)registration starts a new heartbeat sequence and revives a LOST ECM.
+        " state = CASE WHEN ecm.state = 'DRAINING' THEN 'DRAINING' ELSE 'RUNNING' END,"
+        " heartbeat_seq = 0, last_response = NULL, last_heartbeat_at = EXCLUDED.updated_at",
         (instance, label, jlabels(labels), jres(total), jres(protected), registered_at, now),
     )
     if changed and previous is not None:
@@ -147,6 +158,13 @@ async def unregister_ecm(conn: Conn, instance: str, now: datetime) -> list[str]:
         released.append(ticket.ticket_id)
     await conn.execute("DELETE FROM label_resource WHERE label = %s", (label,))
     await conn.execute("DELETE FROM ecm WHERE instance = %s", (instance,))
+    # Its EngineConns are released above; they learn it at their next report.
+    await conn.execute(
+        "UPDATE engine_conn SET state = 'LOST', reason = 'ECM unregistered', ended_at = %s,"
+        " updated_at = %s WHERE ecm_instance = %s AND state = ANY(%s)",
+        (now, now, instance, LIVE),
+    )
+    await conn.execute("DELETE FROM agent_command WHERE agent_id = %s", (instance,))
     return released
 
 

@@ -1,11 +1,13 @@
-"""Wake-ups for waiting applies: PostgreSQL LISTEN/NOTIFY on freed labels.
+"""Wake-ups across replicas: PostgreSQL LISTEN/NOTIFY on one channel.
 
-Every transaction that frees capacity on a label (release, report of less than
-was locked, expiry, unregister, a limit change, a waiter leaving its queue)
-sends `NOTIFY labelrm_label_freed, '<label>'`; PostgreSQL delivers it on
-commit to every replica. Each replica keeps one listening connection and sets
-the in-process events of the waiters on that label. After a reconnect every
-waiter is woken once, since notifications sent while disconnected are lost.
+Payloads are keys: a label text (`key=value,...`, always containing "=") when
+capacity was freed on it (release, report of less than was locked, expiry,
+unregister, a limit change, a waiter leaving its queue), `ec:<id>` when an
+EngineConn changed state, `agent:<id>` when an agent has new commands.
+PostgreSQL delivers them on commit to every replica. Each replica keeps one
+listening connection and sets the in-process events subscribed to that key.
+After a reconnect every subscriber is woken once, since notifications sent
+while disconnected are lost.
 """
 
 from __future__ import annotations
@@ -20,13 +22,21 @@ import psycopg
 
 log = logging.getLogger(__name__)
 
-CHANNEL = "labelrm_label_freed"
+CHANNEL = "labelrm_events"
 
 
 async def notify_freed(conn: psycopg.AsyncConnection[Any], labels: Iterable[str]) -> None:
-    """Queue a notification per label; PostgreSQL sends them when the transaction commits."""
+    """Queue a notification per key; PostgreSQL sends them when the transaction commits."""
     for label in sorted(set(labels)):
         await conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, label))
+
+
+def ec_key(ec_id: str) -> str:
+    return f"ec:{ec_id}"
+
+
+def agent_key(agent_id: str) -> str:
+    return f"agent:{agent_id}"
 
 
 class LabelNotifier:
@@ -82,7 +92,7 @@ class LabelNotifier:
                 async with await psycopg.AsyncConnection.connect(
                     self.conninfo, autocommit=True
                 ) as conn:
-                    await conn.execute("LISTEN labelrm_label_freed")  # == CHANNEL
+                    await conn.execute("LISTEN labelrm_events")  # == CHANNEL
                     self._connected.set()
                     self._wake_all()
                     async for note in conn.notifies():

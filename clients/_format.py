@@ -1,0 +1,147 @@
+"""rmctl's output: tables, ``key = value`` detail views, compact resources, JSON in
+grpcurl's style, and the --watch loop."""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+from google.protobuf import json_format
+from labelrm.v1 import resource_manager_pb2
+
+__all__ = [
+    "STATE_NAMES",
+    "fmt_bytes",
+    "fmt_labels",
+    "fmt_resource",
+    "fmt_time",
+    "opt",
+    "print_details",
+    "print_table",
+    "run_watch",
+    "to_json",
+]
+
+STATE_NAMES = {
+    resource_manager_pb2.TICKET_STATE_UNSPECIFIED: "-",
+    resource_manager_pb2.TICKET_STATE_LOCKED: "LOCKED",
+    resource_manager_pb2.TICKET_STATE_USED: "USED",
+    resource_manager_pb2.TICKET_STATE_RELEASED: "RELEASED",
+    resource_manager_pb2.TICKET_STATE_EXPIRED: "EXPIRED",
+}
+
+
+def to_json(message: Any) -> str:
+    """A message as JSON in grpcurl's style (proto field names, proto3 JSON mapping)."""
+    return str(json_format.MessageToJson(message, preserving_proto_field_name=True, indent=2))
+
+
+def fmt_bytes(n: int) -> str:
+    """Bytes with a binary suffix when exact (4Gi), plain otherwise."""
+    for suffix, power in (("Pi", 5), ("Ti", 4), ("Gi", 3), ("Mi", 2), ("Ki", 1)):
+        if n and n % (1024**power) == 0:
+            return f"{n // 1024**power}{suffix}"
+    return str(n)
+
+
+def fmt_resource(r: Any) -> str:
+    """A compact one-line form of a resource_pb2.Resource ("-" when unset)."""
+    if r is None:
+        return "-"
+    kind = r.WhichOneof("kind")
+    if kind is None:
+        return "-"
+    if kind == "special":
+        return " ".join(f"{k}={v}" for k, v in sorted(r.special.quantities.items())) or "-"
+    if kind == "driver_and_yarn":
+        return f"driver({_fmt_dims(r.driver_and_yarn.driver)}) {_fmt_yarn(r.driver_and_yarn.yarn)}"
+    if kind == "yarn":
+        return _fmt_yarn(r.yarn)
+    return _fmt_dims(getattr(r, kind))
+
+
+def _fmt_dims(m: Any) -> str:
+    parts = []
+    names = {f.name for f in m.DESCRIPTOR.fields}
+    if "memory_bytes" in names:
+        parts.append(f"mem={fmt_bytes(m.memory_bytes)}")
+    if "cpu_millis" in names:
+        parts.append(f"cpu={m.cpu_millis}m")
+    if "instances" in names:
+        parts.append(f"inst={m.instances}")
+    return " ".join(parts)
+
+
+def _fmt_yarn(y: Any) -> str:
+    return (
+        f"queue={y.queue_name} mem={fmt_bytes(y.queue_memory_bytes)} "
+        f"cpu={y.queue_cpu_millis}m inst={y.queue_instances}"
+    )
+
+
+def fmt_time(ts: Any) -> str:
+    if not ts.seconds and not ts.nanos:
+        return "-"
+    return str(ts.ToDatetime().strftime("%Y-%m-%dT%H:%M:%SZ"))
+
+
+def opt(msg: Any, field: str) -> Any:
+    return getattr(msg, field) if msg.HasField(field) else None
+
+
+def print_details(out: TextIO, rows: Sequence[tuple[str, str]]) -> None:
+    """The detail view of one object: ``key = value`` lines, keys aligned."""
+    width = max((len(k) for k, _ in rows), default=0)
+    for key, value in rows:
+        print(f"{key.ljust(width)} = {value}", file=out)
+
+
+def fmt_labels(labels: Iterable[Any]) -> str:
+    return ",".join(f"{lb.key}={lb.value}" for lb in labels) or "-"
+
+
+def print_table(out: TextIO, header: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
+    """Aligned columns with an upper-case header row, kubectl style."""
+    all_rows = [[h.upper() for h in header], *([str(c) for c in row] for row in rows)]
+    widths = [max(len(row[i]) for row in all_rows) for i in range(len(header))]
+    for row in all_rows:
+        cells = [c.ljust(w) for c, w in zip(row[:-1], widths[:-1], strict=True)]
+        print("   ".join([*cells, row[-1]]).rstrip(), file=out)
+
+
+def run_watch(
+    render: Callable[[TextIO], int],
+    out: TextIO,
+    *,
+    interval: float,
+    title: str,
+    rounds: int | None = None,
+) -> int:
+    """Re-render every `interval` s until Ctrl-C (or `rounds` renderings).
+
+    On a terminal each rendering replaces the screen under a header; piped, only a
+    rendering that differs from the previous one is printed, with no control codes.
+    """
+    last: str | None = None
+    done = 0
+    try:
+        while True:
+            buf = io.StringIO()
+            code = render(buf)
+            text = buf.getvalue()
+            if out.isatty():
+                stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+                out.write(f"\x1b[H\x1b[2JEvery {interval:g}s: {title}    {stamp}\n\n{text}")
+            elif text != last:
+                out.write(text)
+            out.flush()
+            last = text
+            done += 1
+            if rounds is not None and done >= rounds:
+                return code
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return 0

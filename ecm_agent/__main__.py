@@ -1,0 +1,3 @@
+from ecm_agent.main import main
+
+raise SystemExit(main())

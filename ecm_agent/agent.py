@@ -1,0 +1,273 @@
+"""The ECM agent daemon: registers with the RM, heartbeats (sequence-numbered, YARN
+pull model), carries out the commands the RM pushes on a stream the agent opens
+(the RM never connects to an agent), and reports its EngineConn processes.
+
+    start ── register (retry with backoff) ── re-attach running EngineConns
+      │
+      ├── heartbeat loop: every interval, or at once after a process event;
+      │      REREGISTER -> register again; SHUTDOWN -> stop (EngineConns keep running)
+      ├── command stream: launch / kill / clean up, each carried out once by id
+      └── one watcher per EngineConn process: its exit becomes a report
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import tenacity
+from labelrm.v1 import engine_conn_pb2 as ec_pb
+from labelrm.v1 import engine_conn_pb2_grpc, resource_manager_pb2_grpc, resource_pb2
+from labelrm.v1 import resource_manager_pb2 as rm_pb
+
+from ecm_agent.launch import Launcher
+from ecm_agent.settings import AgentSettings, detect_total, parse_labels
+from ecm_agent.validate import AgentPolicy, LaunchRefused, LaunchSpec, MaterialFile
+
+log = logging.getLogger(__name__)
+
+RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+class RegistrationRefused(Exception):
+    """The RM will not have this agent."""
+
+
+@dataclass
+class _Process:
+    """What the agent reports about one EngineConn until the RM says to forget it."""
+
+    report: ec_pb.EngineConnProcess
+    ended: bool = False
+
+
+@dataclass
+class Agent:
+    settings: AgentSettings
+    policy: AgentPolicy
+    launcher: Launcher = field(init=False)
+    _processes: dict[str, _Process] = field(default_factory=dict)
+    _done: set[str] = field(default_factory=set)  # command ids carried out, not yet acked
+    _seen: set[str] = field(default_factory=set)  # every command id carried out
+    _sequence: int = 0
+    _wake: asyncio.Event = field(default_factory=asyncio.Event)
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.launcher = Launcher(self.policy)
+        self.channel = grpc.aio.insecure_channel(self.settings.rm)
+        self.rm = resource_manager_pb2_grpc.ResourceManagerServiceStub(self.channel)
+        self.ecs = engine_conn_pb2_grpc.EngineConnServiceStub(self.channel)
+
+    @property
+    def agent_id(self) -> str:
+        return self.settings.agent_id
+
+    # ----- lifecycle ---------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Run until told to shut down (by the RM, or by `stop()`)."""
+        for proc in self.launcher.reattach():
+            log.info("re-attached EngineConn %s (pid %d)", proc.ec_id, proc.pid)
+            self._processes[proc.ec_id] = _Process(
+                ec_pb.EngineConnProcess(
+                    engine_conn_id=proc.ec_id,
+                    state=ec_pb.PROCESS_STATE_RUNNING,
+                    pid=proc.pid,
+                    work_dir=str(proc.work_dir),
+                )
+            )
+            self._spawn(self._watch(proc.ec_id))
+        await self.register()
+        self._spawn(self._command_stream())
+        try:
+            await self._heartbeat_loop()
+        finally:
+            for task in list(self._tasks):
+                task.cancel()
+            for task in list(self._tasks):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            await self.channel.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _retrying(self, call: Callable[[], Awaitable[Any]]) -> Any:
+        """Ride out RM restarts and network blips: exponential backoff, forever."""
+        async for attempt in tenacity.AsyncRetrying(
+            retry=tenacity.retry_if_exception(
+                lambda e: isinstance(e, grpc.aio.AioRpcError) and e.code() in RETRYABLE
+            ),
+            wait=tenacity.wait_random_exponential(multiplier=0.1, max=5),
+            before_sleep=lambda rs: log.warning(
+                "RM unreachable, retrying: %s", rs.outcome.exception() if rs.outcome else ""
+            ),
+        ):
+            with attempt:
+                return await call()
+        raise AssertionError("unreachable")
+
+    async def register(self) -> None:
+        total, protected = detect_total(self.settings)
+        labels = [resource_pb2.Label(key=k, value=v) for k, v in parse_labels(self.settings.labels)]
+        request = rm_pb.RegisterEcmRequest(
+            request_id=f"register-{uuid.uuid4().hex}",
+            instance=self.agent_id,
+            labels=labels,
+            total_resource=total,
+            protected_resource=protected,
+        )
+        try:
+            await self._retrying(lambda: self.rm.RegisterEcm(request, timeout=10))
+        except grpc.aio.AioRpcError as exc:
+            # Refused (excluded by the node lists, bad settings): like a NodeManager
+            # the RM disallows, the agent stops; an operator fixes it and restarts it.
+            raise RegistrationRefused(f"{exc.code().name}: {exc.details()}") from exc
+        self._sequence = 0
+        log.info("registered as %s with %s", self.agent_id, self.settings.rm)
+
+    # ----- heartbeats ----------------------------------------------------------------------
+
+    async def _heartbeat_loop(self) -> None:
+        interval = self.settings.heartbeat_interval
+        while not self._stop.is_set():
+            self._sequence += 1
+            done = sorted(self._done)
+            request = rm_pb.HeartbeatRequest(
+                agent_id=self.agent_id,
+                sequence=self._sequence,
+                engine_conns=[p.report for p in self._processes.values()],
+                done_command_ids=done,
+            )
+            # A lost answer is retried with the same sequence; the RM replays it.
+            response: rm_pb.HeartbeatResponse = await self._retrying(
+                functools.partial(self.rm.Heartbeat, request, timeout=10)
+            )
+            self._done.difference_update(done)
+            if response.heartbeat_interval.ToNanoseconds() > 0:
+                interval = response.heartbeat_interval.ToNanoseconds() / 1e9
+            if response.action == rm_pb.HEARTBEAT_ACTION_REREGISTER:
+                log.warning("RM asks to register again: %s", response.reason)
+                await self.register()
+                continue
+            if response.action == rm_pb.HEARTBEAT_ACTION_SHUTDOWN:
+                log.warning("RM asks this agent to shut down: %s", response.reason)
+                return
+            for command in response.commands:
+                await self._execute(command)
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=interval)
+
+    def _report_now(self) -> None:
+        self._wake.set()
+
+    # ----- commands ----------------------------------------------------------------------
+
+    async def _command_stream(self) -> None:
+        while not self._stop.is_set():
+            try:
+                stream = self.ecs.StreamAgentCommands(
+                    ec_pb.StreamAgentCommandsRequest(agent_id=self.agent_id)
+                )
+                async for item in stream:
+                    await self._execute(item.command)
+            except grpc.aio.AioRpcError as exc:
+                log.info("command stream ended (%s); reopening", exc.code().name)
+            await asyncio.sleep(0.5)
+
+    async def _execute(self, command: ec_pb.AgentCommand) -> None:
+        """Carry out a command once, whichever way (stream or heartbeat) it arrived."""
+        if command.command_id in self._seen:
+            return
+        self._seen.add(command.command_id)
+        which = command.WhichOneof("command")
+        if which == "launch":
+            await self._launch(command.launch)
+        elif which == "kill":
+            grace = command.kill.grace.ToNanoseconds() / 1e9 or None
+            self._spawn(self.launcher.kill(command.kill.engine_conn_id, grace))
+        elif which == "cleanup":
+            ec_id = command.cleanup.engine_conn_id
+            self._processes.pop(ec_id, None)
+            self.launcher.forget(ec_id)
+        self._done.add(command.command_id)
+        self._report_now()
+
+    async def _launch(self, launch: ec_pb.LaunchCommand) -> None:
+        request = launch.launch_request
+        spec = LaunchSpec(
+            ec_id=launch.engine_conn_id,
+            user=launch.user,
+            engine=launch.engine_type.split("-", 1)[0],
+            program=request.program,
+            argv=tuple(request.argv),
+            environment=dict(request.environment),
+            required_local_environment=tuple(request.required_local_environment),
+            material_files=tuple(
+                MaterialFile(m.name, m.content, m.executable) for m in request.material_files
+            ),
+        )
+        report = ec_pb.EngineConnProcess(engine_conn_id=spec.ec_id)
+        try:
+            proc = await self.launcher.launch(spec)
+        except LaunchRefused as exc:
+            log.warning("refused to launch %s: %s", spec.ec_id, exc)
+            report.state = ec_pb.PROCESS_STATE_LAUNCH_FAILED
+            report.reason = str(exc)
+            self._processes[spec.ec_id] = _Process(report, ended=True)
+            return
+        except OSError as exc:
+            log.exception("launch of %s failed", spec.ec_id)
+            report.state = ec_pb.PROCESS_STATE_LAUNCH_FAILED
+            report.reason = f"launch failed: {exc}"
+            self._processes[spec.ec_id] = _Process(report, ended=True)
+            return
+        report.state = ec_pb.PROCESS_STATE_RUNNING
+        report.pid = proc.pid
+        report.work_dir = str(proc.work_dir)
+        self._processes[spec.ec_id] = _Process(report)
+        log.info("launched EngineConn %s as %s (pid %d)", spec.ec_id, spec.user, proc.pid)
+        self._spawn(self._watch(spec.ec_id))
+
+    async def _watch(self, ec_id: str) -> None:
+        info = await self.launcher.wait_exit(ec_id)
+        entry = self._processes.get(ec_id)
+        if entry is None:
+            return
+        entry.report.state = ec_pb.PROCESS_STATE_EXITED
+        entry.report.exit_code = info.exit_code if info.exit_code is not None else -1
+        entry.report.log_tail = info.log_tail
+        if info.exit_code is None:
+            entry.report.reason = "exit code unknown (re-attached after an agent restart)"
+        entry.ended = True
+        log.info("EngineConn %s exited with %s", ec_id, info.exit_code)
+        self._report_now()
+
+
+def build_agent(settings: AgentSettings) -> Agent:
+    policy = AgentPolicy(
+        work_root=settings.work_root,
+        state_dir=settings.state_dir,
+        allowed_users=frozenset(u for u in settings.allowed_users.split(",") if u),
+        programs={"python": settings.python, "bash": "/bin/bash"},
+        min_uid=settings.min_uid,
+        local_env={"LABELRM_RM": settings.rm, "LABELRM_AGENT_ID": settings.agent_id},
+        kill_grace=settings.kill_grace,
+    )
+    return Agent(settings, policy)

@@ -1,0 +1,635 @@
+"""Launching EngineConns as their user: work directory, launch script, sudo, kill.
+
+The agent runs as root and works inside directories the user owns, so every
+file-system step that follows a path the user could have changed is done
+relative to directory file descriptors opened with ``O_NOFOLLOW``: a user who
+swaps a directory for a symlink between two steps cannot make root write, chown,
+read or delete anything outside the work root.
+
+Processes are started as ``sudo -n -u USER -H -- /bin/bash <workdir>/launch.sh``
+in a new session, so sudo and everything the EngineConn starts share one process
+group whose id is sudo's pid. Each launch is recorded in ``<state_dir>/<ec_id>.json``
+(pid, pgid and the start time from ``/proc/<pid>/stat``) so that a restarted agent
+re-attaches instead of killing, and never signals a process that merely reuses
+an old pid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import errno
+import json
+import logging
+import os
+import shlex
+import shutil
+import signal
+import stat
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from ecm_agent.validate import (
+    ENV_NAME_RE,
+    AgentPolicy,
+    LaunchRefused,
+    LaunchSpec,
+    UserLookup,
+    ValidatedLaunch,
+    default_pwd_lookup,
+    validate_launch,
+)
+
+__all__ = [
+    "LAUNCH_SCRIPT",
+    "ExitInfo",
+    "Launcher",
+    "PreparedWorkDir",
+    "RunningProcess",
+    "launch_environment",
+    "prepare_work_dir",
+    "read_start_ticks",
+    "render_launch_script",
+    "work_dir_for",
+]
+
+log = logging.getLogger(__name__)
+
+LAUNCH_SCRIPT = "launch.sh"
+BASH = "/bin/bash"
+#: sudo gets no environment from the agent: whatever it passes on must be harmless.
+SUDO_ENV: Mapping[str, str] = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+LOG_TAIL_BYTES = 4096
+_TAIL_READ_BYTES = 64 * 1024
+_POLL_SECONDS = 0.05
+_REATTACHED_POLL_SECONDS = 0.2
+#: After SIGKILL the kernel tears the group down quickly; this only bounds the wait.
+_AFTER_KILL_SECONDS = 5.0
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@dataclass(frozen=True)
+class RunningProcess:
+    """An EngineConn process the agent launched (or re-attached to)."""
+
+    ec_id: str
+    pid: int
+    pgid: int
+    start_ticks: int
+    user: str
+    work_dir: Path
+
+
+@dataclass(frozen=True)
+class ExitInfo:
+    """How an EngineConn ended. ``exit_code`` is None when it is not knowable
+    (re-attached processes are not our children); a negative code -N means it
+    was killed by signal N (sudo re-raises the command's signal on itself)."""
+
+    exit_code: int | None
+    log_tail: str
+
+
+class PreparedWorkDir(NamedTuple):
+    """The created work directory and an open append fd on ``logs/launcher.log``."""
+
+    path: Path
+    launcher_log_fd: int
+
+
+# ----- pure parts ------------------------------------------------------------------------
+
+
+def work_dir_for(policy: AgentPolicy, spec: LaunchSpec, today: dt.date) -> Path:
+    """``<work_root>/<user>/<yyyymmdd>/<engine>/<ec_id>`` (no I/O, no validation)."""
+    return policy.work_root / spec.user / today.strftime("%Y%m%d") / spec.engine / spec.ec_id
+
+
+def launch_environment(validated: ValidatedLaunch, work_dir: Path) -> dict[str, str]:
+    """The variables the launch script exports: the request's and the required
+    local ones (already validated) plus the agent's own."""
+    env = dict(validated.environment)
+    env["LABELRM_EC_ID"] = validated.spec.ec_id
+    env["TMPDIR"] = str(work_dir / "tmp")
+    return env
+
+
+def render_launch_script(
+    *,
+    work_dir: Path,
+    program_path: str,
+    argv: Sequence[str],
+    environment: Mapping[str, str],
+) -> str:
+    """The bash launch script. Every value is passed through ``shlex.quote``;
+    names are checked again here so this function is safe on its own."""
+    lines = [
+        "#!/bin/bash",
+        "# Written by the labelrm ECM agent; runs as the EngineConn's user.",
+        "set -euo pipefail",
+        # Files the EngineConn creates are not readable by other users.
+        "umask 0027",
+        f"cd -- {shlex.quote(str(work_dir))}",
+    ]
+    for name, value in environment.items():
+        if not ENV_NAME_RE.fullmatch(name):
+            raise ValueError(f"invalid variable name {name!r}")
+        if "\0" in value:
+            raise ValueError(f"NUL byte in the value of {name}")
+        lines.append(f"export {name}={shlex.quote(value)}")
+    words = [shlex.quote(program_path)]
+    for arg in argv:
+        if "\0" in arg:
+            raise ValueError("NUL byte in argv")
+        words.append(shlex.quote(arg))
+    lines.append(f"exec {' '.join(words)} >>logs/stdout.log 2>>logs/stderr.log")
+    return "\n".join(lines) + "\n"
+
+
+def _parse_stat(text: str) -> tuple[str, int, int, int]:
+    # comm (field 2) may contain spaces and parentheses: split after the last ')'.
+    rest = text[text.rindex(")") + 2 :].split()
+    # rest[0] is field 3 (state); field N is rest[N - 3].
+    return rest[0], int(rest[2]), int(rest[3]), int(rest[19])
+
+
+def _proc_stat(pid: int) -> tuple[str, int, int, int] | None:
+    """(state, pgrp, session, start_ticks) of a pid, or None if there is none."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+            return _parse_stat(f.read())
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def read_start_ticks(pid: int) -> int | None:
+    """Field 22 of ``/proc/<pid>/stat``: start time in clock ticks after boot."""
+    found = _proc_stat(pid)
+    return None if found is None else found[3]
+
+
+def _is_alive(pid: int, start_ticks: int) -> bool:
+    """True if ``pid`` is still the process that started at ``start_ticks``."""
+    found = _proc_stat(pid)
+    return found is not None and found[0] not in ("Z", "X") and found[3] == start_ticks
+
+
+def _group_members(proc: RunningProcess) -> list[int]:
+    """Live (non-zombie) processes of the EngineConn's process group.
+
+    A pid is never reused while it names a live process group, so members of
+    ``pgid`` are ours; the session and start-time checks make that hold even in
+    the far-fetched case where the group's number came back as someone else's.
+    """
+    members: list[int] = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return members
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        found = _proc_stat(int(entry))
+        if found is None:
+            continue
+        state, pgrp, session, ticks = found
+        if (
+            pgrp == proc.pgid
+            and session == proc.pgid
+            and state not in ("Z", "X")
+            and ticks >= proc.start_ticks
+        ):
+            members.append(int(entry))
+    return members
+
+
+def _signal_group(proc: RunningProcess, sig: signal.Signals) -> bool:
+    """Signal the process group if it is still ours; False if there was nothing to signal."""
+    if not _is_alive(proc.pid, proc.start_ticks):
+        leader = _proc_stat(proc.pid)
+        if leader is not None and leader[0] not in ("Z", "X"):
+            return False  # the pid now belongs to another process: pid reuse
+        if not _group_members(proc):
+            return False
+    try:
+        os.killpg(proc.pgid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+# ----- work directory --------------------------------------------------------------------
+
+
+def _open_dir(parent_fd: int, name: str) -> int:
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise LaunchRefused("work_dir", f"{name!r} is a symlink or not a directory") from None
+        raise
+
+
+def _ensure_dir(parent_fd: int, name: str, mode: int, uid: int, gid: int) -> int:
+    """Open (creating if missing) a directory that root or the user may own."""
+    try:
+        os.mkdir(name, 0o700, dir_fd=parent_fd)
+        created = True
+    except FileExistsError:
+        created = False
+    fd = _open_dir(parent_fd, name)
+    try:
+        if created:
+            os.fchown(fd, uid, gid)
+            os.fchmod(fd, mode)
+        elif os.fstat(fd).st_uid not in (0, uid):
+            raise LaunchRefused("work_dir", f"{name!r} exists and belongs to another user")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _write_new(dir_fd: int, name: str, content: bytes, mode: int, uid: int, gid: int) -> None:
+    # O_EXCL | O_NOFOLLOW: never write through something that was already there.
+    fd = os.open(name, _NEW_FILE_FLAGS, 0o600, dir_fd=dir_fd)
+    try:
+        view = memoryview(content)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fchown(fd, uid, gid)
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+
+
+def prepare_work_dir(
+    policy: AgentPolicy, validated: ValidatedLaunch, today: dt.date
+) -> PreparedWorkDir:
+    """Create the work directory with ``logs/``, ``tmp/``, the material files and
+    ``launch.sh``; return its real path and an open fd on ``logs/launcher.log``.
+
+    Parents are root-owned 0755 except ``<work_root>/<user>`` (the user's, 0750);
+    the EngineConn directory and its contents belong to the user, except
+    ``launch.sh`` (root, 0644). Raises :class:`LaunchRefused` on symlink tricks or
+    an EngineConn directory that already exists; on failure nothing is left behind.
+    """
+    spec = validated.spec
+    uid, gid = validated.uid, validated.gid
+    os.makedirs(policy.work_root, mode=0o755, exist_ok=True)
+    root = Path(os.path.realpath(policy.work_root))
+    day = today.strftime("%Y%m%d")
+    work_dir = root / spec.user / day / spec.engine / spec.ec_id
+    script = render_launch_script(
+        work_dir=work_dir,
+        program_path=validated.program_path,
+        argv=spec.argv,
+        environment=launch_environment(validated, work_dir),
+    )
+    with contextlib.ExitStack() as fds:
+
+        def hold(fd: int) -> int:
+            fds.callback(os.close, fd)
+            return fd
+
+        root_fd = hold(os.open(root, _DIR_FLAGS))
+        user_fd = hold(_ensure_dir(root_fd, spec.user, 0o750, uid, gid))
+        day_fd = hold(_ensure_dir(user_fd, day, 0o755, 0, 0))
+        engine_fd = hold(_ensure_dir(day_fd, spec.engine, 0o755, 0, 0))
+        try:
+            os.mkdir(spec.ec_id, 0o700, dir_fd=engine_fd)
+        except FileExistsError:
+            raise LaunchRefused("ec_id", f"work directory {work_dir} already exists") from None
+        try:
+            # Everything is created while the directory is still root's 0700, and
+            # handed to the user last, so the user cannot race any of these steps.
+            ec_fd = hold(_open_dir(engine_fd, spec.ec_id))
+            for sub in ("logs", "tmp"):
+                os.mkdir(sub, 0o700, dir_fd=ec_fd)
+            logs_fd = hold(_open_dir(ec_fd, "logs"))
+            tmp_fd = hold(_open_dir(ec_fd, "tmp"))
+            for material in spec.material_files:
+                mode = 0o750 if material.executable else 0o640
+                _write_new(ec_fd, material.name, material.content, mode, uid, gid)
+            _write_new(ec_fd, LAUNCH_SCRIPT, script.encode("utf-8"), 0o644, 0, 0)
+            log_fd = os.open("launcher.log", _NEW_FILE_FLAGS | os.O_APPEND, 0o600, dir_fd=logs_fd)
+            try:
+                os.fchown(log_fd, uid, gid)
+                os.fchmod(log_fd, 0o640)
+                for fd, mode in ((logs_fd, 0o750), (tmp_fd, 0o700), (ec_fd, 0o750)):
+                    os.fchown(fd, uid, gid)
+                    os.fchmod(fd, mode)
+                _verify_under(root, work_dir)
+            except BaseException:
+                os.close(log_fd)
+                raise
+        except BaseException:
+            # rmtree relative to the engine dir fd: never follows a swapped path.
+            shutil.rmtree(spec.ec_id, ignore_errors=True, dir_fd=engine_fd)
+            raise
+    return PreparedWorkDir(work_dir, log_fd)
+
+
+def _verify_under(root: Path, work_dir: Path) -> None:
+    real = os.path.realpath(work_dir)
+    if real != str(work_dir) or os.path.commonpath([str(root), real]) != str(root):
+        raise LaunchRefused("work_dir", f"{work_dir} resolves to {real}, outside the work root")
+
+
+def _read_tail(root: Path, work_dir: Path, name: str, uid: int) -> bytes:
+    """The last bytes of ``<work_dir>/logs/<name>`` if it is a regular file owned
+    by the user (root must not read what a user's symlink or hard link points at)."""
+    try:
+        rel = work_dir.relative_to(root)
+    except ValueError:
+        return b""
+    with contextlib.ExitStack() as fds:
+        try:
+            fd = os.open(root, _DIR_FLAGS)
+            fds.callback(os.close, fd)
+            for part in (*rel.parts, "logs"):
+                fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                fds.callback(os.close, fd)
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+            fd = os.open(name, flags, dir_fd=fd)
+            fds.callback(os.close, fd)
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_uid != uid:
+                return b""
+            os.lseek(fd, max(0, info.st_size - _TAIL_READ_BYTES), os.SEEK_SET)
+            return os.read(fd, _TAIL_READ_BYTES)
+        except OSError:
+            return b""
+
+
+def _tail_text(data: bytes, lines: int) -> str:
+    kept = b"\n".join(data.rstrip(b"\n").split(b"\n")[-lines:]) if lines > 0 else b""
+    return kept[-LOG_TAIL_BYTES:].decode("utf-8", errors="replace")
+
+
+# ----- the launcher ----------------------------------------------------------------------
+
+
+@dataclass
+class _Tracked:
+    proc: RunningProcess
+    uid: int
+    engine: str
+    child: asyncio.subprocess.Process | None  # None: re-attached, not our child
+    exit: ExitInfo | None = None
+
+
+class Launcher:
+    """Launches, watches, kills and re-attaches EngineConn processes."""
+
+    def __init__(
+        self,
+        policy: AgentPolicy,
+        *,
+        lookup_user: UserLookup = default_pwd_lookup,
+        today: Callable[[], dt.date] = dt.date.today,
+    ) -> None:
+        """``lookup_user`` and ``today`` are injectable for tests."""
+        self._policy = policy
+        self._lookup_user = lookup_user
+        self._today = today
+        self._tracked: dict[str, _Tracked] = {}
+
+    # -- state files --
+
+    def _state_path(self, ec_id: str) -> Path:
+        return self._policy.state_dir / f"{ec_id}.json"
+
+    def _write_state(self, tracked: _Tracked) -> None:
+        proc = tracked.proc
+        data: dict[str, Any] = {
+            "ec_id": proc.ec_id,
+            "pid": proc.pid,
+            "pgid": proc.pgid,
+            "start_ticks": proc.start_ticks,
+            "user": proc.user,
+            "uid": tracked.uid,
+            "work_dir": str(proc.work_dir),
+            "engine": tracked.engine,
+        }
+        final = self._state_path(proc.ec_id)
+        tmp = final.with_name(f".{final.name}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)  # atomic: a crash leaves the old file or the new one
+
+    def _drop_state(self, path: Path) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+    # -- public API --
+
+    async def launch(self, spec: LaunchSpec) -> RunningProcess:
+        """Validate ``spec``, prepare its work directory and start it as its user.
+
+        Raises :class:`LaunchRefused` (nothing started) when a rule is broken.
+        """
+        validated = validate_launch(spec, self._policy, self._lookup_user)
+        if spec.ec_id in self._tracked or self._state_path(spec.ec_id).exists():
+            raise LaunchRefused("ec_id", f"{spec.ec_id} was already launched by this agent")
+        os.makedirs(self._policy.state_dir, mode=0o700, exist_ok=True)
+        prepared = await asyncio.to_thread(prepare_work_dir, self._policy, validated, self._today())
+        work_dir = prepared.path
+        try:
+            child = await asyncio.create_subprocess_exec(
+                "sudo",
+                "-n",
+                "-u",
+                spec.user,
+                "-H",
+                "--",
+                BASH,
+                str(work_dir / LAUNCH_SCRIPT),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=prepared.launcher_log_fd,
+                stderr=prepared.launcher_log_fd,
+                start_new_session=True,  # own session and process group: pgid == pid
+                env=dict(SUDO_ENV),
+                cwd=str(work_dir),
+            )
+        finally:
+            os.close(prepared.launcher_log_fd)
+        # 0 when it already exited and was reaped: a re-attach then sees it as gone.
+        start_ticks = read_start_ticks(child.pid) or 0
+        proc = RunningProcess(
+            ec_id=spec.ec_id,
+            pid=child.pid,
+            pgid=child.pid,
+            start_ticks=start_ticks,
+            user=spec.user,
+            work_dir=work_dir,
+        )
+        tracked = _Tracked(proc=proc, uid=validated.uid, engine=spec.engine, child=child)
+        self._tracked[spec.ec_id] = tracked
+        self._write_state(tracked)
+        log.info("launched %s as %s: pid %d in %s", spec.ec_id, spec.user, child.pid, work_dir)
+        return proc
+
+    async def wait_exit(self, ec_id: str) -> ExitInfo:
+        """Wait until the EngineConn's main process ends; its exit code and log tail.
+
+        Raises KeyError for an EngineConn this launcher does not know.
+        """
+        tracked = self._tracked[ec_id]
+        if tracked.exit is None:
+            code: int | None = None
+            if tracked.child is not None:
+                code = await tracked.child.wait()
+            else:
+                await _wait_gone(tracked.proc)
+            if tracked.exit is None:
+                tracked.exit = ExitInfo(code, self.log_tail(ec_id))
+        return tracked.exit
+
+    def log_tail(self, ec_id: str, lines: int = 20) -> str:
+        """The last ``lines`` lines (at most 4 KiB) of ``logs/stderr.log``, else of
+        ``stdout.log``, else of ``launcher.log`` (sudo's own messages)."""
+        tracked = self._tracked.get(ec_id)
+        if tracked is None:
+            return ""
+        root = Path(os.path.realpath(self._policy.work_root))
+        for name in ("stderr.log", "stdout.log", "launcher.log"):
+            data = _read_tail(root, tracked.proc.work_dir, name, tracked.uid)
+            if data.strip():
+                return _tail_text(data, lines)
+        return ""
+
+    async def kill(self, ec_id: str, grace: float | None = None) -> None:
+        """TERM the EngineConn's process group, KILL it after ``grace`` seconds
+        (default: the policy's). Does nothing if it is gone or unknown."""
+        tracked = self._tracked.get(ec_id)
+        if tracked is None:
+            log.info("kill %s: not known to this agent", ec_id)
+            return
+        proc = tracked.proc
+        grace = self._policy.kill_grace if grace is None else grace
+        if not _signal_group(proc, signal.SIGTERM):
+            return
+        if await _wait_group_gone(proc, grace):
+            return
+        log.warning("kill %s: still running after %.1fs, sending SIGKILL", ec_id, grace)
+        _signal_group(proc, signal.SIGKILL)
+        if not await _wait_group_gone(proc, _AFTER_KILL_SECONDS):
+            log.error("kill %s: process group %d survived SIGKILL", ec_id, proc.pgid)
+
+    def reattach(self) -> list[RunningProcess]:
+        """Re-attach to the EngineConns recorded in the state directory that are
+        still running (same pid and start time); drop the other state files.
+        Kills nothing."""
+        state_dir = self._policy.state_dir
+        if not state_dir.is_dir():
+            return []
+        found: list[RunningProcess] = []
+        for path in sorted(state_dir.iterdir()):
+            if path.name.startswith(".") and path.name.endswith(".tmp"):
+                self._drop_state(path)  # an interrupted atomic write
+                continue
+            if path.suffix != ".json":
+                continue
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+                proc = RunningProcess(
+                    ec_id=str(data["ec_id"]),
+                    pid=int(data["pid"]),
+                    pgid=int(data["pgid"]),
+                    start_ticks=int(data["start_ticks"]),
+                    user=str(data["user"]),
+                    work_dir=Path(data["work_dir"]),
+                )
+                uid, engine = int(data["uid"]), str(data["engine"])
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                log.warning("dropping unreadable state file %s: %s", path, e)
+                self._drop_state(path)
+                continue
+            if proc.ec_id != path.stem:
+                log.warning("dropping state file %s: it names %s", path, proc.ec_id)
+                self._drop_state(path)
+                continue
+            known = self._tracked.get(proc.ec_id)
+            if known is not None:
+                if known.exit is None and self._is_running(known):
+                    found.append(known.proc)
+                continue
+            if proc.pid <= 1 or not _is_alive(proc.pid, proc.start_ticks):
+                log.info("dropping state of %s: pid %d is gone or reused", proc.ec_id, proc.pid)
+                self._drop_state(path)
+                continue
+            self._tracked[proc.ec_id] = _Tracked(proc=proc, uid=uid, engine=engine, child=None)
+            found.append(proc)
+        return found
+
+    def forget(self, ec_id: str) -> None:
+        """Remove what the agent remembers of an EngineConn (after the RM's clean-up)."""
+        self._tracked.pop(ec_id, None)
+        self._drop_state(self._state_path(ec_id))
+
+    def running(self) -> dict[str, RunningProcess]:
+        """The tracked EngineConns whose main process is still running."""
+        return {
+            ec_id: t.proc
+            for ec_id, t in self._tracked.items()
+            if t.exit is None and self._is_running(t)
+        }
+
+    @staticmethod
+    def _is_running(tracked: _Tracked) -> bool:
+        if tracked.child is not None:
+            return tracked.child.returncode is None
+        return _is_alive(tracked.proc.pid, tracked.proc.start_ticks)
+
+
+async def _wait_group_gone(proc: RunningProcess, within: float) -> bool:
+    """Poll until no live process is left in the group; False at the deadline."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while _group_members(proc):
+        if loop.time() >= deadline:
+            return False
+        await asyncio.sleep(_POLL_SECONDS)
+    return True
+
+
+async def _wait_gone(proc: RunningProcess) -> None:
+    """Wait for a process that is not our child to end (no deadline: it is a watch)."""
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except ProcessLookupError:
+        return
+    except OSError:
+        pidfd = -1  # no pidfd support (old kernel, seccomp): fall back to polling
+    if pidfd < 0:
+        while True:
+            if not _is_alive(proc.pid, proc.start_ticks):
+                return
+            await asyncio.sleep(_REATTACHED_POLL_SECONDS)
+    try:
+        # Checked after opening the pidfd: it now pins this exact process.
+        if not _is_alive(proc.pid, proc.start_ticks):
+            return
+        loop = asyncio.get_running_loop()
+        ended: asyncio.Future[None] = loop.create_future()
+
+        def on_readable() -> None:
+            if not ended.done():
+                ended.set_result(None)
+
+        loop.add_reader(pidfd, on_readable)
+        try:
+            await ended
+        finally:
+            loop.remove_reader(pidfd)
+    finally:
+        os.close(pidfd)

@@ -1,0 +1,382 @@
+"""The EngineConn process: creation context, executor server, state reports to the RM,
+idle exit and signal handling.
+
+Life: serve ExecutorService -> report IDLE with the address (the RM's "ready") ->
+heartbeat IDLE / BUSY (at once on a change, else every interval) -> on max idle time,
+SIGTERM / SIGINT, or shutdown=true from the RM: report SHUTTING_DOWN, cancel what
+runs, report SUCCEEDED, exit 0. A fatal error reports FAILED (if it can) and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import getpass
+import logging
+import os
+import shlex
+import signal
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+import grpc
+from labelrm.v1 import engine_conn_pb2, engine_conn_pb2_grpc, executor_pb2_grpc
+
+from engineconn import __version__
+from engineconn.engines import ENGINES, load_engine
+from engineconn.executor import Executor
+
+log = logging.getLogger("engineconn")
+
+FIRST_REPORT_DEADLINE_SECONDS = 30.0
+_REPORT_CALL_TIMEOUT = 5.0
+# Reports made while stopping: short, as the agent sends KILL after its grace period.
+_FINAL_REPORT_TIMEOUT = 1.0
+_CANCEL_WAIT_SECONDS = 3.0
+# grpc's own reconnect backoff (1 s growing to 120 s) would fail our retries fast while
+# the RM is already back; keep it short so an RM that comes up is reached at once.
+_CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 500),
+]
+_RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+State = engine_conn_pb2
+
+
+class FatalError(Exception):
+    """Start-up cannot go on: report FAILED and exit 1."""
+
+
+@dataclass(frozen=True)
+class CreationContext:
+    """What this EngineConn was created as (from its arguments and its process)."""
+
+    ec_id: str
+    engine: str
+    labels: Mapping[str, str]
+    params: Mapping[str, str]
+    user: str
+    work_dir: str
+
+    def log_line(self) -> str:
+        """One key=value line (values shell-quoted) for the logs."""
+        fields: list[tuple[str, str]] = [
+            ("ec_id", self.ec_id),
+            ("engine", self.engine),
+            ("user", self.user),
+            ("work_dir", self.work_dir),
+        ]
+        fields += [(f"label.{k}", v) for k, v in sorted(self.labels.items())]
+        fields += [(f"param.{k}", v) for k, v in sorted(self.params.items())]
+        return "creation context: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in fields)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How this EngineConn runs (not part of what it was created as)."""
+
+    rm: str
+    listen: str
+    advertise_host: str
+    max_idle_seconds: float
+    heartbeat_interval: float
+
+
+def _pairs(values: Sequence[str], what: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise argparse.ArgumentTypeError(f"{what} {item!r} is not key=value")
+        out[key] = value
+    return out
+
+
+def _env_list(env: Mapping[str, str], name: str) -> list[str]:
+    raw = env.get(name, "")
+    return [part for part in raw.split(",") if part]
+
+
+def parse_args(
+    argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
+) -> tuple[CreationContext, Settings]:
+    """Flags first, then LABELRM_* environment variables, then defaults."""
+    env = os.environ if env is None else env
+    parser = argparse.ArgumentParser(
+        prog="python -m engineconn",
+        description="An EngineConn: serves ExecutorService and reports its state to the RM.",
+    )
+    parser.add_argument("--version", action="version", version=f"engineconn {__version__}")
+    parser.add_argument("--ec-id", default=env.get("LABELRM_EC_ID"), help="[LABELRM_EC_ID]")
+    parser.add_argument("--rm", default=env.get("LABELRM_RM"), help="RM host:port [LABELRM_RM]")
+    parser.add_argument(
+        "--engine",
+        default=env.get("LABELRM_ENGINE"),
+        choices=sorted(ENGINES),
+        help="[LABELRM_ENGINE]",
+    )
+    parser.add_argument(
+        "--listen",
+        default=env.get("LABELRM_EC_LISTEN", "127.0.0.1:0"),
+        help="executor address; port 0 = a free port [LABELRM_EC_LISTEN]",
+    )
+    parser.add_argument(
+        "--advertise-host",
+        default=env.get("LABELRM_EC_ADVERTISE_HOST", "127.0.0.1"),
+        help="host reported to the RM [LABELRM_EC_ADVERTISE_HOST]",
+    )
+    parser.add_argument(
+        "--max-idle-seconds",
+        type=float,
+        default=float(env.get("LABELRM_MAX_IDLE_SECONDS", "600")),
+        help="exit after this long without an execution; 0 = never [LABELRM_MAX_IDLE_SECONDS]",
+    )
+    parser.add_argument(
+        "--heartbeat-interval",
+        type=float,
+        default=float(env.get("LABELRM_HEARTBEAT_INTERVAL", "3")),
+        help="seconds between state reports [LABELRM_HEARTBEAT_INTERVAL]",
+    )
+    parser.add_argument(
+        "--label", action="append", default=None, help="k=v, repeatable [LABELRM_LABELS=k=v,...]"
+    )
+    parser.add_argument(
+        "--param", action="append", default=None, help="k=v, repeatable [LABELRM_PARAMS=k=v,...]"
+    )
+    args = parser.parse_args(argv)
+    for name in ("ec_id", "rm", "engine"):
+        if not getattr(args, name):
+            parser.error(f"--{name.replace('_', '-')} is required")
+    if args.heartbeat_interval <= 0:
+        parser.error("--heartbeat-interval must be positive")
+    try:
+        labels = _pairs(args.label or _env_list(env, "LABELRM_LABELS"), "label")
+        params = _pairs(args.param or _env_list(env, "LABELRM_PARAMS"), "param")
+    except argparse.ArgumentTypeError as exc:
+        parser.error(str(exc))
+    context = CreationContext(
+        ec_id=args.ec_id,
+        engine=args.engine,
+        labels=MappingProxyType(labels),
+        params=MappingProxyType(params),
+        user=getpass.getuser(),
+        work_dir=os.getcwd(),
+    )
+    settings = Settings(
+        rm=args.rm,
+        listen=args.listen,
+        advertise_host=args.advertise_host,
+        max_idle_seconds=args.max_idle_seconds,
+        heartbeat_interval=args.heartbeat_interval,
+    )
+    return context, settings
+
+
+class Runtime:
+    """One EngineConn process."""
+
+    def __init__(self, context: CreationContext, settings: Settings) -> None:
+        self.context = context
+        self.settings = settings
+        self.address = ""
+        self._interval = settings.heartbeat_interval
+        self._stop: asyncio.Future[str] | None = None
+        self._changed = asyncio.Event()  # wakes the heartbeat and the idle watch
+        self._executor: Executor | None = None
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: Any = None
+
+    def request_stop(self, reason: str) -> None:
+        """Starts the orderly shutdown (first reason wins)."""
+        if self._stop is not None and not self._stop.done():
+            log.info("stopping: %s", reason)
+            self._stop.set_result(reason)
+
+    async def run(self) -> int:
+        """Runs the EngineConn to its end; returns the process exit code."""
+        loop = asyncio.get_running_loop()
+        self._stop = loop.create_future()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop, f"signal {sig.name}")
+        self._channel = grpc.aio.insecure_channel(self.settings.rm, options=_CHANNEL_OPTIONS)
+        self._stub = engine_conn_pb2_grpc.EngineConnServiceStub(self._channel)
+        server: grpc.aio.Server | None = None
+        try:
+            try:
+                server = await self._serve()
+            except Exception as exc:
+                raise FatalError(f"start-up failed: {exc}") from exc
+            # A signal during the first report (which may retry for long) must win.
+            first = asyncio.create_task(self._first_report())
+            waits: list[asyncio.Future[Any]] = [first, self._stop]
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            if not first.done():
+                first.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await first
+            elif not first.result():
+                return 1
+            return await self._live(server)
+        except FatalError as exc:
+            log.error("%s", exc)
+            await self._final_report(State.ENGINE_CONN_STATE_FAILED, str(exc))
+            return 1
+        except Exception as exc:  # a bug: still tell the RM why we are going away
+            log.exception("fatal error")
+            await self._final_report(State.ENGINE_CONN_STATE_FAILED, f"internal error: {exc!r}")
+            return 1
+        finally:
+            if server is not None:
+                await server.stop(grace=0.5)
+            await self._channel.close()
+
+    async def _serve(self) -> grpc.aio.Server:
+        engine = load_engine(self.context.engine)(dict(self.context.params))
+        await engine.start()
+        self._executor = Executor(engine, self._changed.set)
+        # No SO_REUSEPORT: a --listen port in use must fail, not be shared with another.
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        executor_pb2_grpc.add_ExecutorServiceServicer_to_server(self._executor, server)
+        try:
+            port = server.add_insecure_port(self.settings.listen)
+        except RuntimeError as exc:
+            raise FatalError(f"cannot listen on {self.settings.listen}: {exc}") from exc
+        if port == 0:  # older grpc reports a failed bind this way
+            raise FatalError(f"cannot listen on {self.settings.listen}")
+        await server.start()
+        self.address = f"{self.settings.advertise_host}:{port}"
+        log.info("executor serving on %s (engine %s)", self.address, engine.name)
+        return server
+
+    async def _first_report(self) -> bool:
+        """The ready signal: IDLE with the address, retried while the RM is unreachable."""
+        try:
+            response = await self._report(self._state(), deadline=FIRST_REPORT_DEADLINE_SECONDS)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in _RETRYABLE:
+                log.error("RM %s unreachable for the first report: %s", self.settings.rm, exc)
+                return False
+            raise FatalError(f"RM refused the first report: {exc.code()} {exc.details()}") from exc
+        log.info("ready: reported IDLE at %s", self.address)
+        self._absorb(response)
+        return True
+
+    async def _live(self, server: grpc.aio.Server) -> int:
+        assert self._stop is not None and self._executor is not None
+        tasks = [asyncio.create_task(self._heartbeats()), asyncio.create_task(self._idle_watch())]
+        try:
+            reason = await self._stop
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        await self._final_report(State.ENGINE_CONN_STATE_SHUTTING_DOWN, reason)
+        await self._executor.shutdown(_CANCEL_WAIT_SECONDS)
+        # Lets a cancelled Execute deliver its result before the server goes.
+        await server.stop(grace=0.5)
+        await self._final_report(State.ENGINE_CONN_STATE_SUCCEEDED, reason)
+        return 0
+
+    def _state(self) -> Any:
+        if self._executor is not None and self._executor.busy:
+            return State.ENGINE_CONN_STATE_BUSY
+        return State.ENGINE_CONN_STATE_IDLE
+
+    def _absorb(self, response: Any) -> None:
+        if response.HasField("heartbeat_interval"):
+            interval = response.heartbeat_interval.ToTimedelta().total_seconds()
+            if interval > 0:
+                self._interval = interval
+        if response.shutdown:
+            self.request_stop("the RM no longer recognises this EngineConn")
+
+    async def _heartbeats(self) -> None:
+        while True:
+            # A state change is reported at once (a BUSY EngineConn must not be handed
+            # out); otherwise every interval.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), self._interval)
+            self._changed.clear()
+            try:
+                self._absorb(await self._report(self._state(), deadline=self._interval))
+            except grpc.aio.AioRpcError as exc:
+                # The RM may be restarting: keep serving; it marks us LOST if this lasts.
+                log.warning("heartbeat failed: %s %s", exc.code(), exc.details())
+
+    async def _idle_watch(self) -> None:
+        assert self._executor is not None
+        limit = self.settings.max_idle_seconds
+        if limit <= 0:
+            return
+        while True:
+            # No wake-up on state changes needed: after any sleep the deadline is
+            # recomputed from idle_since, which an execution in between has moved.
+            remaining = limit
+            if not self._executor.busy:
+                remaining = self._executor.idle_since + limit - time.monotonic()
+                if remaining <= 0:
+                    self.request_stop(f"idle for {limit:g} s")
+                    return
+            await asyncio.sleep(remaining)
+
+    async def _report(self, state: Any, *, deadline: float, reason: str = "") -> Any:
+        """Reports `state`, retrying with backoff on UNAVAILABLE until `deadline` seconds."""
+        request = engine_conn_pb2.ReportEngineConnStateRequest(
+            engine_conn_id=self.context.ec_id, state=state, address=self.address, reason=reason
+        )
+        started = time.monotonic()
+        try:
+            return await self._stub.ReportEngineConnState(
+                request, timeout=min(_REPORT_CALL_TIMEOUT, deadline)
+            )
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in _RETRYABLE:
+                raise
+            log.info("RM unreachable (%s), retrying", exc.code())
+        # tenacity is imported only here: the usual start never pays for it.
+        import tenacity
+
+        retrying = tenacity.AsyncRetrying(
+            stop=tenacity.stop_after_delay(max(0.0, deadline - (time.monotonic() - started))),
+            wait=tenacity.wait_exponential_jitter(initial=0.05, max=0.5, jitter=0.1),
+            retry=tenacity.retry_if_exception(
+                lambda e: isinstance(e, grpc.aio.AioRpcError) and e.code() in _RETRYABLE
+            ),
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                remaining = deadline - (time.monotonic() - started)
+                return await self._stub.ReportEngineConnState(
+                    request, timeout=max(0.1, min(_REPORT_CALL_TIMEOUT, remaining))
+                )
+        raise AssertionError("unreachable: tenacity reraises the last error")
+
+    async def _final_report(self, state: Any, reason: str) -> None:
+        # Best effort and quick: the process ends whatever the RM says.
+        try:
+            await self._report(state, deadline=_FINAL_REPORT_TIMEOUT, reason=reason)
+        except grpc.aio.AioRpcError as exc:
+            log.warning("could not report %s: %s", State.EngineConnState.Name(state), exc.code())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `python -m engineconn`."""
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    context, settings = parse_args(argv)
+    log.info("%s", context.log_line())
+    try:
+        return asyncio.run(Runtime(context, settings).run())
+    except KeyboardInterrupt:
+        return 130

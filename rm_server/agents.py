@@ -1,0 +1,324 @@
+"""The RM's side of agents and EngineConn processes: heartbeats (YARN's pull
+model), EngineConn state reports, liveness, node lists and decommissioning.
+
+Fencing: whatever an agent reports running that the RM no longer recognises (an
+EngineConn it marked LOST, killed, or never launched there) is answered with a
+kill command; an EngineConn whose own report the RM does not recognise is told
+to shut down.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from datetime import datetime
+
+from rm_server.domain.engineconn import (
+    AgentCommand,
+    EcmState,
+    EcmStatus,
+    EcState,
+    HeartbeatOutcome,
+    ProcessReport,
+    ProcessState,
+    reported_transition,
+)
+from rm_server.domain.resources import Resource
+from rm_server.engineconns import EngineConnManager
+from rm_server.errors import FailedPrecondition, LabelrmError, NotFound
+from rm_server.store import admin as admin_store
+from rm_server.store import ecms as ecm_store
+from rm_server.store import engineconns as ec_store
+from rm_server.store import tickets as ticket_store
+from rm_server.store.db import Conn
+
+log = logging.getLogger(__name__)
+
+
+class AgentHub:
+    """Heartbeats, reports and liveness; safe with several RM replicas (row locks)."""
+
+    def __init__(self, ecs: EngineConnManager) -> None:
+        self.ecs = ecs
+        self.core = ecs.core
+        self.db = ecs.db
+        self.settings = ecs.settings
+
+    def _now(self) -> datetime:
+        return self.core.clock.now()
+
+    # ----- agent heartbeats ----------------------------------------------------------------
+
+    async def heartbeat(
+        self,
+        agent_id: str,
+        sequence: int,
+        processes: Sequence[ProcessReport],
+        done_command_ids: Sequence[str],
+        encode: Callable[[HeartbeatOutcome], bytes],
+    ) -> HeartbeatOutcome | bytes:
+        """Handle one heartbeat; returns the outcome, or the stored bytes of a resend."""
+        now = self._now()
+
+        async def claim(conn: Conn) -> ecm_store.HeartbeatClaim:
+            found = await ecm_store.claim_heartbeat(conn, agent_id, sequence, now)
+            fresh = found.known and found.duplicate_response is None
+            if fresh and found.state not in (None, EcmState.LOST):
+                await ec_store.mark_done(conn, agent_id, done_command_ids, now)
+            return found
+
+        found = await self.db.run(claim)
+        if not found.known:
+            return HeartbeatOutcome("REREGISTER", reason="unknown agent", sequence=sequence)
+        if not found.allowed:
+            return HeartbeatOutcome(
+                "SHUTDOWN", reason="excluded by the node lists", sequence=sequence
+            )
+        if found.state is EcmState.LOST:
+            return HeartbeatOutcome("REREGISTER", reason="agent was LOST", sequence=sequence)
+        if found.duplicate_response is not None:
+            return found.duplicate_response
+        for report in processes:
+            await self.db.run(lambda c, r=report: self._apply_process(c, agent_id, r))  # type: ignore[misc]
+        await self._fence_vanished(agent_id, {p.ec_id for p in processes}, now)
+        if found.state is EcmState.DRAINING and await self._drained(agent_id):
+            return HeartbeatOutcome("SHUTDOWN", reason="decommissioned", sequence=sequence)
+        commands = await self.db.run(lambda c: ec_store.pending_commands(c, agent_id))
+        outcome = HeartbeatOutcome("CONTINUE", tuple(commands), sequence=sequence)
+        await self.db.run(
+            lambda c: ecm_store.store_response(c, agent_id, sequence, encode(outcome))
+        )
+        return outcome
+
+    async def _apply_process(self, conn: Conn, agent_id: str, report: ProcessReport) -> None:
+        now = self._now()
+        try:
+            ec = await ec_store.get_ec(conn, report.ec_id)
+        except NotFound:
+            ec = None
+        ours = ec is not None and ec.ecm_instance == agent_id
+        if report.state is ProcessState.RUNNING:
+            if ec is None or not ours or not ec.state.live:
+                await self.ecs.queue_kill(conn, agent_id, report.ec_id, "not recognised", now)
+            elif report.pid and report.pid != ec.pid:
+                await ec_store.update_ec(
+                    conn, ec.ec_id, now, pid=report.pid, work_dir=report.work_dir or ec.work_dir
+                )
+            return
+        # The process ended (or never started): end the EngineConn, then let the agent forget it.
+        if ec is not None and ours and ec.state.live:
+            await self._end_ec(
+                conn,
+                ec.ec_id,
+                ec.ticket_id,
+                _ended_state(ec.state, report),
+                _exit_reason(ec.state, report),
+                now,
+                report,
+            )
+        if not await ec_store.has_pending(conn, agent_id, report.ec_id, "cleanup"):
+            await ec_store.queue_command(
+                conn, AgentCommand(self.core.new_id("cmd"), agent_id, report.ec_id, "cleanup"), now
+            )
+
+    async def _end_ec(
+        self,
+        conn: Conn,
+        ec_id: str,
+        ticket_id: str,
+        state: EcState,
+        reason: str,
+        now: datetime,
+        report: ProcessReport | None = None,
+    ) -> None:
+        """Release the ticket (labels, then ticket rows), then end the EngineConn row."""
+        if ticket_id:
+            await ticket_store.release(conn, ticket_id, now, f"EngineConn {state.value.lower()}")
+        current = await ec_store.get_ec(conn, ec_id, lock=True)
+        if not current.state.live:
+            return
+        fields: dict[str, object] = {"state": state, "ended_at": now, "reason": reason}
+        if report is not None:
+            fields.update(exit_code=report.exit_code, log_tail=report.log_tail[-4000:])
+        await ec_store.update_ec(conn, ec_id, now, **fields)
+        log.info("EngineConn %s ended %s: %s", ec_id, state.value, reason)
+
+    async def _fence_vanished(self, agent_id: str, reported: set[str], now: datetime) -> None:
+        """Live EngineConns whose launch the agent acknowledged earlier but no longer
+        reports have vanished (for example with the agent's state): LOST, released."""
+
+        acked = await self.db.run(lambda c: ec_store.launch_done_before(c, agent_id, now))
+        live = await self.db.run(lambda c: ec_store.live_ecs_on(c, agent_id))
+        for ec in live:
+            if ec.ec_id in acked and ec.ec_id not in reported:
+                await self.db.run(
+                    lambda c, e=ec: self._end_ec(  # type: ignore[misc]
+                        c,
+                        e.ec_id,
+                        e.ticket_id,
+                        EcState.LOST,
+                        "process no longer reported by its agent",
+                        now,
+                    )
+                )
+
+    async def _drained(self, agent_id: str) -> bool:
+        async def body(conn: Conn) -> bool:
+            if await ec_store.live_ecs_on(conn, agent_id):
+                return False
+            await admin_store.unregister_ecm(conn, agent_id, self._now())
+            log.info("ECM %s drained and left", agent_id)
+            return True
+
+        return await self.db.run(body)
+
+    # ----- EngineConn reports --------------------------------------------------------------
+
+    async def report_state(
+        self, ec_id: str, state: EcState, address: str, used: Resource | None, reason: str
+    ) -> bool:
+        """An EngineConn's heartbeat; True means it must shut down."""
+        now = self._now()
+
+        async def body(conn: Conn) -> bool:
+            try:
+                ec = await ec_store.get_ec(conn, ec_id)
+            except NotFound:
+                return True
+            if not ec.state.live:
+                return True
+            target = reported_transition(ec.state, state)
+            if target is None:
+                await ec_store.update_ec(conn, ec_id, now, last_report_at=now)
+                return False
+            if ec.state is EcState.STARTING and target in (EcState.IDLE, EcState.BUSY):
+                return await self._ready(conn, ec_id, ec.ticket_id, target, address, used, now)
+            if target in (EcState.SUCCEEDED, EcState.FAILED):
+                await self._end_ec(
+                    conn,
+                    ec_id,
+                    ec.ticket_id,
+                    target,
+                    reason or f"EngineConn reported {target.value}",
+                    now,
+                )
+                return False
+            await ec_store.update_ec(conn, ec_id, now, state=target, last_report_at=now)
+            return False
+
+        return await self.db.run(body)
+
+    async def _ready(
+        self,
+        conn: Conn,
+        ec_id: str,
+        ticket_id: str,
+        state: EcState,
+        address: str,
+        used: Resource | None,
+        now: datetime,
+    ) -> bool:
+        try:
+            await ticket_store.report_used(conn, ticket_id, used, now)
+        except (FailedPrecondition, NotFound, LabelrmError) as exc:
+            await self._end_ec(
+                conn,
+                ec_id,
+                ticket_id,
+                EcState.FAILED,
+                f"its resource could not be reported: {exc.message}",
+                now,
+            )
+            return True
+        current = await ec_store.get_ec(conn, ec_id, lock=True)
+        if current.state is not EcState.STARTING:
+            return not current.state.live
+        await ec_store.update_ec(
+            conn, ec_id, now, state=state, address=address, ready_at=now, last_report_at=now
+        )
+        return False
+
+    # ----- liveness ----------------------------------------------------------------------
+
+    async def sweep(self) -> None:
+        """ECMs silent past the expiry become LOST and their EngineConns are released;
+        EngineConns silent past theirs (or never ready) are killed and released."""
+        now = self._now()
+        silent_since = now - self.settings.ecm_expiry
+        for instance in await self.db.run(lambda c: ecm_store.expired_ecms(c, silent_since)):
+            lost = await self.db.run(
+                lambda c, i=instance: ecm_store.mark_lost(c, i, silent_since, now)  # type: ignore[misc]
+            )
+            if lost:
+                log.warning("ECM %s is LOST: no heartbeat since %s", instance, silent_since)
+                await self._lose_ecs_on(instance, now)
+        await self._expire_ecs(now)
+
+    async def _lose_ecs_on(self, instance: str, now: datetime) -> None:
+        for ec in await self.db.run(lambda c: ec_store.live_ecs_on(c, instance)):
+            await self.db.run(
+                lambda c, e=ec: self._end_ec(  # type: ignore[misc]
+                    c, e.ec_id, e.ticket_id, EcState.LOST, "its ECM was lost", now
+                )
+            )
+
+    async def _expire_ecs(self, now: datetime) -> None:
+        silent = now - self.settings.ec_expiry
+        start_limit = now - self.settings.start_timeout
+        expired = await self.db.run(lambda c: ec_store.silent_ecs(c, silent, start_limit))
+        for ec in expired:  # one transaction each: label locks stay in canonical order
+            await self.db.run(lambda c, e=ec: self._expire_one(c, e.ec_id, silent, now))  # type: ignore[misc]
+
+    async def _expire_one(self, conn: Conn, ec_id: str, silent: datetime, now: datetime) -> None:
+        ec = await ec_store.get_ec(conn, ec_id)
+        if not ec.state.live:
+            return
+        if ec.state is EcState.STARTING:
+            state, why = EcState.FAILED, "not ready within the start timeout"
+        else:
+            state, why = EcState.LOST, "no report within the expiry interval"
+        if ec.ecm_instance:
+            await self.ecs.queue_kill(conn, ec.ecm_instance, ec.ec_id, why, now)
+        await self._end_ec(conn, ec.ec_id, ec.ticket_id, state, why, now)
+
+    # ----- node lists and decommission -------------------------------------------------------
+
+    async def refresh_nodes(self, include: Sequence[str], exclude: Sequence[str]) -> list[str]:
+        lists = ecm_store.NodeLists(frozenset(include), frozenset(exclude))
+        return await self.db.run(lambda c: ecm_store.replace_node_lists(c, lists))
+
+    async def decommission(self, instance: str) -> int:
+        now = self._now()
+
+        async def body(conn: Conn) -> int:
+            status = await ecm_store.ecm_status(conn, instance)
+            if status.state is EcmState.LOST:
+                raise FailedPrecondition(f"ECM {instance} is LOST", state="LOST")
+            await ecm_store.set_state(conn, instance, EcmState.DRAINING, now)
+            return status.live_engine_conns
+
+        return await self.db.run(body)
+
+    async def ecm_status(self, instance: str) -> EcmStatus:
+        return await self.db.run(lambda c: ecm_store.ecm_status(c, instance))
+
+    async def list_ecm_status(self, after: str, limit: int) -> list[EcmStatus]:
+        return await self.db.run(lambda c: ecm_store.list_ecm_status(c, after, limit))
+
+
+def _ended_state(current: EcState, report: ProcessReport) -> EcState:
+    if (
+        report.state is ProcessState.EXITED
+        and report.exit_code == 0
+        and current in (EcState.SHUTTING_DOWN, EcState.IDLE, EcState.BUSY)
+    ):
+        return EcState.SUCCEEDED
+    return EcState.FAILED
+
+
+def _exit_reason(current: EcState, report: ProcessReport) -> str:
+    if report.state is ProcessState.LAUNCH_FAILED:
+        return f"launch refused by the agent: {report.reason}"
+    if current is EcState.STARTING:
+        return f"exited with code {report.exit_code} before it was ready"
+    return f"exited with code {report.exit_code}"

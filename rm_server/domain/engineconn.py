@@ -1,0 +1,188 @@
+"""EngineConns, ECM records with liveness, and agent commands.
+
+EngineConn lifecycle (SPEC §5; LOST when it or its ECM falls silent):
+
+    STARTING ──first IDLE report──> IDLE <──> BUSY
+       │                              │        │
+       │ launch failed / timeout      └──┬─────┘
+       v                                 v
+     FAILED <──exit != 0── SHUTTING_DOWN ──exit 0 / SUCCEEDED report──> SUCCEEDED
+                      (max idle, kill)
+    any live state ──silent past expiry, or ECM lost──> LOST
+
+ECM lifecycle: RUNNING ──decommission──> DRAINING ──no EngineConns left──> (gone)
+               RUNNING / DRAINING ──silent past expiry──> LOST ──re-register──> RUNNING
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from rm_server.domain.labels import Label
+from rm_server.domain.resources import Resource
+
+
+class EcState(enum.StrEnum):
+    STARTING = "STARTING"
+    IDLE = "IDLE"
+    BUSY = "BUSY"
+    SHUTTING_DOWN = "SHUTTING_DOWN"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    LOST = "LOST"
+
+    @property
+    def live(self) -> bool:
+        return self not in ENDED_STATES
+
+
+ENDED_STATES = frozenset({EcState.SUCCEEDED, EcState.FAILED, EcState.LOST})
+LIVE_STATES = tuple(s for s in EcState if s not in ENDED_STATES)
+
+# Transitions an EngineConn's own report may make; anything else is ignored.
+REPORTED_TRANSITIONS: Mapping[EcState, frozenset[EcState]] = {
+    EcState.STARTING: frozenset(
+        {EcState.IDLE, EcState.BUSY, EcState.FAILED, EcState.SHUTTING_DOWN, EcState.SUCCEEDED}
+    ),
+    EcState.IDLE: frozenset(
+        {EcState.BUSY, EcState.SHUTTING_DOWN, EcState.SUCCEEDED, EcState.FAILED}
+    ),
+    EcState.BUSY: frozenset(
+        {EcState.IDLE, EcState.SHUTTING_DOWN, EcState.SUCCEEDED, EcState.FAILED}
+    ),
+    EcState.SHUTTING_DOWN: frozenset({EcState.SUCCEEDED, EcState.FAILED}),
+}
+
+
+def reported_transition(current: EcState, reported: EcState) -> EcState | None:
+    """The state after an EngineConn reports `reported`, or None to keep `current`."""
+    if reported == current:
+        return None
+    allowed = REPORTED_TRANSITIONS.get(current, frozenset())
+    return reported if reported in allowed else None
+
+
+class EcmState(enum.StrEnum):
+    RUNNING = "RUNNING"
+    DRAINING = "DRAINING"
+    LOST = "LOST"
+
+
+class ProcessState(enum.StrEnum):
+    RUNNING = "RUNNING"
+    EXITED = "EXITED"
+    LAUNCH_FAILED = "LAUNCH_FAILED"
+
+
+@dataclass(frozen=True)
+class ProcessReport:
+    """An agent's report on one EngineConn process."""
+
+    ec_id: str
+    state: ProcessState
+    pid: int = 0
+    exit_code: int = 0
+    reason: str = ""
+    log_tail: str = ""
+    work_dir: str = ""
+
+
+@dataclass(frozen=True)
+class EcmChoiceRecord:
+    instance: str
+    eligible: bool
+    score: float
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class EngineConn:
+    ec_id: str
+    state: EcState
+    user: str
+    labels: tuple[Label, ...]
+    params: Mapping[str, str]
+    engine: str
+    resource: Resource
+    created_at: datetime
+    updated_at: datetime
+    ecm_instance: str = ""
+    ticket_id: str = ""
+    address: str = ""
+    pid: int = 0
+    exit_code: int = 0
+    reason: str = ""
+    log_tail: str = ""
+    work_dir: str = ""
+    ecm_choices: tuple[EcmChoiceRecord, ...] = ()
+    launch_attempts: int = 0
+    holder: str = ""
+    hold_expires_at: datetime | None = None
+    ready_at: datetime | None = None
+    ended_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class LaunchPayload:
+    """What a launch command carries (the engine plugin's launch request, as data)."""
+
+    user: str
+    engine_type: str
+    program: str
+    argv: tuple[str, ...]
+    environment: Mapping[str, str]
+    required_local_environment: tuple[str, ...]
+    material_files: tuple[tuple[str, bytes, bool], ...] = ()
+
+
+@dataclass(frozen=True)
+class AgentCommand:
+    command_id: str
+    agent_id: str
+    ec_id: str
+    kind: str  # launch | kill | cleanup
+    launch: LaunchPayload | None = None
+    reason: str = ""
+    grace_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class EcmStatus:
+    instance: str
+    labels: tuple[Label, ...]
+    state: EcmState
+    total: Resource
+    protected: Resource
+    left: Resource | None
+    registered_at: datetime
+    updated_at: datetime
+    last_heartbeat_at: datetime | None
+    live_engine_conns: int
+
+
+@dataclass(frozen=True)
+class HeartbeatOutcome:
+    action: str  # CONTINUE | REREGISTER | SHUTDOWN
+    commands: tuple[AgentCommand, ...] = ()
+    reason: str = ""
+    sequence: int = 0
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+
+def node_allowed(instance: str, include: frozenset[str], exclude: frozenset[str]) -> bool:
+    """YARN-style include/exclude: entries name an instance (`host:port`) or a host.
+
+    Excluded wins; an empty include list allows every ECM that is not excluded.
+    """
+    host = instance.rsplit(":", 1)[0] if ":" in instance else instance
+    if instance in exclude or host in exclude:
+        return False
+    return not include or instance in include or host in include
+
+
+def label_set(labels: tuple[Label, ...]) -> str:
+    """Order-independent text of a label set, for matching reusable EngineConns."""
+    return ",".join(sorted(str(label) for label in labels))

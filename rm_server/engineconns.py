@@ -1,0 +1,404 @@
+"""The EngineConn start-up flow of seed 001, on top of RMCore.
+
+CreateEngineConn: validate -> engine plugin's resource factory -> rank ECMs (pure
+rules, reasons kept) -> for the best ECM: Apply on the request's labels plus its
+emInstance label, and queue the launch command in the SAME transaction -> the
+agent launches through sudo -> the EngineConn's first IDLE report is "ready"
+(its ticket turns USED) -> return its address. A failed launch releases the
+ticket and the next ECM is tried, a bounded number of times.
+
+No gRPC and no SQL here: the store runs the transactions, the servicers convert.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+
+from rm_server.core import RMCore
+from rm_server.domain.engineconn import (
+    AgentCommand,
+    EcmChoiceRecord,
+    EcState,
+    EngineConn,
+    LaunchPayload,
+    label_set,
+)
+from rm_server.domain.labels import EM_INSTANCE, ENGINE_TYPE, USER_CREATOR, Label
+from rm_server.domain.model import Ticket
+from rm_server.domain.resources import Resource
+from rm_server.domain.selection import EcmCandidate, SelectionRequest, rank
+from rm_server.engines import InvalidParam, LaunchContext, plugin_for
+from rm_server.engines.base import effective_params
+from rm_server.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    LabelrmError,
+    ResourceExhausted,
+)
+from rm_server.store import ecms as ecm_store
+from rm_server.store import engineconns as ec_store
+from rm_server.store import tickets as ticket_store
+from rm_server.store.db import Conn, Idempotency, Replay
+from rm_server.store.notify import agent_key, ec_key
+
+
+@dataclass(frozen=True)
+class EcSettings:
+    create_timeout: float = 60.0
+    max_launch_attempts: int = 3
+    ecm_expiry: timedelta = timedelta(seconds=30)
+    ec_expiry: timedelta = timedelta(seconds=30)
+    agent_heartbeat_interval: float = 3.0
+    ec_heartbeat_interval: float = 3.0
+    kill_grace: float = 5.0
+    hold: timedelta = timedelta(seconds=60)
+    standby_window: timedelta = timedelta(seconds=0)
+    engine_defaults: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+
+    @property
+    def start_timeout(self) -> timedelta:
+        """A STARTING EngineConn older than this failed to start (create gave up on it)."""
+        return timedelta(seconds=self.create_timeout + 30)
+
+
+class _TicketIdEncoder:
+    """Request-log encoding for the internal Apply of a launch attempt."""
+
+    def ok(self, result: Ticket) -> bytes:
+        return result.ticket_id.encode()
+
+    def error(self, err: LabelrmError) -> tuple[int, bytes]:
+        return 1, err.message.encode()
+
+
+@dataclass(frozen=True)
+class CreateRequest:
+    request_id: str
+    user: str
+    labels: tuple[Label, ...]
+    params: Mapping[str, str]
+    timeout: float
+
+
+class EngineConnManager:
+    """EngineConn use cases; the heartbeat and liveness side lives in `rm_server.agents`."""
+
+    def __init__(self, core: RMCore, settings: EcSettings) -> None:
+        self.core = core
+        self.db = core.db
+        self.settings = settings
+
+    # ----- create / ask ------------------------------------------------------------------
+
+    def _validate(self, req: CreateRequest) -> tuple[str, str, str]:
+        by_key = {label.key: label for label in req.labels}
+        creator, engine_type = by_key.get(USER_CREATOR), by_key.get(ENGINE_TYPE)
+        if creator is None or engine_type is None:
+            raise InvalidArgument("labels", "userCreator and engineType labels are required")
+        if req.user and req.user != creator.user:
+            raise InvalidArgument(
+                "user", f"must match the userCreator label's user {creator.user!r}"
+            )
+        return creator.user, engine_type.engine, engine_type.version
+
+    async def create(self, req: CreateRequest) -> EngineConn:
+        """Start a new EngineConn and wait until it is ready; see the module docstring."""
+        user, engine, version = self._validate(req)
+        try:
+            plugin = plugin_for(engine)
+            defaults = self.settings.engine_defaults.get(engine, {})
+            resource = plugin.resource(req.params, defaults)
+            params = effective_params(req.params, defaults)
+        except InvalidParam as exc:
+            raise InvalidArgument(exc.field, exc.message) from exc
+        now = self.core.clock.now()
+        fresh = EngineConn(
+            ec_id=self.core.new_id("ec"),
+            state=EcState.STARTING,
+            user=user,
+            labels=req.labels,
+            params=params,
+            engine=engine,
+            resource=resource,
+            created_at=now,
+            updated_at=now,
+        )
+        ec = await self.db.run(lambda c: ec_store.claim_ec(c, fresh, req.request_id))
+        deadline = time.monotonic() + req.timeout
+        if ec.ec_id != fresh.ec_id:  # a retry of a request already under way
+            return await self._outcome_of(ec.ec_id, deadline)
+        try:
+            return await self._launch_attempts(ec, user, engine, version, resource, deadline)
+        except BaseException as exc:
+            reason = exc.message if isinstance(exc, LabelrmError) else "cancelled"
+            await self._fail_if_starting(ec.ec_id, reason)
+            raise
+
+    async def ask(self, req: CreateRequest, hold: float) -> tuple[EngineConn, bool]:
+        """Reuse an IDLE EngineConn of the same user and labels (held for the caller)."""
+        user, _, _ = self._validate(req)
+        now = self.core.clock.now()
+        until = now + (timedelta(seconds=hold) if hold > 0 else self.settings.hold)
+        reused = await self.db.run(
+            lambda c: ec_store.take_reusable(
+                c, user, label_set(req.labels), req.request_id, until, now
+            )
+        )
+        if reused is not None:
+            return replace(reused, holder=req.request_id, hold_expires_at=until), True
+        return await self.create(req), False
+
+    async def _launch_attempts(
+        self,
+        ec: EngineConn,
+        user: str,
+        engine: str,
+        version: str,
+        resource: Resource,
+        deadline: float,
+    ) -> EngineConn:
+        tried: set[str] = set()
+        failures: list[str] = []
+        last_error: LabelrmError | None = None
+        for attempt in range(self.settings.max_launch_attempts):
+            choices = await self._rank(ec.labels, resource)
+            await self.db.run(
+                lambda c, ch=choices: ec_store.update_ec(  # type: ignore[misc]
+                    c, ec.ec_id, self.core.clock.now(), ecm_choices=ec_store.choices_json(ch)
+                )
+            )
+            pick = next(
+                (c.instance for c in choices if c.eligible and c.instance not in tried), None
+            )
+            if pick is None:
+                break
+            tried.add(pick)
+            try:
+                await self._apply_and_launch(ec, pick, attempt, user, engine, version, resource)
+            except ResourceExhausted as exc:  # lost a race for that ECM: try the next one
+                last_error = exc
+                failures.append(f"{pick}: {exc.message}")
+                continue
+            outcome = await self._await_ready(ec.ec_id, deadline)
+            if outcome.state in (EcState.IDLE, EcState.BUSY):
+                return outcome
+            failures.append(f"{pick}: {outcome.reason}")
+            last_error = FailedPrecondition(
+                f"EngineConn {ec.ec_id} failed to start on {pick}: {outcome.reason}"
+                + (f"\n{outcome.log_tail}" if outcome.log_tail else ""),
+                state=outcome.state.value,
+                reason="LAUNCH_FAILED",
+            )
+        if last_error is not None:
+            if len(failures) > 1:
+                last_error.message += " (attempts: " + "; ".join(failures) + ")"
+            raise last_error
+        raise _no_ecm(ec.ec_id, await self._rank(ec.labels, resource))
+
+    async def _rank(self, labels: tuple[Label, ...], resource: Resource) -> list[EcmChoiceRecord]:
+        statuses = await self.db.run(ecm_store.list_ecm_status)
+        lists = await self.db.run(ecm_store.node_lists)
+        now = self.core.clock.now()
+        candidates = [
+            EcmCandidate(
+                instance=s.instance,
+                labels=s.labels,
+                state=s.state.value,
+                allowed=lists.allows(s.instance),
+                last_heartbeat=s.last_heartbeat_at,
+                registered_at=s.registered_at,
+                total=s.total,
+                left=s.left if s.left is not None else s.total,
+                live_engine_conns=s.live_engine_conns,
+            )
+            for s in statuses
+        ]
+        request = SelectionRequest(
+            labels,
+            resource,
+            now,
+            heartbeat_expiry=self.settings.ecm_expiry,
+            standby_window=self.settings.standby_window,
+        )
+        return [
+            EcmChoiceRecord(c.instance, c.eligible, c.score, c.reasons)
+            for c in rank(candidates, request)
+        ]
+
+    async def _apply_and_launch(
+        self,
+        ec: EngineConn,
+        ecm: str,
+        attempt: int,
+        user: str,
+        engine: str,
+        version: str,
+        resource: Resource,
+    ) -> None:
+        try:
+            launch = plugin_for(engine).launch(
+                LaunchContext(ec.ec_id, user, engine, version, ec.labels, ec.params)
+            )
+        except InvalidParam as exc:
+            raise InvalidArgument(exc.field, exc.message) from exc
+        command = AgentCommand(
+            command_id=self.core.new_id("cmd"),
+            agent_id=ecm,
+            ec_id=ec.ec_id,
+            kind="launch",
+            launch=LaunchPayload(
+                user=user,
+                engine_type=f"{engine}-{version}",
+                program=launch.program,
+                argv=launch.argv,
+                environment=dict(launch.environment),
+                required_local_environment=launch.required_local_environment,
+                material_files=tuple(
+                    (m.name, m.content, m.executable) for m in launch.material_files
+                ),
+            ),
+        )
+
+        async def queue_launch(conn: Conn, ticket: Ticket) -> None:
+            now = self.core.clock.now()
+            await ec_store.update_ec(
+                conn,
+                ec.ec_id,
+                now,
+                state=EcState.STARTING,
+                ecm_instance=ecm,
+                ticket_id=ticket.ticket_id,
+                launch_attempts=attempt + 1,
+                launched_at=now,
+                reason="",
+                log_tail="",
+                exit_code=None,
+                pid=None,
+            )
+            await ec_store.queue_command(conn, command, now)
+
+        labels = (*[lb for lb in ec.labels if lb.key != EM_INSTANCE], Label(EM_INSTANCE, ecm))
+        idem = Idempotency.of("CreateEngineConn.Apply", f"{ec.ec_id}/{attempt}", b"")
+        outcome = await self.core.apply(
+            idem, user, labels, resource, 0.0, _TicketIdEncoder(), after=queue_launch
+        )
+        if isinstance(outcome, Replay):  # pragma: no cover - attempt ids are unique
+            raise FailedPrecondition("launch attempt already made", state="STARTING")
+
+    async def _await_ready(self, ec_id: str, deadline: float) -> EngineConn:
+        """Wait for the EngineConn to leave STARTING (woken by NOTIFY ec:<id>)."""
+        with self.core.notifier.subscribe([ec_key(ec_id)]) as changed:
+            while True:
+                changed.clear()
+                ec = await self.db.run(lambda c: ec_store.get_ec(c, ec_id))
+                if ec.state is not EcState.STARTING:
+                    return ec
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    await self.kill(ec_id, "start timeout")
+                    raise DeadlineExceeded(f"EngineConn {ec_id} was not ready within the timeout")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), timeout=remaining)
+
+    async def _outcome_of(self, ec_id: str, deadline: float) -> EngineConn:
+        ec = await self._await_ready(ec_id, deadline)
+        if ec.state in (EcState.IDLE, EcState.BUSY):
+            return ec
+        raise FailedPrecondition(
+            f"EngineConn {ec_id} is {ec.state.value}: {ec.reason}",
+            state=ec.state.value,
+            reason="LAUNCH_FAILED",
+        )
+
+    async def _fail_if_starting(self, ec_id: str, reason: str) -> None:
+        async def body(conn: Conn) -> None:
+            ec = await ec_store.get_ec(conn, ec_id)
+            if ec.state is not EcState.STARTING:
+                return
+            now = self.core.clock.now()
+            if ec.ticket_id:
+                await ticket_store.release(conn, ec.ticket_id, now, "EngineConn failed to start")
+            await ec_store.update_ec(
+                conn, ec_id, now, state=EcState.FAILED, ended_at=now, reason=ec.reason or reason
+            )
+
+        await asyncio.shield(self.db.run(body))
+
+    # ----- queries and kill ----------------------------------------------------------------
+
+    async def get(self, ec_id: str) -> EngineConn:
+        return await self.db.run(lambda c: ec_store.get_ec(c, ec_id))
+
+    async def list(
+        self, after: str, limit: int, user: str, state: str, ecm: str
+    ) -> list[EngineConn]:
+        return await self.db.run(lambda c: ec_store.list_ecs(c, after, limit, user, state, ecm))
+
+    async def kill(self, ec_id: str, reason: str) -> EngineConn:
+        """Order the agent to stop it; resources are released when its exit is reported."""
+        now = self.core.clock.now()
+
+        async def body(conn: Conn) -> EngineConn:
+            ec = await ec_store.get_ec(conn, ec_id)
+            if not ec.state.live:
+                return ec
+            if not ec.ecm_instance:
+                if ec.ticket_id:
+                    await ticket_store.release(conn, ec.ticket_id, now, reason)
+                await ec_store.update_ec(
+                    conn, ec_id, now, state=EcState.FAILED, ended_at=now, reason=reason
+                )
+            else:
+                await self.queue_kill(conn, ec.ecm_instance, ec_id, reason, now)
+                await ec_store.update_ec(
+                    conn, ec_id, now, state=EcState.SHUTTING_DOWN, reason=reason
+                )
+            return await ec_store.get_ec(conn, ec_id)
+
+        return await self.db.run(body)
+
+    async def queue_kill(
+        self, conn: Conn, agent_id: str, ec_id: str, reason: str, now: datetime
+    ) -> None:
+        if await ec_store.has_pending(conn, agent_id, ec_id, "kill"):
+            return
+        await ec_store.queue_command(
+            conn,
+            AgentCommand(
+                self.core.new_id("cmd"),
+                agent_id,
+                ec_id,
+                "kill",
+                reason=reason,
+                grace_seconds=self.settings.kill_grace,
+            ),
+            now,
+        )
+
+    async def commands_for(self, agent_id: str) -> AsyncIterator[AgentCommand]:
+        """Pending commands for an agent, then each new one as it is queued."""
+        sent: set[str] = set()
+        with self.core.notifier.subscribe([agent_key(agent_id)]) as queued:
+            while True:
+                queued.clear()
+                pending = await self.db.run(lambda c: ec_store.pending_commands(c, agent_id))
+                for command in pending:
+                    if command.command_id not in sent:
+                        sent.add(command.command_id)
+                        yield command
+                sent &= {c.command_id for c in pending}
+                await queued.wait()
+
+
+def _no_ecm(ec_id: str, choices: list[EcmChoiceRecord]) -> LabelrmError:
+    detail = "; ".join(f"{c.instance}: {', '.join(c.reasons)}" for c in choices) or "none"
+    message = f"no ECM can host EngineConn {ec_id} (ECMs: {detail})"
+    if any("resource:" in r and "available" in r for c in choices for r in c.reasons):
+        return ResourceExhausted(message, reason="NO_ECM_WITH_CAPACITY")
+    return FailedPrecondition(message, state="NO_ECM", reason="NO_ELIGIBLE_ECM")

@@ -1,0 +1,2 @@
+"""Observability of the RM: Prometheus metrics, structured logs with per-RPC context,
+and the gRPC interceptors that feed both."""

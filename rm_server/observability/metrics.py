@@ -1,0 +1,397 @@
+"""Prometheus metrics of one RM process, and the HTTP endpoint that serves them.
+
+Every RM gets its own `CollectorRegistry` (so several in-process RMs in a test do not
+share counters). What is exported:
+
+- ``labelrm_rpc_duration_seconds{method,code}`` histogram and ``labelrm_rpc_total{method,
+  code}`` counter, recorded by `MetricsInterceptor` for every call of every service;
+- ``labelrm_apply_total{outcome}``: Apply outcomes, ``granted`` or the lower-cased
+  ErrorInfo reason of the refusal (``insufficient_resource``, ``queued_behind_waiters``,
+  ``wait_timeout``, ``invalid_argument``, ...), the lower-cased status code when the
+  error carries no reason (``cancelled``, ``deadline_exceeded``, ...);
+- ``labelrm_apply_waiting``: Apply calls in flight on this process that may wait
+  (``wait_timeout`` > 0);
+- ``labelrm_lock_expiry_reclaims_total``: LOCKED tickets this process reclaimed;
+- per label record, read from the database at scrape time by `LabelResourceCollector`
+  (see there for the cap on their number);
+- the standard ``process_*``, ``python_*`` collectors.
+
+Label values are bounded: methods are the registered ones, codes and reasons come from
+the server's own code, and label records are capped; no ticket or EngineConn ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import grpc
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+
+from rm_server.domain.model import LabelResource
+from rm_server.domain.resources import headroom
+from rm_server.observability._intercept import (
+    CallInfo,
+    Continuation,
+    call_status,
+    method_name,
+    observe_handler,
+)
+
+log = logging.getLogger(__name__)
+
+APPLY_METHOD = "labelrm.v1.ResourceManagerService/Apply"
+DEFAULT_LABEL_CAP = 1000
+DEFAULT_CACHE_SECONDS = 2.0
+# Waiting Applies can last minutes: the buckets reach past the usual wait timeouts.
+RPC_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    120.0, 300.0,
+)  # fmt: skip
+_REASON_RE = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
+
+
+class LabelSource(Protocol):
+    """What the collector needs of the core (RMCore satisfies it)."""
+
+    async def list_label_resources(
+        self, after: str, limit: int, source: str
+    ) -> list[LabelResource]: ...
+
+
+class Metrics:
+    """The metric objects of one RM process."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        label_cap: int = DEFAULT_LABEL_CAP,
+        cache_seconds: float = DEFAULT_CACHE_SECONDS,
+    ) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.label_cap = label_cap
+        self.cache_seconds = cache_seconds
+        self.labels: LabelResourceCollector | None = None
+        r = self.registry
+        self.rpc_duration = Histogram(
+            "labelrm_rpc_duration_seconds",
+            "Time the RM took to answer an RPC, by method and status code.",
+            ["method", "code"],
+            buckets=RPC_BUCKETS,
+            registry=r,
+        )
+        self.rpc_total = Counter(
+            "labelrm_rpc",
+            "RPCs answered, by method and status code.",
+            ["method", "code"],
+            registry=r,
+        )
+        self.apply_total = Counter(
+            "labelrm_apply",
+            "Apply outcomes: granted, or the lower-cased reason of the refusal.",
+            ["outcome"],
+            registry=r,
+        )
+        self.apply_waiting = Gauge(
+            "labelrm_apply_waiting",
+            "Apply calls in flight on this process that carry a wait_timeout.",
+            registry=r,
+        )
+        self.reclaims = Counter(
+            "labelrm_lock_expiry_reclaims",
+            "LOCKED tickets reclaimed by this process because their lock timed out.",
+            registry=r,
+        )
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+
+    def interceptor(self) -> MetricsInterceptor:
+        return MetricsInterceptor(self)
+
+    def attach(self, core: Any) -> None:
+        """Export the core's label records and count its lock-expiry reclaims."""
+        self.labels = LabelResourceCollector(core, self.label_cap, self.cache_seconds)
+        self.registry.register(self.labels)
+        observe_sweeps(core, self.reclaims)
+
+    async def exposition(self) -> bytes:
+        """The text exposition, with the label records refreshed when stale."""
+        if self.labels is not None:
+            await self.labels.refresh()
+        return generate_latest(self.registry)
+
+    @contextlib.contextmanager
+    def observe_call(self, call: CallInfo) -> Iterator[None]:
+        """Times one call and records its status (and for Apply, its outcome)."""
+        waits = call.method == APPLY_METHOD and _waits(call.request)
+        if waits:
+            self.apply_waiting.inc()
+        start = time.perf_counter()
+        exc: BaseException | None = None
+        try:
+            yield
+        except BaseException as err:
+            exc = err
+            raise
+        finally:
+            elapsed = time.perf_counter() - start
+            if waits:
+                self.apply_waiting.dec()
+            status = call_status(call.context, exc)
+            self.rpc_duration.labels(call.method, status.code).observe(elapsed)
+            self.rpc_total.labels(call.method, status.code).inc()
+            if call.method == APPLY_METHOD:
+                self.apply_total.labels(apply_outcome(status.code, status.reason)).inc()
+
+
+def apply_outcome(code: str, reason: str) -> str:
+    """``granted``, or the refusal's reason (its code without one), lower-cased."""
+    if code == "OK":
+        return "granted"
+    if reason and _REASON_RE.fullmatch(reason):
+        return reason.lower()
+    return code.lower()
+
+
+def _waits(request: Any) -> bool:
+    wait = getattr(request, "wait_timeout", None)
+    return wait is not None and (wait.seconds > 0 or wait.nanos > 0)
+
+
+class MetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Records latency and status of every RPC (outermost, so it sees the final status)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    async def intercept_service(
+        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        return observe_handler(
+            handler, method_name(handler_call_details), self.metrics.observe_call
+        )
+
+
+def observe_sweeps(core: Any, counter: Counter) -> None:
+    """Count what `core.sweep()` reclaims.
+
+    RMCore's sweeper loop calls ``self.sweep()``, so an instance attribute that wraps the
+    bound method sees every sweep without changing the core (owned by the core's module).
+    """
+    original: Callable[[], Awaitable[int]] = core.sweep
+
+    async def sweep() -> int:
+        reclaimed = await original()
+        if reclaimed:
+            counter.inc(reclaimed)
+        return reclaimed
+
+    core.sweep = sweep
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    records: tuple[LabelResource, ...]
+    truncated: bool
+    ok: bool
+    seconds: float
+
+
+class LabelResourceCollector(Collector):
+    """Per label record: used, locked, max and left per dimension, and live tickets.
+
+    Read through the core at scrape time and cached for `cache_seconds`, so several
+    scrapers (or a fast one) cost one database read per interval. At most `cap` records
+    are exported, in label order; ``labelrm_label_records_truncated`` is 1 when there
+    were more. Samples are ``{label, source, dimension}``, where the dimension carries
+    the unit (``memory_bytes``, ``cpu_millis``, ``instances``, ``yarn.*``, ``special.*``).
+    """
+
+    PAGE = 500
+
+    def __init__(self, core: LabelSource, cap: int, cache_seconds: float) -> None:
+        self.core = core
+        self.cap = max(0, cap)
+        self.cache_seconds = cache_seconds
+        self._snapshot = _Snapshot((), False, True, 0.0)
+        self._taken = float("-inf")
+        self._lock = asyncio.Lock()
+
+    async def refresh(self) -> None:
+        """Re-read the label records unless the cached ones are recent enough."""
+        async with self._lock:
+            if time.monotonic() - self._taken < self.cache_seconds:
+                return
+            start = time.perf_counter()
+            try:
+                records, truncated = await self._read()
+                ok = True
+            except Exception:  # a scrape must still answer while the database is down
+                log.warning("reading label records for metrics failed", exc_info=True)
+                records, truncated, ok = [], False, False
+            self._snapshot = _Snapshot(tuple(records), truncated, ok, time.perf_counter() - start)
+            self._taken = time.monotonic()
+
+    async def _read(self) -> tuple[list[LabelResource], bool]:
+        out: list[LabelResource] = []
+        after = ""
+        while len(out) <= self.cap:
+            page = await self.core.list_label_resources(after, self.PAGE, "")
+            out.extend(page)
+            if len(page) < self.PAGE:
+                break
+            after = page[-1].label
+        return out[: self.cap], len(out) > self.cap
+
+    def collect(self) -> Iterable[Metric]:
+        snap = self._snapshot
+        names = ("label", "source", "dimension")
+        used = GaugeMetricFamily("labelrm_label_used", "Used resource of a label.", labels=names)
+        locked = GaugeMetricFamily(
+            "labelrm_label_locked", "Locked (applied, not yet reported) resource.", labels=names
+        )
+        maximum = GaugeMetricFamily(
+            "labelrm_label_max", "Maximum resource of an ECM or limit label.", labels=names
+        )
+        left = GaugeMetricFamily(
+            "labelrm_label_left",
+            "What is left: max - used - locked - protected, clamped at 0.",
+            labels=names,
+        )
+        tickets = GaugeMetricFamily(
+            "labelrm_label_live_tickets", "Live tickets charged to a label.", labels=names[:2]
+        )
+        records = GaugeMetricFamily(
+            "labelrm_label_records", "Label records exported, by source.", labels=["source"]
+        )
+        per_source: dict[str, int] = {}
+        for r in snap.records:
+            source = r.source or "-"
+            per_source[source] = per_source.get(source, 0) + 1
+            for family, resource in ((used, r.used), (locked, r.locked)):
+                for dim, qty in resource.quantities:
+                    family.add_metric([r.label, source, dim], qty)
+            if r.max_resource is not None:
+                for dim, qty in r.max_resource.quantities:
+                    maximum.add_metric([r.label, source, dim], qty)
+                try:
+                    rest = headroom(r.max_resource, r.used, r.locked, r.protected)
+                except ValueError:  # incompatible kinds: `check` reports it, skip here
+                    rest = None
+                for dim, qty in rest.quantities if rest is not None else ():
+                    left.add_metric([r.label, source, dim], qty)
+            tickets.add_metric([r.label, source], r.live_tickets)
+        for source, count in sorted(per_source.items()):
+            records.add_metric([source], count)
+        yield from (used, locked, maximum, left, tickets, records)
+        yield GaugeMetricFamily(
+            "labelrm_label_records_truncated",
+            "1 when more label records exist than the metrics cap exports.",
+            value=1 if snap.truncated else 0,
+        )
+        yield GaugeMetricFamily(
+            "labelrm_label_scrape_success",
+            "1 when the last read of the label records succeeded.",
+            value=1 if snap.ok else 0,
+        )
+        yield GaugeMetricFamily(
+            "labelrm_label_scrape_duration_seconds",
+            "Time the last read of the label records took.",
+            value=snap.seconds,
+        )
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    """ "HOST:PORT" or "[V6]:PORT" -> (host, port); ValueError when malformed."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"expected HOST:PORT, got {address!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+class MetricsHttpServer:
+    """A minimal asyncio HTTP/1.1 endpoint: GET /metrics (and / pointing at it).
+
+    Served on the RM's event loop rather than prometheus_client's thread, so the label
+    collector can await the database between two scrapes without cross-thread calls.
+    """
+
+    MAX_HEADER_BYTES = 16 * 1024
+    READ_TIMEOUT = 10.0
+
+    def __init__(self, metrics: Metrics, address: str) -> None:
+        self.metrics = metrics
+        self.address = address
+        self.port = 0
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        host, port = split_host_port(self.address)
+        self._server = await asyncio.start_server(self._handle, host, port)
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        log.info("metrics on http://%s:%d/metrics", host, self.port)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), timeout=2)
+            self._server = None
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=self.READ_TIMEOUT)
+            if len(head) > self.MAX_HEADER_BYTES:
+                raise ValueError("request head too large")
+            method, _, rest = head.split(b"\r\n", 1)[0].decode("latin-1").partition(" ")
+            path = rest.split(" ", 1)[0].split("?", 1)[0]
+            status, ctype, body = await self._respond(method, path)
+            writer.write(
+                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+            )
+            if method != "HEAD":
+                writer.write(body)
+            await writer.drain()
+        except (
+            TimeoutError,
+            ValueError,
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+            ConnectionError,
+        ):
+            pass  # a broken or slow client: just close the connection
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _respond(self, method: str, path: str) -> tuple[str, str, bytes]:
+        if method not in ("GET", "HEAD"):
+            return "405 Method Not Allowed", "text/plain", b"only GET\n"
+        if path == "/metrics":
+            return "200 OK", CONTENT_TYPE_LATEST, await self.metrics.exposition()
+        if path == "/":
+            return "200 OK", "text/html", b'<a href="/metrics">labelrm metrics</a>\n'
+        return "404 Not Found", "text/plain", b"not found: try /metrics\n"

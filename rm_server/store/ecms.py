@@ -1,0 +1,161 @@
+"""ECM liveness, heartbeats and node lists."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from rm_server.domain.engineconn import EcmState, EcmStatus, node_allowed
+from rm_server.domain.resources import ResourceError, headroom
+from rm_server.errors import NotFound
+from rm_server.store.codec import labels_of, opt_res, res
+from rm_server.store.db import Conn
+from rm_server.store.engineconns import LIVE
+
+
+@dataclass(frozen=True)
+class NodeLists:
+    include: frozenset[str]
+    exclude: frozenset[str]
+
+    def allows(self, instance: str) -> bool:
+        return node_allowed(instance, self.include, self.exclude)
+
+
+async def node_lists(conn: Conn) -> NodeLists:
+    cur = await conn.execute("SELECT list, entry FROM node_list")
+    rows = await cur.fetchall()
+    return NodeLists(
+        frozenset(e for lst, e in rows if lst == "include"),
+        frozenset(e for lst, e in rows if lst == "exclude"),
+    )
+
+
+async def replace_node_lists(conn: Conn, lists: NodeLists) -> list[str]:
+    """Store new lists; return the registered instances they no longer allow."""
+    await conn.execute("DELETE FROM node_list")
+    for name, entries in (("include", lists.include), ("exclude", lists.exclude)):
+        for entry in sorted(entries):
+            await conn.execute("INSERT INTO node_list (list, entry) VALUES (%s, %s)", (name, entry))
+    cur = await conn.execute("SELECT instance FROM ecm ORDER BY instance")
+    return [r[0] for r in await cur.fetchall() if not lists.allows(r[0])]
+
+
+@dataclass(frozen=True)
+class HeartbeatClaim:
+    """What the first transaction of a heartbeat found."""
+
+    known: bool
+    state: EcmState | None = None
+    duplicate_response: bytes | None = None
+    previous_heartbeat_at: datetime | None = None
+    allowed: bool = True
+
+
+async def claim_heartbeat(
+    conn: Conn, agent_id: str, sequence: int, now: datetime
+) -> HeartbeatClaim:
+    """Lock the ECM row, answer a resend from the stored response, else record liveness."""
+    cur = await conn.execute(
+        "SELECT state, heartbeat_seq, last_response, last_heartbeat_at FROM ecm"
+        " WHERE instance = %s FOR UPDATE",
+        (agent_id,),
+    )
+    row = await cur.fetchone()
+    if row is None:
+        return HeartbeatClaim(known=False)
+    state, seq, last_response, last_at = EcmState(row[0]), row[1], row[2], row[3]
+    allowed = (await node_lists(conn)).allows(agent_id)
+    if state is EcmState.LOST:
+        return HeartbeatClaim(known=True, state=state, allowed=allowed)
+    if sequence <= seq and last_response is not None:
+        return HeartbeatClaim(True, state, bytes(last_response), last_at, allowed)
+    await conn.execute(
+        "UPDATE ecm SET last_heartbeat_at = %s, heartbeat_seq = %s, last_response = NULL"
+        " WHERE instance = %s",
+        (now, sequence, agent_id),
+    )
+    return HeartbeatClaim(True, state, None, last_at, allowed)
+
+
+async def store_response(conn: Conn, agent_id: str, sequence: int, response: bytes) -> None:
+    await conn.execute(
+        "UPDATE ecm SET last_response = %s WHERE instance = %s AND heartbeat_seq = %s",
+        (response, agent_id, sequence),
+    )
+
+
+async def set_state(conn: Conn, instance: str, state: EcmState, now: datetime) -> bool:
+    cur = await conn.execute(
+        "UPDATE ecm SET state = %s, updated_at = %s WHERE instance = %s AND state <> %s",
+        (state.value, now, instance, state.value),
+    )
+    return cur.rowcount > 0
+
+
+async def expired_ecms(conn: Conn, silent_since: datetime) -> list[str]:
+    cur = await conn.execute(
+        "SELECT instance FROM ecm WHERE state <> 'LOST'"
+        " AND coalesce(last_heartbeat_at, registered_at) < %s ORDER BY instance",
+        (silent_since,),
+    )
+    return [r[0] for r in await cur.fetchall()]
+
+
+async def mark_lost(conn: Conn, instance: str, silent_since: datetime, now: datetime) -> bool:
+    """LOST, if it is still silent (re-checked under the row lock; replicas race here)."""
+    cur = await conn.execute(
+        "UPDATE ecm SET state = 'LOST', updated_at = %s WHERE instance = %s"
+        " AND state <> 'LOST' AND coalesce(last_heartbeat_at, registered_at) < %s",
+        (now, instance, silent_since),
+    )
+    return cur.rowcount > 0
+
+
+ECM_STATUS_SQL = (
+    "SELECT e.instance, e.labels, e.state, e.total, e.protected, e.registered_at,"
+    " e.updated_at, e.last_heartbeat_at, r.max_resource, r.used, r.locked, r.protected,"
+    " (SELECT count(*) FROM engine_conn c WHERE c.ecm_instance = e.instance"
+    "  AND c.state = ANY(%s))"
+    " FROM ecm e LEFT JOIN label_resource r ON r.label = e.label"
+)
+
+
+def _status(row: tuple[Any, ...]) -> EcmStatus:
+    (instance, labels, state, total, protected, registered, updated, last_hb, maximum, used,
+     locked, row_protected, live) = row  # fmt: skip
+    left = None
+    if maximum is not None:
+        try:
+            left = headroom(res(maximum), res(used), res(locked), res(row_protected))
+        except ResourceError:
+            left = None
+    return EcmStatus(
+        instance=instance,
+        labels=labels_of(labels),
+        state=EcmState(state),
+        total=res(total),
+        protected=res(protected),
+        left=left if maximum is not None else opt_res(None),
+        registered_at=registered,
+        updated_at=updated,
+        last_heartbeat_at=last_hb,
+        live_engine_conns=int(live),
+    )
+
+
+async def ecm_status(conn: Conn, instance: str) -> EcmStatus:
+    cur = await conn.execute(ECM_STATUS_SQL + " WHERE e.instance = %s", (LIVE, instance))
+    row = await cur.fetchone()
+    if row is None:
+        raise NotFound(f"ECM {instance} is not registered")
+    return _status(row)
+
+
+async def list_ecm_status(conn: Conn, after: str = "", limit: int = 10_000) -> list[EcmStatus]:
+    cur = await conn.execute(
+        ECM_STATUS_SQL + " WHERE e.instance > %s ORDER BY e.instance LIMIT %s",
+        (LIVE, after, limit),
+    )
+    return [_status(r) for r in await cur.fetchall()]

@@ -1,0 +1,313 @@
+"""EngineConn rows and agent commands. Lock order, as everywhere: ecm row, label
+rows (sorted), ticket row, engine_conn row, agent_command rows."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from rm_server.domain.engineconn import (
+    LIVE_STATES,
+    AgentCommand,
+    EcmChoiceRecord,
+    EcState,
+    EngineConn,
+    LaunchPayload,
+    label_set,
+)
+from rm_server.errors import NotFound
+from rm_server.store.codec import jlabels, jres, labels_of, res
+from rm_server.store.db import Conn
+from rm_server.store.notify import agent_key, ec_key, notify_freed
+
+EC_COLUMNS = (
+    "ec_id, state, user_name, labels, params, engine, resource, created_at, updated_at,"
+    " ecm_instance, ticket_id, address, pid, exit_code, reason, log_tail, work_dir,"
+    " ecm_choices, launch_attempts, holder, hold_expires_at, ready_at, ended_at"
+)
+LIVE = [s.value for s in LIVE_STATES]
+
+
+def ec_from_row(row: tuple[Any, ...]) -> EngineConn:
+    (ec_id, state, user, labels, params, engine, resource, created, updated, ecm, ticket,
+     address, pid, exit_code, reason, log_tail, work_dir, choices, attempts, holder,
+     hold_until, ready, ended) = row  # fmt: skip
+    return EngineConn(
+        ec_id=ec_id,
+        state=EcState(state),
+        user=user,
+        labels=labels_of(labels),
+        params=dict(params),
+        engine=engine,
+        resource=res(resource),
+        created_at=created,
+        updated_at=updated,
+        ecm_instance=ecm or "",
+        ticket_id=ticket or "",
+        address=address,
+        pid=pid or 0,
+        exit_code=exit_code or 0,
+        reason=reason,
+        log_tail=log_tail,
+        work_dir=work_dir,
+        ecm_choices=tuple(
+            EcmChoiceRecord(c["instance"], c["eligible"], c["score"], tuple(c["reasons"]))
+            for c in choices
+        ),
+        launch_attempts=attempts,
+        holder=holder,
+        hold_expires_at=hold_until,
+        ready_at=ready,
+        ended_at=ended,
+    )
+
+
+async def claim_ec(conn: Conn, ec: EngineConn, request_id: str) -> EngineConn:
+    """Insert a new STARTING EngineConn for `request_id`, or return the one that exists."""
+    await conn.execute(
+        "INSERT INTO engine_conn (ec_id, request_id, state, user_name, labels, label_set,"
+        " params, engine, resource, created_at, updated_at)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+        " ON CONFLICT (request_id) DO NOTHING",
+        (
+            ec.ec_id,
+            request_id,
+            ec.state.value,
+            ec.user,
+            jlabels(ec.labels),
+            label_set(ec.labels),
+            Jsonb(dict(ec.params)),
+            ec.engine,
+            jres(ec.resource),
+            ec.created_at,
+            ec.updated_at,
+        ),
+    )
+    cur = await conn.execute(
+        f"SELECT {EC_COLUMNS} FROM engine_conn WHERE request_id = %s",  # noqa: S608
+        (request_id,),
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return ec_from_row(row)
+
+
+async def get_ec(conn: Conn, ec_id: str, *, lock: bool = False) -> EngineConn:
+    sql = f"SELECT {EC_COLUMNS} FROM engine_conn WHERE ec_id = %s"  # noqa: S608
+    cur = await conn.execute(sql + (" FOR UPDATE" if lock else ""), (ec_id,))
+    row = await cur.fetchone()
+    if row is None:
+        raise NotFound(f"EngineConn {ec_id} not found")
+    return ec_from_row(row)
+
+
+async def list_ecs(
+    conn: Conn, after: str, limit: int, user: str, state: str, ecm: str
+) -> list[EngineConn]:
+    cur = await conn.execute(
+        f"SELECT {EC_COLUMNS} FROM engine_conn WHERE ec_id > %s"  # noqa: S608
+        " AND (%s = '' OR user_name = %s) AND (%s = '' OR state = %s)"
+        " AND (%s = '' OR ecm_instance = %s) ORDER BY ec_id LIMIT %s",
+        (after, user, user, state, state, ecm, ecm, limit),
+    )
+    return [ec_from_row(r) for r in await cur.fetchall()]
+
+
+async def live_ecs_on(conn: Conn, ecm: str) -> list[EngineConn]:
+    cur = await conn.execute(
+        f"SELECT {EC_COLUMNS} FROM engine_conn"  # noqa: S608
+        " WHERE ecm_instance = %s AND state = ANY(%s) ORDER BY ec_id",
+        (ecm, LIVE),
+    )
+    return [ec_from_row(r) for r in await cur.fetchall()]
+
+
+async def update_ec(conn: Conn, ec_id: str, now: datetime, **fields: Any) -> None:
+    """Set the named columns (fixed whitelist, values as parameters)."""
+    allowed = {
+        "state",
+        "ecm_instance",
+        "ticket_id",
+        "address",
+        "pid",
+        "exit_code",
+        "reason",
+        "log_tail",
+        "work_dir",
+        "ecm_choices",
+        "launch_attempts",
+        "holder",
+        "hold_expires_at",
+        "launched_at",
+        "ready_at",
+        "last_report_at",
+        "ended_at",
+    }
+    unknown = set(fields) - allowed
+    if unknown:
+        raise ValueError(f"not an engine_conn column: {sorted(unknown)}")
+    names = sorted(fields)
+    assignments = sql.SQL(", ").join(
+        sql.SQL("{} = %s").format(sql.Identifier(name)) for name in names
+    )
+    values = [fields[n].value if isinstance(fields[n], EcState) else fields[n] for n in names]
+    query = sql.SQL("UPDATE engine_conn SET {}, updated_at = %s WHERE ec_id = %s").format(
+        assignments
+    )
+    await conn.execute(query, (*values, now, ec_id))
+    await notify_freed(conn, [ec_key(ec_id)])
+
+
+async def silent_ecs(conn: Conn, silent_since: datetime, start_limit: datetime) -> list[EngineConn]:
+    """Live EngineConns silent since `silent_since`, or STARTING since before `start_limit`."""
+    cur = await conn.execute(
+        f"SELECT {EC_COLUMNS} FROM engine_conn"  # noqa: S608
+        " WHERE (state IN ('IDLE', 'BUSY', 'SHUTTING_DOWN')"
+        "        AND coalesce(last_report_at, ready_at, updated_at) < %s)"
+        "    OR (state = 'STARTING' AND coalesce(launched_at, created_at) < %s)"
+        " ORDER BY ec_id",
+        (silent_since, start_limit),
+    )
+    return [ec_from_row(r) for r in await cur.fetchall()]
+
+
+def choices_json(choices: Sequence[EcmChoiceRecord]) -> Jsonb:
+    return Jsonb(
+        [
+            {
+                "instance": c.instance,
+                "eligible": c.eligible,
+                "score": c.score,
+                "reasons": list(c.reasons),
+            }
+            for c in choices
+        ]
+    )
+
+
+async def take_reusable(
+    conn: Conn, user: str, labels: str, holder: str, hold_until: datetime, now: datetime
+) -> EngineConn | None:
+    """Hold an IDLE EngineConn of this user and label set for `holder`, if there is one."""
+    cur = await conn.execute(
+        f"SELECT {EC_COLUMNS} FROM engine_conn"  # noqa: S608
+        " WHERE user_name = %s AND label_set = %s AND state = 'IDLE'"
+        " AND (hold_expires_at IS NULL OR hold_expires_at <= %s)"
+        " ORDER BY ready_at LIMIT 1 FOR UPDATE SKIP LOCKED",
+        (user, labels, now),
+    )
+    row = await cur.fetchone()
+    if row is None:
+        return None
+    ec = ec_from_row(row)
+    await conn.execute(
+        "UPDATE engine_conn SET holder = %s, hold_expires_at = %s, updated_at = %s"
+        " WHERE ec_id = %s",
+        (holder, hold_until, now, ec.ec_id),
+    )
+    return ec
+
+
+# ----- agent commands -------------------------------------------------------------------
+
+
+def _payload(cmd: AgentCommand) -> dict[str, Any]:
+    out: dict[str, Any] = {"reason": cmd.reason, "grace_seconds": cmd.grace_seconds}
+    if cmd.launch is not None:
+        lp = cmd.launch
+        out["launch"] = {
+            "user": lp.user,
+            "engine_type": lp.engine_type,
+            "program": lp.program,
+            "argv": list(lp.argv),
+            "environment": dict(lp.environment),
+            "required_local_environment": list(lp.required_local_environment),
+            "material_files": [
+                [name, base64.b64encode(content).decode(), executable]
+                for name, content, executable in lp.material_files
+            ],
+        }
+    return out
+
+
+def _command(row: tuple[Any, ...]) -> AgentCommand:
+    command_id, agent_id, ec_id, kind, payload = row
+    launch = None
+    if "launch" in payload:
+        lp = payload["launch"]
+        launch = LaunchPayload(
+            user=lp["user"],
+            engine_type=lp["engine_type"],
+            program=lp["program"],
+            argv=tuple(lp["argv"]),
+            environment=dict(lp["environment"]),
+            required_local_environment=tuple(lp["required_local_environment"]),
+            material_files=tuple(
+                (name, base64.b64decode(content), bool(executable))
+                for name, content, executable in lp["material_files"]
+            ),
+        )
+    return AgentCommand(
+        command_id,
+        agent_id,
+        ec_id,
+        kind,
+        launch,
+        payload.get("reason", ""),
+        float(payload.get("grace_seconds", 0.0)),
+    )
+
+
+async def queue_command(conn: Conn, cmd: AgentCommand, now: datetime) -> None:
+    await conn.execute(
+        "INSERT INTO agent_command (command_id, agent_id, ec_id, kind, payload, created_at)"
+        " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (command_id) DO NOTHING",
+        (cmd.command_id, cmd.agent_id, cmd.ec_id, cmd.kind, Jsonb(_payload(cmd)), now),
+    )
+    await notify_freed(conn, [agent_key(cmd.agent_id)])
+
+
+async def has_pending(conn: Conn, agent_id: str, ec_id: str, kind: str) -> bool:
+    cur = await conn.execute(
+        "SELECT 1 FROM agent_command WHERE agent_id = %s AND ec_id = %s AND kind = %s"
+        " AND done_at IS NULL",
+        (agent_id, ec_id, kind),
+    )
+    return await cur.fetchone() is not None
+
+
+async def pending_commands(conn: Conn, agent_id: str) -> list[AgentCommand]:
+    cur = await conn.execute(
+        "SELECT command_id, agent_id, ec_id, kind, payload FROM agent_command"
+        " WHERE agent_id = %s AND done_at IS NULL ORDER BY created_at, command_id",
+        (agent_id,),
+    )
+    return [_command(r) for r in await cur.fetchall()]
+
+
+async def mark_done(conn: Conn, agent_id: str, ids: Sequence[str], now: datetime) -> None:
+    if ids:
+        await conn.execute(
+            "UPDATE agent_command SET done_at = %s"
+            " WHERE agent_id = %s AND command_id = ANY(%s) AND done_at IS NULL",
+            (now, agent_id, list(ids)),
+        )
+
+
+async def launch_done_before(conn: Conn, agent_id: str, before: datetime) -> set[str]:
+    """EngineConn ids whose launch the agent acknowledged before `before`."""
+    cur = await conn.execute(
+        "SELECT ec_id FROM agent_command WHERE agent_id = %s AND kind = 'launch'"
+        " AND done_at IS NOT NULL AND done_at < %s",
+        (agent_id, before),
+    )
+    return {r[0] for r in await cur.fetchall()}
+
+
+async def drop_commands(conn: Conn, agent_id: str) -> None:
+    await conn.execute("DELETE FROM agent_command WHERE agent_id = %s", (agent_id,))

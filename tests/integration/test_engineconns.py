@@ -1,0 +1,271 @@
+"""EngineConns end to end: a real RM, a real agent (root) launching through real sudo
+as real unprivileged users, the real EngineConn runtime, real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pwd
+
+import grpc
+import pytest
+from google.protobuf.duration_pb2 import Duration
+from labelrm.v1 import admin_pb2, engine_conn_pb2_grpc, executor_pb2, executor_pb2_grpc
+from labelrm.v1 import engine_conn_pb2 as ec_pb
+from labelrm.v1 import resource_manager_pb2 as rm_pb
+
+from tests.conftest import wait_until
+from tests.helpers import assert_consistent, lbl
+
+SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"
+LIVE = {
+    ec_pb.ENGINE_CONN_STATE_STARTING,
+    ec_pb.ENGINE_CONN_STATE_IDLE,
+    ec_pb.ENGINE_CONN_STATE_BUSY,
+    ec_pb.ENGINE_CONN_STATE_SHUTTING_DOWN,
+}
+
+
+def ecs(rm) -> engine_conn_pb2_grpc.EngineConnServiceStub:
+    return engine_conn_pb2_grpc.EngineConnServiceStub(rm.channel)
+
+
+async def agent_registered(rm, agent_id: str) -> bool:
+    try:
+        resp = await rm.rm.GetEcm(rm_pb.GetEcmRequest(instance=agent_id))
+    except grpc.aio.AioRpcError:
+        return False
+    return resp.ecm.state == rm_pb.ECM_STATE_RUNNING and resp.ecm.HasField("last_heartbeat_time")
+
+
+async def start_agent(rm, agent_factory, agent_id="agent1", *extra, python=None):
+    agent = agent_factory(rm.target, agent_id, *extra, python=python)
+    agent.start()
+    await wait_until(lambda: agent_registered(rm, agent_id), timeout=30)
+    return agent
+
+
+async def create(rm, labels=SHELL_A, user="lrmtest_a", request_id="", **params):
+    return (
+        await ecs(rm).CreateEngineConn(
+            ec_pb.CreateEngineConnRequest(
+                request_id=request_id,
+                user=user,
+                labels=lbl(labels),
+                params={k: str(v) for k, v in params.items()},
+                timeout=Duration(seconds=30),
+            ),
+            timeout=60,
+        )
+    ).engine_conn
+
+
+async def get_ec(rm, ec_id):
+    return (
+        await ecs(rm).GetEngineConn(ec_pb.GetEngineConnRequest(engine_conn_id=ec_id))
+    ).engine_conn
+
+
+async def execute(address: str, code: str) -> tuple[str, str, int]:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = executor_pb2_grpc.ExecutorServiceStub(channel)
+        out, err, code_ = [], [], None
+        async for event in stub.Execute(executor_pb2.ExecuteRequest(code=code), timeout=30):
+            if event.HasField("output"):
+                (out if event.output.stream == executor_pb2.OUTPUT_STREAM_STDOUT else err).append(
+                    event.output.text
+                )
+            else:
+                code_ = event.result.exit_code
+        return "".join(out), "".join(err), code_
+
+
+def group_members(pgid: int) -> list[int]:
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+                if int(fields[2]) == pgid:
+                    members.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    return members
+
+
+def uid_of(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("Uid:"):
+                return int(line.split()[1])
+    raise AssertionError("no Uid line")
+
+
+async def ended(rm, ec_id):
+    ec = await get_ec(rm, ec_id)
+    return ec if ec.state not in LIVE else None
+
+
+async def ticket_state(rm, ticket_id):
+    return (await rm.rm.GetTicket(rm_pb.GetTicketRequest(ticket_id=ticket_id))).ticket.state
+
+
+async def test_shell_engineconn_runs_as_the_user_and_kill_releases(cluster_rm, agent_factory):
+    rm = cluster_rm
+    await start_agent(rm, agent_factory)
+    ec = await create(rm)
+    assert ec.state == ec_pb.ENGINE_CONN_STATE_IDLE
+    assert ec.address and ec.ecm_instance == "agent1"
+    assert [c.instance for c in ec.ecm_choices] == ["agent1"] and ec.ecm_choices[0].eligible
+    assert await ticket_state(rm, ec.ticket_id) == rm_pb.TICKET_STATE_USED
+    out, _, code = await execute(ec.address, "id -un")
+    assert (out.strip(), code) == ("lrmtest_a", 0)
+    fresh = await get_ec(rm, ec.engine_conn_id)
+    members = group_members(fresh.pid)
+    uid_a = pwd.getpwnam("lrmtest_a").pw_uid
+    assert members and any(uid_of(p) == uid_a for p in members)
+    assert all(uid_of(p) in (0, uid_a) for p in members)  # sudo itself, then the user's
+    await ecs(rm).KillEngineConn(ec_pb.KillEngineConnRequest(engine_conn_id=ec.engine_conn_id))
+    final = await wait_until(lambda: ended(rm, ec.engine_conn_id), timeout=20)
+    assert final.state in (ec_pb.ENGINE_CONN_STATE_SUCCEEDED, ec_pb.ENGINE_CONN_STATE_FAILED)
+    await wait_until(lambda: _async(not group_members(fresh.pid)), timeout=20)
+    assert await ticket_state(rm, ec.ticket_id) == rm_pb.TICKET_STATE_RELEASED
+    await assert_consistent(rm)
+
+
+async def _async(value):
+    return value
+
+
+async def test_idle_engineconns_of_two_users_exit_by_themselves(cluster_rm, agent_factory):
+    rm = cluster_rm
+    await start_agent(rm, agent_factory)
+    made = await asyncio.gather(
+        create(rm, max_idle_seconds=2),
+        create(rm, max_idle_seconds=2),
+        create(
+            rm, "userCreator=lrmtest_b-IDE,engineType=python-3", "lrmtest_b", max_idle_seconds=2
+        ),
+    )
+    assert {e.user for e in made} == {"lrmtest_a", "lrmtest_b"}
+    for ec in made:
+        final = await wait_until(lambda e=ec: ended(rm, e.engine_conn_id), timeout=30)
+        assert final.state == ec_pb.ENGINE_CONN_STATE_SUCCEEDED, final
+        assert await ticket_state(rm, ec.ticket_id) == rm_pb.TICKET_STATE_RELEASED
+    await assert_consistent(rm)
+
+
+async def test_ask_reuses_an_idle_engineconn_but_not_a_held_one(cluster_rm, agent_factory):
+    rm = cluster_rm
+    await start_agent(rm, agent_factory)
+    first = await create(rm)
+    ask = ec_pb.AskEngineConnRequest(
+        user="lrmtest_a", labels=lbl(SHELL_A), timeout=Duration(seconds=30)
+    )
+    reused = await ecs(rm).AskEngineConn(ask)
+    assert reused.reused and reused.engine_conn.engine_conn_id == first.engine_conn_id
+    again = await ecs(rm).AskEngineConn(ask)
+    assert not again.reused and again.engine_conn.engine_conn_id != first.engine_conn_id
+    await assert_consistent(rm)
+
+
+async def test_launch_exiting_3_fails_with_exit_code_and_stderr(
+    cluster_rm, agent_factory, tmp_path
+):
+    rm = cluster_rm
+    script = _shared_script("#!/bin/bash\necho 'engine blew up: bad config' >&2\nexit 3\n")
+    await start_agent(rm, agent_factory, python=str(script))
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await create(rm)
+    assert exc.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "exited with code 3" in exc.value.details()
+    assert "engine blew up: bad config" in exc.value.details()
+    tickets = await rm.rm.ListTickets(rm_pb.ListTicketsRequest())
+    assert list(tickets.tickets) == []  # nothing stays locked
+    await assert_consistent(rm)
+
+
+def _shared_script(text: str):
+    from tests.conftest import shared_tmp
+
+    path = shared_tmp("lrm-script-") / "fake-python"
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+async def test_root_and_unknown_users_are_refused_by_the_agent(cluster_rm, agent_factory):
+    rm = cluster_rm
+    agent = await start_agent(rm, agent_factory)
+    for user in ("root", "nobody"):
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            await create(rm, f"userCreator={user}-IDE,engineType=shell-1", user)
+        assert exc.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "refused" in exc.value.details()
+    assert not list((agent.root / "state").glob("*.json"))  # nothing was launched
+    await assert_consistent(rm)
+
+
+async def test_kill_9_engineconn_is_reported_and_released(cluster_rm, agent_factory):
+    rm = cluster_rm
+    await start_agent(rm, agent_factory)
+    ec = await create(rm)
+    fresh = await get_ec(rm, ec.engine_conn_id)
+    for pid in group_members(fresh.pid):
+        os.kill(pid, 9)
+    final = await wait_until(lambda: ended(rm, ec.engine_conn_id), timeout=20)
+    assert final.state in (ec_pb.ENGINE_CONN_STATE_FAILED, ec_pb.ENGINE_CONN_STATE_LOST)
+    assert await ticket_state(rm, ec.ticket_id) == rm_pb.TICKET_STATE_RELEASED
+    await assert_consistent(rm)
+
+
+async def test_agent_kill_9_lost_then_fenced(cluster_rm, agent_factory):
+    rm = cluster_rm
+    agent = await start_agent(rm, agent_factory)
+    kept = await create(rm)
+    agent.kill()
+    # Quick restart (before the 3 s expiry): the EngineConn is re-attached and kept.
+    agent.start()
+    await wait_until(lambda: agent_registered(rm, "agent1"), timeout=30)
+    await asyncio.sleep(0)  # let a heartbeat carry the re-attached report
+    assert (await get_ec(rm, kept.engine_conn_id)).state == ec_pb.ENGINE_CONN_STATE_IDLE
+    pid = (await get_ec(rm, kept.engine_conn_id)).pid
+    # Now stay away past the expiry: LOST, released; on return the process is killed.
+    agent.kill()
+    lost = await wait_until(lambda: ended(rm, kept.engine_conn_id), timeout=20)
+    assert lost.state == ec_pb.ENGINE_CONN_STATE_LOST
+    assert await ticket_state(rm, kept.ticket_id) == rm_pb.TICKET_STATE_RELEASED
+    ecm = (await rm.rm.GetEcm(rm_pb.GetEcmRequest(instance="agent1"))).ecm
+    assert ecm.state == rm_pb.ECM_STATE_LOST
+    agent.start()
+    await wait_until(lambda: _async(not group_members(pid)), timeout=30)
+    await wait_until(lambda: agent_registered(rm, "agent1"), timeout=30)
+    await assert_consistent(rm)
+
+
+async def test_excluded_host_refused_refresh_and_decommission(cluster_rm, agent_factory):
+    rm = cluster_rm
+    await rm.admin.RefreshNodes(admin_pb2.RefreshNodesRequest(exclude=["agent2"]))
+    bad = agent_factory(rm.target, "agent2")
+    bad.start()
+    await wait_until(lambda: _async(bad.proc.poll() is not None), timeout=30)
+    assert bad.proc.returncode == 3 and "not allowed" in bad.log_text()
+    with pytest.raises(grpc.aio.AioRpcError):
+        await rm.rm.GetEcm(rm_pb.GetEcmRequest(instance="agent2"))
+    # Lift the exclusion at run time (no RM restart): the agent now gets in.
+    await rm.admin.RefreshNodes(admin_pb2.RefreshNodesRequest())
+    bad.start()
+    await wait_until(lambda: agent_registered(rm, "agent2"), timeout=30)
+    ec = await create(rm)
+    assert ec.ecm_instance == "agent2"
+    live = await rm.admin.DecommissionEcm(admin_pb2.DecommissionEcmRequest(instance="agent2"))
+    assert live.live_engine_conns == 1
+    with pytest.raises(grpc.aio.AioRpcError) as exc:  # draining: no new EngineConns
+        await create(rm)
+    assert "DRAINING" in exc.value.details() or "no ECM" in exc.value.details()
+    await ecs(rm).KillEngineConn(ec_pb.KillEngineConnRequest(engine_conn_id=ec.engine_conn_id))
+    await wait_until(lambda: _async(bad.proc.poll() is not None), timeout=30)  # it left
+    with pytest.raises(grpc.aio.AioRpcError):
+        await rm.rm.GetEcm(rm_pb.GetEcmRequest(instance="agent2"))
+    await assert_consistent(rm)

@@ -1,0 +1,124 @@
+"""rmctl views against a live RM: `-o wide`, the key = value detail views, ticket ids by
+unique prefix, `--watch` (bounded here by the hidden --watch-rounds), one-line errors."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from typing import Any
+
+import pytest
+
+from clients import AsyncRMClient, load_instance, rmctl
+from clients._format import run_watch
+
+GiB = 1024**3
+ECM = "h1:9101"
+ECM_LABEL = f"emInstance={ECM}"
+REQUEST = f"{ECM_LABEL},userCreator=alice-IDE,engineType=spark-3.2.1"
+
+
+@pytest.fixture
+async def client(rm: Any) -> Any:
+    async with AsyncRMClient(rm.target, timeout=5.0) as c:
+        await c.register_ecm(ECM, load_instance(8 * GiB, 8000, 50))
+        yield c
+
+
+def ctl(rm: Any, *argv: str) -> Any:
+    return asyncio.to_thread(rmctl.main, ["--rm", rm.target, *argv])
+
+
+def details(text: str) -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(" = ")
+        assert sep, f"not a key = value line: {line!r}"
+        out[key.strip()] = value
+    return out
+
+
+async def test_wide_lists_add_columns(client: Any, rm: Any, capsys: Any) -> None:
+    await client.apply(REQUEST, load_instance(GiB, 1000, 1), user="alice")
+    capsys.readouterr()
+    assert await ctl(rm, "-o", "wide", "ticket", "list") == 0
+    header, row = capsys.readouterr().out.splitlines()
+    assert header.split() == [
+        "TICKET_ID", "STATE", "USER", "CHARGED", "REQUESTED", "USED", "CREATED",
+        "LABELS", "LOCK_EXPIRES", "UPDATED",
+    ]  # fmt: skip
+    assert "userCreator=alice-IDE" in row and "LOCKED" in row
+
+    assert await ctl(rm, "-o", "wide", "resource", "list") == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert header.split()[-2:] == ["PROTECTED", "UPDATED"]
+
+
+async def test_show_commands_are_key_value_views(client: Any, rm: Any, capsys: Any) -> None:
+    ticket = await client.apply(REQUEST, load_instance(GiB, 1000, 1), user="alice")
+    capsys.readouterr()
+    assert await ctl(rm, "ticket", "show", ticket.ticket_id) == 0
+    view = details(capsys.readouterr().out)
+    assert view["ticket_id"] == ticket.ticket_id
+    assert view["state"] == "LOCKED" and view["user"] == "alice"
+    assert view["charged"] == ECM_LABEL
+    assert view["requested"] == "mem=1Gi cpu=1000m inst=1"
+    assert view["lock_expires"] != "-" and view["end_reason"] == "-"
+
+    assert await ctl(rm, "resource", "show", ECM_LABEL) == 0
+    view = details(capsys.readouterr().out)
+    assert view["label"] == ECM_LABEL and view["source"] == "ecm"
+    assert view["locked"] == "mem=1Gi cpu=1000m inst=1" and view["tickets"] == "1"
+
+
+async def test_ticket_show_accepts_a_unique_prefix(client: Any, rm: Any, capsys: Any) -> None:
+    tickets = [await client.apply(REQUEST, load_instance(GiB, 100, 1)) for _ in range(2)]
+    a, b = (t.ticket_id for t in tickets)
+    common = next(i for i in range(len(a)) if a[i] != b[i])
+    capsys.readouterr()
+
+    assert await ctl(rm, "ticket", "show", a[: common + 1]) == 0
+    assert details(capsys.readouterr().out)["ticket_id"] == a
+
+    assert await ctl(rm, "ticket", "show", a[:common]) == 1  # both match
+    err = capsys.readouterr().err
+    assert err.startswith("error: ticket id prefix") and "ambiguous" in err
+    assert len(err.splitlines()) == 1
+
+    assert await ctl(rm, "ticket", "show", "t-nothing-like-it") == 1
+    assert capsys.readouterr().err.startswith("error: NOT_FOUND: ")
+
+
+async def test_watch_rerenders_and_stays_quiet_when_piped(
+    client: Any, rm: Any, capsys: Any
+) -> None:
+    capsys.readouterr()
+    argv = ("--watch-interval", "0.01", "--watch-rounds", "3", "resource", "list", "--watch")
+    assert await ctl(rm, *argv) == 0
+    out = capsys.readouterr().out
+    assert "\x1b[" not in out  # no screen control codes when not a terminal
+    assert out.count("LABEL") == 1  # three identical renderings, printed once
+
+
+class FakeTty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_watch_on_a_terminal_redraws_each_round() -> None:
+    renders = iter(["one\n", "two\n", "two\n"])
+    out = FakeTty()
+    code = run_watch(
+        lambda o: o.write(next(renders)) and 0, out, interval=0, title="rmctl x", rounds=3
+    )
+    assert code == 0
+    text = out.getvalue()
+    assert text.count("\x1b[H\x1b[2J") == 3 and text.count("Every 0s: rmctl x") == 3
+    assert text.endswith("two\n")
+
+
+def test_watch_stops_cleanly_on_ctrl_c() -> None:
+    def render(out: io.StringIO) -> int:
+        raise KeyboardInterrupt
+
+    assert run_watch(render, io.StringIO(), interval=0, title="t") == 0

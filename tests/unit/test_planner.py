@@ -1,0 +1,295 @@
+"""The pure planner: placement against the plan, and the decision of each round."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rm_server.domain.demands.planner import (
+    Action,
+    Candidate,
+    DemandView,
+    Hold,
+    LabelCapacity,
+    Placement,
+    PlanEntry,
+    PlannerSettings,
+    PlanRefusal,
+    TicketStatus,
+    decide,
+    occupation,
+    place,
+)
+from rm_server.domain.demands.state import DemandState
+from rm_server.domain.demands.timelang import (
+    AllOf,
+    AnyOf,
+    Chances,
+    DemandRef,
+    Span,
+    Strategy,
+    holds,
+)
+from rm_server.domain.resources import Resource
+
+T = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+SET = PlannerSettings(
+    round_length=timedelta(seconds=10),
+    lead_time=timedelta(minutes=1),
+    claim_timeout=timedelta(minutes=5),
+    loose_slip=timedelta(minutes=15),
+    default_duration=timedelta(hours=1),
+)
+L = "userCreator=alice-IDE,engineType=spark-3.2.1"
+CAP = {L: LabelCapacity(L, Resource.load(4, 4000), Resource.load(0, 0))}
+S = DemandState
+
+
+def m(minutes: float) -> datetime:
+    return T + timedelta(minutes=minutes)
+
+
+def cand(
+    demand_id: str,
+    mem: int,
+    window,
+    *,
+    strategy=Strategy.STRICT,
+    minutes: float = 30,
+    submitted: datetime = T,
+    **kw,
+) -> Candidate:
+    return Candidate(
+        demand_id,
+        (L,),
+        Resource.load(mem, 100),
+        window,
+        strategy,
+        submitted,
+        Hold(duration=timedelta(minutes=minutes)),
+        **kw,
+    )
+
+
+def entry(c: Candidate, p: Placement) -> PlanEntry:
+    return PlanEntry(c.demand_id, c.labels, c.resource, p.plan_start, p.plan_end)
+
+
+# ----- placement --------------------------------------------------------------------------------
+
+
+def test_placed_at_the_window_start_with_the_lead_time():
+    p = place(cand("a", 3, Span(m(10), m(20))), [], CAP, SET)
+    assert p == Placement(m(10), m(9), m(40), timedelta())
+
+
+def test_overlap_beyond_capacity_is_refused_with_the_shortfall():
+    a = cand("a", 3, Span(m(0), m(10)))
+    pa = place(a, [], CAP, SET)
+    assert isinstance(pa, Placement)
+    b = cand("b", 3, Span(m(5), m(15)))
+    refusal = place(b, [entry(a, pa)], CAP, SET)
+    assert isinstance(refusal, PlanRefusal)
+    assert "no room" in refusal.reason and L in refusal.reason
+    (s,) = refusal.shortfalls
+    assert (s.label, s.dimension, s.requested, s.available) == (L, "memory_bytes", 3, 1)
+    # One that fits beside it is accepted.
+    assert isinstance(place(cand("c", 1, Span(m(5), m(15))), [entry(a, pa)], CAP, SET), Placement)
+
+
+def test_a_loose_demand_slips_behind_the_overlap_within_the_bound():
+    a = cand("a", 3, Span(m(0), m(10)), minutes=20)
+    pa = place(a, [], CAP, SET)
+    assert isinstance(pa, Placement) and pa.plan_end == m(20)
+    b = cand("b", 3, Span(m(5), m(10)), strategy=Strategy.LOOSE)
+    pb = place(b, [entry(a, pa)], CAP, SET)
+    assert isinstance(pb, Placement)
+    assert pb.start == m(21)  # a's end plus the lead time
+    assert pb.slipped == timedelta(minutes=11)
+    far = cand("c", 3, Span(m(5), m(10)), strategy=Strategy.LOOSE, minutes=60)
+    blocker = PlanEntry("x", (L,), Resource.load(3, 1), m(0), m(40))
+    assert isinstance(place(far, [blocker], CAP, SET), PlanRefusal)  # 10 + 15 < 41
+
+
+def test_a_demand_bigger_than_the_label_is_refused_and_unlimited_labels_are_not_planned():
+    assert isinstance(place(cand("a", 5, Span(m(0), None)), [], CAP, SET), PlanRefusal)
+    assert isinstance(place(cand("a", 5, Span(m(0), None)), [], {}, SET), Placement)
+
+
+def test_window_in_the_past_and_strict_deadline():
+    assert "closed" in place(cand("a", 1, Span(m(-20), m(-10))), [], CAP, SET).reason  # type: ignore[union-attr]
+    c = replace(
+        cand("a", 3, Span(m(0), m(60))),
+        hold=Hold(timedelta(minutes=30), deadline=m(45), deadline_strict=True),
+    )
+    blocker = PlanEntry("x", (L,), Resource.load(3, 1), m(0), m(20))
+    assert isinstance(place(c, [blocker], CAP, SET), PlanRefusal)  # 20+1+30 > 45
+    loose_deadline = replace(c, hold=Hold(timedelta(minutes=30), deadline=m(45)))
+    assert isinstance(place(loose_deadline, [blocker], CAP, SET), Placement)
+
+
+def test_order_by_starts_after_the_planned_end_of_its_predecessor():
+    p = place(cand("b", 1, Span(m(0), None), not_before=m(30)), [], CAP, SET)
+    assert isinstance(p, Placement) and p.start == m(30)
+
+
+def test_rounds_windows_are_planned_for_n_plus_one_rounds():
+    p = place(cand("a", 4, Chances(m(0), 2)), [], CAP, SET)
+    assert isinstance(p, Placement) and p.start == m(0)
+    blocker = PlanEntry("x", (L,), Resource.load(1, 1), m(0), m(0.4))
+    assert isinstance(place(cand("a", 4, Chances(m(0), 2)), [blocker], CAP, SET), PlanRefusal)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 120),  # window start (minutes)
+            st.integers(0, 60),  # window length
+            st.integers(1, 90),  # duration
+            st.integers(1, 4),  # memory
+            st.booleans(),  # loose
+        ),
+        min_size=1,
+        max_size=25,
+    )
+)
+def test_accepted_placements_never_overcommit(specs):
+    entries: list[PlanEntry] = []
+    for i, (start, length, minutes, mem, loose) in enumerate(specs):
+        c = cand(
+            f"d{i}",
+            mem,
+            Span(m(start), m(start + length)),
+            strategy=Strategy.LOOSE if loose else Strategy.STRICT,
+            minutes=minutes,
+        )
+        p = place(c, entries, CAP, SET)
+        if isinstance(p, Placement):
+            assert c.window.lo <= p.start  # type: ignore[attr-defined]
+            assert p.start <= m(start + length) + (SET.loose_slip if loose else timedelta())
+            entries.append(entry(c, p))
+    for probe in {e.start for e in entries}:
+        used = sum(
+            e.resource.get("memory_bytes")
+            for e in entries
+            if e.start <= probe and (e.end is None or probe < e.end)
+        )
+        assert used <= 4
+
+
+# ----- decisions --------------------------------------------------------------------------------
+
+
+def view(window, state=S.ACCEPTED, planned=None, **kw) -> DemandView:
+    start = planned if planned is not None else (window.lo or T)
+    return DemandView(state, window, kw.pop("strategy", Strategy.STRICT), T, start, **kw)
+
+
+def test_window_honoured_reserve_at_lead_then_allocate_inside():
+    d = view(Span(m(10), m(20)))
+    assert decide(d, m(5), SET) == decide(d, m(5), SET)  # deterministic
+    wait = decide(d, m(5), SET)
+    assert wait.action is Action.WAIT and wait.next_check == m(9)
+    assert decide(d, m(9), SET).action is Action.RESERVE
+    allocating = replace(d, state=S.ALLOCATING)
+    assert decide(allocating, m(9.5), SET).action is Action.WAIT  # lead time: not yet
+    assert decide(allocating, m(10), SET).action is Action.ALLOCATE
+    assert decide(allocating, m(20), SET).action is Action.ALLOCATE
+
+
+def test_strict_fails_when_the_window_closes():
+    d = view(Span(m(10), m(20)), state=S.ALLOCATING, rounds=7)
+    fail = decide(d, m(20) + timedelta(microseconds=1), SET)
+    assert fail.action is Action.FAIL and "strict start window closed" in fail.reason
+    assert "7 rounds" in fail.reason
+
+
+def test_loose_slips_within_the_bound_then_fails():
+    d = view(Span(m(10), m(20)), state=S.ALLOCATING, strategy=Strategy.LOOSE)
+    close = decide(d, m(25), SET)
+    assert close.action is Action.CLOSE and close.closed_at == m(20)
+    d = replace(d, closed_at=close.closed_at)
+    assert decide(d, m(25), SET).action is Action.ALLOCATE
+    assert decide(d, m(35), SET).action is Action.ALLOCATE
+    fail = decide(d, m(35) + timedelta(seconds=1), SET)
+    assert fail.action is Action.FAIL and "slip bound" in fail.reason
+
+
+def test_rounds_are_counted_chances():
+    d = view(Chances(m(0), 3), state=S.ALLOCATING)
+    assert decide(replace(d, rounds=3), m(50), SET).action is Action.ALLOCATE
+    assert decide(replace(d, rounds=4), m(50), SET).action is Action.FAIL
+
+
+def test_order_by_waits_then_goes_or_fails():
+    order = AllOf((DemandRef("a"), AnyOf((DemandRef("b"), DemandRef("c")))))
+    d = view(Span(m(0), None), order=order)
+    assert decide(d, m(1), SET, {}).action is Action.WAIT
+    assert decide(d, m(1), SET, {"a": True, "b": None}).action is Action.WAIT
+    assert decide(d, m(1), SET, {"a": True, "c": True}).action is Action.RESERVE
+    fail = decide(d, m(1), SET, {"a": False})
+    assert fail.action is Action.FAIL and "a FAILED" in fail.reason
+
+
+def test_claim_timeout_and_monitoring():
+    d = view(
+        Span(m(0), None),
+        state=S.ALLOCATED,
+        allocated_at=m(0),
+        claim_expires_at=m(5),
+        hold=Hold(timedelta(minutes=20), deadline=m(30)),
+    )
+    live = TicketStatus(True)
+    assert decide(d, m(1), SET, ticket=live).next_check == m(1) + SET.round_length
+    assert decide(d, m(5), SET, ticket=live).action is Action.EXPIRE_CLAIM
+    gone = TicketStatus(False, "RELEASED", "released")
+    assert decide(d, m(1), SET, ticket=gone).action is Action.FAIL
+    mon = replace(d, state=S.MONITORING)
+    assert decide(mon, m(10), SET, ticket=live).action is Action.WAIT
+    assert decide(mon, m(10), SET, ticket=gone).action is Action.FINISH
+    expired = TicketStatus(False, "EXPIRED", "lock timeout")
+    assert decide(mon, m(10), SET, ticket=expired).action is Action.FAIL
+    over = decide(mon, m(21), SET, ticket=live)
+    assert (over.action, over.overrun, over.enforce) == (Action.OVERRUN, "duration", False)
+    noted = replace(mon, overruns=frozenset({"duration"}), duration_strict=True)
+    late = decide(noted, m(31), SET, ticket=live)
+    assert (late.action, late.overrun) == (Action.OVERRUN, "deadline")
+    strict = replace(mon, duration_strict=True)
+    assert decide(strict, m(21), SET, ticket=live).enforce
+
+
+def test_occupation_follows_slips_and_overruns():
+    d = view(Span(m(0), None), hold=Hold(timedelta(minutes=20)))
+    assert occupation(d, m(-5), SET) == (m(-1), m(20))
+    assert occupation(d, m(5), SET) == (m(4), m(25))  # slipped: planned from now
+    running = replace(d, state=S.MONITORING, allocated_at=m(5))
+    assert occupation(running, m(10), SET) == (m(5), m(25))
+    assert occupation(running, m(40), SET) == (m(5), m(40) + SET.round_length)
+
+
+@given(
+    st.integers(0, 30),
+    st.integers(0, 30),
+    st.integers(-10, 80),
+    st.integers(0, 5),
+    st.booleans(),
+)
+def test_never_allocates_outside_the_window_or_the_slip(start, length, probe, rounds, loose):
+    window = Span(m(start), m(start + length))
+    strategy = Strategy.LOOSE if loose else Strategy.STRICT
+    d = view(window, state=S.ALLOCATING, strategy=strategy, rounds=rounds)
+    now = m(probe)
+    first = decide(d, now, SET)
+    if first.action is Action.CLOSE:
+        d = replace(d, closed_at=first.closed_at)
+    decision = decide(d, now, SET)
+    if decision.action is Action.ALLOCATE:
+        assert now >= d.planned_start
+        if loose:
+            assert now <= m(start + length) + SET.loose_slip
+        else:
+            assert holds(window, now, rounds)
