@@ -50,8 +50,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	@touch $@
 
-run: $(STAMP) ## run labelrm: rm-server on the embedded database in ./labelrm-data, 127.0.0.1:7100, foreground
-	exec $(BIN)/rm-server --data-dir $(DATA_DIR) --listen $(LISTEN)
+run: $(STAMP) ## run labelrm: rm-server --dev (embedded database in ./labelrm-data + one local agent), 127.0.0.1:7100, foreground
+	exec $(BIN)/rm-server --dev --data-dir $(DATA_DIR) --listen $(LISTEN)
 
 test: $(STAMP) ## run the whole test suite (PYTEST_ARGS=..., honours LABELRM_TEST_DATABASE_URL)
 	@echo "test database: $(or $(LABELRM_TEST_DATABASE_URL),embedded PostgreSQL)"

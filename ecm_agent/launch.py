@@ -105,6 +105,15 @@ class PreparedWorkDir(NamedTuple):
 # ----- pure parts ------------------------------------------------------------------------
 
 
+def launch_argv(user: str, uid: int, script: Path, agent_uid: int | None = None) -> list[str]:
+    """The command that runs the launch script as `user`: through sudo, except for an
+    unprivileged agent launching as itself (dev mode), which needs no sudo rule."""
+    me = os.geteuid() if agent_uid is None else agent_uid
+    if me != 0 and uid == me:
+        return [BASH, str(script)]
+    return ["sudo", "-n", "-u", user, "-H", "--", BASH, str(script)]
+
+
 def work_dir_for(policy: AgentPolicy, spec: LaunchSpec, today: dt.date) -> Path:
     """``<work_root>/<user>/<yyyymmdd>/<engine>/<ec_id>`` (no I/O, no validation)."""
     return policy.work_root / spec.user / today.strftime("%Y%m%d") / spec.engine / spec.ec_id
@@ -445,14 +454,7 @@ class Launcher:
         work_dir = prepared.path
         try:
             child = await asyncio.create_subprocess_exec(
-                "sudo",
-                "-n",
-                "-u",
-                spec.user,
-                "-H",
-                "--",
-                BASH,
-                str(work_dir / LAUNCH_SCRIPT),
+                *launch_argv(spec.user, validated.uid, work_dir / LAUNCH_SCRIPT),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=prepared.launcher_log_fd,
                 stderr=prepared.launcher_log_fd,

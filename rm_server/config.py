@@ -42,6 +42,12 @@ class Settings:
     agent_heartbeat_interval: float = 3.0
     ec_heartbeat_interval: float = 3.0
     kill_grace: float = 5.0
+    # Time-aware demands (docs/demands.md)
+    demand_interval: float = 1.0  # seconds between planner rounds of one demand
+    demand_lead_time: float = 60.0  # reserve capacity this long before a planned start
+    demand_claim_timeout: float = 300.0  # an ALLOCATED demand not claimed: released, FAILED
+    demand_loose_slip: float = 900.0  # how far a loose demand may slip past its window
+    demand_default_duration: float = 3600.0  # planned hold without Duration or DeadLine
 
 
 Source = Literal["default", "file", "env", "flag"]
@@ -66,6 +72,7 @@ class LoadedConfig:
     sources: dict[str, Source] = field(default_factory=dict)
     config_file: str = ""
     print_config: bool = False
+    dev: bool = False
 
     def describe(self) -> str:
         """The effective configuration as TOML, each value annotated with its source."""
@@ -105,6 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--print-config",
         action="store_true",
         help="print the effective configuration with the source of each value, and exit",
+    )
+    parser.add_argument(
+        "--dev",
+        action="store_true",
+        help="also start one local agent (dev mode: embedded database, loopback only)",
     )
     for f in fields(Settings):
         parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None)
@@ -150,7 +162,9 @@ def load_config(
             put(f.name, flag, "flag", "--" + f.name.replace("_", "-"))
     if values.get("log_format", "text") not in LOG_FORMATS:
         parser.error(f"log_format must be one of {', '.join(LOG_FORMATS)}")
-    return LoadedConfig(Settings(**values), sources, config_file, bool(args.print_config))
+    return LoadedConfig(
+        Settings(**values), sources, config_file, bool(args.print_config), bool(args.dev)
+    )
 
 
 def load_settings(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> Settings:

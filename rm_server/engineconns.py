@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -46,6 +47,8 @@ from rm_server.store import engineconns as ec_store
 from rm_server.store import tickets as ticket_store
 from rm_server.store.db import Conn, Idempotency, Replay
 from rm_server.store.notify import agent_key, ec_key
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 
 from rm_server.config import load_config
+from rm_server.dev import run_dev
 from rm_server.observability.logging import setup_logging
 from rm_server.server import RMServer
 
@@ -18,7 +19,10 @@ def main(argv: list[str] | None = None) -> int:
     settings = config.settings
     setup_logging(settings.log_level, settings.log_format)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(RMServer(settings).run_until_signalled())
+        if config.dev:
+            asyncio.run(run_dev(settings))
+        else:
+            asyncio.run(RMServer(settings).run_until_signalled())
     return 0
 
 

@@ -16,6 +16,8 @@ from grpc_reflection.v1alpha import reflection
 from labelrm.v1 import (
     admin_pb2,
     admin_pb2_grpc,
+    demand_pb2,
+    demand_pb2_grpc,
     engine_conn_pb2,
     engine_conn_pb2_grpc,
     resource_manager_pb2,
@@ -26,12 +28,15 @@ from rm_server.agents import AgentHub
 from rm_server.clock import Clock, IdFactory, SystemClock, random_ids
 from rm_server.config import Settings
 from rm_server.core import CoreSettings, RMCore
+from rm_server.demands import DemandManager, DemandSettings
+from rm_server.domain.demands.planner import PlannerSettings
 from rm_server.domain.labels import parse_rules
 from rm_server.embedded import EmbeddedPostgres
 from rm_server.engineconns import EcSettings, EngineConnManager
 from rm_server.observability.logging import RequestContextInterceptor
 from rm_server.observability.metrics import Metrics, MetricsHttpServer
 from rm_server.service.admin import AdminServicer
+from rm_server.service.demand import DemandServicer
 from rm_server.service.engine_conn import EngineConnServicer
 from rm_server.service.errors import ErrorInterceptor
 from rm_server.service.resource_manager import ResourceManagerServicer
@@ -43,6 +48,7 @@ SERVICE_NAMES = (
     resource_manager_pb2.DESCRIPTOR.services_by_name["ResourceManagerService"].full_name,
     admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
     engine_conn_pb2.DESCRIPTOR.services_by_name["EngineConnService"].full_name,
+    demand_pb2.DESCRIPTOR.services_by_name["DemandService"].full_name,
 )
 
 
@@ -57,6 +63,7 @@ class RMServer:
     core: RMCore | None = None
     engine_conns: EngineConnManager | None = None
     hub: AgentHub | None = None
+    demands: DemandManager | None = None
     _liveness: asyncio.Task[None] | None = None
     _server: grpc.aio.Server | None = None
     _health: health.aio.HealthServicer | None = None
@@ -112,6 +119,13 @@ class RMServer:
         engine_conn_pb2_grpc.add_EngineConnServiceServicer_to_server(
             EngineConnServicer(self.engine_conns, self.hub), self._server
         )
+        self.demands = DemandManager(
+            self._db, self._notifier, self.clock, self.core, self._demand_settings()
+        )
+        self.demands.start_background()
+        demand_pb2_grpc.add_DemandServiceServicer_to_server(
+            DemandServicer(self.demands), self._server
+        )
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(
@@ -145,6 +159,17 @@ class RMServer:
             kill_grace=st.kill_grace,
         )
 
+    def _demand_settings(self) -> DemandSettings:
+        st = self.settings
+        planner = PlannerSettings(
+            round_length=timedelta(seconds=st.demand_interval),
+            lead_time=timedelta(seconds=st.demand_lead_time),
+            claim_timeout=timedelta(seconds=st.demand_claim_timeout),
+            loose_slip=timedelta(seconds=st.demand_loose_slip),
+            default_duration=timedelta(seconds=st.demand_default_duration),
+        )
+        return DemandSettings(planner=planner, interval=st.demand_interval)
+
     async def _liveness_forever(self) -> None:
         """ECM and EngineConn liveness; on every replica (row locks make it safe)."""
         assert self.hub is not None
@@ -169,6 +194,8 @@ class RMServer:
             self._liveness.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._liveness
+        if self.demands is not None:
+            await self.demands.stop_background()
         if self.core is not None:
             await self.core.stop_background()
         if self._notifier is not None:
@@ -180,10 +207,14 @@ class RMServer:
 
     async def run_until_signalled(self) -> None:
         await self.start()
+        await self.wait_for_signal()
+        await self.stop()
+
+    async def wait_for_signal(self) -> None:
+        """Return on SIGTERM or SIGINT (then the caller drains with `stop`)."""
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         log.info("signal received: draining")
-        await self.stop()

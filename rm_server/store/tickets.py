@@ -43,6 +43,9 @@ class LabelRow:
     locked: Resource
     live_tickets: int
     queued: bool  # an earlier waiter is queued on this label
+    # Held for ALLOCATING time-aware demands (migration 0003, rm_server/store/demands.py):
+    # counted as in use by check_rows. None when nothing is reserved.
+    reserved: Resource | None = None
 
 
 class NeedLimitRows(Exception):
@@ -82,14 +85,24 @@ async def lock_labels(
         "SELECT r.label, r.source, r.max_resource, r.protected, r.used, r.locked,"
         " r.live_tickets,"
         " EXISTS (SELECT 1 FROM apply_waiter w WHERE w.label = r.label AND w.seq < %s"
-        "         AND w.expires_at > %s)"
+        "         AND w.expires_at > %s),"
+        " r.reserved"  # demands' reserved capacity (migration 0003)
         " FROM label_resource r WHERE r.label = ANY(%s) ORDER BY r.label FOR UPDATE OF r",
         (waiter_seq, now, list(labels)),
     )
     rows = {}
-    for label, source, maximum, protected, used, locked, live, queued in await cur.fetchall():
+    for row in await cur.fetchall():
+        label, source, maximum, protected, used, locked, live, queued, reserved = row
         rows[label] = LabelRow(
-            label, source, opt_res(maximum), res(protected), res(used), res(locked), live, queued
+            label,
+            source,
+            opt_res(maximum),
+            res(protected),
+            res(used),
+            res(locked),
+            live,
+            queued,
+            opt_res(reserved),
         )
     return rows
 
@@ -146,10 +159,12 @@ def check_rows(rows: Sequence[LabelRow], resource: Resource) -> Refusal | None:
         if row.max_resource is None:
             continue
         try:
+            # Capacity reserved for demands in their window is not handed to others: it
+            # counts like protected capacity. A demand's own allocation hands its
+            # reservation over first, in the same transaction (store/demands.py).
+            held = row.protected if row.reserved is None else row.protected + row.reserved
             shortfalls.extend(
-                label_shortfalls(
-                    row.label, row.max_resource, row.used, row.locked, row.protected, resource
-                )
+                label_shortfalls(row.label, row.max_resource, row.used, row.locked, held, resource)
             )
         except ResourceError as exc:
             raise InvalidArgument("resource", f"does not match label {row.label}: {exc}") from exc

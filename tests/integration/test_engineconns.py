@@ -167,7 +167,25 @@ async def test_ask_reuses_an_idle_engineconn_but_not_a_held_one(cluster_rm, agen
     assert reused.reused and reused.engine_conn.engine_conn_id == first.engine_conn_id
     again = await ecs(rm).AskEngineConn(ask)
     assert not again.reused and again.engine_conn.engine_conn_id != first.engine_conn_id
+    # A BUSY one is not handed out either: keep the second one busy, its hold expired.
+    busy = again.engine_conn
+    running = asyncio.ensure_future(execute(busy.address, "sleep 5; echo done"))
+    await wait_until(lambda: _is_busy(rm, busy.engine_conn_id), timeout=10)
+    third = await ecs(rm).AskEngineConn(
+        ec_pb.AskEngineConnRequest(
+            user="lrmtest_a",
+            labels=lbl(SHELL_A),
+            timeout=Duration(seconds=30),
+            hold=Duration(nanos=1),
+        )
+    )
+    assert third.engine_conn.engine_conn_id not in (first.engine_conn_id, busy.engine_conn_id)
+    assert (await running)[0].strip() == "done"
     await assert_consistent(rm)
+
+
+async def _is_busy(rm, ec_id) -> bool:
+    return (await get_ec(rm, ec_id)).state == ec_pb.ENGINE_CONN_STATE_BUSY
 
 
 async def test_launch_exiting_3_fails_with_exit_code_and_stderr(
@@ -225,7 +243,7 @@ async def test_agent_kill_9_lost_then_fenced(cluster_rm, agent_factory):
     agent = await start_agent(rm, agent_factory)
     kept = await create(rm)
     agent.kill()
-    # Quick restart (before the 3 s expiry): the EngineConn is re-attached and kept.
+    # Quick restart (before the 4 s expiry): the EngineConn is re-attached and kept.
     agent.start()
     await wait_until(lambda: agent_registered(rm, "agent1"), timeout=30)
     await asyncio.sleep(0)  # let a heartbeat carry the re-attached report

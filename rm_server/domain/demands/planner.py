@@ -229,6 +229,7 @@ class Action(enum.StrEnum):
     EXPIRE_CLAIM = "EXPIRE_CLAIM"  # release the ticket, then FAIL
     FINISH = "FINISH"
     OVERRUN = "OVERRUN"  # record a Duration/DeadLine overrun; release it too if enforced
+    REPLAN = "REPLAN"  # OrderBy satisfied before its planned start: try to place it earlier
 
 
 @dataclass(frozen=True)
@@ -368,6 +369,8 @@ def _before_allocation(
         reserve_at = d.planned_start - settings.lead_time
         if now >= reserve_at:
             return Decision(Action.RESERVE, "lead time before its planned start")
+        if d.order is not None:  # placed after its predecessors' *planned* ends; they are done
+            return Decision(Action.REPLAN, "OrderBy satisfied", next_check=max(soon, reserve_at))
         return Decision(Action.WAIT, next_check=max(soon, reserve_at))
     if (open_now or slipping) and now >= d.planned_start:
         return Decision(Action.ALLOCATE, "slipping (loose)" if slipping else "window open")

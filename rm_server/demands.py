@@ -1,0 +1,472 @@
+"""Time-aware demands: the use cases behind DemandService and the background planner.
+
+No gRPC here. Submission admits a demand against the capacity plan in one transaction;
+the planner runs one round per demand per ``round_length``, each round one transaction
+that claims the demand row with ``FOR UPDATE SKIP LOCKED`` (so any number of replicas can
+run it), asks the pure planner what to do, and does it. Allocation hands the demand's
+reserved capacity over to a ticket through the store's Apply path (``tickets.apply``:
+label locks in canonical order, every label checked, all or nothing) in the same
+transaction as the demand's own transition, so a crash never leaves a ticket without its
+demand or a demand without its ticket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+
+from rm_server.clock import Clock
+from rm_server.core import RMCore
+from rm_server.domain.demands import codec
+from rm_server.domain.demands import planner as plan
+from rm_server.domain.demands.model import (
+    Demand,
+    DemandSpec,
+    candidate,
+    not_before,
+)
+from rm_server.domain.demands.state import DemandState
+from rm_server.domain.demands.timelang import order_ids, order_value
+from rm_server.domain.model import Ticket
+from rm_server.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    LabelrmError,
+    NotFound,
+    ResourceExhausted,
+)
+from rm_server.store import demands as store
+from rm_server.store import tickets as ticket_store
+from rm_server.store.db import Conn, Database, Idempotency, OutcomeEncoder, Replay
+from rm_server.store.notify import LabelNotifier
+
+log = logging.getLogger(__name__)
+
+S = DemandState
+MAX_STEPS = 6  # decisions per demand per round (e.g. RESERVE, then ALLOCATE)
+
+
+@dataclass(frozen=True)
+class DemandSettings:
+    planner: plan.PlannerSettings = field(default_factory=plan.PlannerSettings)
+    interval: float = 1.0  # seconds between background passes (real time)
+    batch: int = 500  # demands per pass at most
+
+
+@dataclass(frozen=True)
+class Claimed:
+    demand: Demand
+    ticket: Ticket
+
+
+@dataclass
+class DemandManager:
+    db: Database
+    notifier: LabelNotifier
+    clock: Clock
+    core: RMCore
+    settings: DemandSettings = field(default_factory=DemandSettings)
+    _task: asyncio.Task[None] | None = None
+
+    # ----- submission --------------------------------------------------------------------------
+
+    async def submit(self, spec: DemandSpec) -> tuple[Demand, bool]:
+        """Admit ``spec`` (True) or return the existing demand of the same definition (False).
+
+        Refusals: InvalidArgument (DemandID mismatch, OrderBy cycle, id reused with another
+        definition), FailedPrecondition (window closed, OrderBy on a FAILED demand),
+        ResourceExhausted (no room in the plan, with the shortfalls).
+        """
+        c = spec.conditions
+        if c.demand_id is not None and c.demand_id != spec.demand_id:
+            raise InvalidArgument(
+                "time_conditions",
+                f"DemandID {c.demand_id} does not match demand_id {spec.demand_id}",
+            )
+        spec = replace(spec, conditions=replace(c, demand_id=None))
+        charged = self.core.charged_keys(spec.labels)
+        digest = codec.definition_hash(
+            spec.user,
+            [[lb.key, lb.value] for lb in spec.labels],
+            spec.resource.to_dict(),
+            codec.to_json(spec.conditions),
+        )
+        now = self.clock.now()
+
+        async def body(conn: Conn) -> tuple[Demand, bool]:
+            existing = await store.get(conn, spec.demand_id)
+            if existing is not None:
+                return _same(existing, digest), False
+            demand = await self._admit(conn, spec, charged, digest, now)
+            if not await store.insert(conn, demand):
+                existing = await store.get(conn, spec.demand_id)
+                assert existing is not None
+                return _same(existing, digest), False
+            demand = await store.move(
+                conn,
+                demand,
+                S.ACCEPTED,
+                _admitted(demand),
+                now,
+                next_check_at=now,  # its first round decides when to look again
+            )
+            return demand, True
+
+        return await self.db.run(body)
+
+    async def _admit(
+        self, conn: Conn, spec: DemandSpec, charged: tuple[str, ...], digest: bytes, now: datetime
+    ) -> Demand:
+        order = spec.conditions.order_by
+        ends: dict[str, datetime | None] = {}
+        if order is not None:
+            await store.lock_order_graph(conn)
+            await self._refuse_cycles(conn, spec.demand_id, order_ids(order))
+            finished = await store.finished_map(conn, order_ids(order))
+            if order_value(order, finished) is False:
+                failed = ", ".join(i for i, v in finished.items() if v is False)
+                raise FailedPrecondition(
+                    f"OrderBy can never be satisfied: {failed} FAILED",
+                    state="FAILED",
+                    reason="ORDER_BY_FAILED",
+                )
+            ends = await store.planned_ends(conn, order_ids(order))
+        await store.lock_plan(conn, charged)
+        cand = candidate(spec, charged, now, not_before(order, ends))
+        entries = await store.plan_entries(conn, charged, now)
+        try:
+            placed = plan.place(cand, entries, await store.capacities(conn, charged), self.planner)
+        except plan.PlanError as exc:
+            raise InvalidArgument("resource", str(exc)) from exc
+        if isinstance(placed, plan.PlanRefusal):
+            if not placed.shortfalls:
+                raise FailedPrecondition(
+                    f"demand refused: {placed.reason}", state="NEW", reason="WINDOW_CLOSED"
+                )
+            raise ResourceExhausted(
+                f"demand refused: {placed.reason}", placed.shortfalls, reason="DEMAND_NOT_ADMITTED"
+            )
+        return Demand(
+            demand_id=spec.demand_id,
+            state=S.NEW,
+            reason="submitted",
+            user=spec.user,
+            labels=spec.labels,
+            charged_labels=charged,
+            resource=spec.resource,
+            conditions=spec.conditions,
+            submitted_at=now,
+            planned_start=placed.start,
+            plan_start=placed.plan_start,
+            plan_end=placed.plan_end,
+            slip=placed.slipped,
+            rounds=0,
+            closed_at=None,
+            reserved_labels=(),
+            ticket_id=None,
+            allocated_at=None,
+            claim_expires_at=None,
+            claimed_at=None,
+            ended_at=None,
+            overruns=(),
+            next_check_at=None,
+            updated_at=now,
+            definition_hash=digest,
+        )
+
+    async def _refuse_cycles(self, conn: Conn, demand_id: str, first: tuple[str, ...]) -> None:
+        """Follow OrderBy edges from the named demands; reaching this one is a cycle."""
+        parent: dict[str, str] = {i: demand_id for i in first}
+        frontier = list(first)
+        while frontier:
+            if demand_id in parent and demand_id in frontier:
+                break
+            edges = await store.order_edges(conn, frontier)
+            frontier = []
+            for source, targets in edges.items():
+                for target in targets:
+                    if target not in parent:
+                        parent[target] = source
+                        frontier.append(target)
+        if demand_id not in parent:
+            return
+        path = [demand_id]
+        node = parent[demand_id]
+        while node != demand_id and len(path) < 64:
+            path.append(node)
+            node = parent[node]
+        path.append(demand_id)
+        raise InvalidArgument(
+            "time_conditions",
+            "OrderBy makes a cycle: " + " -> ".join(reversed(path)),
+            reason="ORDER_BY_CYCLE",
+        )
+
+    @property
+    def planner(self) -> plan.PlannerSettings:
+        return self.settings.planner
+
+    # ----- queries -----------------------------------------------------------------------------
+
+    async def get(self, demand_id: str) -> Demand:
+        d = await self.db.run(lambda c: store.get(c, demand_id, with_events=True))
+        if d is None:
+            raise NotFound(f"demand {demand_id} not found")
+        return d
+
+    async def list_demands(self, after: str, limit: int, state: str, user: str) -> list[Demand]:
+        return await self.db.run(lambda c: store.list_demands(c, after, limit, state, user))
+
+    # ----- cancel and claim --------------------------------------------------------------------
+
+    async def cancel(
+        self, idem: Idempotency, demand_id: str, reason: str, encoder: OutcomeEncoder[Demand]
+    ) -> Demand | Replay:
+        now = self.clock.now()
+
+        async def body(conn: Conn) -> Demand:
+            d = await _locked(conn, demand_id)
+            if d.state is S.FAILED:
+                return d  # cancelling twice is not an error
+            if d.state is S.FINISHED:
+                raise FailedPrecondition(
+                    f"demand {demand_id} already FINISHED", state="FINISHED", reason="DEMAND_ENDED"
+                )
+            return await self._fail(conn, d, "cancelled" + (f": {reason}" if reason else ""), now)
+
+        return await self.db.run_idempotent(idem, now, body, encoder)
+
+    async def claim(
+        self, idem: Idempotency, demand_id: str, encoder: OutcomeEncoder[Claimed]
+    ) -> Claimed | Replay:
+        now = self.clock.now()
+
+        async def body(conn: Conn) -> Claimed:
+            d = await _locked(conn, demand_id)
+            if d.state is S.ALLOCATED and d.claim_expires_at and now >= d.claim_expires_at:
+                raise FailedPrecondition(
+                    f"demand {demand_id} was not claimed within the claim timeout",
+                    state=d.state.value,
+                    reason="CLAIM_EXPIRED",
+                )
+            if d.state is S.ALLOCATED:
+                d = await store.move(conn, d, S.MONITORING, "claimed", now, claimed_at=now)
+            elif d.state is not S.MONITORING:  # MONITORING: claimed before, same answer
+                raise FailedPrecondition(
+                    f"demand {demand_id} is {d.state.value}: only an ALLOCATED demand is claimed",
+                    state=d.state.value,
+                    reason="DEMAND_NOT_ALLOCATED",
+                )
+            assert d.ticket_id is not None
+            return Claimed(d, await ticket_store.get_ticket(conn, d.ticket_id))
+
+        return await self.db.run_idempotent(idem, now, body, encoder)
+
+    # ----- the planner -------------------------------------------------------------------------
+
+    def start_background(self) -> None:
+        self._task = asyncio.create_task(self._run_forever(), name="demand-planner")
+
+    async def stop_background(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run_forever(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("demand planner pass failed")
+            await asyncio.sleep(self.settings.interval)
+
+    async def tick(self) -> int:
+        """One pass: a round for every due demand (at most ``batch``); returns how many."""
+        now = self.clock.now()
+        done = 0
+        while done < self.settings.batch:
+            if not await self.db.run(lambda c: self._round(c, now)):
+                break
+            done += 1
+        return done
+
+    async def _round(self, conn: Conn, now: datetime) -> bool:
+        d = await store.claim_due(conn, now)
+        if d is None:
+            return False
+        before = d
+        try:
+            async with conn.transaction():  # a savepoint: an error undoes the half-done round
+                d = await self._decide_and_act(conn, d, now)
+        except LabelrmError as err:  # e.g. its resource no longer matches a label
+            log.warning("demand %s failed: %s", before.demand_id, err.message)
+            d = await self._fail(conn, before, f"planner: {err.message}", now)
+        if d.state.active:
+            start, end = plan.occupation(d.view(), now, self.planner)
+            if (start, end) != (d.plan_start, d.plan_end):
+                await store.lock_plan(conn, d.charged_labels)
+                d = await store.update(conn, d, now, plan_start=start, plan_end=end)
+        return True
+
+    async def _decide_and_act(self, conn: Conn, d: Demand, now: datetime) -> Demand:
+        for _ in range(MAX_STEPS):
+            finished = await store.finished_map(conn, order_ids(d.conditions.order_by))
+            ticket = await store.ticket_status(conn, d.ticket_id) if d.ticket_id else None
+            decision = plan.decide(d.view(), now, self.planner, finished, ticket)
+            d, again = await self._act(conn, d, decision, now)
+            if not again:
+                return d
+        return await store.update(conn, d, now, next_check_at=now + self.planner.round_length)
+
+    async def _act(
+        self, conn: Conn, d: Demand, decision: plan.Decision, now: datetime
+    ) -> tuple[Demand, bool]:
+        """Carry out one decision; True when the planner should be asked again."""
+        A = plan.Action
+        soon = now + self.planner.round_length
+        match decision.action:
+            case A.WAIT:
+                return await store.update(conn, d, now, next_check_at=decision.next_check), False
+            case A.RESERVE:
+                labels = await store.reserve(conn, d, now)
+                reason = f"reserving on {', '.join(labels) or 'no limited label'}"
+                reason += f" ({decision.reason})"
+                d = await store.move(conn, d, S.ALLOCATING, reason, now, reserved_labels=labels)
+                return d, True
+            case A.ALLOCATE:
+                return await self._allocate(conn, d, decision, now), False
+            case A.REPLAN:
+                moved = await self._replan(conn, d, now)
+                if moved is None:
+                    return await store.update(
+                        conn, d, now, next_check_at=decision.next_check
+                    ), False
+                return moved, True
+            case A.CLOSE:
+                assert decision.closed_at is not None
+                await store.note(conn, d, decision.reason, now)
+                return await store.update(conn, d, now, closed_at=decision.closed_at), True
+            case A.FAIL:
+                return await self._fail(conn, d, decision.reason, now), False
+            case A.EXPIRE_CLAIM:
+                return await self._fail(conn, d, decision.reason, now), False
+            case A.FINISH:
+                d = await store.move(
+                    conn, d, S.FINISHED, decision.reason, now, ended_at=now, next_check_at=None
+                )
+                return d, False
+            case A.OVERRUN:
+                await store.note(conn, d, decision.reason, now)
+                overruns = (*d.overruns, decision.overrun)
+                d = await store.update(conn, d, now, overruns=overruns, next_check_at=soon)
+                log.warning("demand %s: %s", d.demand_id, decision.reason)
+                if decision.enforce:
+                    return await self._fail(
+                        conn, d, decision.reason + "; ticket released", now
+                    ), False
+                return d, True
+        raise AssertionError(f"unhandled {decision}")  # pragma: no cover
+
+    async def _replan(self, conn: Conn, d: Demand, now: datetime) -> Demand | None:
+        """Place ``d`` again from now; the demand if that moved it earlier, else None."""
+        await store.lock_plan(conn, d.charged_labels)
+        view = d.view()
+        cand = plan.Candidate(
+            d.demand_id, d.charged_labels, d.resource, view.window, view.strategy, now, view.hold
+        )
+        entries = await store.plan_entries(conn, d.charged_labels, now)
+        capacity = await store.capacities(conn, d.charged_labels)
+        placed = plan.place(cand, entries, capacity, self.planner)
+        if not isinstance(placed, plan.Placement) or placed.start >= d.planned_start:
+            return None
+        reason = f"re-planned: OrderBy satisfied, planned start {placed.start:%Y-%m-%dT%H:%M:%SZ}"
+        await store.note(conn, d, reason, now)
+        return await store.update(
+            conn,
+            d,
+            now,
+            planned_start=placed.start,
+            plan_start=placed.plan_start,
+            plan_end=placed.plan_end,
+        )
+
+    async def _allocate(
+        self, conn: Conn, d: Demand, decision: plan.Decision, now: datetime
+    ) -> Demand:
+        core = self.core
+        # The ticket must outlive the claim window: LOCKED tickets are reclaimed after the
+        # lock timeout, counted here from the end of the claim timeout.
+        expires = now + self.planner.claim_timeout + core.settings.lock_timeout
+        cmd = ticket_store.ApplyCommand(
+            ticket_id=core.new_id("t"),
+            user=d.user,
+            labels=d.labels,
+            keys=d.charged_labels,
+            resource=d.resource,
+            now=now,
+            lock_expires_at=expires,
+            # Rank ahead of every queued apply (their sequence numbers start at 1): this
+            # capacity was promised by the plan. apply() then deletes waiter 0: a no-op.
+            waiter_seq=0,
+        )
+        outcome = await store.allocate(conn, d, cmd)
+        if isinstance(outcome, Ticket):
+            return await store.move(
+                conn,
+                d,
+                S.ALLOCATED,
+                f"allocated ticket {outcome.ticket_id} ({decision.reason})",
+                now,
+                ticket_id=outcome.ticket_id,
+                allocated_at=now,
+                claim_expires_at=now + self.planner.claim_timeout,
+                reserved_labels=(),
+                next_check_at=now + self.planner.round_length,
+            )
+        return await store.update(
+            conn, d, now, rounds=d.rounds + 1, next_check_at=now + self.planner.round_length
+        )
+
+    async def _fail(self, conn: Conn, d: Demand, reason: str, now: datetime) -> Demand:
+        """FAILED, returning what it holds: its reservation, or its ticket."""
+        if d.state is S.ALLOCATING:
+            await store.unreserve(conn, d, now)
+        if d.ticket_id is not None:
+            await ticket_store.release(conn, d.ticket_id, now, f"demand {d.demand_id}: {reason}")
+        return await store.move(
+            conn, d, S.FAILED, reason, now, ended_at=now, next_check_at=None, reserved_labels=()
+        )
+
+    async def check_reservations(self) -> list[str]:
+        return await self.db.run(store.check_reservations, read_only=True)
+
+
+async def _locked(conn: Conn, demand_id: str) -> Demand:
+    d = await store.get(conn, demand_id, lock=True)
+    if d is None:
+        raise NotFound(f"demand {demand_id} not found")
+    return d
+
+
+def _same(existing: Demand, digest: bytes) -> Demand:
+    if existing.definition_hash != digest:
+        raise InvalidArgument(
+            "demand_id",
+            f"demand {existing.demand_id} exists with a different definition",
+            reason="DEMAND_ID_REUSED",
+        )
+    return existing
+
+
+def _admitted(d: Demand) -> str:
+    text = f"admitted: planned start {d.planned_start:%Y-%m-%dT%H:%M:%SZ}"
+    if d.slip > timedelta(0):
+        text += f", {d.slip} past its window (loose)"
+    return text

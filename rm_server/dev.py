@@ -1,0 +1,90 @@
+"""`rm-server --dev`: an RM on the embedded database plus one local agent, in the
+foreground, ready for grpcurl and rmctl. Ctrl-C stops both (EngineConns end by
+their idle timeout)."""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import logging
+import os
+import sys
+from pathlib import Path
+
+from rm_server.config import Settings
+from rm_server.server import RMServer
+
+log = logging.getLogger(__name__)
+
+SHARED_EC_PYTHON = Path("/opt/labelrm/ec-venv/bin/python")
+
+
+def dev_users() -> str:
+    """Who may run EngineConns on the dev agent: $LABELRM_DEV_USERS, else you."""
+    configured = os.environ.get("LABELRM_DEV_USERS", "")
+    if configured:
+        return configured
+    if os.geteuid() != 0:
+        return getpass.getuser()
+    return os.environ.get("SUDO_USER", "")
+
+
+def ec_python() -> str:
+    """An interpreter the EngineConn users can run: our own when they are us, else the
+    shared runtime that scripts/install_ec_runtime.sh installs."""
+    if os.geteuid() != 0 or not SHARED_EC_PYTHON.exists():
+        return sys.executable
+    return str(SHARED_EC_PYTHON)
+
+
+def agent_command(settings: Settings, port: int) -> list[str]:
+    data = Path(settings.data_dir).resolve()
+    work = data / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    work.chmod(0o755)
+    data.chmod(0o755)  # EngineConn users must reach their work directories
+    return [
+        sys.executable,
+        "-m",
+        "ecm_agent",
+        "--rm",
+        f"127.0.0.1:{port}",
+        "--agent-id",
+        "local-agent",
+        "--work-root",
+        str(work),
+        "--state-dir",
+        str(data / "agent-state"),
+        "--allowed-users",
+        dev_users(),
+        "--python",
+        ec_python(),
+        "--heartbeat-interval",
+        "1",
+    ]
+
+
+async def run_dev(settings: Settings) -> None:
+    server = RMServer(settings)
+    await server.start()
+    users = dev_users()
+    agent = None
+    if users:
+        agent = await asyncio.create_subprocess_exec(*agent_command(settings, server.port))
+        log.info("local agent started (pid %d) for users %s", agent.pid, users)
+    else:
+        log.warning("no EngineConn user: running as root, set LABELRM_DEV_USERS=user1,user2")
+    print(
+        f"labelrm dev: RM on 127.0.0.1:{server.port} (embedded database in "
+        f"{settings.data_dir}), local agent 'local-agent' for {users or 'nobody'}.\n"
+        f"  rmctl --rm 127.0.0.1:{server.port} node list\n"
+        f"  grpcurl -plaintext 127.0.0.1:{server.port} list",
+        flush=True,
+    )
+    try:
+        await server.wait_for_signal()
+    finally:
+        if agent is not None and agent.returncode is None:
+            agent.terminate()
+            await asyncio.wait_for(agent.wait(), 15)
+        await server.stop()

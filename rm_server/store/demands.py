@@ -1,0 +1,449 @@
+"""Demands in SQL: rows, transitions, the plan's inputs, reservations and allocation.
+
+Lock order, in every transaction that touches a demand: the demand row first, then the
+label rows (canonical order, through ``tickets.lock_labels``), then the ticket row. This
+extends the order of the Apply path (labels, then ticket), so the two never deadlock.
+Admission serialises on transaction-level advisory locks per label instead of label
+row locks, so planning never blocks an ordinary Apply.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from rm_server.domain.demands import codec
+from rm_server.domain.demands.model import Demand
+from rm_server.domain.demands.planner import LabelCapacity, PlanEntry, TicketStatus
+from rm_server.domain.demands.state import DemandState, Transition, step
+from rm_server.domain.demands.timelang import order_ids
+from rm_server.domain.labels import LabelKey
+from rm_server.domain.limits import best_limit
+from rm_server.domain.model import Refusal, Ticket
+from rm_server.domain.resources import Resource, ResourceError, headroom
+from rm_server.errors import InvalidArgument
+from rm_server.store import admin as admin_store
+from rm_server.store import tickets as ticket_store
+from rm_server.store.codec import jlabels, jres, labels_of, opt_res, res
+from rm_server.store.db import Conn
+from rm_server.store.notify import notify_freed
+
+ACTIVE = [s.value for s in DemandState if s.active]
+# Advisory lock namespaces (the second key of pg_advisory_xact_lock(int, int)).
+PLAN_LOCK = 0x6C72_6D03  # per label: admission and re-planning on that label
+ORDER_LOCK = 0x6C72_6D04  # OrderBy graph: cycle checks see every committed edge
+
+COLUMNS = (
+    "demand_id, state, reason, user_name, labels, charged_labels, resource, conditions,"
+    " submitted_at, planned_start, plan_start, plan_end, slip_seconds, rounds, closed_at,"
+    " reserved_labels, ticket_id, allocated_at, claim_expires_at, claimed_at, ended_at,"
+    " overruns, next_check_at, updated_at, definition_hash"
+)
+# Columns a use case may change besides the state (never the definition).
+_MUTABLE = frozenset(
+    {
+        "planned_start",
+        "plan_start",
+        "plan_end",
+        "rounds",
+        "closed_at",
+        "reserved_labels",
+        "ticket_id",
+        "allocated_at",
+        "claim_expires_at",
+        "claimed_at",
+        "ended_at",
+        "overruns",
+        "next_check_at",
+    }
+)
+
+
+def _from_row(row: Sequence[Any], events: tuple[Transition, ...] = ()) -> Demand:
+    (
+        demand_id,
+        state,
+        reason,
+        user,
+        labels,
+        charged,
+        resource,
+        conditions,
+        submitted,
+        planned,
+        plan_start,
+        plan_end,
+        slip,
+        rounds,
+        closed,
+        reserved,
+        ticket_id,
+        allocated,
+        claim_expires,
+        claimed,
+        ended,
+        overruns,
+        next_check,
+        updated,
+        digest,
+    ) = row
+    return Demand(
+        demand_id=demand_id,
+        state=DemandState(state),
+        reason=reason,
+        user=user,
+        labels=labels_of(labels),
+        charged_labels=tuple(charged),
+        resource=res(resource),
+        conditions=codec.from_json(conditions),
+        submitted_at=submitted,
+        planned_start=planned,
+        plan_start=plan_start,
+        plan_end=plan_end,
+        slip=timedelta(seconds=slip),
+        rounds=rounds,
+        closed_at=closed,
+        reserved_labels=tuple(reserved),
+        ticket_id=ticket_id,
+        allocated_at=allocated,
+        claim_expires_at=claim_expires,
+        claimed_at=claimed,
+        ended_at=ended,
+        overruns=tuple(overruns),
+        next_check_at=next_check,
+        updated_at=updated,
+        definition_hash=bytes(digest),
+        events=events,
+    )
+
+
+# ----- reading ---------------------------------------------------------------------------------
+
+
+async def events_of(conn: Conn, demand_id: str) -> tuple[Transition, ...]:
+    cur = await conn.execute(
+        "SELECT from_state, to_state, at, reason FROM demand_event WHERE demand_id = %s"
+        " ORDER BY id",
+        (demand_id,),
+    )
+    return tuple(
+        Transition(DemandState(f) if f else None, DemandState(t), at, reason)
+        for f, t, at, reason in await cur.fetchall()
+    )
+
+
+async def get(
+    conn: Conn, demand_id: str, *, lock: bool = False, with_events: bool = False
+) -> Demand | None:
+    sql = f"SELECT {COLUMNS} FROM demand WHERE demand_id = %s"  # noqa: S608 - constant columns
+    cur = await conn.execute(sql + (" FOR UPDATE" if lock else ""), (demand_id,))
+    row = await cur.fetchone()
+    if row is None:
+        return None
+    return _from_row(row, await events_of(conn, demand_id) if with_events else ())
+
+
+async def list_demands(conn: Conn, after: str, limit: int, state: str, user: str) -> list[Demand]:
+    cur = await conn.execute(
+        f"SELECT {COLUMNS} FROM demand WHERE demand_id > %s"  # noqa: S608
+        " AND (%s = '' OR state = %s) AND (%s = '' OR user_name = %s)"
+        " ORDER BY demand_id LIMIT %s",
+        (after, state, state, user, user, limit),
+    )
+    return [_from_row(r) for r in await cur.fetchall()]
+
+
+async def claim_due(conn: Conn, now: datetime) -> Demand | None:
+    """Lock one demand due for a planner round; rows other replicas hold are skipped."""
+    cur = await conn.execute(
+        f"SELECT {COLUMNS} FROM demand WHERE next_check_at <= %s"  # noqa: S608
+        " ORDER BY next_check_at LIMIT 1 FOR UPDATE SKIP LOCKED",
+        (now,),
+    )
+    row = await cur.fetchone()
+    return None if row is None else _from_row(row)
+
+
+async def finished_map(conn: Conn, ids: Sequence[str]) -> dict[str, bool | None]:
+    """For OrderBy: True when FINISHED, False when FAILED, None otherwise (or unknown)."""
+    if not ids:
+        return {}
+    cur = await conn.execute(
+        "SELECT demand_id, state FROM demand WHERE demand_id = ANY(%s)", (list(ids),)
+    )
+    out: dict[str, bool | None] = dict.fromkeys(ids)
+    for demand_id, state in await cur.fetchall():
+        out[demand_id] = {"FINISHED": True, "FAILED": False}.get(state)
+    return out
+
+
+async def planned_ends(conn: Conn, ids: Sequence[str]) -> dict[str, datetime | None]:
+    """The plan ends of the named demands that are still active."""
+    cur = await conn.execute(
+        "SELECT demand_id, plan_end FROM demand WHERE demand_id = ANY(%s) AND state = ANY(%s)",
+        (list(ids), ACTIVE),
+    )
+    return {demand_id: end for demand_id, end in await cur.fetchall()}
+
+
+async def order_edges(conn: Conn, ids: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    cur = await conn.execute(
+        "SELECT demand_id, order_by_ids FROM demand WHERE demand_id = ANY(%s)", (list(ids),)
+    )
+    return {demand_id: tuple(edges) for demand_id, edges in await cur.fetchall()}
+
+
+async def ticket_status(conn: Conn, ticket_id: str) -> TicketStatus:
+    cur = await conn.execute("SELECT 1 FROM ticket WHERE ticket_id = %s", (ticket_id,))
+    if await cur.fetchone() is not None:
+        return TicketStatus(True)
+    ended = await ticket_store.read_history(conn, ticket_id)
+    if ended is None:
+        return TicketStatus(False, "UNKNOWN", "ticket not found")
+    return TicketStatus(False, ended.state.value, ended.end_reason)
+
+
+# ----- the plan ---------------------------------------------------------------------------------
+
+
+async def lock_plan(conn: Conn, labels: Sequence[str]) -> None:
+    """Serialise planning on these labels (sorted: the canonical order, no deadlocks)."""
+    for label in sorted(set(labels)):
+        await conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (PLAN_LOCK, label))
+
+
+async def lock_order_graph(conn: Conn) -> None:
+    await conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (ORDER_LOCK,))
+
+
+async def plan_entries(conn: Conn, labels: Sequence[str], since: datetime) -> list[PlanEntry]:
+    """Active demands on any of ``labels`` whose occupation has not ended by ``since``."""
+    cur = await conn.execute(
+        "SELECT demand_id, charged_labels, resource, plan_start, plan_end FROM demand"
+        " WHERE charged_labels && %s::text[] AND state = ANY(%s)"
+        " AND (plan_end IS NULL OR plan_end > %s)",
+        (list(labels), ACTIVE, since),
+    )
+    return [
+        PlanEntry(demand_id, tuple(charged), res(resource), start, end)
+        for demand_id, charged, resource, start, end in await cur.fetchall()
+    ]
+
+
+async def capacities(conn: Conn, labels: Sequence[str]) -> dict[str, LabelCapacity]:
+    """Each label's maximum and protected part: its record, else its configured limit."""
+    cur = await conn.execute(
+        "SELECT label, max_resource, protected FROM label_resource"
+        " WHERE label = ANY(%s) AND max_resource IS NOT NULL",
+        (list(labels),),
+    )
+    out = {
+        label: LabelCapacity(label, res(maximum), res(protected))
+        for label, maximum, protected in await cur.fetchall()
+    }
+    missing = [label for label in labels if label not in out]
+    if missing:
+        names = sorted({ticket_store.key_names(m) for m in missing})
+        rules = await ticket_store.load_limit_rules(conn, names)
+        for label in missing:
+            rule = best_limit(LabelKey.parse(label), rules)
+            if rule is not None:
+                zero = Resource.zero(rule.max_resource.kind, rule.max_resource.queue)
+                out[label] = LabelCapacity(label, rule.max_resource, zero)
+    return out
+
+
+# ----- writing ----------------------------------------------------------------------------------
+
+
+async def _event(conn: Conn, demand_id: str, t: Transition) -> None:
+    await conn.execute(
+        "INSERT INTO demand_event (demand_id, from_state, to_state, at, reason)"
+        " VALUES (%s, %s, %s, %s, %s)",
+        (demand_id, t.from_state.value if t.from_state else None, t.to_state.value, t.at, t.reason),
+    )
+
+
+async def insert(conn: Conn, d: Demand) -> bool:
+    """Create a NEW demand with its first event; False if the id exists (a racing twin)."""
+    named = list(order_ids(d.conditions.order_by))
+    cur = await conn.execute(
+        f"INSERT INTO demand ({COLUMNS}, order_by_ids) VALUES"  # noqa: S608
+        " (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
+        "  %s, %s, %s, %s, %s, %s) ON CONFLICT (demand_id) DO NOTHING RETURNING 1",
+        (
+            d.demand_id,
+            d.state.value,
+            d.reason,
+            d.user,
+            jlabels(d.labels),
+            list(d.charged_labels),
+            jres(d.resource),
+            json.dumps(codec.to_json(d.conditions)),
+            d.submitted_at,
+            d.planned_start,
+            d.plan_start,
+            d.plan_end,
+            d.slip.total_seconds(),
+            d.rounds,
+            d.closed_at,
+            list(d.reserved_labels),
+            d.ticket_id,
+            d.allocated_at,
+            d.claim_expires_at,
+            d.claimed_at,
+            d.ended_at,
+            list(d.overruns),
+            d.next_check_at,
+            d.updated_at,
+            d.definition_hash,
+            named,
+        ),
+    )
+    if await cur.fetchone() is None:
+        return False
+    await _event(conn, d.demand_id, Transition(None, d.state, d.submitted_at, d.reason))
+    return True
+
+
+async def update(conn: Conn, d: Demand, now: datetime, **changes: Any) -> Demand:
+    """Change mutable columns of a locked demand (no state change)."""
+    unknown = set(changes) - _MUTABLE
+    if unknown:
+        raise ValueError(f"not mutable: {sorted(unknown)}")
+    if not changes:
+        return d
+    names = sorted(changes)
+    assignments = ", ".join(f"{n} = %s" for n in names)
+    values = [_sql_value(changes[n]) for n in names]
+    await conn.execute(
+        f"UPDATE demand SET {assignments}, updated_at = %s WHERE demand_id = %s",  # noqa: S608
+        (*values, now, d.demand_id),
+    )
+    return replace(d, updated_at=now, **changes)
+
+
+def _sql_value(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+async def move(
+    conn: Conn, d: Demand, target: DemandState, reason: str, now: datetime, **changes: Any
+) -> Demand:
+    """The one writer of ``demand.state``: a transition the table allows, persisted with
+    its time and reason (compare-and-set on the current state)."""
+    record = step(d.state, target, now, reason)
+    d = await update(conn, d, now, **changes)
+    cur = await conn.execute(
+        "UPDATE demand SET state = %s, reason = %s WHERE demand_id = %s AND state = %s",
+        (target.value, reason, d.demand_id, record.from_state.value if record.from_state else ""),
+    )
+    if cur.rowcount != 1:  # pragma: no cover - the row is locked by this transaction
+        raise RuntimeError(f"demand {d.demand_id} changed state under its lock")
+    await _event(conn, d.demand_id, record)
+    return replace(d, state=target, reason=reason)
+
+
+async def note(conn: Conn, d: Demand, reason: str, now: datetime) -> None:
+    """Record something that is not a transition (from_state = to_state)."""
+    await _event(conn, d.demand_id, Transition(d.state, d.state, now, reason))
+
+
+# ----- reservations and allocation ---------------------------------------------------------------
+
+
+async def reserve(conn: Conn, d: Demand, now: datetime) -> tuple[str, ...]:
+    """Add the demand's resource to ``reserved`` on each of its labels with a maximum;
+    returns those labels. InvalidArgument when the resource does not fit a label's kind."""
+    await admin_store.ensure_limit_rows(conn, d.charged_labels, now)
+    rows = await ticket_store.lock_labels(conn, d.charged_labels, now)
+    done = []
+    for label in d.charged_labels:
+        row = rows.get(label)
+        if row is None or row.max_resource is None:
+            continue
+        try:
+            held = d.resource if row.reserved is None else row.reserved + d.resource
+        except ResourceError as exc:
+            raise InvalidArgument("resource", f"does not match label {label}: {exc}") from exc
+        ticket_store.check_rows([replace(row, reserved=held)], d.resource)  # kinds must match
+        await conn.execute(
+            "UPDATE label_resource SET reserved = %s WHERE label = %s", (jres(held), label)
+        )
+        done.append(label)
+    return tuple(done)
+
+
+async def unreserve(conn: Conn, d: Demand, now: datetime, *, handover: bool = False) -> None:
+    """Take the demand's reservation off its labels. Freed capacity wakes waiting applies,
+    except on a handover (the same capacity goes to the demand's ticket at once)."""
+    if not d.reserved_labels:
+        return
+    rows = await ticket_store.lock_labels(conn, d.charged_labels, now)  # canonical superset
+    for label in d.reserved_labels:
+        row = rows.get(label)
+        if row is None or row.reserved is None:  # the record was removed meanwhile
+            continue
+        zero = Resource.zero(row.reserved.kind, row.reserved.queue)
+        left = headroom(row.reserved, d.resource, zero, zero)  # clamped at zero
+        value = None if left.is_zero() else jres(left)
+        await conn.execute(
+            "UPDATE label_resource SET reserved = %s WHERE label = %s", (value, label)
+        )
+    if not handover:
+        await notify_freed(conn, d.reserved_labels)
+
+
+class _Refused(Exception):
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__("refused")
+        self.refusal = refusal
+
+
+async def allocate(conn: Conn, d: Demand, cmd: ticket_store.ApplyCommand) -> Ticket | Refusal:
+    """Hand the reservation over to a ticket through the normal Apply path, atomically.
+
+    Inside a savepoint: the reservation is taken off, then ``tickets.apply`` locks every
+    label, checks every one and charges all or none. A refusal rolls the savepoint back,
+    so the reservation stands as it was and the demand is passed over this round.
+    """
+    try:
+        async with conn.transaction():  # a savepoint in the caller's transaction
+            await admin_store.ensure_limit_rows(conn, cmd.keys, cmd.now)
+            await ticket_store.lock_labels(conn, cmd.keys, cmd.now)  # every key, canonical
+            await unreserve(conn, d, cmd.now, handover=True)
+            outcome = await ticket_store.apply(conn, cmd)
+            if isinstance(outcome, Refusal):
+                raise _Refused(outcome)
+            return outcome
+    except _Refused as refused:
+        return refused.refusal
+    except ticket_store.NeedLimitRows as need:  # a limit appeared meanwhile: next round
+        return Refusal((), need.labels)
+
+
+async def check_reservations(conn: Conn) -> list[str]:
+    """Every label whose ``reserved`` differs from the sum of its ALLOCATING demands'
+    reservations (empty when consistent); for tests and operators."""
+    cur = await conn.execute(
+        "SELECT d.resource, l FROM demand d, unnest(d.reserved_labels) AS l"
+        " WHERE d.state = 'ALLOCATING'"
+    )
+    expected: dict[str, Resource] = {}
+    for resource, label in await cur.fetchall():
+        r = res(resource)
+        expected[label] = r if label not in expected else expected[label] + r
+    cur = await conn.execute("SELECT label, reserved FROM label_resource")
+    problems = []
+    for label, reserved in await cur.fetchall():
+        stored = opt_res(reserved)
+        want = expected.pop(label, None)
+        if (stored is None or stored.is_zero()) and (want is None or want.is_zero()):
+            continue
+        if stored != want:
+            problems.append(f"{label}: reserved {stored}, expected {want}")
+    problems.extend(f"{label}: no record for a reservation of {r}" for label, r in expected.items())
+    return problems

@@ -1,0 +1,500 @@
+"""Time-aware demands through gRPC, on a real database, with an injected clock: the
+planner's rounds are driven by the test (``tick``), so nothing waits in real time."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf.duration_pb2 import Duration
+from google.rpc import error_details_pb2, status_pb2
+from labelrm.v1 import demand_pb2 as dpb
+from labelrm.v1 import demand_pb2_grpc
+from labelrm.v1 import resource_manager_pb2 as rpb
+
+from rm_server.clock import ManualClock
+from rm_server.demands import DemandManager
+from rm_server.domain.demands.timelang import Span, holds, parse, resolve
+from tests.conftest import InProcessRM, start_in_process, stop_in_process
+from tests.helpers import GiB, apply_req, assert_consistent, label_state, lbl, limit_req, load
+
+USER = "userCreator=alice-IDE,engineType=spark-3.2.1"
+LIMIT = "userCreator=*,engineType=*"
+ROUND = 10.0  # seconds of injected time between two rounds of one demand
+LEAD = 60.0
+CLAIM = 300.0
+SLIP = 900.0
+S = dpb
+
+
+@dataclass
+class DemandRM:
+    rm: InProcessRM
+    stub: demand_pb2_grpc.DemandServiceStub
+    manager: DemandManager
+    clock: ManualClock
+
+    async def tick(self, seconds: float = ROUND) -> None:
+        """Move the clock on, then run one planner pass (as the background task would)."""
+        self.clock.advance(seconds)
+        await self.manager.tick()
+
+    async def submit(self, demand_id: str, memory_gib: float, text: str = "", **kw: Any):
+        req = dpb.SubmitDemandRequest(
+            demand_id=demand_id,
+            labels=lbl(USER),
+            resource=load(int(memory_gib * GiB), 100),
+            user="alice",
+            **kw,
+        )
+        if text:
+            req.time_conditions_text = text
+        return await self.stub.SubmitDemand(req)
+
+    async def get(self, demand_id: str) -> dpb.Demand:
+        return (await self.stub.GetDemand(dpb.GetDemandRequest(demand_id=demand_id))).demand
+
+    async def state(self, demand_id: str) -> int:
+        return (await self.get(demand_id)).state
+
+    async def claim(self, demand_id: str) -> dpb.ClaimDemandResponse:
+        return await self.stub.ClaimDemand(dpb.ClaimDemandRequest(demand_id=demand_id))
+
+    async def release(self, ticket_id: str) -> None:
+        await self.rm.rm.Release(rpb.ReleaseRequest(ticket_id=ticket_id))
+
+    async def consistent(self) -> None:
+        await assert_consistent(self.rm)
+        assert await self.manager.check_reservations() == []
+
+
+@pytest.fixture
+async def drm(database_url):
+    clock = ManualClock()
+    rm = await start_in_process(
+        database_url,
+        clock=clock,
+        lock_timeout=3600.0,
+        sweep_interval=3600.0,
+        demand_interval=ROUND,
+        demand_lead_time=LEAD,
+        demand_claim_timeout=CLAIM,
+        demand_loose_slip=SLIP,
+        demand_default_duration=3600.0,
+    )
+    manager = rm.server.demands
+    await manager.stop_background()  # the tests drive the rounds
+    await rm.admin.SetLabelLimit(limit_req(LIMIT, load(4 * GiB, 4000)))
+    try:
+        yield DemandRM(rm, demand_pb2_grpc.DemandServiceStub(rm.channel), manager, clock)
+    finally:
+        await stop_in_process(rm)
+
+
+def rpc_error(exc: pytest.ExceptionInfo[grpc.aio.AioRpcError]) -> tuple[Any, str, list[Any]]:
+    status = status_pb2.Status.FromString(
+        dict(exc.value.trailing_metadata())["grpc-status-details-bin"]
+    )
+    details = []
+    for any_msg in status.details:
+        for kind in (
+            error_details_pb2.ErrorInfo,
+            error_details_pb2.BadRequest,
+            error_details_pb2.QuotaFailure,
+        ):
+            if any_msg.Is(kind.DESCRIPTOR):
+                msg = kind()
+                any_msg.Unpack(msg)
+                details.append(msg)
+    return exc.value.code(), exc.value.details(), details
+
+
+async def plain_apply(d: DemandRM, memory_gib: float) -> rpb.Ticket | None:
+    """An ordinary Apply: its ticket, or None when refused for lack of capacity."""
+    try:
+        resp = await d.rm.rm.Apply(apply_req(USER, load(int(memory_gib * GiB), 100)))
+    except grpc.aio.AioRpcError as err:
+        assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.details()
+        return None
+    return resp.ticket
+
+
+# ----- the life of a demand --------------------------------------------------------------------
+
+
+async def test_window_honoured_reserved_allocated_claimed_finished(drm):
+    t0 = drm.clock.now()
+    resp = await drm.submit("d1", 3, "{Start: {Time: [+10m, +10m], Strategy: strict}}")
+    assert resp.created and resp.demand.state == S.DEMAND_STATE_ACCEPTED
+    assert resp.demand.planned_start_time.ToDatetime(tzinfo=t0.tzinfo) == t0 + timedelta(minutes=10)
+    await drm.tick(5 * 60)
+    assert await drm.state("d1") == S.DEMAND_STATE_ACCEPTED
+    # Outside the window (before the lead time) the capacity is anyone's.
+    early = await plain_apply(drm, 3)
+    assert early is not None
+    await drm.release(early.ticket_id)
+    await drm.tick(4 * 60)  # T+9m: one lead time before the start
+    assert await drm.state("d1") == S.DEMAND_STATE_ALLOCATING
+    assert await plain_apply(drm, 2) is None  # 3 of 4 are reserved
+    small = await plain_apply(drm, 1)
+    assert small is not None
+    await drm.release(small.ticket_id)
+    await drm.consistent()
+    await drm.tick(30)  # still before T1: not allocated early
+    assert await drm.state("d1") == S.DEMAND_STATE_ALLOCATING
+    await drm.tick(30)  # T+10m
+    d = await drm.get("d1")
+    assert d.state == S.DEMAND_STATE_ALLOCATED and d.ticket_id
+    assert d.allocate_time.ToDatetime(tzinfo=t0.tzinfo) == t0 + timedelta(minutes=10)
+    label = await label_state(drm.rm, USER)
+    assert label.locked_resource.load.memory_bytes == 3 * GiB
+    claimed = await drm.claim("d1")
+    assert claimed.demand.state == S.DEMAND_STATE_MONITORING
+    assert claimed.ticket.ticket_id == d.ticket_id and claimed.ticket.state == rpb.TICKET_STATE_LOCKED
+    assert (await drm.claim("d1")).ticket.ticket_id == d.ticket_id  # claiming is idempotent
+    await drm.consistent()
+    await drm.release(d.ticket_id)
+    await drm.tick()
+    d = await drm.get("d1")
+    assert d.state == S.DEMAND_STATE_FINISHED
+    assert [e.to_state for e in d.events] == [
+        S.DEMAND_STATE_NEW,
+        S.DEMAND_STATE_ACCEPTED,
+        S.DEMAND_STATE_ALLOCATING,
+        S.DEMAND_STATE_ALLOCATED,
+        S.DEMAND_STATE_MONITORING,
+        S.DEMAND_STATE_FINISHED,
+    ]
+    assert all(e.reason for e in d.events) and all(e.time.seconds for e in d.events)
+    after = await plain_apply(drm, 3)  # after the window: available again
+    assert after is not None
+    await drm.consistent()
+
+
+async def test_strict_demand_fails_when_its_window_closes(drm):
+    hog = await plain_apply(drm, 3)
+    assert hog is not None
+    await drm.submit("strict", 2, "{Start: [+1m, +1m]}")  # T2 is relative to T1: T+2m
+    for _ in range(13):  # T+130s: past T2 = T+120s (both ends are inclusive)
+        await drm.tick()
+    d = await drm.get("strict")
+    assert d.state == S.DEMAND_STATE_FAILED
+    assert "strict start window closed" in d.reason
+    assert d.passed_over_rounds >= 5
+    assert not d.ticket_id
+    await drm.consistent()
+    label = await label_state(drm.rm, USER)
+    assert label.locked_resource.load.memory_bytes == 3 * GiB
+
+
+async def test_loose_demand_slips_within_the_bound(drm):
+    t0 = drm.clock.now()
+    hog = await plain_apply(drm, 3)
+    assert hog is not None
+    await drm.submit("loose", 2, "{Start: {Time: [+1m, +1m], Strategy: loose}}")
+    for _ in range(18):  # three minutes: the window closed a minute ago
+        await drm.tick()
+    d = await drm.get("loose")
+    assert d.state == S.DEMAND_STATE_ALLOCATING
+    assert any("loose start window closed" in e.reason for e in d.events)
+    await drm.release(hog.ticket_id)
+    await drm.tick()
+    d = await drm.get("loose")
+    assert d.state == S.DEMAND_STATE_ALLOCATED and "slipping" in d.reason
+    assert d.allocate_time.ToDatetime(tzinfo=t0.tzinfo) <= t0 + timedelta(minutes=2, seconds=SLIP)
+    await drm.claim("loose")  # and holds it
+    # A second loose demand that cannot slip far enough fails with the reason.
+    hog = await plain_apply(drm, 1)
+    assert hog is not None
+    await drm.submit("late", 2, "{Start: {Time: [+20m, +1m], Strategy: loose}, Duration: +1m}")
+    await drm.tick(20 * 60)
+    await drm.tick(SLIP + 120)
+    late = await drm.get("late")
+    assert late.state == S.DEMAND_STATE_FAILED and "slip bound" in late.reason
+    await drm.consistent()
+
+
+async def test_loose_admission_slips_behind_an_accepted_demand(drm):
+    await drm.submit("first", 3, "{Start: [+10m, +10m], Duration: +20m}")
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await drm.submit("strict", 3, "{Start: [+15m, +5m], Duration: +20m}")
+    assert exc.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    slipped = await drm.submit(
+        "loose", 3, "{Start: {Time: [+15m, +5m], Strategy: loose}, Duration: +20m}"
+    )
+    d = slipped.demand
+    assert d.state == S.DEMAND_STATE_ACCEPTED
+    assert d.slip.seconds == 11 * 60  # first ends at +30m; +1m lead; window ends at +20m
+    assert "past its window (loose)" in d.reason
+
+
+async def test_order_by_chain_of_three(drm):
+    await drm.submit("a", 1, "{Duration: +5m}")
+    await drm.submit("b", 1, "{OrderBy: a, Duration: +5m}")
+    await drm.submit("c", 1, "{DemandID: c, OrderBy: [b]}")
+    await drm.tick()
+    assert [await drm.state(i) for i in "abc"] == [
+        S.DEMAND_STATE_ALLOCATED,
+        S.DEMAND_STATE_ACCEPTED,
+        S.DEMAND_STATE_ACCEPTED,
+    ]
+    for current, following in (("a", "b"), ("b", "c")):
+        ticket = (await drm.claim(current)).ticket
+        await drm.tick()
+        assert await drm.state(following) == S.DEMAND_STATE_ACCEPTED  # not before it FINISHES
+        await drm.release(ticket.ticket_id)
+        await drm.tick()
+        assert await drm.state(current) == S.DEMAND_STATE_FINISHED
+        await drm.tick()
+        assert await drm.state(following) == S.DEMAND_STATE_ALLOCATED
+    await drm.consistent()
+
+
+async def test_order_by_on_a_failed_demand_fails(drm):
+    await drm.submit("a", 1)
+    await drm.stub.CancelDemand(dpb.CancelDemandRequest(demand_id="a", reason="changed my mind"))
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await drm.submit("b", 1, "{OrderBy: a}")
+    assert exc.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "a FAILED" in exc.value.details()
+    await drm.submit("c", 1, "{OrderBy: {OR: [a, x]}}")  # x may still finish
+    await drm.submit("x", 1)
+    await drm.stub.CancelDemand(dpb.CancelDemandRequest(demand_id="x"))
+    await drm.tick()
+    c = await drm.get("c")
+    assert c.state == S.DEMAND_STATE_FAILED and "OrderBy can no longer be satisfied" in c.reason
+
+
+async def test_order_by_cycles_are_refused(drm):
+    await drm.submit("a", 1, "{OrderBy: b}")  # b does not exist yet: a waits for it
+    await drm.submit("c", 1, "{OrderBy: a}")
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await drm.submit("b", 1, "{OrderBy: {OR: [x, c]}}")
+    code, message, details = rpc_error(exc)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "OrderBy makes a cycle: b -> c -> a -> b" in message
+    assert details[0].reason == "ORDER_BY_CYCLE"
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await drm.submit("self", 1, "{OrderBy: self}")
+    assert "self -> self" in exc.value.details()
+
+
+async def test_unclaimed_allocation_is_released_and_failed(drm):
+    await drm.submit("d", 2)
+    await drm.tick()
+    d = await drm.get("d")
+    assert d.state == S.DEMAND_STATE_ALLOCATED
+    await drm.tick(CLAIM - ROUND)
+    assert await drm.state("d") == S.DEMAND_STATE_ALLOCATED
+    await drm.tick(ROUND)
+    failed = await drm.get("d")
+    assert failed.state == S.DEMAND_STATE_FAILED and "claim timeout" in failed.reason
+    ticket = await drm.rm.rm.GetTicket(rpb.GetTicketRequest(ticket_id=d.ticket_id))
+    assert ticket.ticket.state == rpb.TICKET_STATE_RELEASED
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await drm.claim("d")
+    assert exc.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    await drm.consistent()
+
+
+async def test_admission_refused_when_two_demands_overlap_beyond_capacity(drm):
+    await drm.submit("one", 3, "{Start: [+10m, +20m], Duration: +30m}")
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await drm.submit("two", 3, "{Start: [+15m, +10m], Duration: +30m}")
+    code, message, details = rpc_error(exc)
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "no room" in message and "requested 3221225472, available 1073741824" in message
+    info, quota = details[0], details[1]
+    assert info.reason == "DEMAND_NOT_ADMITTED"
+    assert quota.violations[0].subject.endswith("/memory_bytes")
+    # Refused demands are not stored; ones that fit beside it, or after it, are accepted.
+    with pytest.raises(grpc.aio.AioRpcError):
+        await drm.get("two")
+    await drm.submit("three", 1, "{Start: [+15m, +10m], Duration: +30m}")
+    await drm.submit("four", 3, "{Start: [+45m, +5m], Duration: +30m}")
+
+
+async def test_cancel_returns_reservation_and_ticket(drm):
+    await drm.submit("r", 3, "{Start: [+1m, ]}")
+    await drm.tick()
+    assert await drm.state("r") == S.DEMAND_STATE_ALLOCATING
+    assert await plain_apply(drm, 2) is None
+    cancelled = await drm.stub.CancelDemand(dpb.CancelDemandRequest(demand_id="r", reason="x"))
+    assert cancelled.demand.state == S.DEMAND_STATE_FAILED and cancelled.demand.reason == (
+        "cancelled: x"
+    )
+    again = await drm.stub.CancelDemand(dpb.CancelDemandRequest(demand_id="r"))
+    assert again.demand.state == S.DEMAND_STATE_FAILED
+    assert await plain_apply(drm, 2) is not None
+    await drm.consistent()
+
+
+# ----- the interface ---------------------------------------------------------------------------
+
+
+async def test_submit_is_idempotent_by_demand_id(drm):
+    first = await drm.submit("same", 1, "{Start: [NOW, +5m], Duration: +20m}")
+    structured = dpb.TimeConditions(
+        start=dpb.StartCondition(
+            time=dpb.TimeExpression(
+                interval=dpb.TimeInterval(
+                    begin=dpb.TimePoint(now=True), end=dpb.TimePoint(relative=Duration(seconds=300))
+                )
+            )
+        ),
+        duration=dpb.DurationCondition(duration=Duration(seconds=1200)),
+    )
+    await drm.tick()
+    again = await drm.submit("same", 1, time_conditions=structured)  # the same, structured
+    assert not again.created
+    assert again.demand.demand_id == "same" and again.demand.submit_time == first.demand.submit_time
+    assert again.demand.time_conditions_text == (
+        "{Start: {Time: [NOW, +5m], Strategy: strict}, Duration: {Time: +20m, Strategy: loose}}"
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await drm.submit("same", 1, "{Start: [NOW, +6m]}")
+    code, _, details = rpc_error(exc)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert details[0].reason == "DEMAND_ID_REUSED"
+
+
+@pytest.mark.parametrize(
+    ("text", "where", "expected"),
+    [
+        ("{Start: [NOW +5m]}", "line 1, column 14", "expected ',' or ']'"),
+        ("{Start: [^3, NOW]}", "line 1, column 10", "^N is only allowed as the end T2"),
+        ("{Start: {Time: [NOW, +5m],\n Strat: loose}}", "line 2, column 2", "a field name"),
+        ("{DemandID: other}", "", "DemandID other does not match demand_id bad"),
+    ],
+)
+async def test_malformed_conditions_are_invalid_argument_with_field_and_position(
+    drm, text, where, expected
+):
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await drm.submit("bad", 1, text)
+    code, message, details = rpc_error(exc)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert where in message and expected in message
+    violation = details[1].field_violations[0]
+    assert violation.field in ("time_conditions_text", "time_conditions")
+    assert expected in violation.description
+
+
+async def test_malformed_structured_conditions_name_the_field_path(drm):
+    bad = dpb.TimeConditions(
+        start=dpb.StartCondition(
+            time=dpb.TimeExpression(
+                any_of=dpb.TimeExpressionList(
+                    expressions=[
+                        dpb.TimeExpression(interval=dpb.TimeInterval()),
+                        dpb.TimeExpression(
+                            interval=dpb.TimeInterval(begin=dpb.TimePoint(rounds=3))
+                        ),
+                    ]
+                )
+            )
+        )
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await drm.submit("bad", 1, time_conditions=bad)
+    assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (
+        "time_conditions.start.time.any_of.expressions[1].interval.begin.rounds"
+        in exc.value.details()
+    )
+
+
+async def test_list_filters_and_pages(drm):
+    for i in range(5):
+        await drm.submit(f"p{i}", 0.1, "{Start: [+1h, ]}")
+    await drm.stub.CancelDemand(dpb.CancelDemandRequest(demand_id="p3"))
+    seen, token = [], ""
+    while True:
+        page = await drm.stub.ListDemands(dpb.ListDemandsRequest(page_size=2, page_token=token))
+        seen += [d.demand_id for d in page.demands]
+        token = page.next_page_token
+        if not token:
+            break
+    assert seen == ["p0", "p1", "p2", "p3", "p4"]
+    failed = await drm.stub.ListDemands(dpb.ListDemandsRequest(state=S.DEMAND_STATE_FAILED))
+    assert [d.demand_id for d in failed.demands] == ["p3"]
+    assert not (await drm.stub.ListDemands(dpb.ListDemandsRequest(user="bob"))).demands
+    assert len((await drm.stub.ListDemands(dpb.ListDemandsRequest(user="alice"))).demands) == 5
+
+
+# ----- randomized --------------------------------------------------------------------------------
+
+
+async def test_random_demands_and_ticks_never_overcommit_or_misallocate(drm):
+    """Many demands, ordinary applies and releases, random clock steps, and a second
+    planner (another replica) racing the first: at every instant no label is
+    over-committed, reservations add up, and each demand is allocated at most once,
+    inside its window (or its slip bound when loose)."""
+    rng = random.Random(5)
+    other = replace(drm.manager)  # a second replica's planner on the same database
+    t0 = drm.clock.now()
+    specs: dict[str, str] = {}
+    for i in range(24):
+        start = rng.randint(0, 40)
+        length = rng.randint(0, 10)
+        strategy = rng.choice(["strict", "loose"])
+        end = f"^{rng.randint(0, 3)}" if rng.random() < 0.25 else f"+{length}m"
+        text = (
+            f"{{Start: {{Time: [+{start}m, {end}], Strategy: {strategy}}},"
+            f" Duration: +{rng.randint(1, 15)}m}}"
+        )
+        try:
+            await drm.submit(f"r{i:02d}", rng.choice([0.5, 1, 2]), text)
+            specs[f"r{i:02d}"] = text
+        except grpc.aio.AioRpcError as err:
+            assert err.code() in (
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                grpc.StatusCode.FAILED_PRECONDITION,
+            )
+    assert len(specs) >= 5
+    ordinary: list[str] = []
+    seen_tickets: dict[str, str] = {}
+    for _ in range(60):
+        drm.clock.advance(rng.choice([5, 10, 20, 45, 90]))
+        await drm.manager.tick() if rng.random() < 0.5 else await _race(drm.manager, other)
+        if rng.random() < 0.4:
+            ticket = await plain_apply(drm, rng.choice([0.5, 1]))
+            if ticket is not None:
+                ordinary.append(ticket.ticket_id)
+        if ordinary and rng.random() < 0.4:
+            await drm.release(ordinary.pop(rng.randrange(len(ordinary))))
+        listing = await drm.stub.ListDemands(dpb.ListDemandsRequest(page_size=100))
+        for d in listing.demands:
+            if d.state == S.DEMAND_STATE_ALLOCATED and rng.random() < 0.5:
+                await drm.claim(d.demand_id)
+            elif d.state == S.DEMAND_STATE_MONITORING and rng.random() < 0.3:
+                await drm.release(d.ticket_id)
+            if d.ticket_id:
+                assert seen_tickets.setdefault(d.ticket_id, d.demand_id) == d.demand_id
+        await drm.consistent()  # used + locked <= max everywhere, reservations add up
+    for demand_id, text in specs.items():
+        d = await drm.get(demand_id)
+        allocations = [e for e in d.events if e.to_state == S.DEMAND_STATE_ALLOCATED]
+        assert len(allocations) <= 1
+        if not allocations:
+            continue
+        at = allocations[0].time.ToDatetime(tzinfo=t0.tzinfo)
+        window = resolve(parse(text).start.expr, t0)  # type: ignore[union-attr]
+        if "strict" in text:
+            assert holds(window, at, d.passed_over_rounds), (demand_id, text, at)
+        else:
+            assert isinstance(window, Span) or window.lo is not None
+            lo = window.lo if window.lo is not None else t0
+            assert lo <= at, (demand_id, text, at)
+            if isinstance(window, Span) and window.hi is not None:
+                assert at <= window.hi + timedelta(seconds=SLIP), (demand_id, text, at)
+
+
+async def _race(a: DemandManager, b: DemandManager) -> None:
+    import asyncio
+
+    await asyncio.gather(a.tick(), b.tick())
