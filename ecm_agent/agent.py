@@ -33,6 +33,7 @@ from ecm_agent.validate import AgentPolicy, LaunchRefused, LaunchSpec, MaterialF
 
 log = logging.getLogger(__name__)
 
+SEEN_COMMANDS = 10_000
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
@@ -55,7 +56,8 @@ class Agent:
     launcher: Launcher = field(init=False)
     _processes: dict[str, _Process] = field(default_factory=dict)
     _done: set[str] = field(default_factory=set)  # command ids carried out, not yet acked
-    _seen: set[str] = field(default_factory=set)  # every command id carried out
+    # Command ids carried out (bounded: the RM never re-sends an acknowledged one).
+    _seen: dict[str, None] = field(default_factory=dict)
     _sequence: int = 0
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
@@ -195,7 +197,10 @@ class Agent:
         """Carry out a command once, whichever way (stream or heartbeat) it arrived."""
         if command.command_id in self._seen:
             return
-        self._seen.add(command.command_id)
+        self._seen[command.command_id] = None
+        if len(self._seen) > SEEN_COMMANDS:
+            for old in list(self._seen)[: SEEN_COMMANDS // 2]:
+                del self._seen[old]
         which = command.WhichOneof("command")
         if which == "launch":
             await self._launch(command.launch)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from rm_server.domain.engineconn import (
     AgentCommand,
@@ -253,6 +253,9 @@ class AgentHub:
                 log.warning("ECM %s is LOST: no heartbeat since %s", instance, silent_since)
                 await self._lose_ecs_on(instance, now)
         await self._expire_ecs(now)
+        # Done commands older than an hour tell nothing any more (launch acks are
+        # compared with the current heartbeat only).
+        await self.db.run(lambda c: ec_store.purge_done_commands(c, now - timedelta(hours=1)))
 
     async def _lose_ecs_on(self, instance: str, now: datetime) -> None:
         for ec in await self.db.run(lambda c: ec_store.live_ecs_on(c, instance)):

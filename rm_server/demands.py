@@ -308,6 +308,13 @@ class DemandManager:
         except LabelrmError as err:  # e.g. its resource no longer matches a label
             log.warning("demand %s failed: %s", before.demand_id, err.message)
             d = await self._fail(conn, before, f"planner: {err.message}", now)
+        except Exception as exc:
+            if store.is_transient(exc):
+                raise  # the whole transaction is retried
+            # A bug must not stall every other demand: log it, look again next round.
+            log.exception("planner round of demand %s failed", before.demand_id)
+            soon = now + self.planner.round_length
+            d = await store.update(conn, before, now, next_check_at=soon)
         if d.state.active:
             start, end = plan.occupation(d.view(), now, self.planner)
             if (start, end) != (d.plan_start, d.plan_end):

@@ -15,6 +15,8 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
+import psycopg
+
 from rm_server.domain.demands import codec
 from rm_server.domain.demands.model import Demand
 from rm_server.domain.demands.planner import LabelCapacity, PlanEntry, TicketStatus
@@ -118,6 +120,11 @@ def _from_row(row: Sequence[Any], events: tuple[Transition, ...] = ()) -> Demand
         definition_hash=bytes(digest),
         events=events,
     )
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A database error (retried by ``Database.run``), as opposed to a bug in a round."""
+    return isinstance(exc, psycopg.Error)
 
 
 # ----- reading ---------------------------------------------------------------------------------

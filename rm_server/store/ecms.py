@@ -110,7 +110,14 @@ async def mark_lost(conn: Conn, instance: str, silent_since: datetime, now: date
         " AND state <> 'LOST' AND coalesce(last_heartbeat_at, registered_at) < %s",
         (now, instance, silent_since),
     )
-    return cur.rowcount > 0
+    if cur.rowcount == 0:
+        return False
+    # Launches it never picked up are void: their EngineConns are about to be LOST.
+    await conn.execute(
+        "DELETE FROM agent_command WHERE agent_id = %s AND kind = 'launch' AND done_at IS NULL",
+        (instance,),
+    )
+    return True
 
 
 ECM_STATUS_SQL = (

@@ -309,5 +309,9 @@ async def launch_done_before(conn: Conn, agent_id: str, before: datetime) -> set
     return {r[0] for r in await cur.fetchall()}
 
 
-async def drop_commands(conn: Conn, agent_id: str) -> None:
-    await conn.execute("DELETE FROM agent_command WHERE agent_id = %s", (agent_id,))
+async def purge_done_commands(conn: Conn, done_before: datetime) -> int:
+    """Acknowledged commands are kept a while for `launch_done_before`, then dropped."""
+    cur = await conn.execute(
+        "DELETE FROM agent_command WHERE done_at IS NOT NULL AND done_at < %s", (done_before,)
+    )
+    return cur.rowcount

@@ -201,7 +201,7 @@ def place(
     first_shortfalls: list[Shortfall] | None = None
     for a, b in segs:
         for start in [a] + [t for t in ends if a < t and (b is None or t <= b)]:
-            occupation = (max(c.submitted, start - settings.lead_time), c.hold.end(start, settings))
+            occupation = (start - settings.lead_time, c.hold.end(start, settings))
             found = shortfalls_at(c, *occupation, others, capacities)
             if not found:
                 window_end = last_instant(ignore_rounds(c.window), c.submitted)
