@@ -1,15 +1,23 @@
-"""Apply -> ReportUsed -> Release cycles through the real gRPC server.
+"""Apply -> ReportUsed -> Release cycles through the real gRPC server, against the
+storage ceiling (pgbench running the same SQL) and the gRPC floor (an empty RPC).
 
-    python -m bench.apply_cycle [--clients 16] [--seconds 10] [--mode spread|hot|both]
-                                [--database-url URL]
+    python -m bench.apply_cycle [--clients 1 16 64] [--seconds 6] [--mode spread|hot|both]
+                                [--database-url URL] [--no-pgbench] [--no-floor]
+                                [--server-arg=--flag --server-arg=value ...]
 
-Starts its own rm-server (embedded PostgreSQL in a temporary directory unless a URL
-is given), seeds 16 ECMs and a wildcard limit, and runs N concurrent clients:
-- spread: each request names one of 1000 userCreator+engineType labels (each with
-  a limit record) and one of the 16 ECMs;
-- hot: every request names the same ECM label.
-Prints a table and one JSON line. The pgbench ceiling comparison lands with the
-benchmarks issue.
+Starts a private embedded PostgreSQL (or makes a throwaway database on the server of
+--database-url) and an rm-server subprocess on it, seeds 16 ECMs, a wildcard limit
+and the 1000 userCreator+engineType label records, then for every mode and client
+count:
+- labelrm: N clients in separate load-generator processes (2 of them, each with its
+  own event loop and channels; 1 for a single client) each loop Apply -> ReportUsed
+  -> Release. Modes: `spread`, each cycle names one of the 1000 user labels and one of
+  the 16 ECMs; `hot`, every cycle names the same ECM (one label every request locks);
+- ceiling: pgbench runs bench/pgbench/cycle.sql (the store's SQL for the three RPCs)
+  with N clients on the same database;
+- floor: N clients call the standard health Check (no database) on the same server.
+Prints a table, the CPU each part used (cores), and one JSON line; finally checks
+the server's invariants (CheckConsistency) after all that load.
 """
 
 from __future__ import annotations
@@ -17,146 +25,120 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import random
 import shutil
-import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
+from typing import Any
 
-import grpc
-from labelrm.v1 import admin_pb2, admin_pb2_grpc, resource_manager_pb2_grpc, resource_pb2
-from labelrm.v1 import resource_manager_pb2 as pb
-
-ROOT = Path(__file__).resolve().parent.parent
-GiB = 1024**3
+from bench import ceiling
+from bench.common import BenchDatabase, Server, emit, ms, pct, run_loadgen, stack, table
+from bench.loadgen import ECMS, ENGINE, USERS, GiB, ecm_name, labels_of, user_label
 
 
-def _labels(text: str) -> list[resource_pb2.Label]:
-    return [
-        resource_pb2.Label(key=k, value=v)
-        for k, _, v in (p.partition("=") for p in text.split(","))
-    ]
+async def seed(target: str) -> None:
+    import grpc
+    from labelrm.v1 import admin_pb2, admin_pb2_grpc, resource_manager_pb2_grpc, resource_pb2
+    from labelrm.v1 import resource_manager_pb2 as pb
 
-
-def _load(mem: int, cpu: int) -> resource_pb2.Resource:
-    return resource_pb2.Resource(load=resource_pb2.LoadResource(memory_bytes=mem, cpu_millis=cpu))
-
-
-def _start_server(database_url: str, tmp: Path, port: int) -> subprocess.Popen[bytes]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "rm_server",
-        "--listen",
-        f"127.0.0.1:{port}",
-        "--log-level",
-        "WARNING",
-    ]
-    cmd += ["--database-url", database_url] if database_url else ["--data-dir", str(tmp)]
-    proc = subprocess.Popen(cmd, cwd=ROOT)
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    deadline = time.monotonic() + 60
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
-        stub = health_pb2_grpc.HealthStub(ch)
-        while time.monotonic() < deadline:
-            try:
-                if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == 1:
-                    return proc
-            except grpc.RpcError:
-                time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("rm-server did not start")
-
-
-async def _seed(target: str) -> None:
     async with grpc.aio.insecure_channel(target) as ch:
         rm = resource_manager_pb2_grpc.ResourceManagerServiceStub(ch)
         admin = admin_pb2_grpc.AdminServiceStub(ch)
-        for i in range(16):
-            total = resource_pb2.Resource(
-                load_instance=resource_pb2.LoadInstanceResource(
-                    memory_bytes=1 << 50, cpu_millis=1 << 40, instances=1 << 30
-                )
-            )
+        big = resource_pb2.LoadInstanceResource(
+            memory_bytes=1 << 50, cpu_millis=1 << 40, instances=1 << 30
+        )
+        for i in range(ECMS):
             await rm.RegisterEcm(
-                pb.RegisterEcmRequest(instance=f"bench{i}:9000", total_resource=total)
+                pb.RegisterEcmRequest(
+                    instance=ecm_name(i), total_resource=resource_pb2.Resource(load_instance=big)
+                )
             )
         await admin.SetLabelLimit(
             admin_pb2.SetLabelLimitRequest(
-                labels=_labels("userCreator=*,engineType=*"), max_resource=_load(1 << 50, 1 << 40)
+                labels=labels_of("userCreator=*,engineType=*"),
+                max_resource=resource_pb2.Resource(
+                    load=resource_pb2.LoadResource(memory_bytes=1 << 50, cpu_millis=1 << 40)
+                ),
             )
         )
+        # Create the 1000 limit-backed label records up front: the measured runs are steady state.
+        resource = resource_pb2.Resource(
+            load=resource_pb2.LoadResource(memory_bytes=GiB, cpu_millis=100)
+        )
+        todo = list(range(USERS))
 
-
-async def _client(
-    stub, mode: str, seed: int, stop_at: float, lat: dict[str, list[float]], counts: dict[str, int]
-) -> None:
-    rng = random.Random(seed)
-    while time.monotonic() < stop_at:
-        if mode == "hot":
-            labels = f"userCreator=u{rng.randrange(1000)}-IDE,engineType=spark-3.2.1,emInstance=bench0:9000"
-        else:
-            labels = (
-                f"userCreator=u{rng.randrange(1000)}-IDE,engineType=spark-3.2.1,"
-                f"emInstance=bench{rng.randrange(16)}:9000"
-            )
-        t0 = time.perf_counter()
-        ticket = (
-            await stub.Apply(pb.ApplyRequest(labels=_labels(labels), resource=_load(GiB, 100)))
-        ).ticket
-        t1 = time.perf_counter()
-        await stub.ReportUsed(pb.ReportUsedRequest(ticket_id=ticket.ticket_id))
-        t2 = time.perf_counter()
-        await stub.Release(pb.ReleaseRequest(ticket_id=ticket.ticket_id))
-        t3 = time.perf_counter()
-        lat["Apply"].append(t1 - t0)
-        lat["ReportUsed"].append(t2 - t1)
-        lat["Release"].append(t3 - t2)
-        counts["cycles"] += 1
-
-
-def _pct(values: list[float], p: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(p * len(ordered)))] * 1000
-
-
-async def _run(target: str, mode: str, clients: int, seconds: float) -> dict[str, object]:
-    async with grpc.aio.insecure_channel(target) as ch:
-        stub = resource_manager_pb2_grpc.ResourceManagerServiceStub(ch)
-        # Warm-up: creates the limit rows so the measured run is steady state.
-        await asyncio.gather(
-            *(
-                _client(
-                    stub,
-                    mode,
-                    i,
-                    time.monotonic() + 2,
-                    {"Apply": [], "ReportUsed": [], "Release": []},
-                    {"cycles": 0},
+        async def worker() -> None:
+            while todo:
+                u = todo.pop()
+                labels = labels_of(
+                    f"userCreator={user_label(u)},engineType={ENGINE},emInstance={ecm_name(u % ECMS)}"
                 )
-                for i in range(clients)
-            )
+                t = (await rm.Apply(pb.ApplyRequest(labels=labels, resource=resource))).ticket
+                await rm.Release(pb.ReleaseRequest(ticket_id=t.ticket_id))
+
+        await asyncio.gather(*(worker() for _ in range(16)))
+
+
+async def consistency(target: str) -> dict[str, Any]:
+    import grpc
+    from labelrm.v1 import admin_pb2, admin_pb2_grpc, resource_manager_pb2_grpc
+    from labelrm.v1 import resource_manager_pb2 as pb
+
+    async with grpc.aio.insecure_channel(target) as ch:
+        report = await admin_pb2_grpc.AdminServiceStub(ch).CheckConsistency(
+            admin_pb2.CheckConsistencyRequest(), timeout=60
         )
-        lat: dict[str, list[float]] = {"Apply": [], "ReportUsed": [], "Release": []}
-        counts = {"cycles": 0}
-        start = time.monotonic()
-        await asyncio.gather(
-            *(_client(stub, mode, 100 + i, start + seconds, lat, counts) for i in range(clients))
-        )
-        elapsed = time.monotonic() - start
+        rm = resource_manager_pb2_grpc.ResourceManagerServiceStub(ch)
+        live = (await rm.ListTickets(pb.ListTicketsRequest(page_size=10))).tickets
     return {
-        "mode": mode,
-        "clients": clients,
-        "seconds": round(elapsed, 2),
-        "cycles_per_s": round(counts["cycles"] / elapsed, 1),
-        **{f"{rpc}_p50_ms": round(_pct(v, 0.5), 2) for rpc, v in lat.items()},
-        **{f"{rpc}_p99_ms": round(_pct(v, 0.99), 2) for rpc, v in lat.items()},
+        "consistent": report.consistent,
+        "mismatches": len(report.mismatches),
+        "live_tickets_left": len(live),
+    }
+
+
+def measure_labelrm(
+    db: BenchDatabase, server: Server, mode: str, clients: int, seconds: float, procs: int
+) -> dict[str, Any]:
+    assert server.proc is not None
+    res, cpu = run_loadgen(
+        "apply",
+        server.target,
+        clients,
+        seconds,
+        procs=procs,
+        extra=["--mode", mode],
+        meter_groups=lambda: {"server": [server.proc.pid], "postgres": db.postgres_pids()},  # type: ignore[union-attr]
+    )
+    out: dict[str, Any] = {
+        "cycles_per_s": round(res["count"] / res["seconds"], 1),
+        "errors": res["errors"],
+        "cpu": cpu,
+    }
+    for rpc in ("Apply", "ReportUsed", "Release"):
+        values = res["latency"].get(rpc, [])
+        out[f"{rpc}_p50_ms"] = round(pct(values, 0.5), 2)
+        out[f"{rpc}_p99_ms"] = round(pct(values, 0.99), 2)
+    return out
+
+
+def measure_floor(
+    db: BenchDatabase, server: Server, clients: int, seconds: float, procs: int
+) -> dict[str, Any]:
+    assert server.proc is not None
+    res, cpu = run_loadgen(
+        "health",
+        server.target,
+        clients,
+        seconds,
+        procs=procs,
+        meter_groups=lambda: {"server": [server.proc.pid]},  # type: ignore[union-attr]
+    )
+    values = res["latency"].get("Check", [])
+    return {
+        "rpcs_per_s": round(res["count"] / res["seconds"], 1),
+        "p50_ms": round(pct(values, 0.5), 2),
+        "p99_ms": round(pct(values, 0.99), 2),
+        "cpu": cpu,
     }
 
 
@@ -164,42 +146,151 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--clients", type=int, nargs="+", default=[16])
-    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--mode", choices=["spread", "hot", "both"], default="both")
     parser.add_argument("--database-url", default="")
+    parser.add_argument(
+        "--procs",
+        type=int,
+        default=0,
+        help="load-generator processes (default 2, 1 for one client)",
+    )
+    parser.add_argument("--no-pgbench", action="store_true")
+    parser.add_argument("--no-floor", action="store_true")
+    parser.add_argument(
+        "--server-arg", action="append", default=[], help="extra rm-server argument (repeat)"
+    )
     args = parser.parse_args(argv)
-    tmp = Path(tempfile.mkdtemp(prefix="labelrm-bench-"))
-    import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = _start_server(args.database_url, tmp, port)
-    target = f"127.0.0.1:{port}"
-    results = []
-    try:
-        asyncio.run(_seed(target))
-        modes = ["spread", "hot"] if args.mode == "both" else [args.mode]
+    modes = ["spread", "hot"] if args.mode == "both" else [args.mode]
+    # No agents heartbeat here: keep the bench ECMs from expiring during the run.
+    server_args = ["--ecm-expiry", "86400", *args.server_arg]
+    results: list[dict[str, Any]] = []
+    floors: dict[int, dict[str, Any]] = {}
+    # The ceiling script is generated from the store's SQL; the checked-in copy is for reading.
+    script_text = ceiling.cycle_script()
+    stale = not ceiling.CYCLE.exists() or ceiling.CYCLE.read_text() != script_text
+    tmpdir = Path(tempfile.mkdtemp(prefix="labelrm-bench-"))
+    script = tmpdir / "cycle.sql"
+    script.write_text(script_text)
+    with stack(args.database_url, server_args) as (db, server):
+        asyncio.run(seed(server.target))
+        if not args.no_pgbench:
+            ceiling.prepare(db.url)
         for mode in modes:
             for clients in args.clients:
-                results.append(asyncio.run(_run(target, mode, clients, args.seconds)))
-    finally:
-        proc.terminate()
-        proc.wait(30)
-        shutil.rmtree(tmp, ignore_errors=True)
-    print(
-        f"{'mode':<8}{'clients':>8}{'cycles/s':>10}{'Apply p50/p99 ms':>20}{'Report p50/p99':>18}{'Release p50/p99':>18}"
-    )
+                row: dict[str, Any] = {"mode": mode, "clients": clients}
+                row["labelrm"] = measure_labelrm(
+                    db, server, mode, clients, args.seconds, args.procs
+                )
+                if not args.no_pgbench:
+                    ceiling.reset(db.url)
+                    row["pgbench"] = ceiling.run(
+                        db.pgbench,
+                        db.url,
+                        script,
+                        clients,
+                        args.seconds,
+                        {"emax": 0 if mode == "hot" else ECMS - 1},
+                        db.postgres_pids,
+                    )
+                    base = row["pgbench"].get("cycles_per_s") or 0
+                    row["ratio"] = round(row["labelrm"]["cycles_per_s"] / base, 2) if base else None
+                results.append(row)
+        if not args.no_floor:
+            for clients in args.clients:
+                floors[clients] = measure_floor(
+                    db, server, clients, min(args.seconds, 4.0), args.procs
+                )
+        check = asyncio.run(consistency(server.target))
+        describe = db.describe
+        pgbench = db.pgbench
+    shutil.rmtree(tmpdir, ignore_errors=True)
+
+    for row in results:
+        f = floors.get(row["clients"])
+        if f and row["labelrm"]["cycles_per_s"]:
+            # One cycle is three RPCs: its cost in units of three empty RPCs.
+            row["cycle_in_empty_rpc_triples"] = round(
+                f["rpcs_per_s"] / 3 / row["labelrm"]["cycles_per_s"], 2
+            )
+    headers = [
+        "mode",
+        "clients",
+        "cycles/s",
+        "pgbench/s",
+        "ratio",
+        "Apply p50/p99",
+        "Report p50/p99",
+        "Release p50/p99",
+        "x3 empty",
+        "CPU srv/pg/gen",
+        "CPU pg/pgbench",
+    ]
+    rows = []
     for r in results:
-        print(
-            f"{r['mode']:<8}{r['clients']:>8}{r['cycles_per_s']:>10}"
-            f"{r['Apply_p50_ms']:>11}/{r['Apply_p99_ms']:<8}{r['ReportUsed_p50_ms']:>9}/{r['ReportUsed_p99_ms']:<8}"
-            f"{r['Release_p50_ms']:>9}/{r['Release_p99_ms']:<8}"
+        lr, pb = r["labelrm"], r.get("pgbench", {})
+        rows.append(
+            [
+                r["mode"],
+                r["clients"],
+                lr["cycles_per_s"],
+                pb.get("cycles_per_s", "-"),
+                r.get("ratio", "-"),
+                f"{ms(lr['Apply_p50_ms'])}/{ms(lr['Apply_p99_ms'])}",
+                f"{ms(lr['ReportUsed_p50_ms'])}/{ms(lr['ReportUsed_p99_ms'])}",
+                f"{ms(lr['Release_p50_ms'])}/{ms(lr['Release_p99_ms'])}",
+                r.get("cycle_in_empty_rpc_triples", "-"),
+                "/".join(str(lr["cpu"].get(k, "-")) for k in ("server", "postgres", "loadgen")),
+                "/".join(str(pb.get("cpu", {}).get(k, "-")) for k in ("postgres", "pgbench")),
+            ]
         )
-    print(json.dumps({"benchmark": "apply_cycle", "results": results}))
-    _ = statistics  # imported for future use in the benchmarks issue
-    return 0
+    text = [
+        f"apply cycle: {describe}; pgbench {pgbench or 'missing'} -M prepared running bench/pgbench/cycle.sql"
+        + (" (checked-in copy is stale: run python -m bench.ceiling)" if stale else ""),
+        f"load: {args.procs or 2} load-generator processes (1 for one client), measured {args.seconds:g}s after 2s warm-up; latencies in ms; CPU in cores",
+        table(headers, rows),
+    ]
+    if floors:
+        text.append("")
+        text.append("gRPC floor (standard health Check, same server, same concurrency):")
+        text.append(
+            table(
+                ["clients", "empty RPC/s", "p50 ms", "p99 ms", "CPU srv/gen"],
+                [
+                    [
+                        c,
+                        f["rpcs_per_s"],
+                        ms(f["p50_ms"]),
+                        ms(f["p99_ms"]),
+                        f"{f['cpu'].get('server')}/{f['cpu'].get('loadgen')}",
+                    ]
+                    for c, f in floors.items()
+                ],
+            )
+        )
+    text.append("")
+    text.append(
+        f"after the load: CheckConsistency consistent={check['consistent']}, live tickets left={check['live_tickets_left']}"
+    )
+    if any(r["labelrm"]["errors"] for r in results):
+        text.append(
+            "errors: "
+            + json.dumps(
+                {
+                    f"{r['mode']}/{r['clients']}": r["labelrm"]["errors"]
+                    for r in results
+                    if r["labelrm"]["errors"]
+                }
+            )
+        )
+    emit(
+        "apply_cycle",
+        "\n".join(text),
+        {"database": describe, "results": results, "floor": floors, "consistency": check},
+    )
+    return 0 if check["consistent"] else 1
 
 
 if __name__ == "__main__":

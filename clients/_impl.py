@@ -12,6 +12,7 @@ from google.protobuf import duration_pb2
 from labelrm.v1 import (
     admin_pb2,
     admin_pb2_grpc,
+    engine_conn_pb2_grpc,
     resource_manager_pb2,
     resource_manager_pb2_grpc,
     resource_pb2,
@@ -24,6 +25,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from clients._engineconn import AsyncEngineConnCalls, EngineConnCalls
 from clients._errors import from_rpc_error
 
 DEFAULT_TARGET = "127.0.0.1:7100"
@@ -162,8 +164,9 @@ class _Base:
         }
 
 
-class RMClient(_Base):
-    """Blocking client for the labelrm ResourceManagerService and AdminService.
+class RMClient(EngineConnCalls, _Base):
+    """Blocking client for the labelrm ResourceManagerService, AdminService and
+    EngineConnService (plus `execute` on an EngineConn's ExecutorService).
 
     Mutating calls carry a request id (a fresh uuid4 per call unless given) that is reused
     by their retries; calls are retried only on UNAVAILABLE, with jittered exponential
@@ -184,6 +187,7 @@ class RMClient(_Base):
         self._channel = channel if channel is not None else grpc.insecure_channel(target)
         self._rm = resource_manager_pb2_grpc.ResourceManagerServiceStub(self._channel)
         self._admin = admin_pb2_grpc.AdminServiceStub(self._channel)
+        self._ecs = engine_conn_pb2_grpc.EngineConnServiceStub(self._channel)
 
     def close(self) -> None:
         """Close the channel if this client created it."""
@@ -320,7 +324,7 @@ class RMClient(_Base):
         return self._call(self._admin.CheckConsistency, admin_pb2.CheckConsistencyRequest())
 
 
-class AsyncRMClient(_Base):
+class AsyncRMClient(AsyncEngineConnCalls, _Base):
     """grpc.aio client with the same methods as RMClient, as coroutines.
 
     The list_* methods return async iterators over every page.
@@ -340,6 +344,7 @@ class AsyncRMClient(_Base):
         self._channel = channel if channel is not None else grpc.aio.insecure_channel(target)
         self._rm = resource_manager_pb2_grpc.ResourceManagerServiceStub(self._channel)
         self._admin = admin_pb2_grpc.AdminServiceStub(self._channel)
+        self._ecs = engine_conn_pb2_grpc.EngineConnServiceStub(self._channel)
 
     async def close(self) -> None:
         """Close the channel if this client created it."""

@@ -35,6 +35,8 @@ from clients._format import (
     to_json,
 )
 from clients._impl import DEFAULT_TARGET, RMClient, parse_labels
+from clients.rmctl_engineconn import add_engineconn_commands
+from clients.rmctl_node import add_node_commands
 
 _SIZE_RE = re.compile(r"(\d+)\s*([kmgtp]?)(?:i?b?)", re.IGNORECASE)
 _UNITS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
@@ -132,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     c = lim.add_parser("rm", help="delete a limit")
     c.add_argument("pattern", type=_labels_arg, metavar="PATTERN")
     c.set_defaults(func=cmd_limit_rm)
+
+    add_node_commands(cmds)
+    add_engineconn_commands(cmds)
     return p
 
 

@@ -11,10 +11,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from rm_server.batching import Combiner
 from rm_server.clock import Clock, IdFactory, SystemClock, random_ids
 from rm_server.domain.labels import DEFAULT_RULES, EM_INSTANCE, Label, TransformRule, transform
 from rm_server.domain.limits import LabelPattern
@@ -27,8 +28,9 @@ from rm_server.domain.model import (
     Ticket,
 )
 from rm_server.domain.resources import Resource
-from rm_server.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
+from rm_server.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable
 from rm_server.store import admin as admin_store
+from rm_server.store import batch as batch_store
 from rm_server.store import tickets as ticket_store
 from rm_server.store.admin import Registration
 from rm_server.store.db import Conn, Database, Idempotency, OutcomeEncoder, Replay
@@ -46,6 +48,11 @@ class CoreSettings:
     sweep_interval: float = 1.0
     rules: tuple[TransformRule, ...] = DEFAULT_RULES
     expiry_batch: int = 200
+    # Concurrent Apply / ReportUsed / Release share transactions (rm_server/batching.py):
+    # at most `batch_max` requests per transaction (0: one transaction per request, the
+    # classic path), at most `batch_inflight` such transactions at a time per process.
+    batch_max: int = 256
+    batch_inflight: int = 1
 
 
 @dataclass
@@ -56,6 +63,7 @@ class RMCore:
     clock: Clock = field(default_factory=SystemClock)
     new_id: IdFactory = random_ids
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _combiner: Combiner | None = None
 
     # ----- background work ---------------------------------------------------------------
 
@@ -63,6 +71,8 @@ class RMCore:
         self._tasks.append(asyncio.create_task(self._sweep_forever(), name="rm-sweeper"))
 
     async def stop_background(self) -> None:
+        if self._combiner is not None:
+            await self._combiner.close()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -184,8 +194,30 @@ class RMCore:
         may_wait: bool = False,
         after: AfterApply | None = None,
     ) -> Ticket | Replay:
+        combiner = self._grouping() if after is None else None
         while True:
             now = self.clock.now()
+            if combiner is not None:
+                op = batch_store.ApplyOp(
+                    idem,
+                    encoder,
+                    ticket_id,
+                    user,
+                    labels,
+                    keys,
+                    resource,
+                    self.settings.lock_timeout,
+                    waiter,
+                    may_wait,
+                )
+                try:
+                    outcome: Ticket | Replay = await combiner.submit(op)
+                    return outcome
+                except ticket_store.NeedLimitRows as need:
+                    await self.db.run(
+                        lambda c, n=need, at=now: admin_store.ensure_limit_rows(c, n.labels, at)  # type: ignore[misc]
+                    )
+                    continue
             cmd = ticket_store.ApplyCommand(
                 ticket_id=ticket_id,
                 user=user,
@@ -220,6 +252,12 @@ class RMCore:
         used: Resource | None,
         encoder: OutcomeEncoder[Ticket],
     ) -> Ticket | Replay:
+        combiner = self._grouping()
+        if combiner is not None:
+            outcome: Ticket | Replay = await combiner.submit(
+                batch_store.ReportOp(idem, encoder, ticket_id, used)
+            )
+            return outcome
         now = self.clock.now()
         return await self.db.run_idempotent(
             idem, now, lambda c: ticket_store.report_used(c, ticket_id, used, now), encoder
@@ -228,10 +266,47 @@ class RMCore:
     async def release(
         self, idem: Idempotency, ticket_id: str, encoder: OutcomeEncoder[Ticket]
     ) -> Ticket | Replay:
+        combiner = self._grouping()
+        if combiner is not None:
+            outcome: Ticket | Replay = await combiner.submit(
+                batch_store.ReleaseOp(idem, encoder, ticket_id)
+            )
+            return outcome
         now = self.clock.now()
         return await self.db.run_idempotent(
             idem, now, lambda c: ticket_store.release(c, ticket_id, now), encoder
         )
+
+    def _grouping(self) -> Combiner | None:
+        """The request combiner, or None when grouping is off (CoreSettings.batch_max)."""
+        if self.settings.batch_max <= 0:
+            return None
+        if self._combiner is None:
+            self._combiner = Combiner(
+                self._run_group,
+                max_batch=self.settings.batch_max,
+                max_inflight=self.settings.batch_inflight,
+            )
+        return self._combiner
+
+    async def _run_group(self, ops: Sequence[batch_store.Op]) -> list[batch_store.Outcome]:
+        """One transaction for `ops`; should it fail as a whole for a reason other than
+        the database being away, each op runs alone so that the failure stays with the
+        request that caused it."""
+        now = self.clock.now()
+        try:
+            return await self.db.run(
+                lambda c: batch_store.run(c, ops, now), pipeline=True, retry_unique=True
+            )
+        except Unavailable as exc:
+            return [exc] * len(ops)
+        except Exception as exc:
+            if len(ops) == 1:
+                return [exc]
+            log.warning(
+                "a group of %d requests failed (%r): running them one by one", len(ops), exc
+            )
+            return [(await self._run_group([op]))[0] for op in ops]
 
     async def get_ticket(self, ticket_id: str) -> Ticket:
         return await self.db.run(lambda c: ticket_store.get_ticket(c, ticket_id))
@@ -318,9 +393,4 @@ class RMCore:
 
 
 def _refused(refusal: Refusal) -> ResourceExhausted:
-    if refusal.shortfalls:
-        return ResourceExhausted("insufficient resource", refusal.shortfalls)
-    return ResourceExhausted(
-        "queued behind earlier waiting applies on " + ", ".join(refusal.queued_behind),
-        reason="QUEUED_BEHIND_WAITERS",
-    )
+    return batch_store.refusal_error(refusal)

@@ -73,6 +73,18 @@ class Aborted(LabelrmError):
     reason = "ABORTED"
 
 
+class Unauthenticated(LabelrmError):
+    """No credentials, or credentials that prove nothing (rm_server.security)."""
+
+    reason = "UNAUTHENTICATED"
+
+
+class PermissionDenied(LabelrmError):
+    """The caller is known but may not do this (rm_server.security.policy)."""
+
+    reason = "PERMISSION_DENIED"
+
+
 def describe_shortfalls(shortfalls: Sequence[Shortfall]) -> str:
     """One line naming every label and dimension that fell short."""
     parts = [

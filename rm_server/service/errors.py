@@ -25,7 +25,9 @@ from rm_server.errors import (
     InvalidArgument,
     LabelrmError,
     NotFound,
+    PermissionDenied,
     ResourceExhausted,
+    Unauthenticated,
     Unavailable,
     describe_shortfalls,
 )
@@ -42,6 +44,8 @@ _CODES: list[tuple[type[LabelrmError], int]] = [
     (DeadlineExceeded, code_pb2.DEADLINE_EXCEEDED),
     (Unavailable, code_pb2.UNAVAILABLE),
     (Aborted, code_pb2.ABORTED),
+    (Unauthenticated, code_pb2.UNAUTHENTICATED),
+    (PermissionDenied, code_pb2.PERMISSION_DENIED),
 ]
 
 

@@ -16,6 +16,7 @@ from rm_server.domain.resources import Resource
 from rm_server.errors import InvalidArgument
 from rm_server.service import convert
 from rm_server.service.common import ProtoEncoder, idempotency, next_token, page_of, respond
+from rm_server.store import owners
 from rm_server.store.admin import Registration
 
 
@@ -138,9 +139,18 @@ class ResourceManagerServicer(pb_grpc.ResourceManagerServiceServicer):
         if request.state not in _STATE_FILTER:
             raise InvalidArgument("state", "only LOCKED or USED tickets are live")
         label = _label_text(request.label, "label") if request.label else ""
-        tickets = await self.core.list_tickets(
-            page.after, page.size + 1, label, _STATE_FILTER[request.state]
-        )
+        state = _STATE_FILTER[request.state]
+        if len(request.user) > 64:
+            raise InvalidArgument("user", "must be at most 64 characters")
+        if request.user:  # set by the access policy for every caller but admins
+            tickets = await self.core.db.run(
+                lambda c: owners.list_user_tickets(
+                    c, request.user, page.after, page.size + 1, label, state
+                ),
+                read_only=True,
+            )
+        else:
+            tickets = await self.core.list_tickets(page.after, page.size + 1, label, state)
         return pb.ListTicketsResponse(
             tickets=[convert.ticket_to_pb(t) for t in tickets[: page.size]],
             next_page_token=next_token(tickets, page, lambda t: t.ticket_id),

@@ -88,6 +88,10 @@ def _is_retryable(exc: BaseException) -> bool:
     )
 
 
+def _is_retryable_unique(exc: BaseException) -> bool:
+    return _is_retryable(exc) or isinstance(exc, pg_errors.UniqueViolation)
+
+
 class Database:
     """An async connection pool plus the transaction discipline of the store."""
 
@@ -146,23 +150,39 @@ class Database:
                 await conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_ID,))
         return applied
 
-    async def run(self, body: Callable[[Conn], Awaitable[T]], *, read_only: bool = False) -> T:
+    async def run(
+        self,
+        body: Callable[[Conn], Awaitable[T]],
+        *,
+        read_only: bool = False,
+        pipeline: bool = False,
+        retry_unique: bool = False,
+    ) -> T:
         """Run `body` in one transaction, retrying serialization failures, deadlocks
-        and lost connections; a database that stays away becomes Unavailable."""
+        and lost connections; a database that stays away becomes Unavailable.
+
+        `pipeline`: in psycopg pipeline mode (BEGIN, the statements and COMMIT go out
+        without waiting; a fetch waits for what was sent). `retry_unique`: a unique
+        violation also retries (a concurrent transaction inserted the same key)."""
+        retryable = _is_retryable_unique if retry_unique else _is_retryable
         try:
             async for attempt in tenacity.AsyncRetrying(
-                retry=tenacity.retry_if_exception(_is_retryable),
+                retry=tenacity.retry_if_exception(retryable),
                 stop=tenacity.stop_after_attempt(self.attempts),
                 wait=tenacity.wait_random_exponential(multiplier=0.02, max=0.5),
                 reraise=True,
             ):
                 with attempt:
-                    async with self.pool.connection() as conn, conn.transaction():
-                        if read_only:
-                            await conn.execute(
-                                "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
-                            )
-                        return await body(conn)
+                    async with self.pool.connection() as conn:
+                        if pipeline:
+                            async with conn.pipeline(), conn.transaction():
+                                return await body(conn)
+                        async with conn.transaction():
+                            if read_only:
+                                await conn.execute(
+                                    "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+                                )
+                            return await body(conn)
         except (psycopg.OperationalError, PoolTimeout) as exc:
             raise Unavailable(f"database unavailable: {exc}".strip()) from exc
         raise AssertionError("unreachable")  # pragma: no cover

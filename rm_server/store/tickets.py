@@ -5,9 +5,10 @@ ticket row."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
+from typing import Any
 
 from rm_server.domain.admission import label_shortfalls
 from rm_server.domain.labels import Label, LabelKey
@@ -77,34 +78,50 @@ class ApplyCommand:
     may_wait: bool = False
 
 
+# What LabelRow reads of a label_resource row (`queued` is computed by each query).
+LABEL_COLUMNS = (
+    "r.label, r.source, r.max_resource, r.protected, r.used, r.locked, r.live_tickets,"
+    " r.reserved"  # demands' reserved capacity (migration 0003)
+)
+
+
+def label_row(record: Sequence[Any], queued: bool) -> LabelRow:
+    """A LabelRow from the first columns of a record selected with LABEL_COLUMNS."""
+    label, source, maximum, protected, used, locked, live, reserved = record[:8]
+    return LabelRow(
+        label,
+        source,
+        opt_res(maximum),
+        res(protected),
+        res(used),
+        res(locked),
+        live,
+        queued,
+        opt_res(reserved),
+    )
+
+
 async def lock_labels(
     conn: Conn, labels: Sequence[str], now: datetime, waiter_seq: int = NO_WAITER
 ) -> dict[str, LabelRow]:
     """Lock the rows of `labels` in canonical order; flag labels with an earlier waiter."""
     cur = await conn.execute(
-        "SELECT r.label, r.source, r.max_resource, r.protected, r.used, r.locked,"
-        " r.live_tickets,"
+        f"SELECT {LABEL_COLUMNS},"  # noqa: S608 - constant column list
         " EXISTS (SELECT 1 FROM apply_waiter w WHERE w.label = r.label AND w.seq < %s"
-        "         AND w.expires_at > %s),"
-        " r.reserved"  # demands' reserved capacity (migration 0003)
+        "         AND w.expires_at > %s)"
         " FROM label_resource r WHERE r.label = ANY(%s) ORDER BY r.label FOR UPDATE OF r",
         (waiter_seq, now, list(labels)),
     )
-    rows = {}
-    for row in await cur.fetchall():
-        label, source, maximum, protected, used, locked, live, queued, reserved = row
-        rows[label] = LabelRow(
-            label,
-            source,
-            opt_res(maximum),
-            res(protected),
-            res(used),
-            res(locked),
-            live,
-            queued,
-            opt_res(reserved),
-        )
-    return rows
+    return {record[0]: label_row(record, record[8]) for record in await cur.fetchall()}
+
+
+WRITE_LABELS = (
+    "UPDATE label_resource r SET used = u.used::jsonb, locked = u.locked::jsonb,"
+    " kind = u.kind, live_tickets = u.live, updated_at = %s"
+    " FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::bigint[])"
+    "   AS u(label, used, locked, kind, live)"
+    " WHERE r.label = u.label"
+)
 
 
 async def write_labels(conn: Conn, rows: Sequence[LabelRow], now: datetime) -> None:
@@ -112,11 +129,7 @@ async def write_labels(conn: Conn, rows: Sequence[LabelRow], now: datetime) -> N
     if not rows:
         return
     await conn.execute(
-        "UPDATE label_resource r SET used = u.used::jsonb, locked = u.locked::jsonb,"
-        " kind = u.kind, live_tickets = u.live, updated_at = %s"
-        " FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::bigint[])"
-        "   AS u(label, used, locked, kind, live)"
-        " WHERE r.label = u.label",
+        WRITE_LABELS,
         (
             now,
             [r.label for r in rows],
@@ -174,15 +187,12 @@ def check_rows(rows: Sequence[LabelRow], resource: Resource) -> Refusal | None:
     return None
 
 
-async def apply(conn: Conn, cmd: ApplyCommand) -> Ticket | Refusal:
-    """Lock every label, check every one, then charge all or none."""
-    seq = NO_WAITER if cmd.waiter_seq is None else cmd.waiter_seq
-    rows = await lock_labels(conn, cmd.keys, cmd.now, seq)
-    missing = [k for k in cmd.keys if k not in rows]
-    if missing:
-        need = await _labels_needing_rows(conn, missing)
-        if need:
-            raise NeedLimitRows(need)
+def decide_apply(
+    cmd: ApplyCommand, rows: Mapping[str, LabelRow]
+) -> tuple[list[LabelRow], Ticket] | Refusal:
+    """Check every locked row, then charge all or none (in memory): the charged rows and
+    the new ticket, or the refusal (MustWait when the command may wait). Labels without
+    a row must already be known to need none."""
     ordered = [rows[k] for k in cmd.keys if k in rows]
     charged = [_charge(row, cmd.resource) for row in ordered]  # validates kinds first
     refusal = check_rows(ordered, cmd.resource)
@@ -190,7 +200,6 @@ async def apply(conn: Conn, cmd: ApplyCommand) -> Ticket | Refusal:
         if cmd.may_wait:
             raise MustWait(refusal)
         return refusal
-    await write_labels(conn, charged, cmd.now)
     ticket = Ticket(
         ticket_id=cmd.ticket_id,
         state=TicketState.LOCKED,
@@ -204,6 +213,23 @@ async def apply(conn: Conn, cmd: ApplyCommand) -> Ticket | Refusal:
         updated_at=cmd.now,
         lock_expires_at=cmd.lock_expires_at,
     )
+    return charged, ticket
+
+
+async def apply(conn: Conn, cmd: ApplyCommand) -> Ticket | Refusal:
+    """Lock every label, check every one, then charge all or none."""
+    seq = NO_WAITER if cmd.waiter_seq is None else cmd.waiter_seq
+    rows = await lock_labels(conn, cmd.keys, cmd.now, seq)
+    missing = [k for k in cmd.keys if k not in rows]
+    if missing:
+        need = await _labels_needing_rows(conn, missing)
+        if need:
+            raise NeedLimitRows(need)
+    outcome = decide_apply(cmd, rows)
+    if isinstance(outcome, Refusal):
+        return outcome
+    charged, ticket = outcome
+    await write_labels(conn, charged, cmd.now)
     await conn.execute(
         f"INSERT INTO ticket ({TICKET_COLUMNS}) VALUES"  # noqa: S608 - constant column list
         " (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
@@ -308,17 +334,7 @@ async def end_ticket(
     reason: str,
 ) -> Ticket:
     """Return a live ticket's resource to its labels and move it to the history."""
-    updated = []
-    for label in ticket.charged_labels:
-        row = rows.get(label)
-        if row is None:  # the label's record was removed (ECM unregistered)
-            continue
-        used = row.used - ticket.used if ticket.used is not None else row.used
-        updated.append(
-            replace(
-                row, used=used, locked=row.locked - ticket.locked, live_tickets=row.live_tickets - 1
-            )
-        )
+    updated, ended = decide_end(ticket, rows, now, final_state, reason)
     await write_labels(conn, updated, now)
     await conn.execute("DELETE FROM ticket WHERE ticket_id = %s", (ticket.ticket_id,))
     await conn.execute(
@@ -339,7 +355,30 @@ async def end_ticket(
         ),
     )
     await notify_freed(conn, [r.label for r in updated])
-    return replace(
+    return ended
+
+
+def decide_end(
+    ticket: Ticket,
+    rows: Mapping[str, LabelRow],
+    now: datetime,
+    final_state: TicketState,
+    reason: str,
+) -> tuple[list[LabelRow], Ticket]:
+    """A live ticket's resource returned to its locked rows (in memory): the updated
+    rows and the ended ticket."""
+    updated = []
+    for label in ticket.charged_labels:
+        row = rows.get(label)
+        if row is None:  # the label's record was removed (ECM unregistered)
+            continue
+        used = row.used - ticket.used if ticket.used is not None else row.used
+        updated.append(
+            replace(
+                row, used=used, locked=row.locked - ticket.locked, live_tickets=row.live_tickets - 1
+            )
+        )
+    ended = replace(
         ticket,
         state=final_state,
         locked=Resource.zero(ticket.locked.kind, ticket.locked.queue),
@@ -347,10 +386,15 @@ async def end_ticket(
         end_reason=reason,
         lock_expires_at=None,
     )
+    return updated, ended
 
 
 async def _not_live(conn: Conn, ticket_id: str) -> FailedPrecondition | NotFound:
-    ended = await read_history(conn, ticket_id)
+    return not_live_error(ticket_id, await read_history(conn, ticket_id))
+
+
+def not_live_error(ticket_id: str, ended: Ticket | None) -> FailedPrecondition | NotFound:
+    """Why a ticket that is not live cannot be reported: ended (`ended`), or unknown."""
     if ended is None:
         return NotFound(f"ticket {ticket_id} not found")
     return FailedPrecondition(
@@ -365,18 +409,49 @@ async def report_used(conn: Conn, ticket_id: str, used: Resource | None, now: da
     ticket, rows = await _lock_live_ticket(conn, ticket_id, now)
     if ticket is None:
         raise await _not_live(conn, ticket_id)
+    if lock_expired(ticket, now):
+        await end_ticket(conn, ticket, rows, now, TicketState.EXPIRED, "lock timeout")
+        raise lock_expired_error(ticket_id)
+    updated, reported, freed = decide_report(ticket, rows, used, now)
+    await write_labels(conn, updated, now)
+    await conn.execute(
+        "UPDATE ticket SET state = 'USED', used = %s, locked = %s, lock_expires_at = NULL,"
+        " updated_at = %s WHERE ticket_id = %s",
+        (jres(reported.used), jres(reported.locked), now, ticket_id),
+    )
+    if freed:
+        await notify_freed(conn, [r.label for r in updated])
+    return reported
+
+
+def lock_expired(ticket: Ticket, now: datetime) -> bool:
+    """A LOCKED ticket past its lock timeout: ReportUsed expires it (and fails)."""
+    return (
+        ticket.state is TicketState.LOCKED
+        and ticket.lock_expires_at is not None
+        and now >= ticket.lock_expires_at
+    )
+
+
+def lock_expired_error(ticket_id: str) -> FailedPrecondition:
+    return FailedPrecondition(
+        f"ticket {ticket_id} was not reported within the lock timeout",
+        state="EXPIRED",
+        reason="LOCK_EXPIRED",
+    )
+
+
+def decide_report(
+    ticket: Ticket, rows: Mapping[str, LabelRow], used: Resource | None, now: datetime
+) -> tuple[list[LabelRow], Ticket, bool]:
+    """LOCKED -> USED in memory (the lock is not expired): the updated rows, the USED
+    ticket, and whether part of the lock was freed."""
+    ticket_id = ticket.ticket_id
     if ticket.state is not TicketState.LOCKED:
         raise FailedPrecondition(
             f"ticket {ticket_id} is {ticket.state.value}, not LOCKED",
             state=ticket.state.value,
             reason="TICKET_NOT_LOCKED",
-        )
-    if ticket.lock_expires_at is not None and now >= ticket.lock_expires_at:
-        await end_ticket(conn, ticket, rows, now, TicketState.EXPIRED, "lock timeout")
-        raise FailedPrecondition(
-            f"ticket {ticket_id} was not reported within the lock timeout",
-            state="EXPIRED",
-            reason="LOCK_EXPIRED",
         )
     actual = ticket.locked if used is None else used
     try:
@@ -395,16 +470,8 @@ async def report_used(conn: Conn, ticket_id: str, used: Resource | None, now: da
         for label in ticket.charged_labels
         if (row := rows.get(label)) is not None
     ]
-    await write_labels(conn, updated, now)
     zero = Resource.zero(ticket.locked.kind, ticket.locked.queue)
-    await conn.execute(
-        "UPDATE ticket SET state = 'USED', used = %s, locked = %s, lock_expires_at = NULL,"
-        " updated_at = %s WHERE ticket_id = %s",
-        (jres(actual), jres(zero), now, ticket_id),
-    )
-    if not remainder.is_zero():
-        await notify_freed(conn, [r.label for r in updated])
-    return replace(
+    reported = replace(
         ticket,
         state=TicketState.USED,
         used=actual,
@@ -412,6 +479,7 @@ async def report_used(conn: Conn, ticket_id: str, used: Resource | None, now: da
         updated_at=now,
         lock_expires_at=None,
     )
+    return updated, reported, not remainder.is_zero()
 
 
 async def release(conn: Conn, ticket_id: str, now: datetime, reason: str = "released") -> Ticket:

@@ -314,3 +314,17 @@ conditions = st.builds(
 def test_text_and_json_round_trips(c):
     assert codec.from_json(codec.to_json(c)) == c
     assert parse(codec.format_text(c)) == c
+
+
+def test_every_worked_example_in_the_docs_parses():
+    """docs/demands.md is the user's guide: its examples must be valid conditions."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "demands.md").read_text()
+    section = doc.split("### Worked examples", 1)[1].split("## How the RM plans", 1)[0]
+    examples = re.findall(r"^\| `(.+?)` \|", section, re.MULTILINE)
+    examples += re.findall(r"--when '(.+?)'", doc)
+    assert len(examples) >= 10
+    for text in examples:
+        parse(text)

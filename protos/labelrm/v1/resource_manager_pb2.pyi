@@ -277,16 +277,18 @@ class GetTicketResponse(_message.Message):
     def __init__(self, ticket: _Optional[_Union[Ticket, _Mapping]] = ...) -> None: ...
 
 class ListTicketsRequest(_message.Message):
-    __slots__ = ("page_size", "page_token", "label", "state")
+    __slots__ = ("page_size", "page_token", "label", "state", "user")
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     LABEL_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
     page_size: int
     page_token: str
     label: str
     state: TicketState
-    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., label: _Optional[str] = ..., state: _Optional[_Union[TicketState, str]] = ...) -> None: ...
+    user: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., label: _Optional[str] = ..., state: _Optional[_Union[TicketState, str]] = ..., user: _Optional[str] = ...) -> None: ...
 
 class ListTicketsResponse(_message.Message):
     __slots__ = ("tickets", "next_page_token")

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 
@@ -459,23 +460,31 @@ def _at(point: Begin | None, base: datetime) -> datetime | None:
     return base + timedelta(seconds=point.seconds)
 
 
+def map_atoms(expr: Expr, leaf: Callable[[Expr], Expr]) -> Expr:
+    """``expr`` with every interval, span or chances replaced by ``leaf(it)``."""
+    if isinstance(expr, And):
+        return And(tuple(map_atoms(i, leaf) for i in expr.items))
+    if isinstance(expr, Or):
+        return Or(tuple(map_atoms(i, leaf) for i in expr.items))
+    if isinstance(expr, Not):
+        return Not(map_atoms(expr.item, leaf))
+    return leaf(expr)
+
+
 def resolve(expr: Expr, submitted: datetime) -> Expr:
     """Replace NOW and relative times by instants, and intervals by Span / Chances."""
-    if isinstance(expr, Interval):
-        lo = _at(expr.begin, submitted)
-        end = expr.end
-        if isinstance(end, Rounds):
-            return Chances(lo, end.count)
-        if isinstance(end, Relative):
-            return Span(lo, (lo or submitted) + timedelta(seconds=end.seconds))
-        return Span(lo, _at(end, submitted))
-    if isinstance(expr, And):
-        return And(tuple(resolve(i, submitted) for i in expr.items))
-    if isinstance(expr, Or):
-        return Or(tuple(resolve(i, submitted) for i in expr.items))
-    if isinstance(expr, Not):
-        return Not(resolve(expr.item, submitted))
-    return expr
+
+    def leaf(e: Expr) -> Expr:
+        if not isinstance(e, Interval):
+            return e
+        lo = _at(e.begin, submitted)
+        if isinstance(e.end, Rounds):
+            return Chances(lo, e.end.count)
+        if isinstance(e.end, Relative):
+            return Span(lo, (lo or submitted) + timedelta(seconds=e.end.seconds))
+        return Span(lo, _at(e.end, submitted))
+
+    return map_atoms(expr, leaf)
 
 
 def deadline_at(deadline: DeadlineCondition, submitted: datetime) -> datetime:
@@ -486,29 +495,18 @@ def deadline_at(deadline: DeadlineCondition, submitted: datetime) -> datetime:
 
 def estimate_rounds(expr: Expr, base: datetime, round_length: timedelta) -> Expr:
     """A time-only estimate for planning: ``^N`` lasts N + 1 rounds of ``round_length``."""
-    if isinstance(expr, Chances):
-        lo = expr.lo or base
-        return Span(expr.lo, lo + round_length * (expr.rounds + 1))
-    if isinstance(expr, And):
-        return And(tuple(estimate_rounds(i, base, round_length) for i in expr.items))
-    if isinstance(expr, Or):
-        return Or(tuple(estimate_rounds(i, base, round_length) for i in expr.items))
-    if isinstance(expr, Not):
-        return Not(estimate_rounds(expr.item, base, round_length))
-    return expr
+
+    def leaf(e: Expr) -> Expr:
+        if not isinstance(e, Chances):
+            return e
+        return Span(e.lo, (e.lo or base) + round_length * (e.rounds + 1))
+
+    return map_atoms(expr, leaf)
 
 
 def ignore_rounds(expr: Expr) -> Expr:
     """The time extent of an expression: ``^N`` windows as if never exhausted."""
-    if isinstance(expr, Chances):
-        return Span(expr.lo, None)
-    if isinstance(expr, And):
-        return And(tuple(ignore_rounds(i) for i in expr.items))
-    if isinstance(expr, Or):
-        return Or(tuple(ignore_rounds(i) for i in expr.items))
-    if isinstance(expr, Not):
-        return Not(ignore_rounds(expr.item))
-    return expr
+    return map_atoms(expr, lambda e: Span(e.lo, None) if isinstance(e, Chances) else e)
 
 
 # ----- evaluation -----------------------------------------------------------------------------

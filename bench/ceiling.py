@@ -1,0 +1,251 @@
+"""The storage ceiling: pgbench running the store's own SQL on the same database.
+
+The scripts in bench/pgbench/ repeat, statement for statement (and pipeline for
+pipeline), what rm_server/store executes per Apply, ReportUsed and Release, with the
+values the server would compute written as constants. They run in a schema of their
+own (`pgbench`) whose tables are copies of the labelrm tables (same columns,
+constraints and indexes) and whose label rows are copies of the benchmark's, so the
+ceiling and the server work on identical data without disturbing each other.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.common import CpuMeter
+
+SCRIPTS = Path(__file__).resolve().parent / "pgbench"
+CYCLE = SCRIPTS / "cycle.sql"
+SCHEMA = "pgbench"
+TABLES = ("label_resource", "ticket", "ticket_history", "request_log", "apply_waiter")
+
+
+def prepare(url: str) -> None:
+    """(Re)create the pgbench schema from the labelrm tables and copy the label rows."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+        conn.execute(f"CREATE SCHEMA {SCHEMA}")
+        for table in TABLES:
+            conn.execute(f"CREATE TABLE {SCHEMA}.{table} (LIKE public.{table} INCLUDING ALL)")
+        conn.execute(
+            f"INSERT INTO {SCHEMA}.label_resource SELECT * FROM public.label_resource"  # noqa: S608
+        )
+        conn.execute(f"VACUUM ANALYZE {SCHEMA}.label_resource")
+
+
+def reset(url: str) -> None:
+    """Empty the pgbench tables between runs (label rows back to zero use)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        for table in TABLES[1:]:
+            conn.execute(f"TRUNCATE {SCHEMA}.{table}")
+
+
+def run(
+    pgbench: str,
+    url: str,
+    script: Path,
+    clients: int,
+    seconds: float,
+    defines: dict[str, Any],
+    postgres_pids: Callable[[], list[int]],
+) -> dict[str, Any]:
+    """Run one pgbench script; returns scripts/s (= cycles/s), latency and CPU."""
+    if not pgbench:
+        return {"error": "pgbench not found (install postgresql-client)"}
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    params = conninfo_to_dict(url)
+    params["options"] = f"-csearch_path={SCHEMA}"
+    conninfo = make_conninfo(**params)
+    cmd = [pgbench, "-n", "-M", "prepared", "-c", str(clients), "-j", str(min(clients, 2))]
+    cmd += ["-T", str(round(seconds)), "-f", str(script)]
+    for k, v in defines.items():
+        cmd += ["-D", f"{k}={v}"]
+    cmd.append(conninfo)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)  # connections made: measure CPU from here until just before the end
+    meter = CpuMeter({"pgbench": [proc.pid], "postgres": postgres_pids()})
+    meter.start()
+    time.sleep(max(0.5, round(seconds) - 1.0))
+    cpu = meter.stop()
+    out, err = proc.communicate(timeout=seconds + 60)
+    if proc.returncode != 0:
+        return {"error": (err or out)[-1500:]}
+    tps = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", out)
+    lat = re.search(r"latency average = ([0-9.]+) ms", out)
+    failed = re.search(r"number of failed transactions: (\d+)", out)
+    return {
+        "cycles_per_s": float(tps.group(1)) if tps else 0.0,
+        "cycle_latency_avg_ms": float(lat.group(1)) if lat else None,
+        "failed": int(failed.group(1)) if failed else 0,
+        "cpu": cpu,
+    }
+
+
+# ----- the script: the store's own statements, parameters as pgbench expressions ----------
+
+ECM = "'emInstance=bench' || :e || ':9000'"
+USER = "'userCreator=u' || :u || '-IDE,engineType=spark-3.2.1'"
+TICKET = "'t-' || :client_id || '-' || :r"
+T0 = "2026-01-01T00:00:00+00:00"
+GIB = 1024**3
+REQUEST = {"kind": "load", "cpu_millis": 100, "memory_bytes": GIB}
+ZERO = {"kind": "load", "cpu_millis": 0, "memory_bytes": 0}
+ECM_ZERO = {"kind": "load_instance", "cpu_millis": 0, "instances": 0, "memory_bytes": 0}
+ECM_ONE = {"kind": "load_instance", "cpu_millis": 100, "instances": 0, "memory_bytes": GIB}
+HASH = "'\\x" + "5c" * 32 + "'::bytea"  # a SHA-256 of the request
+RESPONSE = "'\\x" + "0a" * 243 + "'::bytea"  # an encoded response (243 bytes here)
+LABELS = [["userCreator", "u1-IDE"], ["engineType", "spark-3.2.1"], ["emInstance", "bench1:9000"]]
+
+
+def _lit(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _json(value: Any, **subst: str) -> str:
+    """A SQL expression for json.dumps(value), with "@NAME@" strings replaced by the
+    SQL expressions in `subst` (concatenated in)."""
+    import json
+    import re
+
+    pieces = re.split(r"@([A-Z]+)@", json.dumps(value))
+    # pieces alternate: literal text, a name, literal text, ...
+    parts = [_lit(p) if i % 2 == 0 else f"({subst[p]})" for i, p in enumerate(pieces)]
+    return "(" + " || ".join(p for p in parts if p != "''") + ")"
+
+
+def _fill(sql: str, *params: str) -> str:
+    parts = sql.split("%s")
+    assert len(parts) == len(params) + 1, (sql, params)
+    out = parts[0]
+    for expr, rest in zip(params, parts[1:], strict=True):
+        out += f"({expr})" + rest
+    return " ".join(out.split()) + ";"
+
+
+def cycle_script() -> str:
+    """Apply -> ReportUsed -> Release for one request each, as rm_server/store/batch.py
+    runs a group of one: two pipelined round trips per RPC."""
+    import json
+
+    from rm_server.store import batch
+    from rm_server.store.tickets import WRITE_LABELS
+
+    def log_select(method: str, rid: str) -> str:
+        return _fill(batch.SELECT_LOG, f"ARRAY['{method}']", f"ARRAY[{rid}]")
+
+    def log_insert(method: str, rid: str) -> str:
+        return _fill(
+            batch.INSERT_LOG,
+            "now()",
+            f"ARRAY['{method}']",
+            f"ARRAY[{rid}]",
+            f"ARRAY[{HASH}]",
+            "ARRAY[0]",
+            f"ARRAY[{RESPONSE}]",
+        )
+
+    def write(
+        used: tuple[dict[str, Any], dict[str, Any]],
+        locked: tuple[dict[str, Any], dict[str, Any]],
+        live: int,
+    ) -> str:
+        return _fill(
+            WRITE_LABELS,
+            "now()",
+            f"ARRAY[{ECM}, {USER}]",
+            "ARRAY[" + ", ".join(_lit(json.dumps(u)) for u in used) + "]",
+            "ARRAY[" + ", ".join(_lit(json.dumps(lk)) for lk in locked) + "]",
+            "ARRAY['load_instance', 'load']",
+            f"ARRAY[{live}, {live}]",
+        )
+
+    ticket = {
+        "ticket_id": "@T@", "state": "LOCKED", "user_name": "", "labels": LABELS, "charged_labels": ["@E@", "@U@"],
+        "requested": REQUEST, "locked": REQUEST, "used": ZERO, "created_at": T0, "updated_at": T0, "lock_expires_at": T0,
+    }  # fmt: skip
+    reported = {
+        "ticket_id": "@T@",
+        "state": "USED",
+        "used": REQUEST,
+        "locked": ZERO,
+        "lock_expires_at": None,
+        "updated_at": T0,
+    }
+    history = {
+        "ticket_id": "@T@", "final_state": "RELEASED", "reason": "released", "user_name": "", "labels": LABELS,
+        "charged_labels": ["@E@", "@U@"], "requested": REQUEST, "used": REQUEST, "created_at": T0, "reported_at": T0, "ended_at": T0,
+    }  # fmt: skip
+    sub = {"T": TICKET, "E": ECM, "U": USER}
+    rid = {
+        m: f"'{tag}-' || :client_id || '-' || :r"
+        for m, tag in (("Apply", "pa"), ("ReportUsed", "pu"), ("Release", "pr"))
+    }
+    lines = [
+        "-- Generated by `python -m bench.ceiling` from the SQL in rm_server/store/batch.py and",
+        "-- tickets.py: one Apply -> ReportUsed -> Release cycle, each RPC a transaction of",
+        "-- two pipelined round trips exactly as the server runs a request on its own. The",
+        "-- values the server computes are constants. -D emax=15: spread over 16 ECMs; 0: hot.",
+        "\\set u random(0, 999)",
+        "\\set e random(0, :emax)",
+        "\\set r random(1, 9000000000000000000)",
+        "-- Apply",
+        "\\startpipeline",
+        "BEGIN;",
+        log_select("Apply", rid["Apply"]),
+        _fill(batch.LOCK_LABELS, "now()", f"ARRAY[{ECM}, {USER}]", "'{}'"),
+        "\\endpipeline",
+        "\\startpipeline",
+        write((ECM_ZERO, ZERO), (ECM_ONE, REQUEST), 1),
+        _fill(batch.INSERT_TICKETS, _json([ticket], **sub)),
+        log_insert("Apply", rid["Apply"]),
+        "COMMIT;",
+        "\\endpipeline",
+    ]
+    for method in ("ReportUsed", "Release"):
+        lines += [
+            f"-- {method}",
+            "\\startpipeline",
+            "BEGIN;",
+            log_select(method, rid[method]),
+            _fill(batch.LOCK_LABELS, "now()", "'{}'", f"ARRAY[{TICKET}]"),
+            _fill(batch.LOCK_TICKETS, f"ARRAY[{TICKET}]"),
+            "\\endpipeline",
+            "\\startpipeline",
+        ]
+        if method == "ReportUsed":
+            lines += [
+                write((ECM_ONE, REQUEST), (ECM_ZERO, ZERO), 1),
+                _fill(batch.UPDATE_TICKETS, _json([reported], **sub)),
+                log_insert(method, rid[method]),
+            ]
+        else:
+            lines += [
+                write((ECM_ZERO, ZERO), (ECM_ZERO, ZERO), 0),
+                _fill(batch.DELETE_TICKETS, f"ARRAY[{TICKET}]"),
+                _fill(batch.INSERT_HISTORY, _json([history], **sub)),
+                log_insert(method, rid[method]),
+                _fill(batch.NOTIFY, "'labelrm_events'", f"ARRAY[{ECM}, {USER}]"),
+            ]
+        lines += ["COMMIT;", "\\endpipeline"]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    """Write bench/pgbench/cycle.sql from the store's SQL (run after changing it)."""
+    CYCLE.write_text(cycle_script())
+    print(f"wrote {CYCLE}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

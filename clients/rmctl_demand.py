@@ -1,0 +1,231 @@
+"""`rmctl demand submit|list|show|cancel|claim`: time-aware demands (docs/demands.md).
+
+Wired into rmctl by one call in ``build_parser``: ``add_demand_commands(cmds)``. The
+commands have rmctl's signature ``(client, args, out) -> exit code`` and reuse the
+client's channel, deadline, retries and error decoding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import uuid
+from typing import Any, TextIO
+
+from labelrm.v1 import demand_pb2, demand_pb2_grpc
+
+from clients import load, load_instance
+from clients._format import fmt_labels, fmt_resource, fmt_time, opt, print_details, print_table
+from clients._format import to_json as _to_json
+from clients._impl import RMClient
+
+STATES = {
+    name.removeprefix("DEMAND_STATE_").lower(): value
+    for name, value in demand_pb2.DemandState.items()
+    if value != demand_pb2.DEMAND_STATE_UNSPECIFIED
+}
+_STATE_NAMES = {v: k.upper() for k, v in STATES.items()}
+
+EXAMPLE = "{DemandID: 1234, OrderBy: 1200, Duration: {Time: [NOW, +20m], Strategy: loose}}"
+
+
+def add_demand_commands(cmds: Any) -> None:
+    """Register ``rmctl demand ...`` on rmctl's sub-command parsers (``add_subparsers()``)."""
+    # rmctl imports this module; importing its argument types here, at call time, avoids
+    # an import cycle.
+    from clients.rmctl import _labels_arg, _non_negative, parse_size
+
+    dem = cmds.add_parser("demand", help="time-aware demands").add_subparsers(
+        dest="sub", required=True, metavar="SUBCOMMAND"
+    )
+    c = dem.add_parser(
+        "submit",
+        help="submit a demand (idempotent by ID)",
+        description=f"Submit a time-aware demand. Example conditions: {EXAMPLE}",
+    )
+    c.add_argument("demand_id", metavar="ID", help="client-chosen id (the idempotency key)")
+    c.add_argument("--labels", type=_labels_arg, required=True, metavar="LABELS")
+    c.add_argument("--memory", type=parse_size, required=True, metavar="BYTES")
+    c.add_argument("--cpu", type=_non_negative, required=True, metavar="MILLIS")
+    c.add_argument("--instances", type=_non_negative, default=None, metavar="N")
+    c.add_argument("--user", default="", help="on whose behalf")
+    when = c.add_mutually_exclusive_group()
+    when.add_argument(
+        "--when",
+        default="",
+        metavar="CONDITIONS",
+        help="time conditions in the paper's JSON, e.g. '{Start: [NOW, +5m]}'",
+    )
+    when.add_argument(
+        "--when-file", default="", metavar="FILE", help="read the conditions from FILE (- = stdin)"
+    )
+    c.set_defaults(func=cmd_demand_submit)
+
+    c = dem.add_parser("list", help="list demands")
+    c.add_argument("--state", choices=sorted(STATES), default=None)
+    c.add_argument("--user", default="")
+    c.add_argument("-w", "--watch", action="store_true", help="re-render until interrupted")
+    c.set_defaults(func=cmd_demand_list)
+
+    c = dem.add_parser("show", help="show one demand and its history")
+    c.add_argument("demand_id", metavar="ID")
+    c.set_defaults(func=cmd_demand_show)
+
+    c = dem.add_parser("cancel", help="cancel a demand (it becomes FAILED)")
+    c.add_argument("demand_id", metavar="ID")
+    c.add_argument("--reason", default="", help="recorded in the demand's history")
+    c.set_defaults(func=cmd_demand_cancel)
+
+    c = dem.add_parser("claim", help="claim an ALLOCATED demand; prints its ticket")
+    c.add_argument("demand_id", metavar="ID")
+    c.set_defaults(func=cmd_demand_claim)
+
+
+def _stub(client: RMClient) -> Any:
+    # The client owns the channel, deadline and retry policy; demands ride on the same.
+    return demand_pb2_grpc.DemandServiceStub(client._channel)
+
+
+def _state(value: int) -> str:
+    return str(_STATE_NAMES.get(value, value))
+
+
+def _row(d: Any, wide: bool) -> tuple[str, ...]:
+    row: tuple[str, ...] = (
+        d.demand_id,
+        _state(d.state),
+        d.user or "-",
+        fmt_resource(opt(d, "resource")),
+        fmt_time(d.planned_start_time),
+        d.ticket_id or "-",
+        d.reason or "-",
+    )
+    if wide:
+        row += (str(d.passed_over_rounds), ";".join(d.charged_labels) or "-")
+    return row
+
+
+_HEADER = ("demand_id", "state", "user", "resource", "planned_start", "ticket", "reason")
+_WIDE = (*_HEADER, "rounds", "charged")
+
+
+def _details(d: Any) -> list[tuple[str, str]]:
+    return [
+        ("demand_id", d.demand_id),
+        ("state", _state(d.state)),
+        ("reason", d.reason or "-"),
+        ("user", d.user or "-"),
+        ("labels", fmt_labels(d.labels)),
+        ("charged", ";".join(d.charged_labels) or "-"),
+        ("resource", fmt_resource(opt(d, "resource"))),
+        ("conditions", d.time_conditions_text),
+        ("submitted", fmt_time(d.submit_time)),
+        ("planned_start", fmt_time(d.planned_start_time)),
+        ("plan", f"{fmt_time(d.plan_start_time)} .. {fmt_time(d.plan_end_time)}"),
+        ("slip", f"{d.slip.seconds}s" if d.slip.seconds else "-"),
+        ("passed_over", str(d.passed_over_rounds)),
+        ("ticket", d.ticket_id or "-"),
+        ("allocated", fmt_time(d.allocate_time)),
+        ("claim_expires", fmt_time(d.claim_expire_time)),
+        ("claimed", fmt_time(d.claim_time)),
+        ("ended", fmt_time(d.end_time)),
+        ("overruns", ",".join(d.overruns) or "-"),
+    ]
+
+
+def _print_demand(d: Any, out: TextIO) -> None:
+    print_details(out, _details(d))
+    if d.events:
+        print(file=out)
+        print_table(
+            out,
+            ("time", "from", "to", "reason"),
+            (
+                (
+                    fmt_time(e.time),
+                    _state(e.from_state) if e.from_state else "-",
+                    _state(e.to_state),
+                    e.reason,
+                )
+                for e in d.events
+            ),
+        )
+
+
+def cmd_demand_submit(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
+    """`rmctl demand submit ID --labels L --memory M --cpu C [--when TEXT | --when-file F]`."""
+    text = args.when
+    if args.when_file:
+        if args.when_file == "-":
+            text = sys.stdin.read()
+        else:
+            with open(args.when_file, encoding="utf-8") as fh:
+                text = fh.read()
+    if args.instances is None:
+        resource = load(args.memory, args.cpu)
+    else:
+        resource = load_instance(args.memory, args.cpu, args.instances)
+    req = demand_pb2.SubmitDemandRequest(
+        demand_id=args.demand_id, user=args.user, labels=args.labels, resource=resource
+    )
+    if text.strip():
+        req.time_conditions_text = text
+    resp = client._call(_stub(client).SubmitDemand, req)
+    if args.output == "json":
+        print(_to_json(resp), file=out)
+        return 0
+    verb = "submitted" if resp.created else "already submitted"
+    print(f"{verb}: {resp.demand.demand_id} {_state(resp.demand.state)}", file=out)
+    print_details(out, _details(resp.demand)[1:])
+    return 0
+
+
+def cmd_demand_list(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
+    """`rmctl demand list [--state S] [--user U]`."""
+    req = demand_pb2.ListDemandsRequest(
+        state=STATES[args.state] if args.state else demand_pb2.DEMAND_STATE_UNSPECIFIED,
+        user=args.user,
+    )
+    demands = list(client._pages(_stub(client).ListDemands, req, "demands"))
+    if args.output == "json":
+        print(_to_json(demand_pb2.ListDemandsResponse(demands=demands)), file=out)
+        return 0
+    wide = args.output == "wide"
+    print_table(out, _WIDE if wide else _HEADER, (_row(d, wide) for d in demands))
+    return 0
+
+
+def cmd_demand_show(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
+    """`rmctl demand show ID`: the demand and every transition with its time and reason."""
+    d = client._call(_stub(client).GetDemand, demand_pb2.GetDemandRequest(demand_id=args.demand_id))
+    if args.output == "json":
+        print(_to_json(d.demand), file=out)
+        return 0
+    _print_demand(d.demand, out)
+    return 0
+
+
+def cmd_demand_cancel(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
+    """`rmctl demand cancel ID [--reason TEXT]`."""
+    req = demand_pb2.CancelDemandRequest(
+        request_id=str(uuid.uuid4()), demand_id=args.demand_id, reason=args.reason
+    )
+    resp = client._call(_stub(client).CancelDemand, req)
+    if args.output == "json":
+        print(_to_json(resp.demand), file=out)
+    else:
+        print(
+            f"{resp.demand.demand_id} {_state(resp.demand.state)}: {resp.demand.reason}", file=out
+        )
+    return 0
+
+
+def cmd_demand_claim(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
+    """`rmctl demand claim ID`: the demand moves to MONITORING; prints its ticket."""
+    req = demand_pb2.ClaimDemandRequest(request_id=str(uuid.uuid4()), demand_id=args.demand_id)
+    resp = client._call(_stub(client).ClaimDemand, req)
+    if args.output == "json":
+        print(_to_json(resp), file=out)
+    else:
+        print(f"{resp.demand.demand_id} claimed: ticket {resp.ticket.ticket_id}", file=out)
+    return 0

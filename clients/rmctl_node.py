@@ -1,0 +1,219 @@
+"""`rmctl node list|status|drain|refresh`: the ECMs (agents) as the RM sees them.
+
+Wired into rmctl by one call in ``build_parser``: ``add_node_commands(cmds)``. The commands
+have rmctl's signature ``(client, args, out) -> exit code``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Iterable
+from typing import Any, TextIO
+
+from labelrm.v1 import admin_pb2, resource_manager_pb2
+
+from clients._engineconn import LIVE_EC_STATES, ec_state_name, ecm_state_name
+from clients._errors import NotFound
+from clients._format import (
+    fmt_labels,
+    fmt_resource,
+    fmt_time,
+    opt,
+    print_details,
+    print_table,
+    to_json,
+)
+from clients._impl import RMClient
+
+__all__ = ["add_node_commands", "resolve_by_prefix"]
+
+
+def add_node_commands(cmds: Any) -> None:
+    """Register ``rmctl node ...`` on rmctl's sub-command parsers (``add_subparsers()``)."""
+    node = cmds.add_parser("node", help="ECMs (agents): list, status, drain, node lists")
+    sub = node.add_subparsers(dest="sub", required=True, metavar="SUBCOMMAND")
+
+    c = sub.add_parser("list", help="list the registered ECMs")
+    c.add_argument(
+        "-w", "--watch", action="store_true", help="re-render until interrupted (Ctrl-C)"
+    )
+    c.set_defaults(func=cmd_node_list)
+
+    c = sub.add_parser("status", help="show one ECM and its live EngineConns")
+    c.add_argument("name", metavar="NAME", help="an ECM instance, or a unique prefix of one")
+    c.set_defaults(func=cmd_node_status)
+
+    c = sub.add_parser(
+        "drain",
+        help="decommission an ECM: no new EngineConns; it leaves once its EngineConns end",
+    )
+    c.add_argument("name", metavar="NAME", help="an ECM instance, or a unique prefix of one")
+    c.set_defaults(func=cmd_node_drain)
+
+    c = sub.add_parser(
+        "refresh",
+        help="replace the include and exclude lists (takes effect at once)",
+        description=(
+            "Replace both node lists (YARN's refreshNodes). Entries are ECM instances or "
+            "host names; an empty include list allows every ECM that is not excluded; "
+            "exclusion wins. Without options both lists are cleared."
+        ),
+    )
+    for name in ("include", "exclude"):
+        c.add_argument(
+            f"--{name}",
+            action="extend",
+            type=_node_list,
+            default=[],
+            metavar="HOST[,HOST...]",
+            help=f"{name} these (repeatable, or comma-separated)",
+        )
+    c.set_defaults(func=cmd_node_refresh)
+
+
+def _node_list(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def resolve_by_prefix(
+    kind: str,
+    given: str,
+    get: Callable[[str], Any],
+    candidates: Callable[[], Iterable[Any]],
+    key: Callable[[Any], str],
+) -> Any:
+    """``get(given)``, or else the one candidate whose key starts with `given`.
+
+    Raises the NotFound of `get` when nothing matches, ValueError when several do.
+    """
+    try:
+        return get(given)
+    except NotFound:
+        matches = [c for c in candidates() if key(c).startswith(given)]
+        if len(matches) == 1:
+            return matches[0]
+        if not matches:
+            raise
+        shown = ", ".join(key(m) for m in matches[:3])
+        more = f" and {len(matches) - 3} more" if len(matches) > 3 else ""
+        raise ValueError(
+            f"{kind} prefix {given!r} is ambiguous: {len(matches)} match ({shown}{more})"
+        ) from None
+
+
+def resolve_ecm(client: RMClient, given: str) -> Any:
+    """The ECM named `given`, or the one whose instance starts with it."""
+    return resolve_by_prefix(
+        "ECM", given, client.get_ecm, client.list_ecms, lambda e: str(e.instance)
+    )
+
+
+_HEADER = ("instance", "state", "engineconns", "total", "left", "last_heartbeat")
+_WIDE = (*_HEADER, "labels", "protected", "registered")
+
+
+def _row(e: Any, wide: bool) -> tuple[str, ...]:
+    row: tuple[str, ...] = (
+        e.instance,
+        ecm_state_name(e.state),
+        str(e.live_engine_conns),
+        fmt_resource(opt(e, "total_resource")),
+        fmt_resource(opt(e, "left_resource")),
+        fmt_time(e.last_heartbeat_time),
+    )
+    if wide:
+        row += (
+            fmt_labels(e.labels),
+            fmt_resource(opt(e, "protected_resource")),
+            fmt_time(e.register_time),
+        )
+    return row
+
+
+def cmd_node_list(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
+    """`rmctl node list`."""
+    ecms = list(client.list_ecms())
+    if args.output == "json":
+        print(to_json(resource_manager_pb2.ListEcmsResponse(ecms=ecms)), file=out)
+        return 0
+    wide = args.output == "wide"
+    print_table(out, _WIDE if wide else _HEADER, (_row(e, wide) for e in ecms))
+    return 0
+
+
+def cmd_node_status(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
+    """`rmctl node status NAME`: the ECM, then its live EngineConns."""
+    e = resolve_ecm(client, args.name)
+    if args.output == "json":
+        print(to_json(e), file=out)
+        return 0
+    print_details(
+        out,
+        [
+            ("instance", e.instance),
+            ("state", ecm_state_name(e.state)),
+            ("labels", fmt_labels(e.labels)),
+            ("total", fmt_resource(opt(e, "total_resource"))),
+            ("protected", fmt_resource(opt(e, "protected_resource"))),
+            ("left", fmt_resource(opt(e, "left_resource"))),
+            ("engineconns", str(e.live_engine_conns)),
+            ("last_heartbeat", fmt_time(e.last_heartbeat_time)),
+            ("registered", fmt_time(e.register_time)),
+            ("updated", fmt_time(e.update_time)),
+        ],
+    )
+    live = [ec for ec in client.list_engine_conns(ecm=e.instance) if ec.state in LIVE_EC_STATES]
+    if live:
+        print(file=out)
+        print_table(
+            out,
+            ("engine_conn_id", "state", "user", "resource", "address"),
+            (
+                (
+                    ec.engine_conn_id,
+                    ec_state_name(ec.state),
+                    ec.user,
+                    fmt_resource(opt(ec, "resource")),
+                    ec.address or "-",
+                )
+                for ec in live
+            ),
+        )
+    return 0
+
+
+def cmd_node_drain(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
+    """`rmctl node drain NAME` (DecommissionEcm)."""
+    instance = resolve_ecm(client, args.name).instance
+    live = client.decommission_ecm(instance)
+    if args.output == "json":
+        print(to_json(admin_pb2.DecommissionEcmResponse(live_engine_conns=live)), file=out)
+    elif live:
+        print(
+            f"{instance} DRAINING: {live} live EngineConns; no new ones start there, "
+            "and the ECM leaves once they end",
+            file=out,
+        )
+    else:
+        print(
+            f"{instance} DRAINING: no live EngineConns; it leaves at its next heartbeat", file=out
+        )
+    return 0
+
+
+def cmd_node_refresh(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
+    """`rmctl node refresh [--include H...] [--exclude H...]` (RefreshNodes)."""
+    disallowed = client.refresh_nodes(args.include, args.exclude)
+    if args.output == "json":
+        resp = admin_pb2.RefreshNodesResponse(disallowed_instances=disallowed)
+        print(to_json(resp), file=out)
+        return 0
+    print_details(
+        out,
+        [
+            ("include", ",".join(args.include) or "(all)"),
+            ("exclude", ",".join(args.exclude) or "-"),
+            ("disallowed", ",".join(disallowed) or "-"),
+        ],
+    )
+    return 0

@@ -1,0 +1,203 @@
+"""THE access policy: one table naming, for every RPC the RM serves, who may call it
+and how ownership is checked. Nothing else in the server decides who may do what.
+
+Roles: ``user`` (people and their tools, with a token), ``agent`` (ECM agents, with a
+certificate or a token), ``engineconn`` (an EngineConn, with the certificate the RM
+issued it), ``admin`` (operators, with a token). An admin may call everything and
+passes every ownership check. A ``proxy user`` (setting ``proxy_users``: a gateway that
+submits on behalf of others) may act as any user on the user RPCs, without admin RPCs.
+
+Ownership checks (`Check`), run before the servicer sees the request:
+
+- SELF: the request's agent id / EngineConn id must be one of the caller's identities.
+- ACT_AS: the request's ``user`` and the user of every ``userCreator`` label must be the
+  caller; an empty ``user`` is filled in with the caller.
+- OWN_LIST: a list's ``user`` filter is forced to the caller.
+- OWN_TICKET / OWN_ENGINE_CONN / OWN_DEMAND: the named object must belong to the
+  caller. An unknown id passes through, so the servicer answers NOT_FOUND as usual.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Protocol
+
+from rm_server.domain.labels import USER_CREATOR, Label, LabelError
+from rm_server.errors import PermissionDenied, Unauthenticated
+from rm_server.security.identity import Kind, Principal, Role
+
+RM = "labelrm.v1.ResourceManagerService/"
+ADMIN = "labelrm.v1.AdminService/"
+EC = "labelrm.v1.EngineConnService/"
+DEMAND = "labelrm.v1.DemandService/"
+# Open to anyone, authenticated or not: health checks (load balancers, probes) and
+# reflection (grpcurl; it describes the API, never data).
+PUBLIC_PREFIXES = ("grpc.health.v1.", "grpc.reflection.")
+
+
+class Check(StrEnum):
+    NONE = "none"
+    SELF = "self"
+    ACT_AS = "act_as"
+    OWN_LIST = "own_list"
+    OWN_TICKET = "own_ticket"
+    OWN_ENGINE_CONN = "own_engine_conn"
+    OWN_DEMAND = "own_demand"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Who may call one RPC. `roles` never needs to list admin (admins may call all);
+    `field` is the request field the check reads; `apply_like` RPCs count against the
+    per-user Apply rate (limits.py)."""
+
+    roles: frozenset[Role]
+    check: Check = Check.NONE
+    field: str = ""
+    apply_like: bool = False
+
+
+_USER = frozenset({Role.USER})
+_AGENT = frozenset({Role.AGENT})
+_ENGINECONN = frozenset({Role.ENGINECONN})
+_ADMIN_ONLY: frozenset[Role] = frozenset()
+
+POLICY: Mapping[str, Rule] = {
+    # ECM agents: each only as itself (the id is checked against its certificate).
+    RM + "RegisterEcm": Rule(_AGENT, Check.SELF, "instance"),
+    RM + "UnregisterEcm": Rule(_AGENT, Check.SELF, "instance"),  # another's: admin
+    RM + "Heartbeat": Rule(_AGENT, Check.SELF, "agent_id"),
+    EC + "StreamAgentCommands": Rule(_AGENT, Check.SELF, "agent_id"),
+    # EngineConns: report only their own state.
+    EC + "ReportEngineConnState": Rule(_ENGINECONN, Check.SELF, "engine_conn_id"),
+    # Users: their own tickets, EngineConns and demands.
+    RM + "Apply": Rule(_USER, Check.ACT_AS, "user", apply_like=True),
+    RM + "ReportUsed": Rule(_USER, Check.OWN_TICKET, "ticket_id"),
+    RM + "Release": Rule(_USER, Check.OWN_TICKET, "ticket_id"),
+    RM + "GetTicket": Rule(_USER, Check.OWN_TICKET, "ticket_id"),
+    RM + "ListTickets": Rule(_USER, Check.OWN_LIST, "user"),
+    EC + "CreateEngineConn": Rule(_USER, Check.ACT_AS, "user", apply_like=True),
+    EC + "AskEngineConn": Rule(_USER, Check.ACT_AS, "user", apply_like=True),
+    EC + "GetEngineConn": Rule(_USER, Check.OWN_ENGINE_CONN, "engine_conn_id"),
+    EC + "ListEngineConns": Rule(_USER, Check.OWN_LIST, "user"),
+    EC + "KillEngineConn": Rule(_USER, Check.OWN_ENGINE_CONN, "engine_conn_id"),
+    DEMAND + "SubmitDemand": Rule(_USER, Check.ACT_AS, "user", apply_like=True),
+    DEMAND + "GetDemand": Rule(_USER, Check.OWN_DEMAND, "demand_id"),
+    DEMAND + "ListDemands": Rule(_USER, Check.OWN_LIST, "user"),
+    DEMAND + "CancelDemand": Rule(_USER, Check.OWN_DEMAND, "demand_id"),
+    DEMAND + "ClaimDemand": Rule(_USER, Check.OWN_DEMAND, "demand_id"),
+    # The cluster's shape is visible to every user (like YARN's node and queue views):
+    # capacity and usage per label and per ECM, no tickets and no EngineConns.
+    RM + "GetLabelResource": Rule(_USER),
+    RM + "ListLabelResources": Rule(_USER),
+    RM + "GetEcm": Rule(_USER),
+    RM + "ListEcms": Rule(_USER),
+    # Operators only.
+    ADMIN + "SetLabelLimit": Rule(_ADMIN_ONLY),
+    ADMIN + "ListLabelLimits": Rule(_ADMIN_ONLY),
+    ADMIN + "DeleteLabelLimit": Rule(_ADMIN_ONLY),
+    ADMIN + "CheckConsistency": Rule(_ADMIN_ONLY),
+    ADMIN + "RefreshNodes": Rule(_ADMIN_ONLY),
+    ADMIN + "DecommissionEcm": Rule(_ADMIN_ONLY),
+}
+
+
+class Owners(Protocol):
+    """Who owns an object (None when there is no such object)."""
+
+    async def ticket_owner(self, ticket_id: str) -> str | None: ...
+
+    async def engine_conn_owner(self, ec_id: str) -> str | None: ...
+
+    async def demand_owner(self, demand_id: str) -> str | None: ...
+
+
+def is_public(method: str) -> bool:
+    return method.startswith(PUBLIC_PREFIXES)
+
+
+def rule_for(method: str) -> Rule | None:
+    return POLICY.get(method)
+
+
+def acts_for_others(principal: Principal, proxy_users: Collection[str]) -> bool:
+    """Admins, and the configured proxy users, may act on any user's behalf."""
+    if principal.is_admin:
+        return True
+    return principal.kind is Kind.USER and principal.name in proxy_users
+
+
+def _denied(principal: Principal, what: str) -> PermissionDenied:
+    return PermissionDenied(f"{principal.describe()} may not {what}")
+
+
+def _creator_users(request: Any) -> list[str]:
+    """The users named by the request's userCreator labels (malformed ones are left to
+    the servicer, which refuses them with INVALID_ARGUMENT)."""
+    users = []
+    for label in getattr(request, "labels", ()):
+        if label.key != USER_CREATOR:
+            continue
+        try:
+            users.append(Label(label.key, label.value).user)
+        except LabelError:
+            continue
+    return users
+
+
+async def authorize(
+    method: str,
+    principal: Principal,
+    request: Any,
+    owners: Owners,
+    proxy_users: Collection[str] = (),
+) -> Rule | None:
+    """Allow the call or raise Unauthenticated / PermissionDenied.
+
+    May fill in the request's ``user`` (ACT_AS, OWN_LIST). Returns the rule (None for
+    public methods)."""
+    if is_public(method):
+        return None
+    rule = rule_for(method)
+    if principal.is_admin:
+        return rule  # admins may call everything, on anyone's objects
+    if rule is None:  # fail closed: an RPC without a rule is nobody's but the admins'
+        raise _denied(principal, f"call {method} (no access rule)")
+    if not principal.roles & rule.roles:
+        if principal.kind is Kind.ANONYMOUS:
+            raise Unauthenticated(
+                f"{method} needs credentials: a bearer token or a client certificate"
+            )
+        need = ", ".join(sorted(r.value for r in rule.roles)) or "admin"
+        raise _denied(principal, f"call {method} (needs role {need})")
+    if rule.check is Check.NONE:
+        return rule
+    value = getattr(request, rule.field)
+    if rule.check is Check.SELF:
+        if not principal.claims(value):
+            raise _denied(principal, f"act as {rule.field} {value!r}")
+        return rule
+    others = acts_for_others(principal, proxy_users)
+    if rule.check in (Check.ACT_AS, Check.OWN_LIST):
+        if value and value != principal.name and not others:
+            raise _denied(principal, f"act as user {value!r}")
+        if not value and not others:
+            setattr(request, rule.field, principal.name)
+        if rule.check is Check.ACT_AS and not others:
+            for user in _creator_users(request):
+                if user != principal.name:
+                    raise _denied(principal, f"use the userCreator label of user {user!r}")
+        return rule
+    if others or not value:
+        return rule
+    lookup = {
+        Check.OWN_TICKET: (owners.ticket_owner, "ticket"),
+        Check.OWN_ENGINE_CONN: (owners.engine_conn_owner, "EngineConn"),
+        Check.OWN_DEMAND: (owners.demand_owner, "demand"),
+    }[rule.check]
+    owner = await lookup[0](value)
+    if owner is not None and owner != principal.name:
+        raise _denied(principal, f"act on {lookup[1]} {value} of user {owner!r}")
+    return rule

@@ -1,0 +1,48 @@
+"""Reads the access policy needs: who owns a ticket, an EngineConn or a demand, and a
+user's own live tickets. Owners never change after creation, so reading them outside
+the transaction that later acts on the object is safe."""
+
+from __future__ import annotations
+
+from rm_server.domain.model import Ticket
+from rm_server.store.codec import TICKET_COLUMNS, ticket_from_row
+from rm_server.store.db import Conn
+
+
+async def _one(conn: Conn, sql: str, *params: str) -> str | None:
+    cur = await conn.execute(sql, params)
+    row = await cur.fetchone()
+    return None if row is None else str(row[0])
+
+
+async def ticket_owner(conn: Conn, ticket_id: str) -> str | None:
+    """The user of a live or ended ticket."""
+    return await _one(
+        conn,
+        "SELECT user_name FROM ticket WHERE ticket_id = %s"
+        " UNION ALL SELECT user_name FROM ticket_history WHERE ticket_id = %s LIMIT 1",
+        ticket_id,
+        ticket_id,
+    )
+
+
+async def engine_conn_owner(conn: Conn, ec_id: str) -> str | None:
+    return await _one(conn, "SELECT user_name FROM engine_conn WHERE ec_id = %s", ec_id)
+
+
+async def demand_owner(conn: Conn, demand_id: str) -> str | None:
+    return await _one(conn, "SELECT user_name FROM demand WHERE demand_id = %s", demand_id)
+
+
+async def list_user_tickets(
+    conn: Conn, user: str, after: str, limit: int, label: str, state: str
+) -> list[Ticket]:
+    """Like tickets.list_tickets, only `user`'s (ListTickets of a non-admin caller)."""
+    cur = await conn.execute(
+        f"SELECT {TICKET_COLUMNS} FROM ticket WHERE user_name = %s AND ticket_id > %s"  # noqa: S608
+        " AND (%s = '' OR charged_labels @> ARRAY[%s]::text[])"
+        " AND (%s = '' OR state = %s)"
+        " ORDER BY ticket_id LIMIT %s",
+        (user, after, label, label, state, state, limit),
+    )
+    return [ticket_from_row(r) for r in await cur.fetchall()]

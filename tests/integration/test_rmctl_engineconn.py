@@ -1,0 +1,247 @@
+"""rmctl's `node` and `engineconn` commands against a real cluster: an in-process RM, a real
+agent (root) launching through real sudo as a real unprivileged user, the real EngineConn
+runtime. The RM serves on the test's event loop, so rmctl runs in a worker thread.
+
+The last tests need no cluster: the log fallback when an EngineConn's files are not
+readable here, and the start-up progress on a terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+from typing import Any
+
+import pytest
+from google.protobuf import json_format
+from labelrm.v1 import engine_conn_pb2 as ec_pb
+
+from clients import AsyncRMClient, ExecOutput, ExecResult, rmctl
+from clients.rmctl_engineconn import cmd_ec_logs, with_progress
+from tests.conftest import wait_until
+
+SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"
+ENDED = ("SUCCEEDED", "FAILED", "LOST")
+
+
+def ctl(rm: Any, *argv: str) -> Any:
+    """rmctl against `rm`, in a thread; an awaitable of its exit code."""
+    return asyncio.to_thread(rmctl.main, ["--rm", rm.target, *argv])
+
+
+def details(text: str) -> dict[str, str]:
+    """The `key = value` lines of a detail view (stops at the first blank line)."""
+    out = {}
+    for line in text.split("\n\n")[0].splitlines():
+        key, sep, value = line.partition(" = ")
+        assert sep, f"not a key = value line: {line!r}"
+        out[key.strip()] = value
+    return out
+
+
+@pytest.fixture
+async def client(cluster_rm: Any) -> Any:
+    async with AsyncRMClient(cluster_rm.target, timeout=10.0) as c:
+        yield c
+
+
+async def start_agent(rm: Any, client: Any, agent_factory: Any, agent_id: str = "agent1") -> Any:
+    agent = agent_factory(rm.target, agent_id)
+    agent.start()
+
+    async def running() -> bool:
+        ecms = [e async for e in client.list_ecms()]
+        return any(e.instance == agent_id and e.HasField("last_heartbeat_time") for e in ecms)
+
+    await wait_until(running, timeout=30)
+    return agent
+
+
+async def test_engineconn_lifecycle_through_rmctl(
+    cluster_rm: Any, client: Any, agent_factory: Any, capsys: Any
+) -> None:
+    rm = cluster_rm
+    await start_agent(rm, client, agent_factory)
+    capsys.readouterr()
+
+    assert await ctl(rm, "node", "list") == 0
+    header, *rows = capsys.readouterr().out.splitlines()
+    assert header.split() == [
+        "INSTANCE", "STATE", "ENGINECONNS", "TOTAL", "LEFT", "LAST_HEARTBEAT",
+    ]  # fmt: skip
+    assert [r.split()[:2] for r in rows] == [["agent1", "RUNNING"]]
+
+    argv = ("engineconn", "create", "--user", "lrmtest_a", "--labels", SHELL_A, "-q")
+    assert await ctl(rm, *argv, "--param", "max_idle_seconds=300") == 0
+    ec_id = capsys.readouterr().out.strip()
+    assert ec_id.startswith("ec-") and "\n" not in ec_id
+
+    # exec streams the output; the id may be abbreviated to a unique prefix.
+    assert await ctl(rm, "engineconn", "exec", ec_id[:8], "id -un") == 0
+    assert capsys.readouterr().out == "lrmtest_a\n"
+    assert await ctl(rm, "engineconn", "exec", ec_id, "echo to-err >&2; exit 3") == 3
+    assert capsys.readouterr().err == "to-err\n"
+
+    # -o json is the protobuf JSON of GetEngineConn's EngineConn.
+    assert await ctl(rm, "-o", "json", "engineconn", "status", ec_id) == 0
+    shown = json_format.Parse(capsys.readouterr().out, ec_pb.EngineConn())
+    fresh = await client.get_engine_conn(ec_id)
+    for ec in (shown, fresh):  # moved by the EngineConn's own heartbeats
+        ec.ClearField("update_time")
+    assert shown == fresh
+    assert await ctl(rm, "engineconn", "status", ec_id) == 0
+    view = details(capsys.readouterr().out)
+    assert view["engine_conn_id"] == ec_id and view["state"] == "IDLE"
+    assert view["user"] == "lrmtest_a" and view["ecm"] == "agent1"
+    assert "max_idle_seconds=300" in view["params"]
+    assert view["ecm_choice.1"].startswith("agent1 eligible score=")
+    assert "health:" in view["ecm_choice.1"] and "resource:" in view["ecm_choice.1"]
+
+    assert await ctl(rm, "engineconn", "list") == 0
+    header, row = capsys.readouterr().out.splitlines()
+    assert header.split() == [
+        "ENGINE_CONN_ID", "STATE", "USER", "ENGINE", "ECM", "ADDRESS", "CREATED",
+    ]  # fmt: skip
+    assert row.split()[:5] == [ec_id, "IDLE", "lrmtest_a", "shell-1", "agent1"]
+    assert await ctl(rm, "engineconn", "list", "--state", "failed") == 0
+    assert len(capsys.readouterr().out.splitlines()) == 1  # the header only
+
+    assert await ctl(rm, "node", "status", "agent") == 0  # a prefix
+    text = capsys.readouterr().out
+    assert details(text)["state"] == "RUNNING" and details(text)["engineconns"] == "1"
+    assert ec_id in text.split("\n\n")[1]
+
+    # The runtime logs to its stderr.log; the test runs as root, so the files are readable.
+    assert await ctl(rm, "engineconn", "logs", ec_id) == 0
+    out = capsys.readouterr().out
+    assert "stderr.log <==" in out and "creation context: ec_id=" + ec_id in out
+
+    # -f follows until the EngineConn has ended: kill it meanwhile.
+    follow = asyncio.ensure_future(ctl(rm, "engineconn", "logs", "-f", ec_id))
+    await asyncio.sleep(0.5)
+    assert await ctl(rm, "engineconn", "kill", ec_id) == 0
+    assert await asyncio.wait_for(follow, timeout=20) == 0
+    out = capsys.readouterr().out
+    assert f"{ec_id} SHUTTING_DOWN" in out
+    assert "stopping" in out  # written by the EngineConn after the follow had started
+
+    assert await ctl(rm, "engineconn", "status", ec_id) == 0
+    view = details(capsys.readouterr().out)
+    assert view["state"] in ENDED and view["ended"] != "-"
+    assert await ctl(rm, "engineconn", "exec", ec_id, "true") == 1
+    assert "has no executor" in capsys.readouterr().err
+    assert await ctl(rm, "check") == 0
+
+
+async def test_node_drain_refresh_and_errors(
+    cluster_rm: Any, client: Any, agent_factory: Any, capsys: Any
+) -> None:
+    rm = cluster_rm
+    await start_agent(rm, client, agent_factory)
+    # The async SDK: create and execute.
+    ec = await client.create_engine_conn(SHELL_A, user="lrmtest_a", timeout=30)
+    items = [item async for item in client.execute(ec.address, "echo hi; echo ho >&2")]
+    assert items == [ExecOutput("stdout", "hi\n"), ExecOutput("stderr", "ho\n"), ExecResult(0, False, "")]
+    capsys.readouterr()
+
+    # A user the agent refuses: one error line, exit 1.
+    argv = ("engineconn", "create", "--labels", "userCreator=root-IDE,engineType=shell-1")
+    assert await ctl(rm, *argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: FAILED_PRECONDITION") and "refused" in err
+    assert len(err.strip().splitlines()) == 1
+    assert await ctl(rm, "engineconn", "status", "ec-nothing-like-it") == 1
+    assert capsys.readouterr().err.startswith("error: NOT_FOUND: ")
+    assert await ctl(rm, "engineconn", "create", "--user", "lrmtest_a") == 2  # no --labels
+    capsys.readouterr()
+
+    assert await ctl(rm, "node", "drain", "agent1") == 0
+    assert "agent1 DRAINING: 1 live EngineConns" in capsys.readouterr().out
+    assert await ctl(rm, "node", "status", "agent1") == 0
+    assert details(capsys.readouterr().out)["state"] == "DRAINING"
+    assert await ctl(rm, "engineconn", "create", "--labels", SHELL_A) == 1  # nowhere to go
+    assert capsys.readouterr().err.startswith("error: ")
+
+    # Once its last EngineConn has ended, the draining ECM leaves.
+    await client.kill_engine_conn(ec.engine_conn_id)
+
+    async def gone() -> bool:
+        return not [e async for e in client.list_ecms()]
+
+    await wait_until(gone, timeout=20)
+    assert await ctl(rm, "node", "list") == 0
+    assert capsys.readouterr().out.splitlines()[1:] == []
+
+    argv = ("node", "refresh", "--include", "agent1,agent2", "--exclude", "agent9")
+    assert await ctl(rm, "-o", "json", *argv) == 0
+    assert json.loads(capsys.readouterr().out) == {}  # nobody registered is disallowed
+    assert await ctl(rm, *argv) == 0
+    view = details(capsys.readouterr().out)
+    assert view == {"include": "agent1,agent2", "exclude": "agent9", "disallowed": "-"}
+    assert await ctl(rm, "node", "refresh") == 0  # clears both lists
+    assert details(capsys.readouterr().out)["include"] == "(all)"
+    assert await ctl(rm, "check") == 0
+
+
+# --- without a cluster -----------------------------------------------------------------------
+
+
+class _Client:
+    """Just enough of RMClient for `engineconn logs`."""
+
+    def __init__(self, ec: Any) -> None:
+        self.ec = ec
+
+    def get_engine_conn(self, ec_id: str) -> Any:
+        return self.ec
+
+
+def test_logs_fall_back_to_the_stored_tail(capsys: Any, tmp_path: Any) -> None:
+    ec = ec_pb.EngineConn(
+        engine_conn_id="ec-1",
+        state=ec_pb.ENGINE_CONN_STATE_FAILED,
+        ecm_instance="worker-7",
+        work_dir=str(tmp_path / "elsewhere" / "ec-1"),  # not on this host
+        log_tail="Traceback ...\nValueError: bad config\n",
+    )
+    args = argparse.Namespace(ec_id="ec-1", follow=True, output="table")
+    assert cmd_ec_logs(_Client(ec), args, io.StringIO()) == 0  # type: ignore[arg-type]
+    captured = capsys.readouterr()
+    assert "ValueError: bad config" not in captured.out  # written to the given stream
+    assert "full logs are on ECM worker-7 in" in captured.err
+
+    out = io.StringIO()
+    cmd_ec_logs(_Client(ec), args, out)  # type: ignore[arg-type]
+    assert out.getvalue() == "Traceback ...\nValueError: bad config\n"
+
+    ec.log_tail = ""
+    with pytest.raises(ValueError, match="not readable from this host"):
+        cmd_ec_logs(_Client(ec), args, io.StringIO())  # type: ignore[arg-type]
+
+
+class _FakeTty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_create_progress_only_on_a_terminal() -> None:
+    def slow() -> str:
+        import time
+
+        time.sleep(0.3)
+        return "ec-1"
+
+    tty = _FakeTty()
+    assert with_progress("starting shell-1", slow, tty) == "ec-1"
+    assert "starting shell-1 0s" in tty.getvalue() and tty.getvalue().endswith("\r\x1b[K")
+    piped = io.StringIO()
+    assert with_progress("starting shell-1", slow, piped) == "ec-1"
+    assert piped.getvalue() == ""
+
+    def fails() -> str:
+        raise RuntimeError("no ECM")
+
+    with pytest.raises(RuntimeError, match="no ECM"):
+        with_progress("starting", fails, _FakeTty())
