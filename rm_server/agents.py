@@ -302,6 +302,9 @@ class AgentHub:
 
         return await self.db.run(body)
 
+    async def state_counts(self) -> dict[str, dict[str, int]]:
+        return await self.db.run(ecm_store.state_counts)
+
     async def ecm_status(self, instance: str) -> EcmStatus:
         return await self.db.run(lambda c: ecm_store.ecm_status(c, instance))
 

@@ -91,6 +91,7 @@ class Metrics:
         self.label_cap = label_cap
         self.cache_seconds = cache_seconds
         self.labels: LabelResourceCollector | None = None
+        self.states: StateCountCollector | None = None
         r = self.registry
         self.rpc_duration = Histogram(
             "labelrm_rpc_duration_seconds",
@@ -134,10 +135,17 @@ class Metrics:
         self.registry.register(self.labels)
         observe_sweeps(core, self.reclaims)
 
+    def attach_states(self, source: StateSource) -> None:
+        """Export ECMs and EngineConns by state."""
+        self.states = StateCountCollector(source, self.cache_seconds)
+        self.registry.register(self.states)
+
     async def exposition(self) -> bytes:
         """The text exposition, with the label records refreshed when stale."""
         if self.labels is not None:
             await self.labels.refresh()
+        if self.states is not None:
+            await self.states.refresh()
         return generate_latest(self.registry)
 
     @contextlib.contextmanager
@@ -320,6 +328,44 @@ class LabelResourceCollector(Collector):
             "Time the last read of the label records took.",
             value=snap.seconds,
         )
+
+
+class StateSource(Protocol):
+    async def state_counts(self) -> dict[str, dict[str, int]]: ...
+
+
+ECM_STATES = ("RUNNING", "DRAINING", "LOST")
+EC_STATES = ("STARTING", "IDLE", "BUSY", "SHUTTING_DOWN", "SUCCEEDED", "FAILED", "LOST")
+
+
+class StateCountCollector(Collector):
+    """``labelrm_ecms{state}`` and ``labelrm_engine_conns{state}``, read at scrape time
+    (cached like the label records); every state is exported, zero included."""
+
+    def __init__(self, source: StateSource, cache_seconds: float) -> None:
+        self.source = source
+        self.cache_seconds = cache_seconds
+        self._counts: dict[str, dict[str, int]] = {"ecm": {}, "engine_conn": {}}
+        self._taken = float("-inf")
+
+    async def refresh(self) -> None:
+        if time.monotonic() - self._taken < self.cache_seconds:
+            return
+        try:
+            self._counts = await self.source.state_counts()
+        except Exception:  # a scrape must still answer while the database is down
+            log.warning("reading state counts for metrics failed", exc_info=True)
+        self._taken = time.monotonic()
+
+    def collect(self) -> Iterable[Metric]:
+        for name, key, states, help_text in (
+            ("labelrm_ecms", "ecm", ECM_STATES, "Registered ECMs by state."),
+            ("labelrm_engine_conns", "engine_conn", EC_STATES, "EngineConns by state."),
+        ):
+            family = GaugeMetricFamily(name, help_text, labels=["state"])
+            for state in states:
+                family.add_metric([state], self._counts.get(key, {}).get(state, 0))
+            yield family
 
 
 def split_host_port(address: str) -> tuple[str, int]:

@@ -166,3 +166,15 @@ async def list_ecm_status(conn: Conn, after: str = "", limit: int = 10_000) -> l
         (LIVE, after, limit),
     )
     return [_status(r) for r in await cur.fetchall()]
+
+
+async def state_counts(conn: Conn) -> dict[str, dict[str, int]]:
+    """ECMs and EngineConns by state (for metrics)."""
+    cur = await conn.execute(
+        "SELECT 'ecm', state, count(*) FROM ecm GROUP BY state"
+        " UNION ALL SELECT 'engine_conn', state, count(*) FROM engine_conn GROUP BY state"
+    )
+    out: dict[str, dict[str, int]] = {"ecm": {}, "engine_conn": {}}
+    for kind, state, count in await cur.fetchall():
+        out[kind][state] = int(count)
+    return out

@@ -121,6 +121,10 @@ async def test_shell_engineconn_runs_as_the_user_and_kill_releases(cluster_rm, a
     assert await ticket_state(rm, ec.ticket_id) == rm_pb.TICKET_STATE_USED
     out, _, code = await execute(ec.address, "id -un")
     assert (out.strip(), code) == ("lrmtest_a", 0)
+    gauges = await state_gauges(rm)
+    assert gauges[("labelrm_ecms", "RUNNING")] == 1
+    assert gauges[("labelrm_engine_conns", "IDLE")] == 1
+    assert gauges[("labelrm_engine_conns", "FAILED")] == 0
     fresh = await get_ec(rm, ec.engine_conn_id)
     members = group_members(fresh.pid)
     uid_a = pwd.getpwnam("lrmtest_a").pw_uid
@@ -132,6 +136,18 @@ async def test_shell_engineconn_runs_as_the_user_and_kill_releases(cluster_rm, a
     await wait_until(lambda: _async(not group_members(fresh.pid)), timeout=20)
     assert await ticket_state(rm, ec.ticket_id) == rm_pb.TICKET_STATE_RELEASED
     await assert_consistent(rm)
+
+
+async def state_gauges(rm) -> dict[tuple[str, str], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = (await rm.server.metrics.exposition()).decode()
+    return {
+        (sample.name, sample.labels["state"]): sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name in ("labelrm_ecms", "labelrm_engine_conns")
+        for sample in family.samples
+    }
 
 
 async def _async(value):
