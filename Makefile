@@ -22,6 +22,8 @@ DATA_DIR ?= ./labelrm-data
 
 # `make test`: extra pytest arguments, e.g. make test PYTEST_ARGS='-k apply -x'
 PYTEST_ARGS ?=
+# `make bench`: e.g. make bench BENCH_ARGS='--only apply_cycle --database-url postgresql://...'
+BENCH_ARGS ?=
 # The system PostgreSQL used by `make test-all-dbs` (second run; PYTEST_ARGS passes through).
 TEST_PG_URL ?= postgresql://postgres@127.0.0.1:5432/test
 # Set LABELRM_TEST_DATABASE_URL (environment or make variable) to run the suite
@@ -82,12 +84,8 @@ protos: $(STAMP) ## regenerate protos/labelrm/v1/*_pb2*.py(i) from the .proto fi
 protos-check: $(STAMP) ## regenerate into the tree; fail (and show the diff) if protos/ differs from git HEAD
 	bash scripts/ci_check_drift.sh
 
-bench: $(STAMP) ## run the benchmarks (python -m bench) once bench/ has them
-	@if [ -f bench/__main__.py ]; then \
-	  $(PY) -m bench; \
-	else \
-	  echo "no benchmarks yet: bench/__main__.py lands with the benchmarks issue"; \
-	fi
+bench: $(STAMP) ## run every benchmark and print the targets (python -m bench $(BENCH_ARGS); docs/benchmarks.md)
+	$(PY) -m bench $(BENCH_ARGS)
 
 clean: ## remove caches and build output (keeps .venv and ./labelrm-data)
 	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

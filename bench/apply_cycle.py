@@ -107,7 +107,7 @@ def measure_labelrm(
         seconds,
         procs=procs,
         extra=["--mode", mode],
-        meter_groups=lambda: {"server": [server.proc.pid], "postgres": db.postgres_pids()},  # type: ignore[union-attr]
+        meter_groups=lambda: {"server": server.pids, "postgres": db.postgres_pids()},
     )
     out: dict[str, Any] = {
         "cycles_per_s": round(res["count"] / res["seconds"], 1),
@@ -131,7 +131,7 @@ def measure_floor(
         clients,
         seconds,
         procs=procs,
-        meter_groups=lambda: {"server": [server.proc.pid]},  # type: ignore[union-attr]
+        meter_groups=lambda: {"server": server.pids},
     )
     values = res["latency"].get("Check", [])
     return {
@@ -159,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-pgbench", action="store_true")
     parser.add_argument("--no-floor", action="store_true")
     parser.add_argument(
+        "--workers", type=int, default=1, help="rm-server processes sharing the port (SO_REUSEPORT)"
+    )
+    parser.add_argument(
         "--server-arg", action="append", default=[], help="extra rm-server argument (repeat)"
     )
     args = parser.parse_args(argv)
@@ -174,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     tmpdir = Path(tempfile.mkdtemp(prefix="labelrm-bench-"))
     script = tmpdir / "cycle.sql"
     script.write_text(script_text)
-    with stack(args.database_url, server_args) as (db, server):
+    with stack(args.database_url, server_args, args.workers) as (db, server):
         asyncio.run(seed(server.target))
         if not args.no_pgbench:
             ceiling.prepare(db.url)
@@ -225,8 +228,8 @@ def main(argv: list[str] | None = None) -> int:
         "Report p50/p99",
         "Release p50/p99",
         "x3 empty",
-        "CPU srv/pg/gen",
-        "CPU pg/pgbench",
+        "CPU srv/pg/gen/other",
+        "CPU pg/pgb/other",
     ]
     rows = []
     for r in results:
@@ -242,8 +245,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"{ms(lr['ReportUsed_p50_ms'])}/{ms(lr['ReportUsed_p99_ms'])}",
                 f"{ms(lr['Release_p50_ms'])}/{ms(lr['Release_p99_ms'])}",
                 r.get("cycle_in_empty_rpc_triples", "-"),
-                "/".join(str(lr["cpu"].get(k, "-")) for k in ("server", "postgres", "loadgen")),
-                "/".join(str(pb.get("cpu", {}).get(k, "-")) for k in ("postgres", "pgbench")),
+                "/".join(
+                    str(lr["cpu"].get(k, "-")) for k in ("server", "postgres", "loadgen", "other")
+                ),
+                "/".join(
+                    str(pb.get("cpu", {}).get(k, "-")) for k in ("postgres", "pgbench", "other")
+                ),
             ]
         )
     text = [
@@ -257,14 +264,14 @@ def main(argv: list[str] | None = None) -> int:
         text.append("gRPC floor (standard health Check, same server, same concurrency):")
         text.append(
             table(
-                ["clients", "empty RPC/s", "p50 ms", "p99 ms", "CPU srv/gen"],
+                ["clients", "empty RPC/s", "p50 ms", "p99 ms", "CPU srv/gen/other"],
                 [
                     [
                         c,
                         f["rpcs_per_s"],
                         ms(f["p50_ms"]),
                         ms(f["p99_ms"]),
-                        f"{f['cpu'].get('server')}/{f['cpu'].get('loadgen')}",
+                        f"{f['cpu'].get('server')}/{f['cpu'].get('loadgen')}/{f['cpu'].get('other')}",
                     ]
                     for c, f in floors.items()
                 ],

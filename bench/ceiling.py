@@ -84,7 +84,7 @@ def run(
     lat = re.search(r"latency average = ([0-9.]+) ms", out)
     failed = re.search(r"number of failed transactions: (\d+)", out)
     return {
-        "cycles_per_s": float(tps.group(1)) if tps else 0.0,
+        "cycles_per_s": round(float(tps.group(1)), 1) if tps else 0.0,
         "cycle_latency_avg_ms": float(lat.group(1)) if lat else None,
         "failed": int(failed.group(1)) if failed else 0,
         "cpu": cpu,
@@ -102,8 +102,8 @@ REQUEST = {"kind": "load", "cpu_millis": 100, "memory_bytes": GIB}
 ZERO = {"kind": "load", "cpu_millis": 0, "memory_bytes": 0}
 ECM_ZERO = {"kind": "load_instance", "cpu_millis": 0, "instances": 0, "memory_bytes": 0}
 ECM_ONE = {"kind": "load_instance", "cpu_millis": 100, "instances": 0, "memory_bytes": GIB}
-HASH = "'\\x" + "5c" * 32 + "'::bytea"  # a SHA-256 of the request
-RESPONSE = "'\\x" + "0a" * 243 + "'::bytea"  # an encoded response (243 bytes here)
+HASH = "\\x" + "5c" * 32  # a SHA-256 of the request, hex as the server sends it
+RESPONSE = "\\x" + "0a" * 243  # an encoded response (243 bytes here)
 LABELS = [["userCreator", "u1-IDE"], ["engineType", "spark-3.2.1"], ["emInstance", "bench1:9000"]]
 
 
@@ -135,7 +135,6 @@ def _fill(sql: str, *params: str) -> str:
 def cycle_script() -> str:
     """Apply -> ReportUsed -> Release for one request each, as rm_server/store/batch.py
     runs a group of one: two pipelined round trips per RPC."""
-    import json
 
     from rm_server.store import batch
     from rm_server.store.tickets import WRITE_LABELS
@@ -144,30 +143,31 @@ def cycle_script() -> str:
         return _fill(batch.SELECT_LOG, f"ARRAY['{method}']", f"ARRAY[{rid}]")
 
     def log_insert(method: str, rid: str) -> str:
-        return _fill(
-            batch.INSERT_LOG,
-            "now()",
-            f"ARRAY['{method}']",
-            f"ARRAY[{rid}]",
-            f"ARRAY[{HASH}]",
-            "ARRAY[0]",
-            f"ARRAY[{RESPONSE}]",
-        )
+        entry = {
+            "method": method,
+            "request_id": "@R@",
+            "request_hash": HASH,
+            "status_code": 0,
+            "response": RESPONSE,
+        }
+        return _fill(batch.INSERT_LOG, "now()", _json([entry], R=rid))
 
     def write(
         used: tuple[dict[str, Any], dict[str, Any]],
         locked: tuple[dict[str, Any], dict[str, Any]],
         live: int,
     ) -> str:
-        return _fill(
-            WRITE_LABELS,
-            "now()",
-            f"ARRAY[{ECM}, {USER}]",
-            "ARRAY[" + ", ".join(_lit(json.dumps(u)) for u in used) + "]",
-            "ARRAY[" + ", ".join(_lit(json.dumps(lk)) for lk in locked) + "]",
-            "ARRAY['load_instance', 'load']",
-            f"ARRAY[{live}, {live}]",
-        )
+        rows = [
+            {
+                "label": "@E@",
+                "used": used[0],
+                "locked": locked[0],
+                "kind": "load_instance",
+                "live": live,
+            },
+            {"label": "@U@", "used": used[1], "locked": locked[1], "kind": "load", "live": live},
+        ]
+        return _fill(WRITE_LABELS, "now()", _json(rows, E=ECM, U=USER))
 
     ticket = {
         "ticket_id": "@T@", "state": "LOCKED", "user_name": "", "labels": LABELS, "charged_labels": ["@E@", "@U@"],

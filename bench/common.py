@@ -190,64 +190,86 @@ def find_pgbench(major: int) -> str:
 # ----- the server -------------------------------------------------------------------------
 
 
+# Rate limits and quotas meant for production would throttle a benchmark's single user.
+BENCH_ENV = {"LABELRM_APPLY_RATE": "0", "LABELRM_MAX_WAITING_APPLIES": "0"}
+
+
 @dataclass
 class Server:
-    """rm-server as a subprocess on a free port."""
+    """rm-server as a subprocess on a free port; with workers > 1, that many processes
+    share the port (SO_REUSEPORT, bench/rm_worker.py)."""
 
     database_url: str
     extra: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     port: int = 0
+    workers: int = 1
     proc: subprocess.Popen[bytes] | None = None
+    others: list[subprocess.Popen[bytes]] = field(default_factory=list)
     log: Path | None = None
 
     @property
     def target(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 60.0) -> Server:
-        import grpc
-        from grpc_health.v1 import health_pb2, health_pb2_grpc
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in ([self.proc] if self.proc else []) + self.others]
 
+    def start(self, timeout: float = 60.0) -> Server:
         self.port = self.port or free_port()
         fd, name = tempfile.mkstemp(prefix="labelrm-bench-rm-", suffix=".log")
         os.close(fd)
         self.log = Path(name)
-        cmd = [
-            sys.executable,
-            "-m",
-            "rm_server",
-            "--listen",
-            self.target,
-            "--database-url",
-            self.database_url,
-        ]
-        cmd += ["--log-level", "WARNING", *self.extra]
-        env = {**os.environ, "GRPC_ENABLE_FORK_SUPPORT": "false", **self.env}
-        self.proc = subprocess.Popen(
-            cmd, cwd=ROOT, stdout=self.log.open("ab"), stderr=subprocess.STDOUT, env=env
-        )
+        module = "bench.rm_worker" if self.workers > 1 else "rm_server"
+        cmd = [sys.executable, "-m", module, "--listen", self.target]
+        cmd += ["--database-url", self.database_url, "--log-level", "WARNING", *self.extra]
+        env = {**os.environ, "GRPC_ENABLE_FORK_SUPPORT": "false", **BENCH_ENV, **self.env}
+
+        def spawn() -> subprocess.Popen[bytes]:
+            assert self.log is not None
+            out = self.log.open("ab")
+            return subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+        self.proc = spawn()
+        self._wait_serving(timeout)  # the first one alone: it migrates the database
+        if self.workers > 1:
+            self.others = [spawn() for _ in range(self.workers - 1)]
+            time.sleep(3.0)  # a health check cannot tell which process answered
+            if any(p.poll() is not None for p in self.others):
+                self.stop()
+                raise SystemExit(f"rm-server worker exited: {self.log_tail()}")
+        return self
+
+    def _wait_serving(self, timeout: float) -> None:
+        import grpc
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        assert self.proc is not None
         deadline = time.monotonic() + timeout
         with grpc.insecure_channel(self.target) as ch:
             stub = health_pb2_grpc.HealthStub(ch)
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
-                    raise SystemExit(f"rm-server exited: {self.log.read_text()[-3000:]}")
+                    raise SystemExit(f"rm-server exited: {self.log_tail()}")
                 with contextlib.suppress(grpc.RpcError):
                     if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == 1:
-                        return self
+                        return
                 time.sleep(0.1)
         self.stop()
         raise SystemExit("rm-server did not start")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
+        procs = ([self.proc] if self.proc else []) + self.others
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
             try:
-                self.proc.wait(30)
+                p.wait(30)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+                p.kill()
+                p.wait(10)
         if self.log is not None:
             self.log.unlink(missing_ok=True)
 
@@ -259,38 +281,59 @@ class Server:
 
 
 class CpuMeter:
-    """CPU seconds (user + system) of groups of processes between start() and stop()."""
+    """CPU (user + system, in cores) of groups of processes between start() and stop(),
+    plus `other`: whatever else kept this machine's CPUs busy meanwhile (other users'
+    work; a large `other` means the figures of that run are disturbed)."""
 
     def __init__(self, groups: dict[str, list[int]]) -> None:
         import psutil
 
-        self.procs = {
-            g: [psutil.Process(p) for p in pids if psutil.pid_exists(p)]
-            for g, pids in groups.items()
-        }
-        self.begin: dict[str, float] = {}
+        self.procs: dict[str, dict[int, Any]] = {}
+        for group, pids in groups.items():
+            self.procs[group] = {}
+            for pid in pids:
+                with contextlib.suppress(psutil.Error):
+                    self.procs[group][pid] = psutil.Process(pid)
+        self.begin: dict[str, dict[int, float]] = {}
+        self.busy0 = 0.0
         self.t0 = 0.0
         self.result: dict[str, float] = {}
 
-    def _sample(self) -> dict[str, float]:
-        out = {}
+    def _sample(self) -> dict[str, dict[int, float]]:
+        out: dict[str, dict[int, float]] = {}
         for group, procs in self.procs.items():
-            total = 0.0
-            for p in procs:
+            out[group] = {}
+            for pid, p in procs.items():
                 with contextlib.suppress(Exception):
                     t = p.cpu_times()
-                    total += t.user + t.system
-            out[group] = total
+                    out[group][pid] = t.user + t.system
         return out
+
+    @staticmethod
+    def _busy() -> float:
+        import psutil
+
+        t = psutil.cpu_times()
+        return float(t.user + t.nice + t.system + t.irq + t.softirq + getattr(t, "steal", 0.0))
 
     def start(self) -> None:
         self.begin = self._sample()
+        self.busy0 = self._busy()
         self.t0 = time.monotonic()
 
     def stop(self) -> dict[str, float]:
         end = self._sample()
+        busy = self._busy() - self.busy0
         wall = max(time.monotonic() - self.t0, 1e-9)
-        self.result = {g: round((end[g] - self.begin[g]) / wall, 2) for g in end}
+        ours = 0.0
+        for group, times in end.items():
+            # A process seen at both ends: its difference (one that exited is not counted).
+            used = sum(
+                t - self.begin[group][pid] for pid, t in times.items() if pid in self.begin[group]
+            )
+            ours += used
+            self.result[group] = round(used / wall, 2)
+        self.result["other"] = round(max(0.0, busy - ours) / wall, 2)
         return self.result
 
 
@@ -361,6 +404,9 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     for p in parts:
         merged["count"] += p["count"]
         merged["seconds"] = max(merged["seconds"], p["seconds"])
+        merged["registered_after"] = max(
+            merged.get("registered_after", 0.0), p.get("registered_after", 0.0)
+        )
         for code, n in p["errors"].items():
             merged["errors"][code] = merged["errors"].get(code, 0) + n
         for rpc, values in p["latency"].items():
@@ -372,10 +418,10 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def stack(
-    database_url: str, server_args: Sequence[str] = ()
+    database_url: str, server_args: Sequence[str] = (), workers: int = 1
 ) -> Iterator[tuple[BenchDatabase, Server]]:
     db = BenchDatabase(database_url).start()
-    server = Server(db.url, tuple(server_args))
+    server = Server(db.url, tuple(server_args), workers=workers)
     try:
         server.start()
         yield db, server

@@ -45,6 +45,8 @@ class Window:
         # Wall-clock start shared by all processes, turned into this process's monotonic clock.
         self.start = time.monotonic() + (start_at - time.time())
         self.end = self.start + seconds
+        self.launched = time.monotonic()
+        self.registered = 0.0  # seconds from launch until the last agent was registered
         self.count = 0
         self.latency: dict[str, list[float]] = {}
         self.errors: dict[str, int] = {}
@@ -72,6 +74,7 @@ class Window:
             "latency": {k: [round(x, 6) for x in v] for k, v in self.latency.items()},
             "errors": self.errors,
             "extra": self.extra,
+            "registered_after": round(self.registered, 2),
         }
 
 
@@ -142,8 +145,21 @@ async def health_client(stub: Any, w: Window) -> None:
             w.count += 1
 
 
-async def agent(stub: Any, agent_id: str, interval: float, rng: random.Random, w: Window) -> None:
-    """One simulated agent: heartbeats every `interval` (first one at a random phase)."""
+async def agent(
+    stub: Any,
+    agent_id: str,
+    interval: float,
+    rng: random.Random,
+    w: Window,
+    gate: asyncio.Semaphore,
+) -> None:
+    """One simulated agent: registers, then heartbeats every `interval` (the first one
+    at a random phase), like ecm_agent with no EngineConns."""
+    async with gate:
+        t0 = time.monotonic()
+        await stub.RegisterEcm(register_request(agent_id), timeout=120)
+        w.registered = max(w.registered, time.monotonic() - w.launched)
+        w.record("RegisterEcm", t0, time.monotonic())
     seq = 0
     next_at = time.monotonic() + rng.uniform(0, interval)
     while True:
@@ -213,8 +229,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 f"{args.agent_prefix}{i}:9000"
                 for i in range(args.first_agent, args.first_agent + args.clients)
             ]
+            gate = asyncio.Semaphore(32)  # registrations in flight
             jobs = [
-                agent(stubs[i % len(stubs)], a, args.interval, random.Random(rng.random()), w)
+                agent(stubs[i % len(stubs)], a, args.interval, random.Random(rng.random()), w, gate)
                 for i, a in enumerate(ids)
             ]
         await asyncio.gather(*jobs)

@@ -25,6 +25,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from clients._channel import ChannelSecurity, aio_channel, sync_channel
 from clients._engineconn import AsyncEngineConnCalls, EngineConnCalls
 from clients._errors import from_rpc_error
 
@@ -180,11 +181,19 @@ class RMClient(EngineConnCalls, _Base):
         timeout: float = 10.0,
         retries: int = 4,
         channel: grpc.Channel | None = None,
+        token: str = "",
+        tls_ca: str = "",
+        tls_cert: str = "",
+        tls_key: str = "",
     ) -> None:
-        """Connect to `target` (host:port), or use `channel` (which close() leaves open)."""
+        """Connect to `target` (host:port), or use `channel` (which close() leaves open).
+
+        `token`: a bearer token sent with every call; `tls_ca`: a PEM CA file, turning
+        TLS on; `tls_cert` + `tls_key`: a client certificate (see docs/security.md)."""
         super().__init__(target, timeout, retries)
         self._owns_channel = channel is None
-        self._channel = channel if channel is not None else grpc.insecure_channel(target)
+        security = ChannelSecurity(tls_ca, tls_cert, tls_key, token)
+        self._channel = channel if channel is not None else sync_channel(target, security)
         self._rm = resource_manager_pb2_grpc.ResourceManagerServiceStub(self._channel)
         self._admin = admin_pb2_grpc.AdminServiceStub(self._channel)
         self._ecs = engine_conn_pb2_grpc.EngineConnServiceStub(self._channel)
@@ -337,11 +346,19 @@ class AsyncRMClient(AsyncEngineConnCalls, _Base):
         timeout: float = 10.0,
         retries: int = 4,
         channel: grpc.aio.Channel | None = None,
+        token: str = "",
+        tls_ca: str = "",
+        tls_cert: str = "",
+        tls_key: str = "",
     ) -> None:
-        """Connect to `target` (host:port), or use `channel` (which close() leaves open)."""
+        """Connect to `target` (host:port), or use `channel` (which close() leaves open).
+
+        `token`: a bearer token sent with every call; `tls_ca`: a PEM CA file, turning
+        TLS on; `tls_cert` + `tls_key`: a client certificate (see docs/security.md)."""
         super().__init__(target, timeout, retries)
         self._owns_channel = channel is None
-        self._channel = channel if channel is not None else grpc.aio.insecure_channel(target)
+        security = ChannelSecurity(tls_ca, tls_cert, tls_key, token)
+        self._channel = channel if channel is not None else aio_channel(target, security)
         self._rm = resource_manager_pb2_grpc.ResourceManagerServiceStub(self._channel)
         self._admin = admin_pb2_grpc.AdminServiceStub(self._channel)
         self._ecs = engine_conn_pb2_grpc.EngineConnServiceStub(self._channel)

@@ -37,6 +37,12 @@ from clients._format import (
 from clients._impl import DEFAULT_TARGET, RMClient, parse_labels
 from clients.rmctl_engineconn import add_engineconn_commands
 from clients.rmctl_node import add_node_commands
+from clients.rmctl_security import (
+    add_connection_flags,
+    add_local_commands,
+    client_kwargs,
+    run_local,
+)
 
 _SIZE_RE = re.compile(r"(\d+)\s*([kmgtp]?)(?:i?b?)", re.IGNORECASE)
 _UNITS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
@@ -91,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     # Bounds --watch (tests); a person stops it with Ctrl-C.
     p.add_argument("--watch-rounds", type=int, default=None, help=argparse.SUPPRESS)
+    add_connection_flags(p)
     cmds = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     c = cmds.add_parser("check", help="check used/locked against live tickets (exit 1 if not)")
@@ -137,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_node_commands(cmds)
     add_engineconn_commands(cmds)
+    add_local_commands(cmds)
     return p
 
 
@@ -380,9 +388,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # usage errors (2) and --help (0)
         return exc.code if isinstance(exc.code, int) else 2
+    local = run_local(args)  # `pki`, `token`: local files, no RM
+    if local is not None:
+        return local
     func: Command = args.func
     try:
-        with RMClient(args.rm, timeout=args.timeout) as client:
+        with RMClient(args.rm, timeout=args.timeout, **client_kwargs(args)) as client:
             if getattr(args, "watch", False):
                 title = "rmctl " + " ".join(argv if argv is not None else sys.argv[1:])
                 return run_watch(

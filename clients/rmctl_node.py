@@ -162,7 +162,12 @@ def cmd_node_status(client: RMClient, args: argparse.Namespace, out: TextIO) -> 
             ("updated", fmt_time(e.update_time)),
         ],
     )
-    live = [ec for ec in client.list_engine_conns(ecm=e.instance) if ec.state in LIVE_EC_STATES]
+    # One filtered query per live state: the ended EngineConns of a long-lived ECM can be
+    # many, and the server filters cheaper than we do.
+    live = sorted(
+        (ec for st in LIVE_EC_STATES for ec in client.list_engine_conns(ecm=e.instance, state=st)),
+        key=lambda ec: str(ec.engine_conn_id),
+    )
     if live:
         print(file=out)
         print_table(

@@ -27,6 +27,7 @@ from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import engine_conn_pb2_grpc, resource_manager_pb2_grpc, resource_pb2
 from labelrm.v1 import resource_manager_pb2 as rm_pb
 
+from clients._channel import ChannelSecurity, aio_channel
 from ecm_agent.launch import Launcher
 from ecm_agent.settings import AgentSettings, detect_total, parse_labels
 from ecm_agent.validate import AgentPolicy, LaunchRefused, LaunchSpec, MaterialFile
@@ -65,7 +66,9 @@ class Agent:
 
     def __post_init__(self) -> None:
         self.launcher = Launcher(self.policy)
-        self.channel = grpc.aio.insecure_channel(self.settings.rm)
+        st = self.settings
+        security = ChannelSecurity(st.tls_ca, st.tls_cert, st.tls_key, st.token)
+        self.channel = aio_channel(st.rm, security)
         self.rm = resource_manager_pb2_grpc.ResourceManagerServiceStub(self.channel)
         self.ecs = engine_conn_pb2_grpc.EngineConnServiceStub(self.channel)
 

@@ -34,6 +34,12 @@ class AgentSettings:
     kill_grace: float = 5.0
     python: str = sys.executable  # the interpreter EngineConns run with
     log_level: str = "INFO"
+    # Reaching the RM (docs/security.md): tls_ca turns TLS on; tls_cert + tls_key are this
+    # agent's certificate (its CN / SAN must be agent_id); or a bearer token (agent role).
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    token: str = ""
 
 
 def _coerce(kind: Any, raw: Any) -> Any:

@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -87,6 +88,23 @@ class Settings:
     advertise_host: str
     max_idle_seconds: float
     heartbeat_interval: float
+    # TLS to the RM: the CA that verifies it and this EngineConn's certificate, which the
+    # RM issued for its id (material files of the launch; docs/security.md). Empty: plaintext.
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+
+    def rm_channel(self, options: Sequence[tuple[str, Any]]) -> grpc.aio.Channel:
+        """The channel to the RM: mutual TLS when the launch gave us a certificate."""
+        if not (self.tls_ca or self.tls_cert):
+            return grpc.aio.insecure_channel(self.rm, options=list(options))
+        # Read once at start-up: the files are ours (0640), and a key that vanishes
+        # later must not break a running EngineConn.
+        root = Path(self.tls_ca).read_bytes() if self.tls_ca else None
+        key = Path(self.tls_key).read_bytes() if self.tls_key else None
+        chain = Path(self.tls_cert).read_bytes() if self.tls_cert else None
+        creds = grpc.ssl_channel_credentials(root, key, chain)
+        return grpc.aio.secure_channel(self.rm, creds, options=list(options))
 
 
 def _pairs(values: Sequence[str], what: str) -> dict[str, str]:
@@ -150,7 +168,12 @@ def parse_args(
     parser.add_argument(
         "--param", action="append", default=None, help="k=v, repeatable [LABELRM_PARAMS=k=v,...]"
     )
+    for name in ("ca", "cert", "key"):
+        var = f"LABELRM_TLS_{name.upper()}"
+        parser.add_argument(f"--tls-{name}", default=env.get(var, ""), help=f"PEM file [{var}]")
     args = parser.parse_args(argv)
+    if bool(args.tls_cert) != bool(args.tls_key):
+        parser.error("--tls-cert and --tls-key go together")
     for name in ("ec_id", "rm", "engine"):
         if not getattr(args, name):
             parser.error(f"--{name.replace('_', '-')} is required")
@@ -175,6 +198,10 @@ def parse_args(
         advertise_host=args.advertise_host,
         max_idle_seconds=args.max_idle_seconds,
         heartbeat_interval=args.heartbeat_interval,
+        # Absolute now: the launch names them relative to the work directory.
+        tls_ca=os.path.abspath(args.tls_ca) if args.tls_ca else "",
+        tls_cert=os.path.abspath(args.tls_cert) if args.tls_cert else "",
+        tls_key=os.path.abspath(args.tls_key) if args.tls_key else "",
     )
     return context, settings
 
@@ -205,9 +232,13 @@ class Runtime:
         self._stop = loop.create_future()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop, f"signal {sig.name}")
-        self._channel = grpc.aio.insecure_channel(self.settings.rm, options=_CHANNEL_OPTIONS)
-        self._stub = engine_conn_pb2_grpc.EngineConnServiceStub(self._channel)
         server: grpc.aio.Server | None = None
+        try:
+            self._channel = self.settings.rm_channel(_CHANNEL_OPTIONS)
+        except OSError as exc:
+            log.error("cannot read the TLS files: %s", exc)
+            return 1
+        self._stub = engine_conn_pb2_grpc.EngineConnServiceStub(self._channel)
         try:
             try:
                 server = await self._serve()

@@ -48,6 +48,24 @@ class Settings:
     demand_claim_timeout: float = 300.0  # an ALLOCATED demand not claimed: released, FAILED
     demand_loose_slip: float = 900.0  # how far a loose demand may slip past its window
     demand_default_duration: float = 3600.0  # planned hold without Duration or DeadLine
+    # Security (docs/security.md). Without token_file and TLS, authentication is OFF
+    # and every caller is an admin: allowed on loopback only.
+    tls_cert: str = ""  # PEM certificate (chain) of the RM: TLS on every listener
+    tls_key: str = ""
+    tls_client_ca: str = ""  # CA bundle verifying client certificates (agents, EngineConns)
+    agent_listen: str = ""  # HOST:PORT for agents and EngineConns, client certificate required
+    tls_issuer_cert: str = ""  # CA that issues each EngineConn its certificate
+    tls_issuer_key: str = ""
+    tls_server_ca: str = ""  # CA bundle EngineConns verify the RM with (default: issuer)
+    ec_cert_hours: float = 168.0  # lifetime of an EngineConn certificate
+    token_file: str = ""  # bearer tokens: SHA-256 -> user, roles (rmctl token add)
+    proxy_users: str = ""  # comma-separated users who may act on behalf of others
+    insecure: bool = False  # allow a non-loopback listener without TLS
+    apply_rate: float = 50.0  # apply-like calls per second and user (0: unlimited)
+    apply_burst: int = 100
+    max_waiting_applies: int = 32  # per user (0: unlimited)
+    auth_failure_limit: int = 10  # failed authentications per peer within the window
+    auth_failure_window: float = 60.0
 
 
 Source = Literal["default", "file", "env", "flag"]
@@ -55,6 +73,13 @@ Source = Literal["default", "file", "env", "flag"]
 
 def _coerce(name: str, raw: Any) -> Any:
     kind = {f.name: f.type for f in fields(Settings)}[name]
+    if kind in ("bool", bool):
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower()
+        if text not in ("true", "false", "1", "0", "yes", "no"):
+            raise ValueError(f"not a boolean: {raw!r}")
+        return text in ("true", "1", "yes")
     if kind in ("float", float):
         return float(raw)
     if kind in ("int", int):
@@ -73,6 +98,7 @@ class LoadedConfig:
     config_file: str = ""
     print_config: bool = False
     dev: bool = False
+    dev_tls: bool = False
 
     def describe(self) -> str:
         """The effective configuration as TOML, each value annotated with its source."""
@@ -118,8 +144,17 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also start one local agent (dev mode: embedded database, loopback only)",
     )
+    parser.add_argument(
+        "--dev-tls",
+        action="store_true",
+        help="with --dev: TLS, certificates and an admin token, from a throwaway CA",
+    )
     for f in fields(Settings):
-        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None)
+        flag = "--" + f.name.replace("_", "-")
+        if f.type in ("bool", bool):  # a switch: `--insecure`
+            parser.add_argument(flag, dest=f.name, action="store_const", const=True, default=None)
+        else:
+            parser.add_argument(flag, dest=f.name, default=None)
     return parser
 
 
@@ -163,7 +198,12 @@ def load_config(
     if values.get("log_format", "text") not in LOG_FORMATS:
         parser.error(f"log_format must be one of {', '.join(LOG_FORMATS)}")
     return LoadedConfig(
-        Settings(**values), sources, config_file, bool(args.print_config), bool(args.dev)
+        Settings(**values),
+        sources,
+        config_file,
+        bool(args.print_config),
+        bool(args.dev),
+        bool(args.dev_tls),
     )
 
 

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from rm_server.config import Settings
+from rm_server.security import devtls
 from rm_server.server import RMServer
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ def ec_python() -> str:
     return str(SHARED_EC_PYTHON)
 
 
-def agent_command(settings: Settings, port: int) -> list[str]:
+def agent_command(settings: Settings, port: int, extra: tuple[str, ...] = ()) -> list[str]:
     data = Path(settings.data_dir).resolve()
     work = data / "work"
     work.mkdir(parents=True, exist_ok=True)
@@ -61,24 +62,37 @@ def agent_command(settings: Settings, port: int) -> list[str]:
         ec_python(),
         "--heartbeat-interval",
         "1",
+        *extra,
     ]
 
 
-async def run_dev(settings: Settings) -> None:
-    server = RMServer(settings)
+async def run_dev(settings: Settings, tls: bool = False) -> None:
+    secured = devtls.prepare(settings) if tls else None
+    server = RMServer(secured.settings if secured else settings)
     await server.start()
     users = dev_users()
     agent = None
     if users:
-        agent = await asyncio.create_subprocess_exec(*agent_command(settings, server.port))
+        # With --dev-tls the agent dials the mutual-TLS listener with its certificate.
+        port = server.agent_port if secured else server.port
+        extra = secured.agent_args if secured else ()
+        agent = await asyncio.create_subprocess_exec(*agent_command(settings, port, extra))
         log.info("local agent started (pid %d) for users %s", agent.pid, users)
     else:
         log.warning("no EngineConn user: running as root, set LABELRM_DEV_USERS=user1,user2")
+    target = f"127.0.0.1:{server.port}"
+    if secured is None:
+        hints = f"  rmctl --rm {target} node list\n  grpcurl -plaintext {target} list"
+    else:
+        hints = (
+            f"  export LABELRM_TOKEN={secured.admin_token}  # an admin token, new at every start\n"
+            f"  rmctl --rm {target} --tls-ca {secured.ca} node list\n"
+            f'  grpcurl -cacert {secured.ca} -H "authorization: Bearer $LABELRM_TOKEN"'
+            f" {target} list"
+        )
     print(
-        f"labelrm dev: RM on 127.0.0.1:{server.port} (embedded database in "
-        f"{settings.data_dir}), local agent 'local-agent' for {users or 'nobody'}.\n"
-        f"  rmctl --rm 127.0.0.1:{server.port} node list\n"
-        f"  grpcurl -plaintext 127.0.0.1:{server.port} list",
+        f"labelrm dev: RM on {target} (embedded database in "
+        f"{settings.data_dir}), local agent 'local-agent' for {users or 'nobody'}.\n{hints}",
         flush=True,
     )
     try:

@@ -16,9 +16,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from typing import Protocol
 
 from rm_server.core import RMCore
 from rm_server.domain.engineconn import (
@@ -89,13 +90,31 @@ class CreateRequest:
     timeout: float
 
 
+class LaunchCredentials(Protocol):
+    """Per-launch credentials (rm_server.security.ec_certs): material files plus the
+    environment naming them."""
+
+    @property
+    def files(self) -> tuple[tuple[str, bytes, bool], ...]: ...
+
+    @property
+    def environment(self) -> Mapping[str, str]: ...
+
+
 class EngineConnManager:
     """EngineConn use cases; the heartbeat and liveness side lives in `rm_server.agents`."""
 
-    def __init__(self, core: RMCore, settings: EcSettings) -> None:
+    def __init__(
+        self,
+        core: RMCore,
+        settings: EcSettings,
+        credentials: Callable[[str], LaunchCredentials] | None = None,
+    ) -> None:
         self.core = core
         self.db = core.db
         self.settings = settings
+        # Issues each EngineConn its TLS client certificate (None: no issuing CA).
+        self.credentials = credentials
 
     # ----- create / ask ------------------------------------------------------------------
 
@@ -250,6 +269,12 @@ class EngineConnManager:
             )
         except InvalidParam as exc:
             raise InvalidArgument(exc.field, exc.message) from exc
+        files = tuple((m.name, m.content, m.executable) for m in launch.material_files)
+        environment = dict(launch.environment)
+        if self.credentials is not None:
+            creds = self.credentials(ec.ec_id)
+            files += creds.files
+            environment.update(creds.environment)
         command = AgentCommand(
             command_id=self.core.new_id("cmd"),
             agent_id=ecm,
@@ -260,11 +285,9 @@ class EngineConnManager:
                 engine_type=f"{engine}-{version}",
                 program=launch.program,
                 argv=launch.argv,
-                environment=dict(launch.environment),
+                environment=environment,
                 required_local_environment=launch.required_local_environment,
-                material_files=tuple(
-                    (m.name, m.content, m.executable) for m in launch.material_files
-                ),
+                material_files=files,
             ),
         )
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 
 from rm_server.config import load_config
 from rm_server.dev import run_dev
 from rm_server.observability.logging import setup_logging
+from rm_server.security.setup import SecurityConfigError
 from rm_server.server import RMServer
 
 
@@ -18,11 +20,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     settings = config.settings
     setup_logging(settings.log_level, settings.log_format)
-    with contextlib.suppress(KeyboardInterrupt):
-        if config.dev:
-            asyncio.run(run_dev(settings))
-        else:
-            asyncio.run(RMServer(settings).run_until_signalled())
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            if config.dev:
+                asyncio.run(run_dev(settings, tls=config.dev_tls))
+            else:
+                asyncio.run(RMServer(settings).run_until_signalled())
+    except SecurityConfigError as exc:
+        print(f"rm-server: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

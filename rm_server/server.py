@@ -35,6 +35,7 @@ from rm_server.embedded import EmbeddedPostgres
 from rm_server.engineconns import EcSettings, EngineConnManager
 from rm_server.observability.logging import RequestContextInterceptor
 from rm_server.observability.metrics import Metrics, MetricsHttpServer
+from rm_server.security.setup import Security, build_security
 from rm_server.service.admin import AdminServicer
 from rm_server.service.demand import DemandServicer
 from rm_server.service.engine_conn import EngineConnServicer
@@ -60,6 +61,8 @@ class RMServer:
     clock: Clock = field(default_factory=SystemClock)
     new_id: IdFactory = random_ids
     port: int = 0
+    agent_port: int = 0  # agent_listen's port (0: agents use `port`)
+    security: Security | None = None
     core: RMCore | None = None
     engine_conns: EngineConnManager | None = None
     hub: AgentHub | None = None
@@ -74,6 +77,8 @@ class RMServer:
     _metrics_http: MetricsHttpServer | None = None
 
     async def start(self) -> None:
+        # Before anything starts: an unsafe or broken security set-up refuses to run.
+        self.security = build_security(self.settings)
         url = self.settings.database_url
         if not url:
             self._embedded = EmbeddedPostgres(self.settings.data_dir)
@@ -95,10 +100,12 @@ class RMServer:
 
         limit = self.settings.max_message_bytes
         self._server = grpc.aio.server(
-            # Outermost first: log context, then metrics (both see the final status).
+            # Outermost first: log context, then metrics (both see the final status),
+            # then authentication and the access policy (rm_server/security).
             interceptors=[
                 RequestContextInterceptor(),
                 self.metrics.interceptor(),
+                self.security.interceptor(self._db),
                 ErrorInterceptor(),
             ],
             options=[
@@ -107,8 +114,11 @@ class RMServer:
                 ("grpc.so_reuseport", 0),
             ],
         )
-        self.engine_conns = EngineConnManager(self.core, self._ec_settings())
+        self.engine_conns = EngineConnManager(
+            self.core, self._ec_settings(), self.security.ec_credentials
+        )
         self.hub = AgentHub(self.engine_conns)
+        self.metrics.attach_states(self.hub)
         self._liveness = asyncio.create_task(self._liveness_forever(), name="liveness")
         resource_manager_pb2_grpc.add_ResourceManagerServiceServicer_to_server(
             ResourceManagerServicer(self.core, self.hub), self._server
@@ -131,13 +141,12 @@ class RMServer:
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server
         )
-        self.port = self._server.add_insecure_port(self.settings.listen)
-        if self.port == 0:
-            raise OSError(f"cannot listen on {self.settings.listen}")
+        self.port, self.agent_port = self.security.add_ports(self._server)
         await self._server.start()
         for name in ("", *SERVICE_NAMES):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("rm-server listening on %s (port %d)", self.settings.listen, self.port)
+        log.info("security: %s", self.security.describe(self.agent_port))
         if self.settings.metrics_listen:
             self._metrics_http = MetricsHttpServer(self.metrics, self.settings.metrics_listen)
             await self._metrics_http.start()

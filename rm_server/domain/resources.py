@@ -54,6 +54,10 @@ KIND_DIMENSIONS: dict[ResourceKind, tuple[str, ...]] = {
 }
 
 _YARN_KINDS = frozenset({ResourceKind.YARN, ResourceKind.DRIVER_AND_YARN})
+# The dimensions of each kind in canonical (sorted) order, as `quantities` holds them.
+_SORTED_DIMS: dict[ResourceKind, tuple[str, ...]] = {
+    k: tuple(sorted(d)) for k, d in KIND_DIMENSIONS.items()
+}
 
 # Direct conversion edges, narrower -> wider.
 _WIDER: dict[ResourceKind, tuple[ResourceKind, ...]] = {
@@ -203,6 +207,20 @@ class Resource:
         # Frozen dataclass: normalising in place needs object.__setattr__.
         object.__setattr__(self, "quantities", canonical)
 
+    @classmethod
+    def _trusted(
+        cls, kind: ResourceKind, quantities: tuple[tuple[str, int], ...], queue: str = ""
+    ) -> Resource:
+        """A resource from parts already in canonical form and within bounds (results of
+        arithmetic on valid resources): skips the validation, for speed only."""
+        if kind is ResourceKind.SPECIAL:
+            quantities = tuple(e for e in quantities if e[1])
+        r = object.__new__(cls)
+        object.__setattr__(r, "kind", kind)
+        object.__setattr__(r, "quantities", quantities)
+        object.__setattr__(r, "queue", queue)
+        return r
+
     # ----- constructors -------------------------------------------------------------------
 
     @classmethod
@@ -268,6 +286,8 @@ class Resource:
     @classmethod
     def zero(cls, kind: ResourceKind, queue: str = "") -> Resource:
         """The zero resource of ``kind``."""
+        if type(kind) is ResourceKind and kind is not ResourceKind.SPECIAL and queue == "":
+            return cls._trusted(kind, tuple((d, 0) for d in _SORTED_DIMS[kind]))
         return cls(kind, tuple((d, 0) for d in KIND_DIMENSIONS[kind]), queue)
 
     @classmethod
@@ -333,7 +353,7 @@ class Resource:
             if value > MAX_QUANTITY:
                 raise ResourceOverflowError(f"sum overflows in {d!r}", d)
             out.append((d, value))
-        return Resource(kind, tuple(out), queue)
+        return Resource._trusted(kind, tuple(out), queue)
 
     def __sub__(self, other: object) -> Resource:
         if not isinstance(other, Resource):
@@ -347,7 +367,7 @@ class Resource:
                     f"subtraction goes negative in {d!r}: {a.get(d)} - {b.get(d)}", d
                 )
             out.append((d, value))
-        return Resource(kind, tuple(out), queue)
+        return Resource._trusted(kind, tuple(out), queue)
 
     def __mul__(self, factor: object) -> Resource:
         if isinstance(factor, bool):
@@ -436,6 +456,9 @@ class Resource:
         """Inverse of :meth:`to_dict`; raises InvalidResourceError on anything malformed."""
         if not isinstance(data, Mapping):
             raise InvalidResourceError(f"resource must be a mapping, got {type(data).__name__}")
+        fast = _from_dict_fast(data)
+        if fast is not None:
+            return fast
         raw_kind = data.get("kind")
         try:
             kind = ResourceKind(raw_kind)
@@ -459,6 +482,30 @@ class Resource:
             if not isinstance(key, str):
                 raise InvalidResourceError(f"dimension name must be a string, got {key!r}")
         return cls(kind, tuple(rest.items()), queue)
+
+
+_FAST_KINDS = {
+    k.value: k for k in ResourceKind if k not in _YARN_KINDS and k is not ResourceKind.SPECIAL
+}
+
+
+def _from_dict_fast(data: Mapping[Any, Any]) -> Resource | None:
+    """from_dict for the common case: a fixed-dimension kind without queue whose every
+    dimension is present with an int in range. None: take the general (checking) path."""
+    raw = data.get("kind")
+    kind = _FAST_KINDS.get(raw) if type(raw) is str else None
+    if kind is None:
+        return None
+    dims = _SORTED_DIMS[kind]
+    if len(data) != len(dims) + 1:
+        return None
+    out = []
+    for d in dims:
+        v = data.get(d)
+        if type(v) is not int or not 0 <= v <= MAX_QUANTITY:
+            return None
+        out.append((d, v))
+    return Resource._trusted(kind, tuple(out))
 
 
 def _check_divisor(divisor: object) -> int | None:
@@ -514,7 +561,7 @@ def convert(r: Resource, kind: ResourceKind) -> Resource:
     if kind not in _CONVERTS_TO[r.kind]:
         raise ResourceTypeError(f"cannot convert {r.kind.value} to {kind.value}")
     queue = r.queue if kind in _YARN_KINDS else ""
-    return Resource(kind, tuple((d, r.get(d)) for d in KIND_DIMENSIONS[kind]), queue)
+    return Resource._trusted(kind, tuple((d, r.get(d)) for d in _SORTED_DIMS[kind]), queue)
 
 
 @dataclass(frozen=True)
@@ -554,6 +601,14 @@ def headroom(maximum: Resource, used: Resource, locked: Resource, protected: Res
     else:
         dims = KIND_DIMENSIONS[kind]
     m, u, lk, p = parts
+    if kind is not ResourceKind.SPECIAL:  # every value is clamped into range: no checks
+        return Resource._trusted(
+            kind,
+            tuple(
+                (d, max(0, m.get(d) - u.get(d) - lk.get(d) - p.get(d))) for d in _SORTED_DIMS[kind]
+            ),
+            queue,
+        )
     out = tuple((d, max(0, m.get(d) - u.get(d) - lk.get(d) - p.get(d))) for d in dims)
     return Resource(kind, out, queue)
 

@@ -30,6 +30,7 @@ from rm_server.observability._intercept import (
     method_name,
     observe_handler,
 )
+from rm_server.security.identity import current as current_principal
 
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
 peer_var: contextvars.ContextVar[str] = contextvars.ContextVar("peer", default="")
@@ -156,6 +157,9 @@ def rpc_context(call: CallInfo) -> Iterator[None]:
         }
         if status.reason:
             extra["reason"] = status.reason
+        caller = current_principal()  # set by the auth interceptor (none: auth off)
+        if caller is not None and caller.name:
+            extra["caller"] = f"{caller.kind.value}:{caller.name}"
         access_log.log(level, "rpc", extra=extra)
         # A streaming call's generator may be closed from another context: then the
         # variables die with that context anyway.

@@ -93,13 +93,13 @@ class Limits:
         """Admit one apply-like call of `user` (which waits for capacity if `waiting`),
         or raise ResourceExhausted. The returned function ends the call's stay."""
         st = self.settings
-        if waiting and st.max_waiting_applies > 0:
-            if self._waiting.get(user, 0) >= st.max_waiting_applies:
-                raise ResourceExhausted(
-                    f"user {user!r} already has {st.max_waiting_applies} applies waiting"
-                    " for capacity (max_waiting_applies)",
-                    reason=TOO_MANY_WAITING,
-                )
+        limit = st.max_waiting_applies
+        if waiting and limit > 0 and self._waiting.get(user, 0) >= limit:
+            raise ResourceExhausted(
+                f"user {user!r} already has {limit} applies waiting for capacity"
+                " (max_waiting_applies)",
+                reason=TOO_MANY_WAITING,
+            )
         if st.apply_rate > 0:
             self._take(user)
         if not waiting or st.max_waiting_applies <= 0:
@@ -129,7 +129,8 @@ class Limits:
             while len(self._buckets) > MAX_TRACKED_USERS:
                 self._buckets.popitem(last=False)
         self._buckets.move_to_end(user)
-        bucket.tokens = min(float(st.apply_burst), bucket.tokens + (now - bucket.stamp) * st.apply_rate)
+        refill = (now - bucket.stamp) * st.apply_rate
+        bucket.tokens = min(float(st.apply_burst), bucket.tokens + refill)
         bucket.stamp = now
         if bucket.tokens < 1.0:
             wait = (1.0 - bucket.tokens) / st.apply_rate

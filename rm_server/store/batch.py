@@ -172,9 +172,9 @@ INSERT_HISTORY = (
 )
 INSERT_LOG = (
     "INSERT INTO request_log (method, request_id, request_hash, status_code, response,"
-    " created_at) SELECT m, r, h, c, p, %s"
-    " FROM unnest(%s::text[], %s::text[], %s::bytea[], %s::int[], %s::bytea[])"
-    " AS u(m, r, h, c, p)"
+    " created_at) SELECT method, request_id, request_hash, status_code, response, %s"
+    " FROM json_to_recordset(%s::json) AS x(method text, request_id text,"
+    " request_hash bytea, status_code int, response bytea)"
 )
 DELETE_WAITERS = "DELETE FROM apply_waiter WHERE seq = ANY(%s)"
 NOTIFY = "SELECT pg_notify(%s, x) FROM unnest(%s::text[]) AS x"
@@ -319,17 +319,17 @@ async def run(conn: Conn, ops: Sequence[Op], now: datetime) -> list[Outcome]:
             INSERT_HISTORY, (json.dumps([_history_json(a, b) for a, b in state.history]),)
         )
     if log_rows:
-        await conn.execute(
-            INSERT_LOG,
-            (
-                now,
-                [op.idem.method for op, _, _ in log_rows],
-                [op.idem.request_id for op, _, _ in log_rows],
-                [op.idem.request_hash for op, _, _ in log_rows],
-                [code for _, code, _ in log_rows],
-                [payload for _, _, payload in log_rows],
-            ),
-        )
+        entries = [
+            {
+                "method": op.idem.method,
+                "request_id": op.idem.request_id,
+                "request_hash": "\\x" + op.idem.request_hash.hex(),
+                "status_code": code,
+                "response": "\\x" + payload.hex(),
+            }
+            for op, code, payload in log_rows
+        ]
+        await conn.execute(INSERT_LOG, (now, json.dumps(entries)))
     if state.waiters_served:
         await conn.execute(DELETE_WAITERS, (state.waiters_served,))
     if state.notify:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
+import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -166,26 +168,37 @@ class Database:
         violation also retries (a concurrent transaction inserted the same key)."""
         retryable = _is_retryable_unique if retry_unique else _is_retryable
         try:
+            # The first attempt without the retry machinery (it costs per call); the
+            # retries, if any, with it.
+            try:
+                return await self._attempt(body, read_only, pipeline)
+            except Exception as exc:
+                if self.attempts <= 1 or not retryable(exc):
+                    raise
+            await asyncio.sleep(random.uniform(0, 0.04))
             async for attempt in tenacity.AsyncRetrying(
                 retry=tenacity.retry_if_exception(retryable),
-                stop=tenacity.stop_after_attempt(self.attempts),
+                stop=tenacity.stop_after_attempt(self.attempts - 1),
                 wait=tenacity.wait_random_exponential(multiplier=0.02, max=0.5),
                 reraise=True,
             ):
                 with attempt:
-                    async with self.pool.connection() as conn:
-                        if pipeline:
-                            async with conn.pipeline(), conn.transaction():
-                                return await body(conn)
-                        async with conn.transaction():
-                            if read_only:
-                                await conn.execute(
-                                    "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
-                                )
-                            return await body(conn)
+                    return await self._attempt(body, read_only, pipeline)
         except (psycopg.OperationalError, PoolTimeout) as exc:
             raise Unavailable(f"database unavailable: {exc}".strip()) from exc
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _attempt(
+        self, body: Callable[[Conn], Awaitable[T]], read_only: bool, pipeline: bool
+    ) -> T:
+        async with self.pool.connection() as conn:
+            if pipeline:
+                async with conn.pipeline(), conn.transaction():
+                    return await body(conn)
+            async with conn.transaction():
+                if read_only:
+                    await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                return await body(conn)
 
     async def run_idempotent(
         self,

@@ -116,10 +116,10 @@ async def lock_labels(
 
 
 WRITE_LABELS = (
-    "UPDATE label_resource r SET used = u.used::jsonb, locked = u.locked::jsonb,"
-    " kind = u.kind, live_tickets = u.live, updated_at = %s"
-    " FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::bigint[])"
-    "   AS u(label, used, locked, kind, live)"
+    "UPDATE label_resource r SET used = u.used, locked = u.locked, kind = u.kind,"
+    " live_tickets = u.live, updated_at = %s"
+    " FROM json_to_recordset(%s::json)"
+    "   AS u(label text, used jsonb, locked jsonb, kind text, live bigint)"
     " WHERE r.label = u.label"
 )
 
@@ -128,17 +128,18 @@ async def write_labels(conn: Conn, rows: Sequence[LabelRow], now: datetime) -> N
     """Write back used, locked and live ticket counts of locked rows in one statement."""
     if not rows:
         return
-    await conn.execute(
-        WRITE_LABELS,
-        (
-            now,
-            [r.label for r in rows],
-            [json.dumps(r.used.to_dict()) for r in rows],
-            [json.dumps(r.locked.to_dict()) for r in rows],
-            [r.locked.kind.value for r in rows],
-            [r.live_tickets for r in rows],
-        ),
-    )
+    # One JSON document rather than five arrays: far cheaper to send from Python.
+    payload = [
+        {
+            "label": r.label,
+            "used": r.used.to_dict(),
+            "locked": r.locked.to_dict(),
+            "kind": r.locked.kind.value,
+            "live": r.live_tickets,
+        }
+        for r in rows
+    ]
+    await conn.execute(WRITE_LABELS, (now, json.dumps(payload)))
 
 
 async def load_limit_rules(conn: Conn, key_names: Sequence[str]) -> list[LimitRule]:

@@ -1,0 +1,370 @@
+"""EngineConn launch: CreateEngineConn -> ready, against bare sudo and bare Python start.
+
+    python -m bench.launch [--seconds 20] [--in-flight 16] [--user lrmtest_a]
+                           [--python /opt/labelrm/ec-venv/bin/python] [--no-install]
+                           [--database-url URL]
+
+Needs root and the test users (scripts/create_test_users.sh), like the agent tests:
+the agent runs as root and starts every EngineConn through `sudo -n -u USER`. The
+EngineConn runtime is (re)installed for the users with scripts/install_ec_runtime.sh
+unless --no-install.
+
+Measures, on this machine:
+- the floor: `sudo -n -u USER bash -c true` and a bare `PYTHON -m engineconn --version`
+  (sequential: latency; 16 at a time: rate), and both in one (`sudo ... PYTHON -m
+  engineconn --version`, what a launch cannot avoid);
+- labelrm: an rm-server and a real ecm-agent (subprocesses, product defaults);
+  `--in-flight` clients loop CreateEngineConn (engineType shell-1) -> ready, then kill
+  it in the background. Create->ready p50/p99 and launches/s over the window.
+Prints a table and one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from bench.common import ROOT, CpuMeter, emit, ms, pct, stack, table
+
+DEFAULT_PYTHON = "/opt/labelrm/ec-venv/bin/python"
+
+
+def preconditions(user: str, python: str, install: bool) -> str | None:
+    """Why this benchmark cannot run here (None: it can)."""
+    import pwd
+
+    if os.geteuid() != 0:
+        return "needs root: the agent runs as root and launches EngineConns through sudo"
+    try:
+        pwd.getpwnam(user)
+    except KeyError:
+        return f"user {user} missing: run scripts/create_test_users.sh as root"
+    if subprocess.run(["sudo", "-n", "-u", user, "true"], capture_output=True).returncode != 0:
+        return f"`sudo -n -u {user} true` fails: run scripts/create_test_users.sh as root"
+    if install:
+        done = subprocess.run(
+            ["bash", str(ROOT / "scripts" / "install_ec_runtime.sh")],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            return f"scripts/install_ec_runtime.sh failed: {done.stderr[-1500:]}"
+    if not Path(python).exists():
+        return f"{python} missing: run scripts/install_ec_runtime.sh as root"
+    return None
+
+
+def time_command(cmd: list[str], runs: int) -> list[float]:
+    out = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def rate_command(cmd: list[str], in_flight: int, seconds: float) -> float:
+    """Completions per second with `in_flight` copies running at any time."""
+    done = 0
+    end = time.monotonic() + seconds
+    running = [
+        subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(in_flight)
+    ]
+    start = time.monotonic()
+    while running:
+        still = []
+        for p in running:
+            if p.poll() is None:
+                still.append(p)
+                continue
+            done += 1
+            if time.monotonic() < end:
+                still.append(
+                    subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                )
+        running = still
+        time.sleep(0.002)
+    return done / (time.monotonic() - start)
+
+
+def floor(user: str, python: str, in_flight: int) -> dict[str, Any]:
+    cmds = {
+        "sudo": ["sudo", "-n", "-u", user, "bash", "-c", "true"],
+        "python": [python, "-m", "engineconn", "--version"],
+        "sudo_python": ["sudo", "-n", "-u", user, python, "-m", "engineconn", "--version"],
+    }
+    out: dict[str, Any] = {}
+    for name, cmd in cmds.items():
+        time_command(cmd, 3)  # warm caches
+        lat = time_command(cmd, 30)
+        out[name] = {
+            "p50_ms": round(pct(lat, 0.5), 1),
+            "p99_ms": round(pct(lat, 0.99), 1),
+            "per_s_in_flight": round(rate_command(cmd, in_flight, 4.0), 1),
+        }
+    return out
+
+
+def start_agent(target: str, user: str, python: str, root: Path) -> subprocess.Popen[bytes]:
+    (root / "work").mkdir(mode=0o755, parents=True)
+    cmd = [sys.executable, "-m", "ecm_agent", "--rm", target, "--agent-id", "bench-agent"]
+    cmd += [
+        "--work-root",
+        str(root / "work"),
+        "--state-dir",
+        str(root / "state"),
+        "--allowed-users",
+        user,
+    ]
+    cmd += [
+        "--python",
+        python,
+        "--total-memory-bytes",
+        str(1 << 40),
+        "--total-cpu-millis",
+        "1000000",
+    ]
+    cmd += ["--total-instances", "10000", "--log-level", "WARNING"]
+    log = (root / "agent.log").open("ab")
+    env = {**os.environ, "GRPC_ENABLE_FORK_SUPPORT": "false"}
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+async def launches(
+    target: str, user: str, plan: list[tuple[int, float]], pids: dict[str, list[int]]
+) -> list[dict[str, Any]]:
+    """For each (in_flight, seconds) of `plan`: that many clients creating EngineConns."""
+    import grpc
+    from google.protobuf.duration_pb2 import Duration
+    from labelrm.v1 import engine_conn_pb2 as ec_pb
+    from labelrm.v1 import engine_conn_pb2_grpc, resource_manager_pb2_grpc, resource_pb2
+    from labelrm.v1 import resource_manager_pb2 as rm_pb
+
+    labels = [
+        resource_pb2.Label(key="userCreator", value=f"{user}-IDE"),
+        resource_pb2.Label(key="engineType", value="shell-1"),
+    ]
+    async with grpc.aio.insecure_channel(target) as ch:
+        ecs = engine_conn_pb2_grpc.EngineConnServiceStub(ch)
+        rm = resource_manager_pb2_grpc.ResourceManagerServiceStub(ch)
+        deadline = time.monotonic() + 60
+        while True:  # the agent is up when it has registered and heartbeated
+            try:
+                ecm = (await rm.GetEcm(rm_pb.GetEcmRequest(instance="bench-agent"))).ecm
+                if ecm.state == rm_pb.ECM_STATE_RUNNING and ecm.HasField("last_heartbeat_time"):
+                    break
+            except grpc.aio.AioRpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit("the agent did not register within 60 s")
+            await asyncio.sleep(0.2)
+
+        kills: set[asyncio.Task[Any]] = set()
+        results = []
+        warm = False
+        for in_flight, seconds in plan:
+            latencies: list[float] = []
+            errors: dict[str, int] = {}
+            counted = 0
+            state = {"start": 0.0, "end": 0.0}
+
+            async def kill(ec_id: str, errors: dict[str, int] = errors) -> None:
+                try:
+                    await ecs.KillEngineConn(
+                        ec_pb.KillEngineConnRequest(engine_conn_id=ec_id, reason="bench"),
+                        timeout=60,
+                    )
+                except grpc.aio.AioRpcError as exc:
+                    errors["kill " + exc.code().name] = errors.get("kill " + exc.code().name, 0) + 1
+
+            async def client(
+                stop_at: float,
+                measure: bool,
+                latencies: list[float] = latencies,
+                errors: dict[str, int] = errors,
+                state: dict[str, float] = state,
+                kill: Any = kill,
+            ) -> None:
+                nonlocal counted
+                while time.monotonic() < stop_at:
+                    t0 = time.monotonic()
+                    try:
+                        ec = (
+                            await ecs.CreateEngineConn(
+                                ec_pb.CreateEngineConnRequest(
+                                    request_id=uuid.uuid4().hex,
+                                    user=user,
+                                    labels=labels,
+                                    timeout=Duration(seconds=60),
+                                ),
+                                timeout=90,
+                            )
+                        ).engine_conn
+                    except grpc.aio.AioRpcError as exc:
+                        errors[exc.code().name] = errors.get(exc.code().name, 0) + 1
+                        await asyncio.sleep(0.1)
+                        continue
+                    t1 = time.monotonic()
+                    if measure and state["start"] <= t0 and t1 < state["end"]:
+                        latencies.append(t1 - t0)
+                    if measure and state["start"] <= t1 < state["end"]:
+                        counted += 1
+                    task = asyncio.create_task(kill(ec.engine_conn_id))
+                    kills.add(task)
+                    task.add_done_callback(kills.discard)
+
+            if not warm:  # a few launches first, so that every cache is warm
+                await asyncio.gather(*(client(time.monotonic() + 3, False) for _ in range(4)))
+                await asyncio.gather(*list(kills), return_exceptions=True)
+                warm = True
+            await asyncio.sleep(1.0)  # let the previous kills finish
+            state["start"] = time.monotonic() + 0.3
+            state["end"] = state["start"] + seconds
+            meter = CpuMeter(pids)
+            meter.start()
+            await asyncio.gather(*(client(state["end"], True) for _ in range(in_flight)))
+            cpu = meter.stop()
+            await asyncio.gather(*list(kills), return_exceptions=True)
+            results.append(
+                {
+                    "in_flight": in_flight,
+                    "launches_per_s": round(counted / seconds, 1),
+                    "p50_ms": round(pct(latencies, 0.5), 1),
+                    "p99_ms": round(pct(latencies, 0.99), 1),
+                    "launches": counted,
+                    "errors": errors,
+                    "cpu": cpu,
+                }
+            )
+        # Leave nothing running.
+        live_states = {
+            ec_pb.ENGINE_CONN_STATE_STARTING,
+            ec_pb.ENGINE_CONN_STATE_IDLE,
+            ec_pb.ENGINE_CONN_STATE_BUSY,
+            ec_pb.ENGINE_CONN_STATE_SHUTTING_DOWN,
+        }
+        for _ in range(300):
+            listed = await ecs.ListEngineConns(ec_pb.ListEngineConnsRequest(page_size=1000))
+            if not any(e.state in live_states for e in listed.engine_conns):
+                break
+            await asyncio.sleep(0.2)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--in-flight", type=int, default=16)
+    parser.add_argument("--user", default="lrmtest_a")
+    parser.add_argument(
+        "--python",
+        default=os.environ.get("LABELRM_EC_VENV", "/opt/labelrm/ec-venv") + "/bin/python",
+    )
+    parser.add_argument(
+        "--no-install", action="store_true", help="do not run scripts/install_ec_runtime.sh"
+    )
+    parser.add_argument("--database-url", default="")
+    args = parser.parse_args(argv)
+
+    why = preconditions(args.user, args.python, not args.no_install)
+    if why is not None:
+        print(f"bench.launch cannot run here: {why}", file=sys.stderr)
+        emit("launch", f"launch: skipped ({why})", {"skipped": why})
+        return 2
+    base = floor(args.user, args.python, args.in_flight)
+    root = Path(tempfile.mkdtemp(prefix="labelrm-bench-agent-", dir="/tmp"))
+    root.chmod(0o755)
+    agent = None
+    try:
+        with stack(args.database_url) as (db, server):
+            agent = start_agent(server.target, args.user, args.python, root)
+            plan = [(1, min(10.0, args.seconds)), (args.in_flight, args.seconds)]
+            pids = {"server": server.pids, "agent": [agent.pid]}
+            one, many = asyncio.run(launches(server.target, args.user, plan, pids))
+            describe = db.describe
+    finally:
+        if agent is not None and agent.poll() is None:
+            agent.terminate()
+            try:
+                agent.wait(15)
+            except subprocess.TimeoutExpired:
+                agent.kill()
+        shutil.rmtree(root, ignore_errors=True)
+
+    bare = base["sudo"]["p50_ms"] + base["python"]["p50_ms"]
+    targets = {
+        "create_to_ready_p50_ms": one["p50_ms"],
+        "overhead_p50_ms": round(one["p50_ms"] - bare, 1),
+        "launches_per_s_in_flight": many["launches_per_s"],
+    }
+    rows = [
+        [name, ms(b["p50_ms"]), ms(b["p99_ms"]), "", "", b["per_s_in_flight"]]
+        for name, b in (
+            ("sudo -n -u USER bash -c true", base["sudo"]),
+            ("PYTHON -m engineconn --version", base["python"]),
+            ("sudo -n -u USER PYTHON -m engineconn --version", base["sudo_python"]),
+        )
+    ]
+    rows.append(
+        [
+            "labelrm CreateEngineConn -> ready",
+            ms(one["p50_ms"]),
+            ms(one["p99_ms"]),
+            ms(many["p50_ms"]),
+            ms(many["p99_ms"]),
+            many["launches_per_s"],
+        ]
+    )
+    n = args.in_flight
+    text = "\n".join(
+        [
+            f"EngineConn launch: {describe}; rm-server + ecm-agent (product defaults), user {args.user}, engine shell-1; PYTHON={args.python}",
+            table(
+                [
+                    "what",
+                    "p50 ms (1 at a time)",
+                    "p99 ms",
+                    f"p50 ms ({n} in flight)",
+                    "p99 ms",
+                    f"per s ({n} in flight)",
+                ],
+                rows,
+            ),
+            f"overhead over bare sudo + bare python start (p50, 1 at a time): {targets['overhead_p50_ms']} ms",
+            f"CPU in cores with {n} in flight: RM {many['cpu'].get('server')}, agent {many['cpu'].get('agent')}, "
+            f"other {many['cpu'].get('other')} (the EngineConns and sudo themselves, and anything else running)",
+        ]
+        + (
+            [f"errors: {one['errors']} / {many['errors']}"]
+            if one["errors"] or many["errors"]
+            else []
+        )
+    )
+    emit(
+        "launch",
+        text,
+        {
+            "database": describe,
+            "floor": base,
+            "one_at_a_time": one,
+            "in_flight": many,
+            "targets": targets,
+        },
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,263 @@
+"""From `Settings` to a secured RM: refuses unsafe set-ups before anything starts,
+opens the listeners with the right credentials, and builds the auth interceptor, the
+limits and the EngineConn certificate issuer.
+
+Listeners (gRPC's Python API can ask for client certificates only as "required" or
+"not at all", so the two kinds of callers get a listener each when both are used):
+
+- ``listen``: users and operators, with bearer tokens; TLS when ``tls_cert`` is set.
+  With ``tls_client_ca`` and no ``agent_listen``, it requires client certificates from
+  everyone (agents, EngineConns and users alike).
+- ``agent_listen`` (optional): agents and EngineConns; TLS with a client certificate
+  required and verified against ``tls_client_ca`` plus the issuing CA.
+
+Authentication is on as soon as a token file or TLS is configured. Without either it
+is OFF, every caller is an admin, and every listener must be on loopback.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+import grpc
+
+from rm_server.config import Settings
+from rm_server.security import pki
+from rm_server.security.ec_certs import EcCredentials, EngineConnIssuer
+from rm_server.security.interceptor import AuthInterceptor, DbOwners
+from rm_server.security.limits import Limits, LimitSettings
+from rm_server.security.tokens import TokenFile, TokenFileError
+from rm_server.store.db import Database
+
+log = logging.getLogger(__name__)
+
+
+class SecurityConfigError(ValueError):
+    """The settings would run the RM unsafely (or cannot work); the RM does not start."""
+
+
+def split_host(address: str) -> str:
+    host, sep, _ = address.rpartition(":")
+    if not sep:
+        raise SecurityConfigError(f"{address!r} is not HOST:PORT")
+    return host.strip("[]")
+
+
+def is_loopback(address: str) -> bool:
+    """True for HOST:PORT on a loopback address; a name other than localhost is not
+    resolved (it may point anywhere) and counts as non-loopback."""
+    host = split_host(address)
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _read(path: str, what: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise SecurityConfigError(f"cannot read {what} {path}: {exc}") from exc
+
+
+@dataclass
+class _CertFiles:
+    """Server certificate files, re-read when they change (rotation without restart)."""
+
+    cert: str
+    key: str
+    roots: tuple[str, ...]
+    extra_roots: bytes = b""
+    _stamp: tuple[tuple[int, int], ...] = field(default=())
+
+    def _stamps(self) -> tuple[tuple[int, int], ...]:
+        out = []
+        for path in (self.cert, self.key, *self.roots):
+            try:
+                st = os.stat(path)
+                out.append((st.st_mtime_ns, st.st_size))
+            except OSError:
+                out.append((0, 0))
+        return tuple(out)
+
+    def configuration(self) -> grpc.ServerCertificateConfiguration:
+        self._stamp = self._stamps()
+        roots = b"".join(_read(p, "CA bundle") for p in self.roots) + self.extra_roots
+        pair = [(_read(self.key, "TLS key"), _read(self.cert, "TLS certificate"))]
+        return grpc.ssl_server_certificate_configuration(pair, roots or None)
+
+    def fetch(self) -> grpc.ServerCertificateConfiguration | None:
+        """Called by gRPC before each handshake: a new configuration when files changed."""
+        if self._stamps() == self._stamp:
+            return None
+        try:
+            config = self.configuration()
+        except (SecurityConfigError, ValueError) as exc:
+            log.error("TLS files changed but cannot be loaded, keeping the old ones: %s", exc)
+            return None
+        log.info("TLS certificate files changed: reloaded")
+        return config
+
+    def credentials(self, require_client_cert: bool) -> grpc.ServerCredentials:
+        return grpc.dynamic_ssl_server_credentials(
+            self.configuration(), self.fetch, require_client_cert
+        )
+
+
+@dataclass
+class Security:
+    """The security set-up of one RM process."""
+
+    settings: Settings
+    auth_enabled: bool
+    tokens: TokenFile | None
+    limits: Limits
+    issuer: EngineConnIssuer | None
+    _main_certs: _CertFiles | None = None
+    _mtls_certs: _CertFiles | None = None
+    _main_requires_cert: bool = False
+
+    def interceptor(self, db: Database) -> AuthInterceptor:
+        proxies = {u.strip() for u in self.settings.proxy_users.split(",") if u.strip()}
+        return AuthInterceptor(
+            enabled=self.auth_enabled,
+            tokens=self.tokens,
+            owners=DbOwners(db),
+            limits=self.limits,
+            proxy_users=proxies,
+        )
+
+    @property
+    def ec_credentials(self) -> Callable[[str], EcCredentials] | None:
+        return self.issuer.issue if self.issuer is not None else None
+
+    def add_ports(self, server: grpc.aio.Server) -> tuple[int, int]:
+        """Open `listen` (and `agent_listen`); returns their ports (0: not opened)."""
+        st = self.settings
+        if self._main_certs is None:
+            port = server.add_insecure_port(st.listen)
+        else:
+            creds = self._main_certs.credentials(self._main_requires_cert)
+            port = server.add_secure_port(st.listen, creds)
+        if port == 0:
+            raise OSError(f"cannot listen on {st.listen}")
+        agent_port = 0
+        if st.agent_listen:
+            assert self._mtls_certs is not None
+            agent_port = server.add_secure_port(st.agent_listen, self._mtls_certs.credentials(True))
+            if agent_port == 0:
+                raise OSError(f"cannot listen on {st.agent_listen}")
+        return port, agent_port
+
+    def describe(self, agent_port: int = 0) -> str:
+        if not self.auth_enabled:
+            return "authentication OFF (dev mode, loopback only): every caller is an admin"
+        parts = ["authentication on"]
+        parts.append(f"{len(self.tokens)} tokens" if self.tokens is not None else "no tokens")
+        if self._main_certs is not None:
+            parts.append("TLS" + (" + client certificates" if self._main_requires_cert else ""))
+        else:
+            parts.append("PLAINTEXT (insecure)")
+        if self.settings.agent_listen:
+            where = self.settings.agent_listen
+            if agent_port:
+                where = f"{where.rpartition(':')[0]}:{agent_port}"
+            parts.append(f"agents and EngineConns on {where} (mutual TLS)")
+        parts.append("EngineConn certificates " + ("issued" if self.issuer else "NOT issued"))
+        return ", ".join(parts)
+
+
+def build_security(st: Settings) -> Security:
+    """Validate the security settings and prepare everything; SecurityConfigError when
+    the set-up is unsafe or incomplete (see docs/security.md)."""
+    if bool(st.tls_cert) != bool(st.tls_key):
+        raise SecurityConfigError("tls_cert and tls_key go together")
+    if bool(st.tls_issuer_cert) != bool(st.tls_issuer_key):
+        raise SecurityConfigError("tls_issuer_cert and tls_issuer_key go together")
+    tls = bool(st.tls_cert)
+    wants_client_certs = bool(st.tls_client_ca or st.agent_listen or st.tls_issuer_cert)
+    if wants_client_certs and not tls:
+        raise SecurityConfigError(
+            "client certificates (tls_client_ca, agent_listen, tls_issuer_*) need TLS:"
+            " set tls_cert and tls_key"
+        )
+    if st.tls_issuer_cert and not (st.agent_listen or st.tls_client_ca):
+        raise SecurityConfigError(
+            "tls_issuer_* issues EngineConn certificates, but no listener asks for client"
+            " certificates: set agent_listen (or tls_client_ca)"
+        )
+    if st.agent_listen and not (st.tls_client_ca or st.tls_issuer_cert):
+        raise SecurityConfigError("agent_listen needs tls_client_ca (and/or tls_issuer_*)")
+    auth = bool(st.token_file or tls)
+    listeners = [a for a in (st.listen, st.agent_listen) if a]
+    exposed = [a for a in listeners if not is_loopback(a)]
+    if exposed and not auth:
+        raise SecurityConfigError(
+            f"refusing to serve {', '.join(exposed)} with authentication off: configure"
+            " token_file and/or TLS (dev mode without them is for loopback only)"
+        )
+    if not is_loopback(st.listen) and not tls and not st.insecure:
+        raise SecurityConfigError(
+            f"refusing to listen on non-loopback {st.listen} without TLS: set tls_cert and"
+            " tls_key, or pass --insecure (tokens then cross the network in clear text)"
+        )
+    tokens = None
+    if st.token_file:
+        try:
+            tokens = TokenFile(Path(st.token_file))
+        except TokenFileError as exc:
+            raise SecurityConfigError(str(exc)) from exc
+    issuer = None
+    issuer_pem = b""
+    if st.tls_issuer_cert:
+        ca = pki.Issued(
+            _read(st.tls_issuer_cert, "issuer certificate"), _read(st.tls_issuer_key, "issuer key")
+        )
+        issuer_pem = ca.cert_pem
+        trust = _read(st.tls_server_ca, "server CA") if st.tls_server_ca else ca.cert_pem
+        issuer = EngineConnIssuer(ca, trust, timedelta(hours=st.ec_cert_hours))
+        try:
+            issuer.issue("ec-selftest")  # a key or CA that cannot sign fails now, not per launch
+        except ValueError as exc:
+            raise SecurityConfigError(f"the issuing CA cannot issue: {exc}") from exc
+    roots = tuple(p for p in (st.tls_client_ca,) if p)
+    main = mtls = None
+    if tls:
+        main = _CertFiles(st.tls_cert, st.tls_key, roots if not st.agent_listen else ())
+        main.extra_roots = issuer_pem if not st.agent_listen else b""
+        if st.agent_listen:
+            mtls = _CertFiles(st.tls_cert, st.tls_key, roots, issuer_pem)
+    security = Security(
+        settings=st,
+        auth_enabled=auth,
+        tokens=tokens,
+        limits=Limits(
+            LimitSettings(
+                apply_rate=st.apply_rate,
+                apply_burst=st.apply_burst,
+                max_waiting_applies=st.max_waiting_applies,
+                auth_failure_limit=st.auth_failure_limit,
+                auth_failure_window=st.auth_failure_window,
+            )
+        ),
+        issuer=issuer,
+        _main_certs=main,
+        _mtls_certs=mtls,
+        _main_requires_cert=bool(tls and st.tls_client_ca and not st.agent_listen),
+    )
+    if main is not None:
+        main.configuration()  # unreadable files fail the start, not the first handshake
+    if auth and issuer is None:
+        log.warning(
+            "no issuing CA (tls_issuer_cert/tls_issuer_key): EngineConns cannot authenticate"
+            " and will not become ready"
+        )
+    return security

@@ -1,0 +1,142 @@
+"""A secured in-process RM for the security tests: TLS on `listen` for token users,
+mutual TLS on `agent_listen` for agents and EngineConns, the same throwaway CA issuing
+EngineConn certificates, and a token file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import grpc
+from labelrm.v1 import (
+    admin_pb2_grpc,
+    demand_pb2_grpc,
+    engine_conn_pb2_grpc,
+    resource_manager_pb2_grpc,
+)
+
+from clients._channel import ChannelSecurity, aio_channel
+from rm_server.security import pki, tokens
+from tests.conftest import InProcessRM, start_in_process, stop_in_process
+
+USERS = {"alice": ["user"], "bob": ["user"], "gateway": ["user"], "root": ["admin"]}
+
+
+@dataclass
+class Pki:
+    """Files of a throwaway PKI (and a second, untrusted CA)."""
+
+    root: Path
+    tokens: dict[str, str] = field(default_factory=dict)
+
+    def path(self, stem: str, ext: str) -> str:
+        return str(self.root / f"{stem}.{ext}")
+
+    @property
+    def ca(self) -> str:
+        return self.path("ca", "crt")
+
+    @property
+    def token_file(self) -> str:
+        return str(self.root / "tokens.toml")
+
+    def cert(self, kind: str, name: str) -> tuple[str, str]:
+        stem = pki.file_stem(kind, name)
+        return self.path(stem, "crt"), self.path(stem, "key")
+
+
+def make_pki(root: Path) -> Pki:
+    out = Pki(root)
+    pki.dev_pki(root, "agent1", days=1)
+    ca = pki.load_ca(root)
+    for kind, name in (("agent", "agent2"), ("engineconn", "ec-matrix"), ("user", "alice")):
+        pki.save(root, pki.file_stem(kind, name), pki.issue(ca, kind, name))
+    expired = pki.issue(
+        ca, "agent", "agent1", valid_for=timedelta(hours=1), now=datetime.now(UTC) - timedelta(1)
+    )
+    pki.save(root, "expired-agent1", expired)
+    other_ca = pki.create_ca("untrusted CA")
+    pki.save(root, "rogue-agent1", pki.issue(other_ca, "agent", "agent1"))
+    for user, roles in USERS.items():
+        out.tokens[user] = tokens.add_token(Path(out.token_file), user, roles)
+    out.tokens["agent1"] = tokens.add_token(Path(out.token_file), "agent1", ["agent"])
+    return out
+
+
+def secure_settings(p: Pki, **overrides: Any) -> dict[str, Any]:
+    settings: dict[str, Any] = {
+        "tls_cert": p.path("server", "crt"),
+        "tls_key": p.path("server", "key"),
+        "tls_client_ca": p.ca,
+        "agent_listen": "127.0.0.1:0",
+        "tls_issuer_cert": p.ca,
+        "tls_issuer_key": p.path("ca", "key"),
+        "token_file": p.token_file,
+        "proxy_users": "gateway",
+    }
+    settings.update(overrides)
+    return settings
+
+
+@dataclass
+class SecureRM:
+    inner: InProcessRM
+    pki: Pki
+    channels: list[grpc.aio.Channel] = field(default_factory=list)
+
+    @property
+    def server(self) -> Any:
+        return self.inner.server
+
+    @property
+    def user_target(self) -> str:
+        return f"127.0.0.1:{self.server.port}"
+
+    @property
+    def agent_target(self) -> str:
+        return f"127.0.0.1:{self.server.agent_port}"
+
+    def channel(
+        self,
+        token_of: str = "",
+        cert: tuple[str, str] | None = None,
+        *,
+        agent_port: bool = False,
+        token: str = "",
+        ca: str | None = None,
+    ) -> grpc.aio.Channel:
+        """A channel as a user (token), an agent or EngineConn (certificate), or nobody."""
+        security = ChannelSecurity(
+            tls_ca=self.pki.ca if ca is None else ca,
+            tls_cert=cert[0] if cert else "",
+            tls_key=cert[1] if cert else "",
+            token=token or (self.pki.tokens[token_of] if token_of else ""),
+        )
+        target = self.agent_target if agent_port else self.user_target
+        channel = aio_channel(target, security)
+        self.channels.append(channel)
+        return channel
+
+    def stubs(self, channel: grpc.aio.Channel) -> Stubs:
+        return Stubs(channel)
+
+
+class Stubs:
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.rm = resource_manager_pb2_grpc.ResourceManagerServiceStub(channel)
+        self.admin = admin_pb2_grpc.AdminServiceStub(channel)
+        self.ecs = engine_conn_pb2_grpc.EngineConnServiceStub(channel)
+        self.demands = demand_pb2_grpc.DemandServiceStub(channel)
+
+
+async def start_secure(database_url: str, p: Pki, **overrides: Any) -> SecureRM:
+    inner = await start_in_process(database_url, **secure_settings(p, **overrides))
+    return SecureRM(inner, p)
+
+
+async def stop_secure(rm: SecureRM) -> None:
+    for channel in rm.channels:
+        await channel.close()
+    await stop_in_process(rm.inner)

@@ -1,0 +1,100 @@
+"""EngineConns on a secured cluster: a real agent with its certificate on the mutual-TLS
+listener, the RM issuing each EngineConn a certificate as launch material, the
+EngineConn reporting with it, and users reaching only their own EngineConns."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import stat
+from pathlib import Path
+
+import grpc
+import pytest
+from google.protobuf.duration_pb2 import Duration
+from labelrm.v1 import engine_conn_pb2 as ec_pb
+from labelrm.v1 import resource_manager_pb2 as pb
+
+from rm_server.security import tokens
+from rm_server.security.ec_certs import CERT_FILE, KEY_FILE
+from tests.conftest import wait_until
+from tests.helpers import lbl
+from tests.integration.security_fixtures import make_pki, start_secure, stop_secure
+
+SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"
+
+
+@pytest.fixture
+async def cluster(database_url, tmp_path, sudo_users):
+    keys = make_pki(tmp_path / "pki")
+    for user in sudo_users:
+        keys.tokens[user] = tokens.add_token(Path(keys.token_file), user, ["user"])
+    srm = await start_secure(
+        database_url,
+        keys,
+        sweep_interval=0.2,
+        ecm_expiry=3.0,
+        ec_expiry=6.0,
+        agent_heartbeat_interval=0.5,
+        ec_heartbeat_interval=0.5,
+        create_timeout=30.0,
+        kill_grace=2.0,
+        ec_cert_hours=1.0,
+    )
+    try:
+        yield srm
+    finally:
+        await stop_secure(srm)
+
+
+async def test_engineconn_reports_with_the_certificate_the_rm_issued(cluster, agent_factory):
+    keys = cluster.pki
+    cert, key = keys.cert("agent", "agent1")
+    agent = agent_factory(
+        cluster.agent_target, "agent1", "--tls-ca", keys.ca, "--tls-cert", cert, "--tls-key", key
+    )
+    agent.start()
+    admin = cluster.stubs(cluster.channel("root"))
+
+    async def registered() -> bool:
+        try:
+            ecm = (await admin.rm.GetEcm(pb.GetEcmRequest(instance="agent1"))).ecm
+        except grpc.aio.AioRpcError:
+            return False
+        return ecm.HasField("last_heartbeat_time")
+
+    await wait_until(registered, timeout=30)
+    owner = cluster.stubs(cluster.channel("lrmtest_a"))
+    other = cluster.stubs(cluster.channel("lrmtest_b"))
+    request = ec_pb.CreateEngineConnRequest(
+        request_id="secure-ec-1", labels=lbl(SHELL_A), timeout=Duration(seconds=30)
+    )
+    try:
+        ec = (await owner.ecs.CreateEngineConn(request, timeout=60)).engine_conn
+    except grpc.aio.AioRpcError as err:  # pragma: no cover - diagnostics
+        pytest.fail(f"{err.code()}: {err.details()}\nagent log:\n{agent.log_text()[-3000:]}")
+    # Ready means its IDLE report got through: mutual TLS with the certificate for its id.
+    assert ec.state == ec_pb.ENGINE_CONN_STATE_IDLE and ec.user == "lrmtest_a"
+    uid = pwd.getpwnam("lrmtest_a").pw_uid
+    for name in (CERT_FILE, KEY_FILE):
+        st = os.stat(Path(ec.work_dir) / name)
+        assert st.st_uid == uid and stat.S_IMODE(st.st_mode) == 0o640, name
+    # Another user can neither see nor stop it; its owner can.
+    for rpc, req in (
+        (other.ecs.GetEngineConn, ec_pb.GetEngineConnRequest(engine_conn_id=ec.engine_conn_id)),
+        (other.ecs.KillEngineConn, ec_pb.KillEngineConnRequest(engine_conn_id=ec.engine_conn_id)),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await rpc(req)
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    listed = (await other.ecs.ListEngineConns(ec_pb.ListEngineConnsRequest())).engine_conns
+    assert listed == []
+    await owner.ecs.KillEngineConn(ec_pb.KillEngineConnRequest(engine_conn_id=ec.engine_conn_id))
+
+    async def ended() -> bool:
+        got = await owner.ecs.GetEngineConn(
+            ec_pb.GetEngineConnRequest(engine_conn_id=ec.engine_conn_id)
+        )
+        return got.engine_conn.state == ec_pb.ENGINE_CONN_STATE_SUCCEEDED
+
+    await wait_until(ended, timeout=30)

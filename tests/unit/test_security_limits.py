@@ -1,0 +1,87 @@
+"""Abuse limits with a manual clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from rm_server.errors import ResourceExhausted
+from rm_server.security.limits import (
+    RATE_LIMITED,
+    TOO_MANY_AUTH_FAILURES,
+    TOO_MANY_WAITING,
+    Limits,
+    LimitSettings,
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_rate_is_a_token_bucket_per_user():
+    clock = Clock()
+    limits = Limits(LimitSettings(apply_rate=2, apply_burst=3), clock)
+    for _ in range(3):
+        limits.admit("alice", waiting=False)
+    with pytest.raises(ResourceExhausted) as err:
+        limits.admit("alice", waiting=False)
+    assert err.value.reason == RATE_LIMITED and "retry in 0.50 s" in err.value.message
+    limits.admit("bob", waiting=False)  # another user has a bucket of their own
+    clock.now += 0.5
+    limits.admit("alice", waiting=False)  # one token back after 1/rate seconds
+    with pytest.raises(ResourceExhausted):
+        limits.admit("alice", waiting=False)
+    clock.now += 100
+    for _ in range(3):  # refills up to the burst, not beyond
+        limits.admit("alice", waiting=False)
+    with pytest.raises(ResourceExhausted):
+        limits.admit("alice", waiting=False)
+
+
+def test_zero_rate_is_unlimited():
+    limits = Limits(LimitSettings(apply_rate=0, apply_burst=0), Clock())
+    for _ in range(1000):
+        limits.admit("alice", waiting=False)
+
+
+def test_waiting_applies_are_capped_per_user():
+    limits = Limits(LimitSettings(apply_rate=0, max_waiting_applies=2), Clock())
+    first = limits.admit("alice", waiting=True)
+    second = limits.admit("alice", waiting=True)
+    with pytest.raises(ResourceExhausted) as err:
+        limits.admit("alice", waiting=True)
+    assert err.value.reason == TOO_MANY_WAITING
+    limits.admit("alice", waiting=False)  # not waiting: not counted
+    limits.admit("bob", waiting=True)
+    first()
+    first()  # idempotent
+    assert limits.waiting("alice") == 1
+    limits.admit("alice", waiting=True)
+    second()
+    assert limits.waiting("alice") == 1
+
+
+def test_refused_waiting_apply_takes_no_rate_token():
+    limits = Limits(LimitSettings(apply_rate=1, apply_burst=1, max_waiting_applies=1), Clock())
+    limits.admit("alice", waiting=True)
+    with pytest.raises(ResourceExhausted) as err:
+        limits.admit("alice", waiting=True)
+    assert err.value.reason == TOO_MANY_WAITING
+
+
+def test_failed_authentications_throttle_the_peer_for_the_window():
+    clock = Clock()
+    limits = Limits(LimitSettings(auth_failure_limit=3, auth_failure_window=60), clock)
+    for _ in range(3):
+        limits.check_peer("ipv4:10.0.0.9")
+        limits.auth_failed("ipv4:10.0.0.9")
+    with pytest.raises(ResourceExhausted) as err:
+        limits.check_peer("ipv4:10.0.0.9")
+    assert err.value.reason == TOO_MANY_AUTH_FAILURES
+    limits.check_peer("ipv4:10.0.0.10")  # other peers are not affected
+    clock.now += 61
+    limits.check_peer("ipv4:10.0.0.9")  # the window passed

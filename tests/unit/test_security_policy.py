@@ -1,0 +1,226 @@
+"""The access policy table and its checks, without a server."""
+
+from __future__ import annotations
+
+import pytest
+from labelrm.v1 import (
+    admin_pb2,
+    demand_pb2,
+    engine_conn_pb2,
+    resource_manager_pb2,
+    resource_pb2,
+)
+
+from rm_server.errors import PermissionDenied, Unauthenticated
+from rm_server.security import policy
+from rm_server.security.identity import (
+    ANONYMOUS,
+    DEV_ADMIN,
+    Kind,
+    Principal,
+    Role,
+    from_token_entry,
+)
+
+SERVICES = [
+    resource_manager_pb2.DESCRIPTOR.services_by_name["ResourceManagerService"],
+    admin_pb2.DESCRIPTOR.services_by_name["AdminService"],
+    engine_conn_pb2.DESCRIPTOR.services_by_name["EngineConnService"],
+    demand_pb2.DESCRIPTOR.services_by_name["DemandService"],
+]
+ALL_METHODS = sorted(f"{s.full_name}/{m.name}" for s in SERVICES for m in s.methods)
+
+ALICE = from_token_entry("alice", ["user"])
+ADMIN = from_token_entry("root", ["admin"])
+GATEWAY = from_token_entry("gateway", ["user"])
+AGENT1 = Principal(Kind.AGENT, "agent1", frozenset({Role.AGENT}), frozenset({"node1"}))
+EC1 = Principal(Kind.ENGINECONN, "ec-1", frozenset({Role.ENGINECONN}))
+
+
+class FakeOwners:
+    def __init__(self, **owners: str) -> None:
+        self.owners = owners
+
+    async def ticket_owner(self, ticket_id: str) -> str | None:
+        return self.owners.get(ticket_id)
+
+    async def engine_conn_owner(self, ec_id: str) -> str | None:
+        return self.owners.get(ec_id)
+
+    async def demand_owner(self, demand_id: str) -> str | None:
+        return self.owners.get(demand_id)
+
+
+OWNERS = FakeOwners(**{"t-bob": "bob", "t-alice": "alice", "ec-bob": "bob", "d-bob": "bob"})
+
+
+def test_every_rpc_has_exactly_one_rule():
+    assert sorted(policy.POLICY) == ALL_METHODS
+
+
+@pytest.mark.parametrize("method", ALL_METHODS)
+def test_rule_fields_exist_on_the_request(method):
+    rule = policy.POLICY[method]
+    service, name = method.split("/")
+    desc = next(s for s in SERVICES if s.full_name == service).methods_by_name[name]
+    if rule.check is not policy.Check.NONE:
+        assert rule.field in desc.input_type.fields_by_name, (method, rule.field)
+
+
+async def test_admin_and_dev_mode_may_call_everything():
+    for method in ALL_METHODS:
+        for who in (ADMIN, DEV_ADMIN):
+            await policy.authorize(method, who, object(), OWNERS)
+
+
+async def test_anonymous_is_unauthenticated_and_public_methods_are_open():
+    with pytest.raises(Unauthenticated):
+        await policy.authorize(policy.RM + "ListEcms", ANONYMOUS, None, OWNERS)
+    assert await policy.authorize("grpc.health.v1.Health/Check", ANONYMOUS, None, OWNERS) is None
+
+
+async def test_unknown_rpc_is_denied_to_all_but_admins():
+    with pytest.raises(PermissionDenied, match="no access rule"):
+        await policy.authorize("labelrm.v1.ResourceManagerService/New", ALICE, None, OWNERS)
+    await policy.authorize("labelrm.v1.ResourceManagerService/New", ADMIN, None, OWNERS)
+
+
+async def test_roles():
+    with pytest.raises(PermissionDenied, match="needs role admin"):
+        await policy.authorize(policy.ADMIN + "SetLabelLimit", ALICE, None, OWNERS)
+    with pytest.raises(PermissionDenied, match="needs role agent"):
+        req = resource_manager_pb2.HeartbeatRequest(agent_id="alice")
+        await policy.authorize(policy.RM + "Heartbeat", ALICE, req, OWNERS)
+    with pytest.raises(PermissionDenied, match="needs role user"):
+        req = resource_manager_pb2.ApplyRequest()
+        await policy.authorize(policy.RM + "Apply", AGENT1, req, OWNERS)
+
+
+async def test_agents_act_only_as_themselves():
+    for agent_id in ("agent1", "node1"):  # CN or DNS SAN
+        req = resource_manager_pb2.HeartbeatRequest(agent_id=agent_id)
+        await policy.authorize(policy.RM + "Heartbeat", AGENT1, req, OWNERS)
+    for method, req in (
+        ("Heartbeat", resource_manager_pb2.HeartbeatRequest(agent_id="agent2")),
+        ("RegisterEcm", resource_manager_pb2.RegisterEcmRequest(instance="agent2")),
+        ("UnregisterEcm", resource_manager_pb2.UnregisterEcmRequest(instance="agent2")),
+        ("Heartbeat", resource_manager_pb2.HeartbeatRequest(agent_id="")),
+    ):
+        with pytest.raises(PermissionDenied, match="may not act as"):
+            await policy.authorize(policy.RM + method, AGENT1, req, OWNERS)
+    stream = engine_conn_pb2.StreamAgentCommandsRequest(agent_id="agent2")
+    with pytest.raises(PermissionDenied):
+        await policy.authorize(policy.EC + "StreamAgentCommands", AGENT1, stream, OWNERS)
+    # Another agent's ECM: only an admin may unregister it.
+    req = resource_manager_pb2.UnregisterEcmRequest(instance="agent2")
+    await policy.authorize(policy.RM + "UnregisterEcm", ADMIN, req, OWNERS)
+
+
+async def test_engineconns_report_only_themselves():
+    own = engine_conn_pb2.ReportEngineConnStateRequest(engine_conn_id="ec-1")
+    await policy.authorize(policy.EC + "ReportEngineConnState", EC1, own, OWNERS)
+    other = engine_conn_pb2.ReportEngineConnStateRequest(engine_conn_id="ec-2")
+    with pytest.raises(PermissionDenied):
+        await policy.authorize(policy.EC + "ReportEngineConnState", EC1, other, OWNERS)
+    with pytest.raises(PermissionDenied):
+        await policy.authorize(policy.EC + "ReportEngineConnState", AGENT1, own, OWNERS)
+
+
+def _labels(text: str) -> list[resource_pb2.Label]:
+    return [resource_pb2.Label(key=k, value=v) for k, v in (p.split("=") for p in text.split(","))]
+
+
+async def test_apply_is_forced_to_the_caller():
+    req = resource_manager_pb2.ApplyRequest(labels=_labels("userCreator=alice-IDE,engineType=x-1"))
+    await policy.authorize(policy.RM + "Apply", ALICE, req, OWNERS)
+    assert req.user == "alice"  # filled in
+    for bad in (
+        resource_manager_pb2.ApplyRequest(user="bob"),
+        resource_manager_pb2.ApplyRequest(labels=_labels("userCreator=bob-IDE,engineType=x-1")),
+    ):
+        with pytest.raises(PermissionDenied):
+            await policy.authorize(policy.RM + "Apply", ALICE, bad, OWNERS)
+    # A malformed label is left to the servicer (INVALID_ARGUMENT there).
+    odd = resource_manager_pb2.ApplyRequest(labels=_labels("userCreator=nodash"))
+    await policy.authorize(policy.RM + "Apply", ALICE, odd, OWNERS)
+
+
+async def test_engineconn_creation_as_another_user_needs_admin_or_proxy():
+    def req(user: str = "", creator: str = "bob") -> engine_conn_pb2.CreateEngineConnRequest:
+        return engine_conn_pb2.CreateEngineConnRequest(
+            user=user, labels=_labels(f"userCreator={creator}-IDE,engineType=shell-1")
+        )
+
+    for bad in (req(), req(user="bob"), req(user="alice")):
+        with pytest.raises(PermissionDenied):
+            await policy.authorize(policy.EC + "CreateEngineConn", ALICE, bad, OWNERS)
+    await policy.authorize(policy.EC + "CreateEngineConn", ALICE, req(creator="alice"), OWNERS)
+    for method in ("CreateEngineConn", "AskEngineConn"):
+        ok = req(user="bob")
+        await policy.authorize(policy.EC + method, GATEWAY, ok, OWNERS, proxy_users={"gateway"})
+        assert ok.user == "bob"
+    await policy.authorize(policy.EC + "CreateEngineConn", ADMIN, req(), OWNERS)
+
+
+async def test_lists_are_filtered_to_the_caller():
+    for method, request_type in (
+        (policy.RM + "ListTickets", resource_manager_pb2.ListTicketsRequest),
+        (policy.EC + "ListEngineConns", engine_conn_pb2.ListEngineConnsRequest),
+        (policy.DEMAND + "ListDemands", demand_pb2.ListDemandsRequest),
+    ):
+        req = request_type()
+        await policy.authorize(method, ALICE, req, OWNERS)
+        assert req.user == "alice"
+        with pytest.raises(PermissionDenied):
+            await policy.authorize(method, ALICE, request_type(user="bob"), OWNERS)
+        everyone = request_type()
+        await policy.authorize(method, ADMIN, everyone, OWNERS)
+        assert everyone.user == ""
+
+
+@pytest.mark.parametrize(
+    ("method", "request_type", "field", "foreign"),
+    [
+        (policy.RM + "Release", resource_manager_pb2.ReleaseRequest, "ticket_id", "t-bob"),
+        (policy.RM + "ReportUsed", resource_manager_pb2.ReportUsedRequest, "ticket_id", "t-bob"),
+        (policy.RM + "GetTicket", resource_manager_pb2.GetTicketRequest, "ticket_id", "t-bob"),
+        (
+            policy.EC + "KillEngineConn",
+            engine_conn_pb2.KillEngineConnRequest,
+            "engine_conn_id",
+            "ec-bob",
+        ),
+        (
+            policy.EC + "GetEngineConn",
+            engine_conn_pb2.GetEngineConnRequest,
+            "engine_conn_id",
+            "ec-bob",
+        ),
+        (policy.DEMAND + "GetDemand", demand_pb2.GetDemandRequest, "demand_id", "d-bob"),
+        (policy.DEMAND + "CancelDemand", demand_pb2.CancelDemandRequest, "demand_id", "d-bob"),
+        (policy.DEMAND + "ClaimDemand", demand_pb2.ClaimDemandRequest, "demand_id", "d-bob"),
+    ],
+)
+async def test_objects_of_another_user_are_off_limits(method, request_type, field, foreign):
+    with pytest.raises(PermissionDenied, match="of user 'bob'"):
+        await policy.authorize(method, ALICE, request_type(**{field: foreign}), OWNERS)
+    # Unknown ids pass (the servicer answers NOT_FOUND); owners, admins and proxies pass.
+    await policy.authorize(method, ALICE, request_type(**{field: "nope"}), OWNERS)
+    await policy.authorize(
+        method, from_token_entry("bob", ["user"]), request_type(**{field: foreign}), OWNERS
+    )
+    await policy.authorize(method, ADMIN, request_type(**{field: foreign}), OWNERS)
+    proxied = request_type(**{field: foreign})
+    await policy.authorize(method, GATEWAY, proxied, OWNERS, proxy_users={"gateway"})
+
+
+async def test_apply_like_rules_are_the_ones_that_allocate():
+    apply_like = sorted(m for m, r in policy.POLICY.items() if r.apply_like)
+    assert apply_like == sorted(
+        [
+            policy.RM + "Apply",
+            policy.EC + "CreateEngineConn",
+            policy.EC + "AskEngineConn",
+            policy.DEMAND + "SubmitDemand",
+        ]
+    )
