@@ -159,6 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-pgbench", action="store_true")
     parser.add_argument("--no-floor", action="store_true")
     parser.add_argument(
+        "--pgbench-script",
+        default="",
+        help="another ceiling script (e.g. bench/pgbench/cycle_v0.sql: the SQL before issue 7)",
+    )
+    parser.add_argument(
         "--workers", type=int, default=1, help="rm-server processes sharing the port (SO_REUSEPORT)"
     )
     parser.add_argument(
@@ -172,8 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict[str, Any]] = []
     floors: dict[int, dict[str, Any]] = {}
     # The ceiling script is generated from the store's SQL; the checked-in copy is for reading.
-    script_text = ceiling.cycle_script()
-    stale = not ceiling.CYCLE.exists() or ceiling.CYCLE.read_text() != script_text
+    if args.pgbench_script:
+        script_text, stale = Path(args.pgbench_script).read_text(), False
+    else:
+        script_text = ceiling.cycle_script()
+        stale = not ceiling.CYCLE.exists() or ceiling.CYCLE.read_text() != script_text
     tmpdir = Path(tempfile.mkdtemp(prefix="labelrm-bench-"))
     script = tmpdir / "cycle.sql"
     script.write_text(script_text)
@@ -254,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
             ]
         )
     text = [
-        f"apply cycle: {describe}; pgbench {pgbench or 'missing'} -M prepared running bench/pgbench/cycle.sql"
+        f"apply cycle: {describe}; pgbench {pgbench or 'missing'} -M prepared running {args.pgbench_script or 'bench/pgbench/cycle.sql'}"
         + (" (checked-in copy is stale: run python -m bench.ceiling)" if stale else ""),
         f"load: {args.procs or 2} load-generator processes (1 for one client), measured {args.seconds:g}s after 2s warm-up; latencies in ms; CPU in cores",
         table(headers, rows),

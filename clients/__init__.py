@@ -11,7 +11,7 @@ EngineConns (the ECM agents launch them as the requesting user):
 
     with RMClient() as rm:
         ec = rm.create_engine_conn("userCreator=alice-IDE,engineType=shell-1", user="alice")
-        for item in rm.execute(ec.address, "id -un"):
+        for item in rm.execute(ec, "id -un"):  # the EngineConn: its address and secret
             print(item)  # ExecOutput("stdout", "alice\n"), then ExecResult(0, False, "")
         rm.kill_engine_conn(ec.engine_conn_id)
 

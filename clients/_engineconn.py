@@ -317,25 +317,46 @@ class EngineConnCalls:
 
     def execute(
         self,
-        address: str,
+        address: Any,
         code: str,
         timeout: float | None = None,
         execution_id: str | None = None,
+        secret: str | None = None,
     ) -> Generator[ExecItem, None, None]:
-        """Run `code` in the EngineConn serving at `address` (its EngineConn.address).
+        """Run `code` in an EngineConn: `address` is the EngineConn as Create / Ask / Get
+        returned it (its address and secret are used), or its executor address as a string
+        with its `secret` (the EngineConn's `secret` field) given separately.
 
         Yields ExecOutput(stream, text) pieces as they come, then one ExecResult. Closing
         the iterator early (break, Ctrl-C) cancels the execution. `timeout` (s) makes the
-        engine stop the code; None means no limit.
+        engine stop the code; None means no limit. A missing or wrong secret raises
+        Unauthenticated (an EngineConn from a list carries none: get it first).
         """
+        target, metadata = _executor_target(address, secret)
         req = _EcRequests.execute(code, timeout, execution_id)
-        return _execute(address, req, _exec_deadline(timeout, self.timeout))
+        return _execute(target, metadata, req, _exec_deadline(timeout, self.timeout))
 
 
-def _execute(address: str, request: Any, deadline: float | None) -> Generator[ExecItem, None, None]:
+def _executor_target(address: Any, secret: str | None) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """(host:port, call metadata) for an EngineConn message or an address plus secret."""
+    if not isinstance(address, str):
+        secret = address.secret if secret is None else secret
+        address = address.address
+    if not address:
+        raise ValueError("the EngineConn has no executor address (not ready, or ended)")
+    # The executor is plaintext on the EngineConn's host: the secret, not the channel, is
+    # what keeps other local users out.
+    return address, ((("authorization", f"Bearer {secret}"),) if secret else ())
+
+
+def _execute(
+    address: str, metadata: tuple[tuple[str, str], ...], request: Any, deadline: float | None
+) -> Generator[ExecItem, None, None]:
     channel = grpc.insecure_channel(address)
     try:
-        stream = executor_pb2_grpc.ExecutorServiceStub(channel).Execute(request, timeout=deadline)
+        stream = executor_pb2_grpc.ExecutorServiceStub(channel).Execute(
+            request, timeout=deadline, metadata=metadata
+        )
         try:
             for event in stream:
                 yield _exec_item(event)
@@ -439,22 +460,26 @@ class AsyncEngineConnCalls:
 
     def execute(
         self,
-        address: str,
+        address: Any,
         code: str,
         timeout: float | None = None,
         execution_id: str | None = None,
+        secret: str | None = None,
     ) -> AsyncIterator[ExecItem]:
-        """Run `code` at `address`: ExecOutput pieces, then one ExecResult (see
-        `RMClient.execute`)."""
+        """Run `code` in an EngineConn (the message, or its address plus `secret`):
+        ExecOutput pieces, then one ExecResult (see `RMClient.execute`)."""
+        target, metadata = _executor_target(address, secret)
         req = _EcRequests.execute(code, timeout, execution_id)
-        return _execute_async(address, req, _exec_deadline(timeout, self.timeout))
+        return _execute_async(target, metadata, req, _exec_deadline(timeout, self.timeout))
 
 
 async def _execute_async(
-    address: str, request: Any, deadline: float | None
+    address: str, metadata: tuple[tuple[str, str], ...], request: Any, deadline: float | None
 ) -> AsyncIterator[ExecItem]:
     async with grpc.aio.insecure_channel(address) as channel:
-        call = executor_pb2_grpc.ExecutorServiceStub(channel).Execute(request, timeout=deadline)
+        call = executor_pb2_grpc.ExecutorServiceStub(channel).Execute(
+            request, timeout=deadline, metadata=metadata
+        )
         try:
             async for event in call:
                 yield _exec_item(event)

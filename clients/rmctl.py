@@ -35,6 +35,7 @@ from clients._format import (
     to_json,
 )
 from clients._impl import DEFAULT_TARGET, RMClient, parse_labels
+from clients.rmctl_demand import add_demand_commands
 from clients.rmctl_engineconn import add_engineconn_commands
 from clients.rmctl_node import add_node_commands
 from clients.rmctl_security import (
@@ -103,6 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
     c = cmds.add_parser("check", help="check used/locked against live tickets (exit 1 if not)")
     c.set_defaults(func=cmd_check)
 
+    c = cmds.add_parser(
+        "dev",
+        help="start an RM on the embedded database plus one local agent (foreground)",
+        description="Same as `rm-server --dev ARGS` (for example --data-dir, --listen).",
+    )
+    c.set_defaults(func=None)  # handled in main(): argparse cannot pass options through
+
     res = cmds.add_parser("resource", help="label resource records").add_subparsers(
         dest="sub", required=True, metavar="SUBCOMMAND"
     )
@@ -144,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_node_commands(cmds)
     add_engineconn_commands(cmds)
+    add_demand_commands(cmds)
     add_local_commands(cmds)
     return p
 
@@ -382,8 +391,44 @@ def report_error(err: RMError, stream: TextIO) -> None:
     print(error_line(err), file=stream)
 
 
+_GLOBAL_WITH_VALUE = frozenset(
+    {
+        "--rm",
+        "-o",
+        "--output",
+        "--timeout",
+        "--watch-interval",
+        "--watch-rounds",
+        "--token",
+        "--tls-ca",
+        "--tls-cert",
+        "--tls-key",
+    }
+)
+
+
+def _command_index(words: list[str]) -> int | None:
+    """Where the command word is, skipping global options and their values."""
+    skip = False
+    for i, word in enumerate(words):
+        if skip:
+            skip = False
+        elif word in _GLOBAL_WITH_VALUE:
+            skip = True
+        elif not word.startswith("-"):
+            return i
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run rmctl; returns the exit code."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    at = _command_index(words)
+    if at is not None and words[at] == "dev" and not {"-h", "--help"} & set(words):
+        # rm-server is part of the same distribution; the RM runs in this process.
+        from rm_server.main import main as rm_server_main
+
+        return rm_server_main(["--dev", *words[at + 1 :]])
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # usage errors (2) and --help (0)

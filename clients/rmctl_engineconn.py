@@ -338,7 +338,9 @@ def cmd_ec_exec(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
         raise ValueError(
             f"EngineConn {ec.engine_conn_id} is {ec_state_name(ec.state)}: it has no executor"
         )
-    items = client.execute(ec.address, code, timeout=args.exec_timeout)
+    if not ec.secret:  # found by prefix in a list, which never carries executor secrets
+        ec = client.get_engine_conn(ec.engine_conn_id)
+    items = client.execute(ec, code, timeout=args.exec_timeout)
     try:
         for item in items:
             if isinstance(item, ExecResult):

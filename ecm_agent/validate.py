@@ -76,6 +76,8 @@ DENIED_ENV_NAMES: frozenset[str] = frozenset(
 #: BASH_* (BASH_ENV, BASH_FUNC_name%% exported functions, BASH_XTRACEFD, ...).
 DENIED_ENV_PREFIXES: tuple[str, ...] = ("LD_", "BASH_")
 #: Set by the agent itself in every launch script; a request may not override them.
+#: LABELRM_EC_SECRET is deliberately not among them: the RM chooses it (the executor's
+#: bearer token) and the agent passes it on like any other request variable.
 AGENT_ENV_NAMES: frozenset[str] = frozenset({"LABELRM_EC_ID", "TMPDIR"})
 #: Names in the work directory the agent creates itself; material files may not take them.
 RESERVED_WORK_DIR_NAMES: frozenset[str] = frozenset({"launch.sh", "logs", "tmp"})

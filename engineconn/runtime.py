@@ -20,7 +20,7 @@ import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -29,6 +29,7 @@ import grpc
 from labelrm.v1 import engine_conn_pb2, engine_conn_pb2_grpc, executor_pb2_grpc
 
 from engineconn import __version__
+from engineconn.auth import SECRET_ENV, SecretAuth
 from engineconn.engines import ENGINES, load_engine
 from engineconn.executor import Executor
 
@@ -93,6 +94,9 @@ class Settings:
     tls_ca: str = ""
     tls_cert: str = ""
     tls_key: str = ""
+    # The bearer token every executor call must carry (LABELRM_EC_SECRET, from the RM).
+    # Empty only with --insecure-executor. Out of repr: never in a log line.
+    executor_secret: str = field(default="", repr=False)
 
     def rm_channel(self, options: Sequence[tuple[str, Any]]) -> grpc.aio.Channel:
         """The channel to the RM: mutual TLS when the launch gave us a certificate."""
@@ -171,7 +175,20 @@ def parse_args(
     for name in ("ca", "cert", "key"):
         var = f"LABELRM_TLS_{name.upper()}"
         parser.add_argument(f"--tls-{name}", default=env.get(var, ""), help=f"PEM file [{var}]")
+    # The secret comes only from the environment: a flag would show in `ps` to every user.
+    parser.add_argument(
+        "--insecure-executor",
+        action="store_true",
+        help=f"serve the executor without {SECRET_ENV} (no authentication: any local user "
+        "could run code as this user); for tests and development only",
+    )
     args = parser.parse_args(argv)
+    secret = env.get(SECRET_ENV, "")
+    if not secret and not args.insecure_executor:
+        parser.error(
+            f"{SECRET_ENV} is not set: the executor would run anyone's code as this user "
+            "(launches by the RM set it; --insecure-executor runs without authentication)"
+        )
     if bool(args.tls_cert) != bool(args.tls_key):
         parser.error("--tls-cert and --tls-key go together")
     for name in ("ec_id", "rm", "engine"):
@@ -202,6 +219,7 @@ def parse_args(
         tls_ca=os.path.abspath(args.tls_ca) if args.tls_ca else "",
         tls_cert=os.path.abspath(args.tls_cert) if args.tls_cert else "",
         tls_key=os.path.abspath(args.tls_key) if args.tls_key else "",
+        executor_secret=secret,
     )
     return context, settings
 
@@ -272,8 +290,10 @@ class Runtime:
         engine = load_engine(self.context.engine)(dict(self.context.params))
         await engine.start()
         self._executor = Executor(engine, self._changed.set)
+        # The port is open to every local user: with a secret, only its holders get in.
+        auth = [SecretAuth(self.settings.executor_secret)] if self.settings.executor_secret else []
         # No SO_REUSEPORT: a --listen port in use must fail, not be shared with another.
-        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        server = grpc.aio.server(interceptors=auth, options=[("grpc.so_reuseport", 0)])
         executor_pb2_grpc.add_ExecutorServiceServicer_to_server(self._executor, server)
         try:
             port = server.add_insecure_port(self.settings.listen)
@@ -284,6 +304,12 @@ class Runtime:
         await server.start()
         self.address = f"{self.settings.advertise_host}:{port}"
         log.info("executor serving on %s (engine %s)", self.address, engine.name)
+        if not auth:
+            log.warning(
+                "executor WITHOUT authentication (--insecure-executor): any local user "
+                "can run code as %s",
+                self.context.user,
+            )
         return server
 
     async def _first_report(self) -> bool:
@@ -406,6 +432,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     context, settings = parse_args(argv)
+    # Executions inherit this process's environment: the secret is the executor's, not
+    # something user code (which may print its environment anywhere) needs to see.
+    os.environ.pop(SECRET_ENV, None)
     log.info("%s", context.log_line())
     try:
         return asyncio.run(Runtime(context, settings).run())

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -50,6 +51,10 @@ from rm_server.store.db import Conn, Idempotency, Replay
 from rm_server.store.notify import agent_key, ec_key
 
 log = logging.getLogger(__name__)
+
+# The launch variable carrying the executor secret (engineconn/runtime.py reads it; the
+# agent passes it through, as it reserves only the names it sets itself).
+EC_SECRET_ENV = "LABELRM_EC_SECRET"
 
 
 @dataclass(frozen=True)
@@ -150,7 +155,10 @@ class EngineConnManager:
             resource=resource,
             created_at=now,
             updated_at=now,
+            # 32 random bytes: its ExecutorService serves only callers that present it.
+            secret=secrets.token_urlsafe(32),
         )
+        # A retry of the same request gets the first claim's row, secret included.
         ec = await self.db.run(lambda c: ec_store.claim_ec(c, fresh, req.request_id))
         deadline = time.monotonic() + req.timeout
         if ec.ec_id != fresh.ec_id:  # a retry of a request already under way
@@ -275,6 +283,8 @@ class EngineConnManager:
             creds = self.credentials(ec.ec_id)
             files += creds.files
             environment.update(creds.environment)
+        # Set last, so that nothing a plugin or the credentials put there can replace it.
+        environment[EC_SECRET_ENV] = ec.secret
         command = AgentCommand(
             command_id=self.core.new_id("cmd"),
             agent_id=ecm,

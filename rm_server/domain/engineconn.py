@@ -123,6 +123,9 @@ class EngineConn:
     hold_expires_at: datetime | None = None
     ready_at: datetime | None = None
     ended_at: datetime | None = None
+    # The bearer token its executor requires. Out of repr so that logging an EngineConn
+    # never writes it out; only the owner's Create / Ask / Get responses carry it.
+    secret: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True)
@@ -133,9 +136,10 @@ class LaunchPayload:
     engine_type: str
     program: str
     argv: tuple[str, ...]
-    environment: Mapping[str, str]
+    # Out of repr: the environment holds the executor secret, the files the EngineConn's key.
+    environment: Mapping[str, str] = field(repr=False)
     required_local_environment: tuple[str, ...]
-    material_files: tuple[tuple[str, bytes, bool], ...] = ()
+    material_files: tuple[tuple[str, bytes, bool], ...] = field(default=(), repr=False)
 
 
 @dataclass(frozen=True)

@@ -309,7 +309,9 @@ def ec_state_to_pb(state: EcState) -> int:
     return int(_EC_STATES[state])
 
 
-def engine_conn_to_pb(ec: EngineConn) -> engine_conn_pb2.EngineConn:
+def engine_conn_to_pb(ec: EngineConn, *, with_secret: bool = False) -> engine_conn_pb2.EngineConn:
+    """`with_secret` only for the Create / Ask / Get responses: the policy gives those only
+    to the owner, proxy users and admins, while lists and Kill carry no executor secret."""
     return engine_conn_pb2.EngineConn(
         engine_conn_id=ec.ec_id,
         state=_EC_STATES[ec.state],
@@ -338,6 +340,7 @@ def engine_conn_to_pb(ec: EngineConn) -> engine_conn_pb2.EngineConn:
         end_time=ts(ec.ended_at),
         holder=ec.holder,
         hold_expire_time=ts(ec.hold_expires_at),
+        secret=ec.secret if with_secret else "",
     )
 
 

@@ -68,7 +68,9 @@ class EngineConnServicer(pb_grpc.EngineConnServiceServicer):
     ) -> pb.CreateEngineConnResponse:
         req = _create_request(request, self.ecs.settings.create_timeout, "CreateEngineConn")
         ec = await self.ecs.create(req)
-        return pb.CreateEngineConnResponse(engine_conn=convert.engine_conn_to_pb(ec))
+        return pb.CreateEngineConnResponse(
+            engine_conn=convert.engine_conn_to_pb(ec, with_secret=True)
+        )
 
     async def AskEngineConn(
         self, request: pb.AskEngineConnRequest, context: grpc.aio.ServicerContext
@@ -76,13 +78,17 @@ class EngineConnServicer(pb_grpc.EngineConnServiceServicer):
         req = _create_request(request, self.ecs.settings.create_timeout, "AskEngineConn")
         hold = convert.duration_seconds(request.hold, "hold") if request.HasField("hold") else 0
         ec, reused = await self.ecs.ask(req, hold)
-        return pb.AskEngineConnResponse(engine_conn=convert.engine_conn_to_pb(ec), reused=reused)
+        return pb.AskEngineConnResponse(
+            engine_conn=convert.engine_conn_to_pb(ec, with_secret=True), reused=reused
+        )
 
     async def GetEngineConn(
         self, request: pb.GetEngineConnRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetEngineConnResponse:
+        # With the secret: the policy (OWN_ENGINE_CONN) has already refused everyone but
+        # the owner, proxy users and admins.
         ec = await self.ecs.get(_ec_id(request.engine_conn_id))
-        return pb.GetEngineConnResponse(engine_conn=convert.engine_conn_to_pb(ec))
+        return pb.GetEngineConnResponse(engine_conn=convert.engine_conn_to_pb(ec, with_secret=True))
 
     async def ListEngineConns(
         self, request: pb.ListEngineConnsRequest, context: grpc.aio.ServicerContext

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from rm_server.domain.labels import Label, LabelKey
@@ -53,6 +53,7 @@ from rm_server.store.notify import CHANNEL
 from rm_server.store.tickets import (
     LABEL_COLUMNS,
     NO_WAITER,
+    WRITE_LABELS,
     ApplyCommand,
     LabelRow,
     NeedLimitRows,
@@ -61,11 +62,11 @@ from rm_server.store.tickets import (
     decide_report,
     key_names,
     label_row,
+    labels_json,
     load_limit_rules,
     lock_expired,
     lock_expired_error,
     not_live_error,
-    write_labels,
 )
 
 Outcome = Ticket | Replay | BaseException
@@ -129,24 +130,29 @@ class ReleaseOp(Op):
 
 # ----- SQL (one statement each, whatever the number of requests) ---------------------------
 
-SELECT_LOG = (
-    "SELECT method, request_id, request_hash, status_code, response FROM request_log"
-    " WHERE method = ANY(%s) AND request_id = ANY(%s)"
-)
-# The labels named by Apply requests plus those the tickets are charged to (charged
-# labels never change, so peeking at them in the same statement is safe), locked in
-# canonical order, each with its live waiters in queue order.
-LOCK_LABELS = (
-    f"SELECT {LABEL_COLUMNS},"  # noqa: S608 - constant column list
-    " ARRAY(SELECT w.seq FROM apply_waiter w WHERE w.label = r.label AND w.expires_at > %s"
-    "       ORDER BY w.seq)"
-    " FROM label_resource r WHERE r.label = ANY(%s::text[] || ARRAY("
-    "   SELECT unnest(t.charged_labels) FROM ticket t WHERE t.ticket_id = ANY(%s::text[])))"
-    " ORDER BY r.label FOR UPDATE OF r"
-)
-LOCK_TICKETS = (
-    f"SELECT {TICKET_COLUMNS} FROM ticket"  # noqa: S608 - constant column list
-    " WHERE ticket_id = ANY(%s) ORDER BY ticket_id FOR UPDATE"
+LABEL_NAMES = tuple(c.strip().removeprefix("r.") for c in LABEL_COLUMNS.split(","))
+TICKET_NAMES = tuple(c.strip() for c in TICKET_COLUMNS.split(","))
+
+# Round trip 1, one statement: the outcomes already logged for these request ids; the
+# labels named by Apply requests plus those the tickets are charged to (charged labels
+# never change, so peeking at them in the same statement is safe), locked in canonical
+# order, each with its live waiters in queue order; then the live tickets, locked (the
+# select list is evaluated left to right: labels before tickets, as everywhere).
+READ = (
+    "SELECT"  # noqa: S608 - constant column lists
+    " (SELECT coalesce(json_agg(g), '[]') FROM ("
+    "   SELECT method, request_id, request_hash, status_code, response FROM request_log"
+    "   WHERE method = ANY(%s) AND request_id = ANY(%s)) g),"
+    " (SELECT coalesce(json_agg(x), '[]') FROM ("
+    f"   SELECT {LABEL_COLUMNS},"
+    "    ARRAY(SELECT w.seq FROM apply_waiter w WHERE w.label = r.label"
+    "          AND w.expires_at > %s ORDER BY w.seq) AS waiters"
+    "   FROM label_resource r WHERE r.label = ANY(%s::text[] || ARRAY("
+    "     SELECT unnest(t.charged_labels) FROM ticket t WHERE t.ticket_id = ANY(%s::text[])))"
+    "   ORDER BY r.label FOR UPDATE OF r) x),"
+    " (SELECT coalesce(json_agg(k), '[]') FROM ("
+    f"   SELECT {TICKET_COLUMNS} FROM ticket WHERE ticket_id = ANY(%s)"
+    "   ORDER BY ticket_id FOR UPDATE) k)"
 )
 SELECT_HISTORY = f"SELECT {HISTORY_COLUMNS} FROM ticket_history WHERE ticket_id = ANY(%s)"  # noqa: S608
 EXISTING_LABELS = "SELECT label FROM label_resource WHERE label = ANY(%s)"
@@ -177,14 +183,30 @@ INSERT_LOG = (
     " request_hash bytea, status_code int, response bytea)"
 )
 DELETE_WAITERS = "DELETE FROM apply_waiter WHERE seq = ANY(%s)"
-NOTIFY = "SELECT pg_notify(%s, x) FROM unnest(%s::text[]) AS x"
+# Round trip 2, one statement (then COMMIT): every write of the group. Each row is
+# written by one part only (a ticket is inserted, updated or deleted, by its final
+# state), as data-modifying WITH parts all see the same snapshot. A request id that
+# another transaction committed meanwhile fails the request_log INSERT: retried.
+WRITE = (
+    f"WITH l AS ({WRITE_LABELS}), ti AS ({INSERT_TICKETS}), tu AS ({UPDATE_TICKETS}),"  # noqa: S608
+    f" td AS ({DELETE_TICKETS}), th AS ({INSERT_HISTORY}), rl AS ({INSERT_LOG}),"
+    f" wd AS ({DELETE_WAITERS})"
+    " SELECT count(pg_notify(%s, x)) FROM unnest(%s::text[]) AS x"
+)
 
 
 # ----- the state of one group, in memory ---------------------------------------------------
 
 
+_MISSING = object()
+
+
 @dataclass
 class _State:
+    """The rows and tickets as the requests so far left them. Every change goes through
+    put() / notify_on(), which keep an undo log, so that a request that fails without
+    an answer to store is rolled back in memory (cost: its own changes, not the group's)."""
+
     rows: dict[str, LabelRow]
     waiters: dict[str, tuple[int, ...]]
     tickets: dict[str, Ticket | None]  # live tickets; None once ended in this group
@@ -192,32 +214,59 @@ class _State:
     history: list[tuple[Ticket, Ticket]] = field(default_factory=list)  # (live, ended)
     waiters_served: list[int] = field(default_factory=list)
     notify: set[str] = field(default_factory=set)
+    _undo: list[tuple[Any, Any, Any]] = field(default_factory=list)
 
-    def snapshot(self) -> tuple[Any, ...]:
-        return (
-            dict(self.rows),
-            dict(self.waiters),
-            dict(self.tickets),
-            dict(self.ended),
-            len(self.history),
-            len(self.waiters_served),
-            set(self.notify),
-        )
+    def put(self, mapping: dict[Any, Any], key: Any, value: Any) -> None:
+        self._undo.append((mapping, key, mapping.get(key, _MISSING)))
+        mapping[key] = value
 
-    def restore(self, snap: tuple[Any, ...]) -> None:
-        self.rows, self.waiters, self.tickets, self.ended, nh, nw, self.notify = snap
+    def notify_on(self, labels: Sequence[str]) -> None:
+        for label in labels:
+            if label not in self.notify:
+                self._undo.append((self.notify, label, _MISSING))
+                self.notify.add(label)
+
+    def snapshot(self) -> tuple[int, int, int]:
+        return len(self._undo), len(self.history), len(self.waiters_served)
+
+    def restore(self, snap: tuple[int, int, int]) -> None:
+        mark, nh, nw = snap
+        while len(self._undo) > mark:
+            target, key, old = self._undo.pop()
+            if target is self.notify:
+                self.notify.discard(key)
+            elif old is _MISSING:
+                del target[key]
+            else:
+                target[key] = old
         del self.history[nh:]
         del self.waiters_served[nw:]
 
     def end(self, ticket: Ticket, now: datetime, state: TicketState, reason: str) -> Ticket:
         updated, ended = decide_end(ticket, self.rows, now, state, reason)
         for row in updated:
-            self.rows[row.label] = row
-        self.tickets[ticket.ticket_id] = None
-        self.ended[ticket.ticket_id] = ended
+            self.put(self.rows, row.label, row)
+        self.put(self.tickets, ticket.ticket_id, None)
+        self.put(self.ended, ticket.ticket_id, ended)
         self.history.append((ticket, ended))
-        self.notify.update(r.label for r in updated)
+        self.notify_on([r.label for r in updated])
         return ended
+
+
+def _bytea(value: str) -> bytes:
+    """A bytea as PostgreSQL writes it in JSON: "\\x" and hex digits."""
+    return bytes.fromhex(value[2:])
+
+
+def _time(value: str | None) -> datetime | None:
+    return None if value is None else datetime.fromisoformat(value).astimezone(UTC)
+
+
+def _ticket(obj: dict[str, Any]) -> Ticket:
+    """A live ticket from its row as JSON (TICKET_COLUMNS)."""
+    values = [obj[n] for n in TICKET_NAMES]
+    values[8:11] = [_time(v) for v in values[8:11]]
+    return ticket_from_row(tuple(values))
 
 
 def _json_time(value: datetime | None) -> str | None:
@@ -239,17 +288,31 @@ async def run(conn: Conn, ops: Sequence[Op], now: datetime) -> list[Outcome]:
     apply_labels = sorted({k for op in applies for k in op.keys})
 
     # Round trip 1: what was already done, then the locks (labels, then tickets).
-    cur_log = await conn.execute(
-        SELECT_LOG,
-        (sorted({op.idem.method for op in ops}), sorted({op.idem.request_id for op in ops})),
+    cur = await conn.execute(
+        READ,
+        (
+            sorted({op.idem.method for op in ops}),
+            sorted({op.idem.request_id for op in ops}),
+            now,
+            apply_labels,
+            ticket_ids,
+            ticket_ids,
+        ),
     )
-    cur_rows = await conn.execute(LOCK_LABELS, (now, apply_labels, ticket_ids))
-    cur_tickets = await conn.execute(LOCK_TICKETS, (ticket_ids,)) if ticket_ids else None
-    logged = {(m, r): (bytes(h), c, p) for m, r, h, c, p in await cur_log.fetchall()}
-    records = await cur_rows.fetchall()
-    rows = {rec[0]: label_row(rec, False) for rec in records}
-    waiters = {rec[0]: tuple(rec[8]) for rec in records if rec[8]}
-    live = [ticket_from_row(r) for r in await cur_tickets.fetchall()] if cur_tickets else []
+    found = await cur.fetchone()
+    assert found is not None
+    logged_json, rows_json, tickets_json = found
+    logged = {
+        (g["method"], g["request_id"]): (
+            _bytea(g["request_hash"]),
+            g["status_code"],
+            _bytea(g["response"] or "\\x"),
+        )
+        for g in logged_json
+    }
+    rows = {x["label"]: label_row([x[n] for n in LABEL_NAMES], False) for x in rows_json}
+    waiters = {x["label"]: tuple(x["waiters"]) for x in rows_json if x["waiters"]}
+    live = [_ticket(k) for k in tickets_json]
     initial_rows = dict(rows)
     initial_tickets = {t.ticket_id: t for t in live}
 
@@ -298,42 +361,43 @@ async def run(conn: Conn, ops: Sequence[Op], now: datetime) -> list[Outcome]:
 
     # Round trip 2: every write, then COMMIT (on leaving the caller's transaction).
     changed = [row for label, row in state.rows.items() if row is not initial_rows[label]]
-    await write_labels(conn, changed, now)
     inserted = [
         t for tid, t in state.tickets.items() if t is not None and tid not in initial_tickets
     ]
-    if inserted:
-        await conn.execute(INSERT_TICKETS, (json.dumps([_ticket_json(t) for t in inserted]),))
     updated = [
         t
         for tid, t in state.tickets.items()
         if t is not None and tid in initial_tickets and t is not initial_tickets[tid]
     ]
-    if updated:
-        await conn.execute(UPDATE_TICKETS, (json.dumps([_update_json(t) for t in updated]),))
     deleted = [tid for tid, t in state.tickets.items() if t is None and tid in initial_tickets]
-    if deleted:
-        await conn.execute(DELETE_TICKETS, (deleted,))
-    if state.history:
+    if changed or inserted or updated or deleted or state.history or log_rows:
         await conn.execute(
-            INSERT_HISTORY, (json.dumps([_history_json(a, b) for a, b in state.history]),)
+            WRITE,
+            (
+                now,
+                labels_json(changed),
+                json.dumps([_ticket_json(t) for t in inserted]),
+                json.dumps([_update_json(t) for t in updated]),
+                deleted,
+                json.dumps([_history_json(a, b) for a, b in state.history]),
+                now,
+                json.dumps(
+                    [
+                        {
+                            "method": op.idem.method,
+                            "request_id": op.idem.request_id,
+                            "request_hash": "\\x" + op.idem.request_hash.hex(),
+                            "status_code": code,
+                            "response": "\\x" + payload.hex(),
+                        }
+                        for op, code, payload in log_rows
+                    ]
+                ),
+                state.waiters_served,
+                CHANNEL,
+                sorted(state.notify),
+            ),
         )
-    if log_rows:
-        entries = [
-            {
-                "method": op.idem.method,
-                "request_id": op.idem.request_id,
-                "request_hash": "\\x" + op.idem.request_hash.hex(),
-                "status_code": code,
-                "response": "\\x" + payload.hex(),
-            }
-            for op, code, payload in log_rows
-        ]
-        await conn.execute(INSERT_LOG, (now, json.dumps(entries)))
-    if state.waiters_served:
-        await conn.execute(DELETE_WAITERS, (state.waiters_served,))
-    if state.notify:
-        await conn.execute(NOTIFY, (CHANNEL, sorted(state.notify)))
     return outcomes
 
 
@@ -344,7 +408,7 @@ def _replay(op: Op, found: tuple[bytes, int | None, Any]) -> Outcome:
             "request_id", "reused with a different request", reason="REQUEST_ID_REUSED"
         )
     assert code is not None  # outcomes are committed with their request id
-    return Replay(status_code=code, response=bytes(response))
+    return Replay(status_code=code, response=response)
 
 
 def _execute(
@@ -369,10 +433,10 @@ def _execute(
         raise lock_expired_error(op.ticket_id)
     updated, reported, freed = decide_report(ticket, state.rows, op.used, now)
     for row in updated:
-        state.rows[row.label] = row
-    state.tickets[op.ticket_id] = reported
+        state.put(state.rows, row.label, row)
+    state.put(state.tickets, op.ticket_id, reported)
     if freed:
-        state.notify.update(r.label for r in updated)
+        state.notify_on([r.label for r in updated])
     return reported
 
 
@@ -393,12 +457,13 @@ def _apply(op: ApplyOp, state: _State, now: datetime, need: set[str]) -> Ticket:
         raise refusal_error(outcome)
     charged, ticket = outcome
     for row in charged:
-        state.rows[row.label] = replace(row, queued=False)
-    state.tickets[ticket.ticket_id] = ticket
+        state.put(state.rows, row.label, replace(row, queued=False) if row.queued else row)
+    state.put(state.tickets, ticket.ticket_id, ticket)
     if op.waiter_seq is not None:
         for k in op.keys:
             if k in state.waiters:
-                state.waiters[k] = tuple(w for w in state.waiters[k] if w != op.waiter_seq)
+                left = tuple(w for w in state.waiters[k] if w != op.waiter_seq)
+                state.put(state.waiters, k, left)
         state.waiters_served.append(op.waiter_seq)
     return ticket
 

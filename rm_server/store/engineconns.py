@@ -28,7 +28,7 @@ from rm_server.store.notify import agent_key, ec_key, notify_freed
 EC_COLUMNS = (
     "ec_id, state, user_name, labels, params, engine, resource, created_at, updated_at,"
     " ecm_instance, ticket_id, address, pid, exit_code, reason, log_tail, work_dir,"
-    " ecm_choices, launch_attempts, holder, hold_expires_at, ready_at, ended_at"
+    " ecm_choices, launch_attempts, holder, hold_expires_at, ready_at, ended_at, secret"
 )
 LIVE = [s.value for s in LIVE_STATES]
 
@@ -36,7 +36,7 @@ LIVE = [s.value for s in LIVE_STATES]
 def ec_from_row(row: tuple[Any, ...]) -> EngineConn:
     (ec_id, state, user, labels, params, engine, resource, created, updated, ecm, ticket,
      address, pid, exit_code, reason, log_tail, work_dir, choices, attempts, holder,
-     hold_until, ready, ended) = row  # fmt: skip
+     hold_until, ready, ended, secret) = row  # fmt: skip
     return EngineConn(
         ec_id=ec_id,
         state=EcState(state),
@@ -64,6 +64,7 @@ def ec_from_row(row: tuple[Any, ...]) -> EngineConn:
         hold_expires_at=hold_until,
         ready_at=ready,
         ended_at=ended,
+        secret=secret,
     )
 
 
@@ -71,8 +72,8 @@ async def claim_ec(conn: Conn, ec: EngineConn, request_id: str) -> EngineConn:
     """Insert a new STARTING EngineConn for `request_id`, or return the one that exists."""
     await conn.execute(
         "INSERT INTO engine_conn (ec_id, request_id, state, user_name, labels, label_set,"
-        " params, engine, resource, created_at, updated_at)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+        " params, engine, resource, created_at, updated_at, secret)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
         " ON CONFLICT (request_id) DO NOTHING",
         (
             ec.ec_id,
@@ -86,6 +87,7 @@ async def claim_ec(conn: Conn, ec: EngineConn, request_id: str) -> EngineConn:
             jres(ec.resource),
             ec.created_at,
             ec.updated_at,
+            ec.secret,
         ),
     )
     cur = await conn.execute(

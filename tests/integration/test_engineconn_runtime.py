@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -70,15 +71,34 @@ async def fake_rm():
         await server.stop(grace=0)
 
 
+class AuthedStub:
+    """The executor stub with `authorization: Bearer <secret>` on every call (None: none)."""
+
+    def __init__(self, channel: grpc.aio.Channel, secret: str | None) -> None:
+        self.stub = executor_pb2_grpc.ExecutorServiceStub(channel)
+        self.metadata = (("authorization", f"Bearer {secret}"),) if secret else ()
+
+    def Execute(self, request, **kwargs):
+        return self.stub.Execute(request, metadata=self.metadata, **kwargs)
+
+    def Cancel(self, request, **kwargs):
+        return self.stub.Cancel(request, metadata=self.metadata, **kwargs)
+
+
 @dataclass
 class EC:
     proc: asyncio.subprocess.Process
     ec_id: str
     log_path: object
+    secret: str = ""
     address: str = ""
     channel: grpc.aio.Channel | None = None
-    stub: executor_pb2_grpc.ExecutorServiceStub | None = None
+    stub: AuthedStub | None = None
     extra: list = field(default_factory=list)
+
+    def stub_with(self, secret: str | None) -> AuthedStub:
+        assert self.channel is not None
+        return AuthedStub(self.channel, secret)
 
     def log(self) -> str:
         return self.log_path.read_text()
@@ -95,9 +115,19 @@ async def start_ec(fake_rm, tmp_path):
     """Starts `python -m engineconn` against the fake RM and waits for its ready report."""
     started: list[EC] = []
 
-    async def start(engine: str = "shell", *args: str, ready: bool = True) -> EC:
+    async def start(
+        engine: str = "shell", *args: str, ready: bool = True, secret: str | None = "random"
+    ) -> EC:
+        """`secret`: LABELRM_EC_SECRET as the RM would set it ("random": a fresh one like
+        the RM's; None: unset, as in a launch by an older RM)."""
         ec_id = f"ec-{uuid.uuid4().hex[:8]}"
         log_path = tmp_path / f"{ec_id}.log"
+        if secret == "random":
+            secret = secrets.token_urlsafe(32)
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env.pop("LABELRM_EC_SECRET", None)
+        if secret is not None:
+            env["LABELRM_EC_SECRET"] = secret
         with log_path.open("wb") as log:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -115,9 +145,9 @@ async def start_ec(fake_rm, tmp_path):
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=tmp_path,
-                env={**os.environ, "PYTHONPATH": str(ROOT)},
+                env=env,
             )
-        ec = EC(proc, ec_id, log_path)
+        ec = EC(proc, ec_id, log_path, secret or "")
         started.append(ec)
         if ready:
             report = await fake_rm.next_report(IDLE, timeout=8)
@@ -125,7 +155,7 @@ async def start_ec(fake_rm, tmp_path):
             assert not report.HasField("used_resource")
             ec.address = report.address
             ec.channel = grpc.aio.insecure_channel(report.address)
-            ec.stub = executor_pb2_grpc.ExecutorServiceStub(ec.channel)
+            ec.stub = AuthedStub(ec.channel, secret)
         return ec
 
     yield start
@@ -322,3 +352,50 @@ def test_version_is_fast_and_imports_no_grpc():
     assert out.returncode == 0
     assert out.stdout.strip() == "engineconn 0.1.0"
     assert "grpc" not in out.stderr and "asyncio" not in out.stderr
+
+
+# --- the executor's secret --------------------------------------------------------------------
+
+
+async def test_execute_and_cancel_need_the_secret(start_ec, fake_rm):
+    ec = await start_ec("shell")
+    wrong = secrets.token_urlsafe(32)
+    refused = [ec.stub_with(None), ec.stub_with(wrong), ec.stub_with(ec.secret[:-1])]
+    malformed = ec.stub_with(None)
+    malformed.metadata = (("authorization", ec.secret),)  # no "Bearer " scheme
+    for stub in (*refused, malformed):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await collect(stub.Execute(executor_pb2.ExecuteRequest(code="id -un")))
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert ec.secret not in err.value.details()
+    # Cancel too: a stranger must not stop the owner's execution either.
+    call = ec.stub.Execute(executor_pb2.ExecuteRequest(code="echo go; sleep 30"))
+    await read_until(call, "go\n")
+    for stub in refused:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.Cancel(executor_pb2.CancelRequest())
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert (await ec.stub.Cancel(executor_pb2.CancelRequest())).cancelled
+    assert (await asyncio.wait_for(collect(call), 5)).result.cancelled
+    # The scheme is case-insensitive (RFC 6750); the secret is not.
+    lower = ec.stub_with(None)
+    lower.metadata = (("authorization", f"bearer {ec.secret}"),)
+    run = await collect(lower.Execute(executor_pb2.ExecuteRequest(code="echo ok")))
+    assert run.stdout == "ok\n"
+    # The code runs without the secret in its environment, and no log line shows it.
+    run = await execute(ec, "env")
+    assert "LABELRM_EC_SECRET" not in run.stdout and ec.secret not in run.stdout
+    assert "refused" in ec.log() and ec.secret not in ec.log() and wrong not in ec.log()
+
+
+async def test_without_a_secret_it_refuses_to_start(start_ec, fake_rm):
+    ec = await start_ec("shell", ready=False, secret=None)
+    assert await ec.wait_exit() == 2
+    assert "LABELRM_EC_SECRET is not set" in ec.log()
+    assert fake_rm.reports.empty()  # it never served anything nor told the RM it was ready
+
+
+async def test_insecure_executor_flag_serves_without_a_secret(start_ec):
+    ec = await start_ec("shell", "--insecure-executor", secret=None)
+    assert (await execute(ec, "echo open")).stdout == "open\n"
+    assert "WITHOUT authentication" in ec.log()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import pwd
+from pathlib import Path
 
 import grpc
 import pytest
@@ -66,11 +67,16 @@ async def get_ec(rm, ec_id):
     ).engine_conn
 
 
-async def execute(address: str, code: str) -> tuple[str, str, int]:
-    async with grpc.aio.insecure_channel(address) as channel:
+async def execute(ec, code: str, secret: str | None = None) -> tuple[str, str, int]:
+    """Run `code` in `ec` (an EngineConn from Create / Ask / Get) with its secret, or with
+    `secret` instead ("" sends no authorization at all)."""
+    secret = ec.secret if secret is None else secret
+    metadata = (("authorization", f"Bearer {secret}"),) if secret else ()
+    async with grpc.aio.insecure_channel(ec.address) as channel:
         stub = executor_pb2_grpc.ExecutorServiceStub(channel)
         out, err, code_ = [], [], None
-        async for event in stub.Execute(executor_pb2.ExecuteRequest(code=code), timeout=30):
+        request = executor_pb2.ExecuteRequest(code=code)
+        async for event in stub.Execute(request, timeout=30, metadata=metadata):
             if event.HasField("output"):
                 (out if event.output.stream == executor_pb2.OUTPUT_STREAM_STDOUT else err).append(
                     event.output.text
@@ -92,6 +98,14 @@ def group_members(pgid: int) -> list[int]:
             except (OSError, IndexError, ValueError):
                 continue
     return members
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read()
+    except OSError:
+        return b""
 
 
 def uid_of(pid: int) -> int:
@@ -119,7 +133,7 @@ async def test_shell_engineconn_runs_as_the_user_and_kill_releases(cluster_rm, a
     assert ec.address and ec.ecm_instance == "agent1"
     assert [c.instance for c in ec.ecm_choices] == ["agent1"] and ec.ecm_choices[0].eligible
     assert await ticket_state(rm, ec.ticket_id) == rm_pb.TICKET_STATE_USED
-    out, _, code = await execute(ec.address, "id -un")
+    out, _, code = await execute(ec, "id -un")
     assert (out.strip(), code) == ("lrmtest_a", 0)
     gauges = await state_gauges(rm)
     assert gauges[("labelrm_ecms", "RUNNING")] == 1
@@ -136,6 +150,49 @@ async def test_shell_engineconn_runs_as_the_user_and_kill_releases(cluster_rm, a
     assert final.state in (ec_pb.ENGINE_CONN_STATE_SUCCEEDED, ec_pb.ENGINE_CONN_STATE_FAILED)
     await wait_until(lambda: _async(not group_members(fresh.pid)), timeout=20)
     assert await ticket_state(rm, ec.ticket_id) == rm_pb.TICKET_STATE_RELEASED
+    await assert_consistent(rm)
+
+
+async def test_executor_needs_the_secret_only_its_owner_gets(cluster_rm, agent_factory):
+    rm = cluster_rm
+    agent = await start_agent(rm, agent_factory)
+    ec = await create(rm)
+    secret = ec.secret
+    assert len(secret) == 43  # 32 random bytes, URL-safe base64 without padding
+    # Without it, or with another, nobody runs code there; with it, the owner does.
+    for wrong in ("", "x" * 43, secret[:-1], (await create(rm)).secret):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await execute(ec, "id -un", secret=wrong)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    async with grpc.aio.insecure_channel(ec.address) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await executor_pb2_grpc.ExecutorServiceStub(channel).Cancel(
+                executor_pb2.CancelRequest()
+            )
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert (await execute(ec, "id -un"))[0].strip() == "lrmtest_a"
+    # Get and a reusing Ask hand it back; lists and Kill never carry a secret.
+    assert (await get_ec(rm, ec.engine_conn_id)).secret == secret
+    ask = ec_pb.AskEngineConnRequest(
+        user="lrmtest_a", labels=lbl(SHELL_A), timeout=Duration(seconds=30)
+    )
+    asked = await ecs(rm).AskEngineConn(ask)
+    assert asked.reused
+    assert asked.engine_conn.secret == (await get_ec(rm, asked.engine_conn.engine_conn_id)).secret
+    listed = (await ecs(rm).ListEngineConns(ec_pb.ListEngineConnsRequest())).engine_conns
+    assert len(listed) == 2 and all(e.secret == "" for e in listed)
+    killed = await ecs(rm).KillEngineConn(
+        ec_pb.KillEngineConnRequest(engine_conn_id=ec.engine_conn_id)
+    )
+    assert killed.engine_conn.secret == ""
+    # It reached the EngineConn through the launch environment only: not its argv (which
+    # `ps` shows to everyone), not its logs, not the agent's log.
+    work = Path(ec.work_dir)
+    logs = "".join(p.read_text() for p in (work / "logs").iterdir())
+    assert ec.engine_conn_id in logs and secret not in logs
+    assert secret not in agent.log_text()
+    pgid = (await get_ec(rm, ec.engine_conn_id)).pid
+    assert all(secret.encode() not in cmdline(p) for p in group_members(pgid))
     await assert_consistent(rm)
 
 
@@ -186,7 +243,7 @@ async def test_ask_reuses_an_idle_engineconn_but_not_a_held_one(cluster_rm, agen
     assert not again.reused and again.engine_conn.engine_conn_id != first.engine_conn_id
     # A BUSY one is not handed out either: keep the second one busy, its hold expired.
     busy = again.engine_conn
-    running = asyncio.ensure_future(execute(busy.address, "sleep 5; echo done"))
+    running = asyncio.ensure_future(execute(busy, "sleep 5; echo done"))
     await wait_until(lambda: _is_busy(rm, busy.engine_conn_id), timeout=10)
     third = await ecs(rm).AskEngineConn(
         ec_pb.AskEngineConnRequest(

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 from typing import Any
 
 import pytest
+from labelrm.v1 import demand_pb2, demand_pb2_grpc
 
-from clients import AsyncRMClient, load_instance, rmctl
+from clients import AsyncRMClient, load_instance, parse_labels, rmctl
 from clients._format import run_watch
 
 GiB = 1024**3
@@ -122,3 +124,22 @@ def test_watch_stops_cleanly_on_ctrl_c() -> None:
         raise KeyboardInterrupt
 
     assert run_watch(render, io.StringIO(), interval=0, title="t") == 0
+
+
+async def test_demand_list_as_json(client: Any, rm: Any, capsys: Any) -> None:
+    stub = demand_pb2_grpc.DemandServiceStub(rm.channel)
+    submitted = await stub.SubmitDemand(
+        demand_pb2.SubmitDemandRequest(
+            demand_id="d-rmctl",
+            user="alice",
+            labels=parse_labels(REQUEST),
+            resource=load_instance(GiB, 1000, 1),
+            time_conditions_text="{Start: {Time: [+10m, +10m], Strategy: strict}}",
+        )
+    )
+    assert submitted.created
+    capsys.readouterr()
+    assert await ctl(rm, "-o", "json", "demand", "list") == 0
+    listed = json.loads(capsys.readouterr().out)["demands"]
+    assert [(d["demand_id"], d["user"]) for d in listed] == [("d-rmctl", "alice")]
+    assert listed[0]["state"] == "DEMAND_STATE_ACCEPTED"

@@ -18,7 +18,7 @@ import pytest
 from google.protobuf import json_format
 from labelrm.v1 import engine_conn_pb2 as ec_pb
 
-from clients import AsyncRMClient, ExecOutput, ExecResult, rmctl
+from clients import AsyncRMClient, ExecOutput, ExecResult, Unauthenticated, rmctl
 from clients.rmctl_engineconn import cmd_ec_logs, with_progress
 from tests.conftest import wait_until
 
@@ -98,9 +98,11 @@ async def test_engineconn_lifecycle_through_rmctl(
         if shown == fresh and shown.state == ec_pb.ENGINE_CONN_STATE_IDLE:
             break
         await asyncio.sleep(0.1)
-    assert shown == fresh
+    assert shown == fresh and fresh.secret  # JSON: GetEngineConn's, secret included
     assert await ctl(rm, "engineconn", "status", ec_id) == 0
-    view = details(capsys.readouterr().out)
+    text = capsys.readouterr().out
+    assert fresh.secret not in text  # the detail view leaves it out
+    view = details(text)
     assert view["engine_conn_id"] == ec_id and view["state"] == "IDLE"
     assert view["user"] == "lrmtest_a" and view["ecm"] == "agent1"
     assert "max_idle_seconds=300" in view["params"]
@@ -113,6 +115,9 @@ async def test_engineconn_lifecycle_through_rmctl(
         "ENGINE_CONN_ID", "STATE", "USER", "ENGINE", "ECM", "ADDRESS", "CREATED",
     ]  # fmt: skip
     assert row.split()[:5] == [ec_id, "IDLE", "lrmtest_a", "shell-1", "agent1"]
+    assert await ctl(rm, "-o", "json", "engineconn", "list") == 0
+    listed = json.loads(capsys.readouterr().out)["engine_conns"]
+    assert [e["engine_conn_id"] for e in listed] == [ec_id] and "secret" not in listed[0]
     assert await ctl(rm, "engineconn", "list", "--state", "failed") == 0
     assert len(capsys.readouterr().out.splitlines()) == 1  # the header only
     argv = ("--watch-interval", "0.01", "--watch-rounds", "2", "-o", "wide")
@@ -155,12 +160,17 @@ async def test_node_drain_refresh_and_errors(
     await start_agent(rm, client, agent_factory)
     # The async SDK: create and execute.
     ec = await client.create_engine_conn(SHELL_A, user="lrmtest_a", timeout=30)
-    items = [item async for item in client.execute(ec.address, "echo hi; echo ho >&2")]
+    items = [item async for item in client.execute(ec, "echo hi; echo ho >&2")]
     assert items == [
         ExecOutput("stdout", "hi\n"),
         ExecOutput("stderr", "ho\n"),
         ExecResult(0, False, ""),
     ]
+    # The address with the secret given apart works too; without it the executor refuses.
+    items = [item async for item in client.execute(ec.address, "true", secret=ec.secret)]
+    assert items == [ExecResult(0, False, "")]
+    with pytest.raises(Unauthenticated, match="requires its secret"):
+        [item async for item in client.execute(ec.address, "true")]
     capsys.readouterr()
 
     # A user the agent refuses: one error line, exit 1.

@@ -15,6 +15,7 @@ from google.protobuf.duration_pb2 import Duration
 from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as pb
 
+from clients import AsyncRMClient, ExecOutput, ExecResult, Unauthenticated
 from rm_server.security import tokens
 from rm_server.security.ec_certs import CERT_FILE, KEY_FILE
 from tests.conftest import wait_until
@@ -89,6 +90,22 @@ async def test_engineconn_reports_with_the_certificate_the_rm_issued(cluster, ag
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
     listed = (await other.ecs.ListEngineConns(ec_pb.ListEngineConnsRequest())).engine_conns
     assert listed == []
+    # So only the owner (and admins) learn the executor's secret, which it requires.
+    assert ec.secret
+    get = ec_pb.GetEngineConnRequest(engine_conn_id=ec.engine_conn_id)
+    assert (await owner.ecs.GetEngineConn(get)).engine_conn.secret == ec.secret
+    assert (await admin.ecs.GetEngineConn(get)).engine_conn.secret == ec.secret
+    for stubs in (owner, admin):
+        mine = (await stubs.ecs.ListEngineConns(ec_pb.ListEngineConnsRequest())).engine_conns
+        assert [e.engine_conn_id for e in mine] == [ec.engine_conn_id] and not mine[0].secret
+    async with AsyncRMClient(
+        cluster.user_target, token=keys.tokens["lrmtest_a"], tls_ca=keys.ca
+    ) as sdk:
+        items = [item async for item in sdk.execute(ec, "id -un")]
+        assert items == [ExecOutput("stdout", "lrmtest_a\n"), ExecResult(0, False, "")]
+        with pytest.raises(Unauthenticated):
+            async for _ in sdk.execute(ec.address, "id -un"):
+                pass
     await owner.ecs.KillEngineConn(ec_pb.KillEngineConnRequest(engine_conn_id=ec.engine_conn_id))
 
     async def ended() -> bool:

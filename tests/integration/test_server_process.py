@@ -3,6 +3,7 @@ together, and a multi-host database URL."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -111,3 +112,41 @@ async def test_multi_host_url_with_target_session_attrs(database_url):
         await assert_consistent(rm)
     finally:
         await stop_in_process(rm)
+
+
+def test_rmctl_dev_starts_rm_and_local_agent(tmp_path):
+    """`rmctl dev` = RM on the embedded database + one local agent, in the foreground."""
+    port = free_port()
+    env = dict(os.environ, LABELRM_DEV_USERS="lrmtest_a")
+    log = (tmp_path / "dev.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from clients.rmctl import main; raise SystemExit(main())",
+            "dev",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--listen",
+            f"127.0.0.1:{port}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+        env=env,
+    )
+    try:
+        wait_serving(f"127.0.0.1:{port}", 60)
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = resource_manager_pb2_grpc.ResourceManagerServiceStub(channel)
+            deadline = time.monotonic() + 30
+            names: list[str] = []
+            while time.monotonic() < deadline and "local-agent" not in names:
+                names = [e.instance for e in stub.ListEcms(pb.ListEcmsRequest(), timeout=5).ecms]
+                time.sleep(0.1)
+        assert "local-agent" in names, (tmp_path / "dev.log").read_text()[-2000:]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -174,6 +174,17 @@ def test_issue_denied_names_are_in_the_set():
         assert refused(spec(environment={name: "x"})).field == f"environment[{name}]"
 
 
+def test_the_rms_executor_secret_is_passed_on_but_agent_names_stay_reserved():
+    # The RM sets LABELRM_EC_SECRET in every launch; the agent must not refuse it, and
+    # allowing it must not open the names the agent sets itself.
+    env = {"LABELRM_EC_SECRET": "s3cr3t-_A"}
+    v = validate_launch(spec(environment=env), POLICY, lookup)
+    assert launch_environment(v, Path("/w"))["LABELRM_EC_SECRET"] == "s3cr3t-_A"
+    assert "LABELRM_EC_SECRET" not in AGENT_ENV_NAMES
+    for name in AGENT_ENV_NAMES:
+        assert refused(spec(environment={**env, name: "x"})).reason == "is set by the agent"
+
+
 def test_env_value_nul_refused():
     assert refused(spec(environment={"A": "x\0y"})).field == "environment[A]"
 

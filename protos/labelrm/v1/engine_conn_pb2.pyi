@@ -55,7 +55,7 @@ class EcmChoice(_message.Message):
     def __init__(self, instance: _Optional[str] = ..., eligible: _Optional[bool] = ..., score: _Optional[float] = ..., reasons: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class EngineConn(_message.Message):
-    __slots__ = ("engine_conn_id", "state", "user", "labels", "params", "ecm_instance", "ticket_id", "resource", "address", "pid", "exit_code", "reason", "log_tail", "work_dir", "ecm_choices", "launch_attempts", "create_time", "update_time", "ready_time", "end_time", "holder", "hold_expire_time")
+    __slots__ = ("engine_conn_id", "state", "user", "labels", "params", "ecm_instance", "ticket_id", "resource", "address", "pid", "exit_code", "reason", "log_tail", "work_dir", "ecm_choices", "launch_attempts", "create_time", "update_time", "ready_time", "end_time", "holder", "hold_expire_time", "secret")
     class ParamsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -85,6 +85,7 @@ class EngineConn(_message.Message):
     END_TIME_FIELD_NUMBER: _ClassVar[int]
     HOLDER_FIELD_NUMBER: _ClassVar[int]
     HOLD_EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
     engine_conn_id: str
     state: EngineConnState
     user: str
@@ -107,7 +108,8 @@ class EngineConn(_message.Message):
     end_time: _timestamp_pb2.Timestamp
     holder: str
     hold_expire_time: _timestamp_pb2.Timestamp
-    def __init__(self, engine_conn_id: _Optional[str] = ..., state: _Optional[_Union[EngineConnState, str]] = ..., user: _Optional[str] = ..., labels: _Optional[_Iterable[_Union[_resource_pb2.Label, _Mapping]]] = ..., params: _Optional[_Mapping[str, str]] = ..., ecm_instance: _Optional[str] = ..., ticket_id: _Optional[str] = ..., resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., address: _Optional[str] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ..., log_tail: _Optional[str] = ..., work_dir: _Optional[str] = ..., ecm_choices: _Optional[_Iterable[_Union[EcmChoice, _Mapping]]] = ..., launch_attempts: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ready_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., holder: _Optional[str] = ..., hold_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    secret: str
+    def __init__(self, engine_conn_id: _Optional[str] = ..., state: _Optional[_Union[EngineConnState, str]] = ..., user: _Optional[str] = ..., labels: _Optional[_Iterable[_Union[_resource_pb2.Label, _Mapping]]] = ..., params: _Optional[_Mapping[str, str]] = ..., ecm_instance: _Optional[str] = ..., ticket_id: _Optional[str] = ..., resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., address: _Optional[str] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ..., log_tail: _Optional[str] = ..., work_dir: _Optional[str] = ..., ecm_choices: _Optional[_Iterable[_Union[EcmChoice, _Mapping]]] = ..., launch_attempts: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ready_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., holder: _Optional[str] = ..., hold_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., secret: _Optional[str] = ...) -> None: ...
 
 class CreateEngineConnRequest(_message.Message):
     __slots__ = ("request_id", "user", "labels", "params", "timeout")

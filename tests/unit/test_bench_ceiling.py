@@ -1,0 +1,18 @@
+"""The benchmark's storage ceiling runs the store's own SQL (bench/ceiling.py builds the
+pgbench script from rm_server/store): it must keep up with the store's statements."""
+
+from __future__ import annotations
+
+from bench.ceiling import CYCLE, cycle_script
+from rm_server.store import batch
+
+
+def test_the_pgbench_script_is_built_from_the_store_sql():
+    script = cycle_script()
+    assert script.count("\\startpipeline") == script.count("\\endpipeline") == 6
+    assert script.count("BEGIN;") == script.count("COMMIT;") == 3
+    for sql in (batch.READ, batch.WRITE):
+        head = " ".join(sql.split("%s")[0].split())
+        assert head in script
+    if CYCLE.read_text() != script:  # pragma: no cover - a reminder, not a failure
+        print("bench/pgbench/cycle.sql is stale: run python -m bench.ceiling")
