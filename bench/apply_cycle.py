@@ -192,11 +192,13 @@ def main(argv: list[str] | None = None) -> int:
         for mode in modes:
             for clients in args.clients:
                 row: dict[str, Any] = {"mode": mode, "clients": clients}
+                db.settle()
                 row["labelrm"] = measure_labelrm(
                     db, server, mode, clients, args.seconds, args.procs
                 )
                 if not args.no_pgbench:
                     ceiling.reset(db.url)
+                    db.settle()
                     row["pgbench"] = ceiling.run(
                         db.pgbench,
                         db.url,

@@ -72,10 +72,10 @@ def run(
         cmd += ["-D", f"{k}={v}"]
     cmd.append(conninfo)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(0.5)  # connections made: measure CPU from here until just before the end
+    time.sleep(1.0)  # connections made: measure CPU from here until just before the end
     meter = CpuMeter({"pgbench": [proc.pid], "postgres": postgres_pids()})
     meter.start()
-    time.sleep(max(0.5, round(seconds) - 1.0))
+    time.sleep(max(0.5, round(seconds) - 1.5))
     cpu = meter.stop()
     out, err = proc.communicate(timeout=seconds + 60)
     if proc.returncode != 0:

@@ -56,6 +56,8 @@ class Combiner:
             keys: set[tuple[str, str]] = set()
             while self._queue and len(group) < self.max_batch:
                 item = self._queue.popleft()
+                if item[1].done():  # its caller went away before it started: drop it
+                    continue
                 key = item[0].key
                 if key in keys or key in self._busy_keys:
                     later.append(item)

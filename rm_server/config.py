@@ -34,6 +34,9 @@ class Settings:
     log_level: str = "INFO"
     log_format: str = "text"
     metrics_label_cap: int = 1000
+    # Concurrent Apply / ReportUsed / Release share transactions (0: one per request)
+    batch_max: int = 256
+    batch_inflight: int = 1
     # EngineConns and agents
     create_timeout: float = 60.0
     max_launch_attempts: int = 3

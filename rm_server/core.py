@@ -64,6 +64,8 @@ class RMCore:
     new_id: IdFactory = random_ids
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _combiner: Combiner | None = None
+    _keys_cache: dict[tuple[Label, ...], tuple[str, ...]] = field(default_factory=dict)
+    _keys_rules: tuple[TransformRule, ...] | None = None
 
     # ----- background work ---------------------------------------------------------------
 
@@ -113,7 +115,16 @@ class RMCore:
     # ----- resource usage ----------------------------------------------------------------
 
     def charged_keys(self, labels: tuple[Label, ...]) -> tuple[str, ...]:
-        return tuple(str(k) for k in transform(labels, self.settings.rules))
+        cache = self._keys_cache
+        if self._keys_rules is not self.settings.rules:
+            cache.clear()
+            self._keys_rules = self.settings.rules
+        keys = cache.get(labels)
+        if keys is None:  # the same label sets come back again and again: computed once
+            if len(cache) >= 65536:
+                cache.clear()
+            keys = cache[labels] = tuple(str(k) for k in transform(labels, self.settings.rules))
+        return keys
 
     async def apply(
         self,

@@ -92,6 +92,8 @@ class RMServer:
             lock_timeout=timedelta(seconds=self.settings.lock_timeout),
             sweep_interval=self.settings.sweep_interval,
             rules=parse_rules(self.settings.label_rules),
+            batch_max=self.settings.batch_max,
+            batch_inflight=self.settings.batch_inflight,
         )
         self.core = RMCore(self._db, self._notifier, core_settings, self.clock, self.new_id)
         self.metrics = Metrics(label_cap=self.settings.metrics_label_cap)

@@ -3,18 +3,19 @@
 Concurrent requests are grouped (rm_server/batching.py) and run here, in arrival
 order, as if each ran alone one after the other:
 
-1. one round trip (pipelined): BEGIN; the request ids already in request_log; every
-   label row the group touches, locked in canonical order (the rows of the labels
-   the Apply requests name, and of the labels the ReportUsed / Release tickets are
-   charged to), with the live waiters queued on each; then the live tickets, locked;
+1. one round trip (pipelined: BEGIN and one statement, READ): the outcomes already
+   logged for these request ids; every label row the group touches, locked in
+   canonical order (the labels the Apply requests name and those the ReportUsed /
+   Release tickets are charged to), with the live waiters queued on each; then the
+   live tickets, locked;
 2. in memory, request by request in arrival order, the same decisions as the
    one-request path (tickets.decide_apply / decide_report / decide_end): a request
    sees the rows as the requests before it left them, so each is all-or-nothing,
    waiters keep their FIFO order, and a refusal or an error of one request changes
    nothing for it and nothing for the others (its effects are rolled back in memory);
-3. one round trip (pipelined): the changed rows in one UPDATE, the new, changed and
-   ended tickets, their history, the outcome of every request in request_log (so a
-   retry replays it), the waiters served, the notifications; COMMIT.
+3. one round trip (pipelined: one statement, WRITE, and COMMIT): the changed rows,
+   the new, changed and ended tickets, their history, the outcome of every request in
+   request_log (so a retry replays it), the waiters served, the notifications.
 
 A request id that another transaction committed meanwhile makes the request_log
 INSERT fail: the whole group is retried, and that request then replays the stored
@@ -39,7 +40,6 @@ from rm_server.store.codec import (
     HISTORY_COLUMNS,
     TICKET_COLUMNS,
     ticket_from_history,
-    ticket_from_row,
 )
 from rm_server.store.db import (
     FINAL_ERRORS,
@@ -131,7 +131,6 @@ class ReleaseOp(Op):
 # ----- SQL (one statement each, whatever the number of requests) ---------------------------
 
 LABEL_NAMES = tuple(c.strip().removeprefix("r.") for c in LABEL_COLUMNS.split(","))
-TICKET_NAMES = tuple(c.strip() for c in TICKET_COLUMNS.split(","))
 
 # Round trip 1, one statement: the outcomes already logged for these request ids; the
 # labels named by Apply requests plus those the tickets are charged to (charged labels
@@ -258,15 +257,44 @@ def _bytea(value: str) -> bytes:
     return bytes.fromhex(value[2:])
 
 
+def _at(value: str) -> datetime:
+    """A timestamptz as PostgreSQL writes it in JSON."""
+    return datetime.fromisoformat(value).astimezone(UTC)
+
+
 def _time(value: str | None) -> datetime | None:
-    return None if value is None else datetime.fromisoformat(value).astimezone(UTC)
+    return None if value is None else _at(value)
+
+
+_LABELS: dict[tuple[str, str], Label] = {}
+
+
+def _label(key: str, value: str) -> Label:
+    """Labels read back from tickets, validated once per process (a bounded cache)."""
+    label = _LABELS.get((key, value))
+    if label is None:
+        if len(_LABELS) >= 65536:
+            _LABELS.clear()
+        label = _LABELS[(key, value)] = Label(key, value)
+    return label
 
 
 def _ticket(obj: dict[str, Any]) -> Ticket:
-    """A live ticket from its row as JSON (TICKET_COLUMNS)."""
-    values = [obj[n] for n in TICKET_NAMES]
-    values[8:11] = [_time(v) for v in values[8:11]]
-    return ticket_from_row(tuple(values))
+    """A live ticket from its row as JSON (the columns of TICKET_COLUMNS)."""
+    state = TicketState(obj["state"])
+    return Ticket(
+        ticket_id=obj["ticket_id"],
+        state=state,
+        user=obj["user_name"],
+        labels=tuple(_label(str(k), str(v)) for k, v in obj["labels"]),
+        charged_labels=tuple(obj["charged_labels"]),
+        requested=Resource.from_dict(obj["requested"]),
+        locked=Resource.from_dict(obj["locked"]),
+        used=Resource.from_dict(obj["used"]) if state is TicketState.USED else None,
+        created_at=_at(obj["created_at"]),
+        updated_at=_at(obj["updated_at"]),
+        lock_expires_at=_time(obj["lock_expires_at"]),
+    )
 
 
 def _json_time(value: datetime | None) -> str | None:
@@ -340,9 +368,9 @@ async def run(conn: Conn, ops: Sequence[Op], now: datetime) -> list[Outcome]:
     outcomes: list[Outcome] = []
     log_rows: list[tuple[Op, int, bytes]] = []
     for op in ops:
-        found = logged.get(op.key)
-        if found is not None:
-            outcomes.append(_replay(op, found))
+        earlier = logged.get(op.key)
+        if earlier is not None:
+            outcomes.append(_replay(op, earlier))
             continue
         snap = state.snapshot()
         try:

