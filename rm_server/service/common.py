@@ -35,14 +35,27 @@ def idempotency(method: str, request: Message) -> Idempotency:
     return Idempotency.of(method, request_id, payload)
 
 
-@dataclass(frozen=True)
+@dataclass
 class ProtoEncoder(Generic[T]):
-    """Encodes outcomes for the request log: the response message, or a google.rpc.Status."""
+    """Encodes outcomes for the request log: the response message, or a google.rpc.Status.
+
+    A `fresh()` copy, made for one call, keeps the message built for the request log
+    (`built`) so that `respond` does not convert the same result a second time. Shared
+    module-level encoders keep nothing: concurrent calls use them.
+    """
 
     to_response: Callable[[T], Message]
+    keep: bool = False
+    built: Message | None = None
+
+    def fresh(self) -> ProtoEncoder[T]:
+        return ProtoEncoder(self.to_response, keep=True)
 
     def ok(self, result: T) -> bytes:
-        return self.to_response(result).SerializeToString(deterministic=True)
+        message = self.to_response(result)
+        if self.keep:
+            self.built = message
+        return message.SerializeToString(deterministic=True)
 
     def error(self, err: LabelrmError) -> tuple[int, bytes]:
         return encode_error(err)
@@ -54,7 +67,7 @@ def respond(outcome: T | Replay, encoder: ProtoEncoder[T], response_type: type[M
         if outcome.status_code != 0:
             raise ReplayedError(outcome.response)
         return response_type.FromString(outcome.response)
-    message = encoder.to_response(outcome)
+    message = encoder.built if encoder.built is not None else encoder.to_response(outcome)
     assert isinstance(message, response_type)
     return message
 

@@ -305,10 +305,6 @@ _ACTIONS = {
 }
 
 
-def ec_state_to_pb(state: EcState) -> int:
-    return int(_EC_STATES[state])
-
-
 def engine_conn_to_pb(ec: EngineConn, *, with_secret: bool = False) -> engine_conn_pb2.EngineConn:
     """`with_secret` only for the Create / Ask / Get responses: the policy gives those only
     to the owner, proxy users and admins, while lists and Kill carry no executor secret."""

@@ -97,7 +97,7 @@ class ResourceManagerServicer(pb_grpc.ResourceManagerServiceServicer):
         wait = convert.duration_seconds(request.wait_timeout, "wait_timeout")
         if len(request.user) > 64:
             raise InvalidArgument("user", "must be at most 64 characters")
-        encoder = _TICKET_ENCODERS["Apply"]
+        encoder = _TICKET_ENCODERS["Apply"].fresh()
         outcome = await self.core.apply(
             idempotency("Apply", request), request.user, labels, resource, wait, encoder
         )
@@ -112,7 +112,7 @@ class ResourceManagerServicer(pb_grpc.ResourceManagerServiceServicer):
             if request.HasField("used_resource")
             else None
         )
-        encoder = _TICKET_ENCODERS["ReportUsed"]
+        encoder = _TICKET_ENCODERS["ReportUsed"].fresh()
         outcome = await self.core.report_used(
             idempotency("ReportUsed", request), ticket_id, used, encoder
         )
@@ -122,7 +122,7 @@ class ResourceManagerServicer(pb_grpc.ResourceManagerServiceServicer):
         self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext
     ) -> pb.ReleaseResponse:
         ticket_id = _ticket_id(request.ticket_id)
-        encoder = _TICKET_ENCODERS["Release"]
+        encoder = _TICKET_ENCODERS["Release"].fresh()
         outcome = await self.core.release(idempotency("Release", request), ticket_id, encoder)
         return respond(outcome, encoder, pb.ReleaseResponse)
 
