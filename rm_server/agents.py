@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from rm_server.batching import Combiner
 from rm_server.domain.engineconn import (
     AgentCommand,
     EcmState,
@@ -21,14 +23,16 @@ from rm_server.domain.engineconn import (
     HeartbeatOutcome,
     ProcessReport,
     ProcessState,
+    heartbeat_is_routine,
     reported_transition,
 )
 from rm_server.domain.resources import Resource
 from rm_server.engineconns import EngineConnManager
-from rm_server.errors import FailedPrecondition, LabelrmError, NotFound
+from rm_server.errors import FailedPrecondition, LabelrmError, NotFound, Unavailable
 from rm_server.store import admin as admin_store
 from rm_server.store import ecms as ecm_store
 from rm_server.store import engineconns as ec_store
+from rm_server.store import heartbeats as hb_store
 from rm_server.store import tickets as ticket_store
 from rm_server.store.db import Conn
 
@@ -43,6 +47,7 @@ class AgentHub:
         self.core = ecs.core
         self.db = ecs.db
         self.settings = ecs.settings
+        self._beats: Combiner[_Beat] | None = None
 
     def _now(self) -> datetime:
         return self.core.clock.now()
@@ -57,37 +62,73 @@ class AgentHub:
         done_command_ids: Sequence[str],
         encode: Callable[[HeartbeatOutcome], bytes],
     ) -> HeartbeatOutcome | bytes:
-        """Handle one heartbeat; returns the outcome, or the stored bytes of a resend."""
+        """Handle one heartbeat; returns the outcome, or its encoded bytes (a resend gets
+        the stored bytes of the first answer).
+
+        Concurrent heartbeats share one transaction (rm_server/store/heartbeats.py): it
+        records each beat and answers the routine ones, those asking for nothing but
+        liveness and their commands. A beat that needs more (an EngineConn process to
+        kill or to end, a pid to record, a vanished EngineConn, a draining ECM) is
+        recorded there and finished here, on its own, by the full pass."""
+        beat = _Beat(agent_id, sequence, tuple(processes), tuple(done_command_ids), encode)
+        answer = await self._beat_combiner().submit(beat)
+        if isinstance(answer, _FullPass):
+            return await self._full_pass(beat, answer.state, answer.now)
+        assert isinstance(answer, (HeartbeatOutcome, bytes))
+        return answer
+
+    def _beat_combiner(self) -> Combiner[_Beat]:
+        if self._beats is None:
+            grouped = self.core.settings.batch_max > 0
+            self._beats = Combiner(
+                self._run_beats,
+                max_batch=self.core.settings.batch_max if grouped else 1,
+                max_inflight=self.core.settings.batch_inflight if grouped else 64,
+                linger=self.core.settings.heartbeat_linger if grouped else 0.0,
+            )
+        return self._beats
+
+    async def _run_beats(self, beats: Sequence[_Beat]) -> list[object]:
+        """One transaction for a group of heartbeats (of distinct agents); should it fail
+        for a reason other than the database being away, each beat runs alone so that
+        the failure stays with the beat that caused it."""
         now = self._now()
 
-        async def claim(conn: Conn) -> ecm_store.HeartbeatClaim:
-            found = await ecm_store.claim_heartbeat(conn, agent_id, sequence, now)
-            fresh = found.known and found.duplicate_response is None
-            if fresh and found.state not in (None, EcmState.LOST):
-                await ec_store.mark_done(conn, agent_id, done_command_ids, now)
-            return found
+        async def body(conn: Conn) -> list[object]:
+            seen = await hb_store.load(conn, [b.agent_id for b in beats], now)
+            answers: list[object] = []
+            writes: list[hb_store.BeatWrite] = []
+            for beat in beats:
+                allowed = seen.node_lists.allows(beat.agent_id)
+                answer, write = _answer(beat, seen.agents.get(beat.agent_id), allowed, now)
+                answers.append(answer)
+                if write is not None:
+                    writes.append(write)
+            await hb_store.record(conn, writes, now)
+            return answers
 
-        found = await self.db.run(claim)
-        if not found.known:
-            return HeartbeatOutcome("REREGISTER", reason="unknown agent", sequence=sequence)
-        if not found.allowed:
-            return HeartbeatOutcome(
-                "SHUTDOWN", reason="excluded by the node lists", sequence=sequence
-            )
-        if found.state is EcmState.LOST:
-            return HeartbeatOutcome("REREGISTER", reason="agent was LOST", sequence=sequence)
-        if found.duplicate_response is not None:
-            return found.duplicate_response
-        for report in processes:
+        try:
+            return await self.db.run(body, pipeline=True)
+        except Unavailable as exc:
+            return [exc] * len(beats)
+        except Exception as exc:
+            if len(beats) == 1:
+                return [exc]
+            log.warning("a group of %d heartbeats failed (%r): one by one", len(beats), exc)
+            return [(await self._run_beats([beat]))[0] for beat in beats]
+
+    async def _full_pass(self, beat: _Beat, state: EcmState, now: datetime) -> HeartbeatOutcome:
+        """The rest of a recorded heartbeat that needs more than an answer."""
+        agent_id = beat.agent_id
+        for report in beat.processes:
             await self.db.run(lambda c, r=report: self._apply_process(c, agent_id, r))  # type: ignore[misc]
-        await self._fence_vanished(agent_id, {p.ec_id for p in processes}, now)
-        if found.state is EcmState.DRAINING and await self._drained(agent_id):
-            return HeartbeatOutcome("SHUTDOWN", reason="decommissioned", sequence=sequence)
+        await self._fence_vanished(agent_id, {p.ec_id for p in beat.processes}, now)
+        if state is EcmState.DRAINING and await self._drained(agent_id):
+            return HeartbeatOutcome("SHUTDOWN", reason="decommissioned", sequence=beat.sequence)
         commands = await self.db.run(lambda c: ec_store.pending_commands(c, agent_id))
-        outcome = HeartbeatOutcome("CONTINUE", tuple(commands), sequence=sequence)
-        await self.db.run(
-            lambda c: ecm_store.store_response(c, agent_id, sequence, encode(outcome))
-        )
+        outcome = HeartbeatOutcome("CONTINUE", tuple(commands), sequence=beat.sequence)
+        encoded = beat.encode(outcome)
+        await self.db.run(lambda c: ecm_store.store_response(c, agent_id, beat.sequence, encoded))
         return outcome
 
     async def _apply_process(self, conn: Conn, agent_id: str, report: ProcessReport) -> None:
@@ -328,3 +369,64 @@ def _exit_reason(current: EcState, report: ProcessReport) -> str:
     if current is EcState.STARTING:
         return f"exited with code {report.exit_code} before it was ready"
     return f"exited with code {report.exit_code}"
+
+
+@dataclass(eq=False)
+class _Beat:
+    """One agent heartbeat waiting for its group."""
+
+    agent_id: str
+    sequence: int
+    processes: tuple[ProcessReport, ...]
+    done_command_ids: tuple[str, ...]
+    encode: Callable[[HeartbeatOutcome], bytes]
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return ("Heartbeat", self.agent_id)
+
+
+@dataclass(frozen=True)
+class _FullPass:
+    """The group recorded the beat; the caller finishes it with the full pass."""
+
+    state: EcmState
+    now: datetime
+
+
+def _answer(
+    beat: _Beat, agent: hb_store.AgentSeen | None, allowed: bool, now: datetime
+) -> tuple[HeartbeatOutcome | bytes | _FullPass, hb_store.BeatWrite | None]:
+    """What a beat is answered in its group, and what the group records for it.
+
+    unknown agent -> REREGISTER; LOST -> REREGISTER (nothing recorded: it must register
+    again); a resend of the last answered sequence -> that answer again; otherwise the
+    beat is recorded (liveness, sequence, acknowledged commands) and answered SHUTDOWN
+    if the node lists exclude the agent, CONTINUE with its pending commands if routine,
+    else by the full pass."""
+    seq = beat.sequence
+    if agent is None:
+        return HeartbeatOutcome("REREGISTER", reason="unknown agent", sequence=seq), None
+    resend = seq <= agent.heartbeat_seq and agent.last_response is not None
+    if not allowed:
+        write = None
+        if agent.state is not EcmState.LOST and not resend:
+            write = hb_store.BeatWrite(beat.agent_id, seq, None, beat.done_command_ids)
+        return HeartbeatOutcome(
+            "SHUTDOWN", reason="excluded by the node lists", sequence=seq
+        ), write
+    if agent.state is EcmState.LOST:
+        return HeartbeatOutcome("REREGISTER", reason="agent was LOST", sequence=seq), None
+    if resend:
+        assert agent.last_response is not None
+        return agent.last_response, None
+    routine = agent.state is EcmState.RUNNING and heartbeat_is_routine(
+        beat.processes, agent.live_pids, agent.acked
+    )
+    if not routine:
+        write = hb_store.BeatWrite(beat.agent_id, seq, None, beat.done_command_ids)
+        return _FullPass(agent.state, now), write
+    done = set(beat.done_command_ids)
+    commands = tuple(c for c in agent.pending if c.command_id not in done)
+    encoded = beat.encode(HeartbeatOutcome("CONTINUE", commands, sequence=seq))
+    return encoded, hb_store.BeatWrite(beat.agent_id, seq, encoded, beat.done_command_ids)

@@ -53,6 +53,9 @@ class CoreSettings:
     # classic path), at most `batch_inflight` such transactions at a time per process.
     batch_max: int = 256
     batch_inflight: int = 1
+    # Agent heartbeats (rm_server/agents.py) are grouped the same way, each group leaving
+    # at most `heartbeat_linger` seconds after its first beat.
+    heartbeat_linger: float = 0.005
 
 
 @dataclass
@@ -63,7 +66,7 @@ class RMCore:
     clock: Clock = field(default_factory=SystemClock)
     new_id: IdFactory = random_ids
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
-    _combiner: Combiner | None = None
+    _combiner: Combiner[batch_store.Op] | None = None
     _keys_cache: dict[tuple[Label, ...], tuple[str, ...]] = field(default_factory=dict)
     _keys_rules: tuple[TransformRule, ...] | None = None
 
@@ -288,7 +291,7 @@ class RMCore:
             idem, now, lambda c: ticket_store.release(c, ticket_id, now), encoder
         )
 
-    def _grouping(self) -> Combiner | None:
+    def _grouping(self) -> Combiner[batch_store.Op] | None:
         """The request combiner, or None when grouping is off (CoreSettings.batch_max)."""
         if self.settings.batch_max <= 0:
             return None

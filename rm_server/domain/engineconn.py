@@ -17,7 +17,8 @@ ECM lifecycle: RUNNING ──decommission──> DRAINING ──no EngineConns l
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -174,6 +175,28 @@ class HeartbeatOutcome:
     reason: str = ""
     sequence: int = 0
     extra: Mapping[str, str] = field(default_factory=dict)
+
+
+def heartbeat_is_routine(
+    reports: Sequence[ProcessReport], live_pids: Mapping[str, int], acked: AbstractSet[str]
+) -> bool:
+    """True when an agent's heartbeat asks for nothing but liveness and its commands.
+
+    `live_pids`: the EngineConns the RM has live on the agent (id -> pid, 0 if not
+    known yet); `acked`: those whose launch the agent acknowledged in an earlier beat.
+    Routine means every reported process is RUNNING as one of them with the pid the RM
+    knows (or none yet), and every acknowledged one is reported. Anything else (a
+    process to kill or to end, a pid to record, an EngineConn that vanished) needs the
+    full pass.
+    """
+    reported: set[str] = set()
+    for report in reports:
+        if report.state is not ProcessState.RUNNING or report.ec_id not in live_pids:
+            return False
+        if report.pid and report.pid != live_pids[report.ec_id]:
+            return False
+        reported.add(report.ec_id)
+    return all(ec_id in reported for ec_id in acked if ec_id in live_pids)
 
 
 def node_allowed(instance: str, include: frozenset[str], exclude: frozenset[str]) -> bool:

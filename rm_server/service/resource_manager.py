@@ -188,14 +188,19 @@ class ResourceManagerServicer(pb_grpc.ResourceManagerServiceServicer):
             for i, p in enumerate(request.engine_conns)
         ]
         interval = self.hub.settings.agent_heartbeat_interval
+        built: list[pb.HeartbeatResponse] = []  # the answer encoded for storage, kept
 
         def encode(outcome: HeartbeatOutcome) -> bytes:
-            encoded: bytes = convert.heartbeat_to_pb(outcome, interval).SerializeToString()
+            message = convert.heartbeat_to_pb(outcome, interval)
+            built.append(message)
+            encoded: bytes = message.SerializeToString()
             return encoded
 
         outcome = await self.hub.heartbeat(
             agent_id, request.sequence, processes, list(request.done_command_ids)[:10_000], encode
         )
+        if built:  # answered now: the message stored as this sequence's answer
+            return built[-1]
         if isinstance(outcome, bytes):  # a resend: the previous answer, verbatim
             return pb.HeartbeatResponse.FromString(outcome)
         return convert.heartbeat_to_pb(outcome, interval)

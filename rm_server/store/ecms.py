@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -22,14 +23,18 @@ class NodeLists:
     def allows(self, instance: str) -> bool:
         return node_allowed(instance, self.include, self.exclude)
 
+    @staticmethod
+    def of_rows(rows: Sequence[tuple[str, str]]) -> NodeLists:
+        """From (list, entry) rows of the node_list table."""
+        return NodeLists(
+            frozenset(e for lst, e in rows if lst == "include"),
+            frozenset(e for lst, e in rows if lst == "exclude"),
+        )
+
 
 async def node_lists(conn: Conn) -> NodeLists:
     cur = await conn.execute("SELECT list, entry FROM node_list")
-    rows = await cur.fetchall()
-    return NodeLists(
-        frozenset(e for lst, e in rows if lst == "include"),
-        frozenset(e for lst, e in rows if lst == "exclude"),
-    )
+    return NodeLists.of_rows(await cur.fetchall())
 
 
 async def replace_node_lists(conn: Conn, lists: NodeLists) -> list[str]:
@@ -40,43 +45,6 @@ async def replace_node_lists(conn: Conn, lists: NodeLists) -> list[str]:
             await conn.execute("INSERT INTO node_list (list, entry) VALUES (%s, %s)", (name, entry))
     cur = await conn.execute("SELECT instance FROM ecm ORDER BY instance")
     return [r[0] for r in await cur.fetchall() if not lists.allows(r[0])]
-
-
-@dataclass(frozen=True)
-class HeartbeatClaim:
-    """What the first transaction of a heartbeat found."""
-
-    known: bool
-    state: EcmState | None = None
-    duplicate_response: bytes | None = None
-    previous_heartbeat_at: datetime | None = None
-    allowed: bool = True
-
-
-async def claim_heartbeat(
-    conn: Conn, agent_id: str, sequence: int, now: datetime
-) -> HeartbeatClaim:
-    """Lock the ECM row, answer a resend from the stored response, else record liveness."""
-    cur = await conn.execute(
-        "SELECT state, heartbeat_seq, last_response, last_heartbeat_at FROM ecm"
-        " WHERE instance = %s FOR UPDATE",
-        (agent_id,),
-    )
-    row = await cur.fetchone()
-    if row is None:
-        return HeartbeatClaim(known=False)
-    state, seq, last_response, last_at = EcmState(row[0]), row[1], row[2], row[3]
-    allowed = (await node_lists(conn)).allows(agent_id)
-    if state is EcmState.LOST:
-        return HeartbeatClaim(known=True, state=state, allowed=allowed)
-    if sequence <= seq and last_response is not None:
-        return HeartbeatClaim(True, state, bytes(last_response), last_at, allowed)
-    await conn.execute(
-        "UPDATE ecm SET last_heartbeat_at = %s, heartbeat_seq = %s, last_response = NULL"
-        " WHERE instance = %s",
-        (now, sequence, agent_id),
-    )
-    return HeartbeatClaim(True, state, None, last_at, allowed)
 
 
 async def store_response(conn: Conn, agent_id: str, sequence: int, response: bytes) -> None:

@@ -237,7 +237,7 @@ def _payload(cmd: AgentCommand) -> dict[str, Any]:
     return out
 
 
-def _command(row: tuple[Any, ...]) -> AgentCommand:
+def command_from_row(row: tuple[Any, ...]) -> AgentCommand:
     command_id, agent_id, ec_id, kind, payload = row
     launch = None
     if "launch" in payload:
@@ -289,7 +289,7 @@ async def pending_commands(conn: Conn, agent_id: str) -> list[AgentCommand]:
         " WHERE agent_id = %s AND done_at IS NULL ORDER BY created_at, command_id",
         (agent_id,),
     )
-    return [_command(r) for r in await cur.fetchall()]
+    return [command_from_row(r) for r in await cur.fetchall()]
 
 
 async def mark_done(conn: Conn, agent_id: str, ids: Sequence[str], now: datetime) -> None:

@@ -89,3 +89,20 @@ async def test_a_crashing_group_answers_every_request_with_the_error():
     )
     assert all(isinstance(r, RuntimeError) for r in results)
     await combiner.close()
+
+
+async def test_linger_gathers_company_but_a_full_group_leaves_at_once():
+    rec = Recorder()
+    rec.gate.set()
+    combiner = Combiner(rec.run, max_batch=3, linger=0.05)
+    first = asyncio.ensure_future(combiner.submit(FakeOp("a")))
+    await settle()
+    assert rec.groups == []  # waits for company instead of leaving alone
+    second = asyncio.ensure_future(combiner.submit(FakeOp("b")))
+    assert await asyncio.wait_for(asyncio.gather(first, second), 5) == ["done a", "done b"]
+    assert rec.groups == [["a", "b"]]
+    # Three (max_batch) at once: no waiting for the linger to end.
+    full = [asyncio.ensure_future(combiner.submit(FakeOp(r))) for r in "cde"]
+    await settle()
+    assert rec.groups[-1] == ["c", "d", "e"]
+    assert [await f for f in full] == ["done c", "done d", "done e"]

@@ -1,0 +1,119 @@
+"""Agent heartbeats on the RM, grouped: many agents' beats share one transaction, and
+each still gets its own answer (resends, commands, node lists, LOST, fencing)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from labelrm.v1 import admin_pb2
+from labelrm.v1 import engine_conn_pb2 as ec_pb
+from labelrm.v1 import resource_manager_pb2 as pb
+
+from rm_server.domain.engineconn import AgentCommand
+from rm_server.store import engineconns as ec_store
+from tests.helpers import GiB, load_instance, register
+
+CONTINUE = pb.HEARTBEAT_ACTION_CONTINUE
+
+
+async def _register(rm, agents: list[str]) -> None:
+    for agent in agents:
+        await rm.rm.RegisterEcm(register(agent, load_instance(8 * GiB, 8000, 8)), timeout=10)
+
+
+def _beat(agent: str, seq: int, **fields) -> pb.HeartbeatRequest:
+    return pb.HeartbeatRequest(agent_id=agent, sequence=seq, **fields)
+
+
+async def _queue(rm, agent: str, command_id: str, ec_id: str) -> None:
+    command = AgentCommand(command_id, agent, ec_id, "kill", reason="test", grace_seconds=1.0)
+    now = rm.clock.now()
+    await rm.core.db.run(lambda c: ec_store.queue_command(c, command, now))
+
+
+async def test_concurrent_beats_share_transactions_each_answered(rm_manual_clock):
+    rm = rm_manual_clock
+    agents = [f"host{i:02d}:9000" for i in range(40)]
+    await _register(rm, agents)
+    rm.clock.advance(5)
+    beats = rm.server.hub._beat_combiner()
+    groups_before, requests_before = beats.groups, beats.requests
+    answers = await asyncio.gather(*(rm.rm.Heartbeat(_beat(a, 1), timeout=10) for a in agents))
+    assert [(r.action, r.sequence) for r in answers] == [(CONTINUE, 1)] * 40
+    assert all(r.heartbeat_interval.ToNanoseconds() > 0 for r in answers)
+    assert beats.requests - requests_before == 40
+    assert beats.groups - groups_before < 40, "no two heartbeats shared a transaction"
+    listed = await rm.rm.ListEcms(pb.ListEcmsRequest(page_size=100), timeout=10)
+    seen = {e.instance: e.last_heartbeat_time.ToDatetime() for e in listed.ecms}
+    now = rm.clock.now().replace(tzinfo=None)
+    assert all(seen[a] == now for a in agents), seen
+
+
+async def test_resend_gets_the_first_answer_and_commands_until_acknowledged(rm_manual_clock):
+    rm = rm_manual_clock
+    await _register(rm, ["a1:9000"])
+    await _queue(rm, "a1:9000", "cmd-one", "ec-gone-1")
+    first = await rm.rm.Heartbeat(_beat("a1:9000", 1), timeout=10)
+    assert [c.command_id for c in first.commands] == ["cmd-one"]
+    assert first.commands[0].kill.engine_conn_id == "ec-gone-1"
+    # The agent did not get the answer and sends the same beat again: same bytes back,
+    # even after a new command was queued.
+    await _queue(rm, "a1:9000", "cmd-two", "ec-gone-2")
+    again = await rm.rm.Heartbeat(_beat("a1:9000", 1), timeout=10)
+    assert again.SerializeToString() == first.SerializeToString()
+    # The next beat acknowledges the first command: only the second is still pending.
+    second = await rm.rm.Heartbeat(_beat("a1:9000", 2, done_command_ids=["cmd-one"]), timeout=10)
+    assert [c.command_id for c in second.commands] == ["cmd-two"]
+    pending = await rm.core.db.run(lambda c: ec_store.pending_commands(c, "a1:9000"))
+    assert [c.command_id for c in pending] == ["cmd-two"]
+    third = await rm.rm.Heartbeat(_beat("a1:9000", 3, done_command_ids=["cmd-two"]), timeout=10)
+    assert list(third.commands) == []
+
+
+async def test_unknown_excluded_and_lost_agents(rm_manual_clock):
+    rm = rm_manual_clock
+    await _register(rm, ["good:9000", "bad:9000", "quiet:9000"])
+    await rm.admin.RefreshNodes(admin_pb2.RefreshNodesRequest(exclude=["bad"]), timeout=10)
+    rm.clock.advance(20)
+    answers = await asyncio.gather(
+        rm.rm.Heartbeat(_beat("good:9000", 1), timeout=10),
+        rm.rm.Heartbeat(_beat("bad:9000", 1), timeout=10),
+        rm.rm.Heartbeat(_beat("nobody:9000", 1), timeout=10),
+    )
+    assert [r.action for r in answers] == [
+        CONTINUE,
+        pb.HEARTBEAT_ACTION_SHUTDOWN,
+        pb.HEARTBEAT_ACTION_REREGISTER,
+    ]
+    assert "excluded" in answers[1].reason and "unknown" in answers[2].reason
+    # quiet:9000 never beat: past the expiry it is LOST, good:9000 (beaten 20 s ago) not.
+    rm.clock.advance(rm.server.hub.settings.ecm_expiry.total_seconds() - 10)
+    await rm.server.hub.sweep()
+    states = {
+        e.instance: e.state for e in (await rm.rm.ListEcms(pb.ListEcmsRequest(), timeout=10)).ecms
+    }
+    assert states["quiet:9000"] == pb.ECM_STATE_LOST
+    assert states["good:9000"] != pb.ECM_STATE_LOST
+    lost = await rm.rm.Heartbeat(_beat("quiet:9000", 1), timeout=10)
+    assert lost.action == pb.HEARTBEAT_ACTION_REREGISTER and "LOST" in lost.reason
+
+
+async def test_a_beat_needing_the_full_pass_in_a_group_of_routine_ones(rm_manual_clock):
+    """A process the RM does not know is fenced (a kill command) by the full pass, while
+    the routine beats of the same group are answered in the group."""
+    rm = rm_manual_clock
+    agents = [f"n{i}:9000" for i in range(10)]
+    await _register(rm, agents)
+    stranger = ec_pb.EngineConnProcess(
+        engine_conn_id="ec-unknown", state=ec_pb.PROCESS_STATE_RUNNING, pid=4242
+    )
+    requests = [_beat(a, 1) for a in agents]
+    requests[3] = _beat(agents[3], 1, engine_conns=[stranger])
+    answers = await asyncio.gather(*(rm.rm.Heartbeat(r, timeout=10) for r in requests))
+    assert all(r.action == CONTINUE for r in answers)
+    kills = [(c.kill.engine_conn_id, c.kill.reason) for c in answers[3].commands]
+    assert kills == [("ec-unknown", "not recognised")]
+    assert all(not r.commands for i, r in enumerate(answers) if i != 3)
+    # Its answer was stored like any other: a resend gets it back verbatim.
+    again = await rm.rm.Heartbeat(requests[3], timeout=10)
+    assert again.SerializeToString() == answers[3].SerializeToString()

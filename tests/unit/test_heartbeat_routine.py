@@ -1,0 +1,58 @@
+"""The rule that decides whether an agent's heartbeat is answered in its group or
+needs the full pass (rm_server/domain/engineconn.py: heartbeat_is_routine)."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rm_server.domain.engineconn import ProcessReport, ProcessState, heartbeat_is_routine
+
+RUNNING = ProcessState.RUNNING
+
+
+def run(ec_id: str, pid: int = 0) -> ProcessReport:
+    return ProcessReport(ec_id, RUNNING, pid=pid)
+
+
+def test_no_processes_and_nothing_live_is_routine():
+    assert heartbeat_is_routine([], {}, set())
+
+
+def test_known_running_processes_with_their_pids_are_routine():
+    live = {"ec1": 11, "ec2": 0}
+    assert heartbeat_is_routine([run("ec1", 11), run("ec2")], live, {"ec1", "ec2"})
+
+
+def test_each_reason_for_the_full_pass():
+    live = {"ec1": 11}
+    assert not heartbeat_is_routine([run("ec9", 99)], live, set())  # unknown: kill it
+    assert not heartbeat_is_routine([run("ec1", 12)], live, {"ec1"})  # new pid: record
+    assert not heartbeat_is_routine([run("ec2", 5)], {"ec2": 0}, set())  # first pid
+    ended = ProcessReport("ec1", ProcessState.EXITED, pid=11, exit_code=0)
+    assert not heartbeat_is_routine([ended], live, {"ec1"})  # ended: release it
+    assert not heartbeat_is_routine([], live, {"ec1"})  # acknowledged, not reported: lost
+
+
+def test_a_launch_not_yet_acknowledged_need_not_be_reported():
+    assert heartbeat_is_routine([], {"ec1": 0}, set())
+
+
+ids = st.sampled_from(["ec1", "ec2", "ec3", "ec4"])
+
+
+@given(
+    st.dictionaries(ids, st.integers(0, 3)),
+    st.sets(ids),
+    st.lists(st.tuples(ids, st.sampled_from(list(ProcessState)), st.integers(0, 3))),
+)
+def test_routine_means_the_full_pass_would_change_nothing(live, acked, raw):
+    reports = [ProcessReport(e, state, pid=pid) for e, state, pid in raw]
+    routine = heartbeat_is_routine(reports, live, acked)
+    # What the full pass acts on (rm_server/agents.py): any report not RUNNING, an
+    # unknown process, a pid to record, an acknowledged live EngineConn not reported.
+    acts = any(
+        r.state is not RUNNING or r.ec_id not in live or (r.pid and r.pid != live[r.ec_id])
+        for r in reports
+    ) or any(e in live and e not in {r.ec_id for r in reports} for e in acked)
+    assert routine == (not acts)
