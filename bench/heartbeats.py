@@ -47,7 +47,14 @@ async def ecm_states(target: str, prefix: str) -> dict[str, int]:
 
 
 def measure(
-    server: Any, db: Any, agents: int, seconds: float, interval: float, procs: int, prefix: str
+    server: Any,
+    db: Any,
+    agents: int,
+    seconds: float,
+    interval: float,
+    procs: int,
+    prefix: str,
+    loadgen: str,
 ) -> dict[str, Any]:
     # Registration is part of the warm-up (it runs at about 130/s here while the first
     # agents already beat); the output says if it was not over when the window opened.
@@ -61,6 +68,7 @@ def measure(
         procs=procs,
         extra=["--interval", str(interval), "--agent-prefix", prefix],
         meter_groups=lambda: {"server": server.pids, "postgres": db.postgres_pids()},
+        node={"interval": interval, "agent_prefix": prefix} if loadgen == "node" else None,
     )
     values = res["latency"].get("Heartbeat", [])
     states = asyncio.run(ecm_states(server.target, prefix))
@@ -95,20 +103,34 @@ def main(argv: list[str] | None = None) -> int:
         "--procs",
         type=int,
         default=0,
-        help="load-generator processes (default: 1 per 1250 agents, at least 2)",
+        help="load-generator processes (default: 1 per 2500 agents in Node.js, 1 per 1250"
+        " in Python, at least 2)",
     )
     parser.add_argument("--database-url", default="")
+    parser.add_argument(
+        "--loadgen",
+        choices=["node", "python"],
+        default="node",
+        help="simulated agents in Node.js (bench/nodejs/heartbeat.cjs, the default: a"
+        " tenth of the CPU) or in Python (bench/loadgen.py)",
+    )
+    parser.add_argument(
+        "--workers", type=int, default=1, help="rm-server processes sharing the port (SO_REUSEPORT)"
+    )
     parser.add_argument(
         "--server-arg", action="append", default=[], help="extra rm-server argument (repeat)"
     )
     args = parser.parse_args(argv)
 
     results = []
-    with stack(args.database_url, args.server_arg) as (db, server):
+    with stack(args.database_url, args.server_arg, args.workers) as (db, server):
         for n, agents in enumerate(args.agents):
-            procs = args.procs or max(2, (agents + 1249) // 1250)
+            per_proc = 2500 if args.loadgen == "node" else 1250
+            procs = args.procs or max(2, (agents + per_proc - 1) // per_proc)
             results.append(
-                measure(server, db, agents, args.seconds, args.interval, procs, f"sim{n}-")
+                measure(
+                    server, db, agents, args.seconds, args.interval, procs, f"sim{n}-", args.loadgen
+                )
             )
         describe = db.describe
     rows = [

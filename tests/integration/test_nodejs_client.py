@@ -1,33 +1,28 @@
 """Any language: a Node.js client (@grpc/grpc-js + @grpc/proto-loader, reading the
 shipped .proto files) runs register -> apply -> report-used -> release against a live RM.
 
-The npm packages are installed by this test's setup with `npm ci` from the committed
-tests/nodejs/package-lock.json into a cache directory ($LABELRM_NODE_CACHE, default
-~/.cache/labelrm/nodejs/<hash of the lock file>), reused while the lock file is unchanged.
+The npm packages are installed by this test's setup (bench/node_modules.py: `npm ci` from
+the committed tests/nodejs/package-lock.json into a cache directory, reused while the
+lock file is unchanged).
 In CI (CI=true) a missing node/npm or a failed install fails the test; elsewhere it skips.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
-import shutil
-import subprocess
-import tempfile
-from importlib import resources
 from pathlib import Path
 
 import pytest
 from labelrm.v1 import resource_manager_pb2 as pb
 
+from bench.node_modules import PROTO_ROOT, WKT_DIR, NodeUnavailable
+from bench.node_modules import node_modules as install_node_modules
 from tests.conftest import ROOT
 from tests.helpers import GiB, assert_consistent, label_state
 
 NODE_DIR = ROOT / "tests" / "nodejs"
-PROTO_ROOT = ROOT / "protos"
-WKT_DIR = Path(str(resources.files("grpc_tools") / "_proto"))
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
@@ -37,44 +32,13 @@ def _unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
-def _install(cache_root: Path) -> Path:
-    """node_modules for the committed lock file, installed once per lock file version."""
-    lock = (NODE_DIR / "package-lock.json").read_bytes()
-    target = cache_root / hashlib.sha256(lock).hexdigest()[:16]
-    if (target / "node_modules" / "@grpc" / "grpc-js" / "package.json").is_file():
-        return target / "node_modules"
-    cache_root.mkdir(parents=True, exist_ok=True)
-    # Install into a scratch directory and rename: an interrupted install leaves no
-    # half-filled cache behind.
-    scratch = Path(tempfile.mkdtemp(prefix="install-", dir=cache_root))
-    for name in ("package.json", "package-lock.json"):
-        shutil.copy(NODE_DIR / name, scratch / name)
-    try:
-        subprocess.run(
-            ["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"],
-            cwd=scratch,
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-        shutil.rmtree(scratch, ignore_errors=True)
-        output = getattr(exc, "stderr", "") or ""
-        _unavailable(f"npm ci failed: {exc}\n{output[-2000:]}")
-    try:
-        scratch.rename(target)
-    except OSError:  # another run installed it meanwhile
-        shutil.rmtree(scratch, ignore_errors=True)
-    return target / "node_modules"
-
-
 @pytest.fixture(scope="session")
 def node_modules() -> Path:
-    if shutil.which("node") is None or shutil.which("npm") is None:
-        _unavailable("node and npm are not installed")
-    default = Path.home() / ".cache" / "labelrm" / "nodejs"
-    return _install(Path(os.environ.get("LABELRM_NODE_CACHE") or default))
+    try:
+        return install_node_modules()
+    except NodeUnavailable as exc:
+        _unavailable(str(exc))
+        raise
 
 
 async def test_nodejs_client_apply_report_release(rm, node_modules):
