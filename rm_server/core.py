@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from rm_server.batching import Combiner
 from rm_server.clock import Clock, IdFactory, SystemClock, random_ids
@@ -45,6 +45,10 @@ AfterApply = Callable[[Conn, Ticket], Awaitable[None]]
 class CoreSettings:
     lock_timeout: timedelta = timedelta(minutes=10)
     request_id_retention: timedelta = timedelta(hours=48)
+    # Ended tickets (ticket_history), EngineConns and demands are kept this long, then
+    # deleted by the sweep (checked every `retention_interval` seconds).
+    history_retention: timedelta = timedelta(days=30)
+    retention_interval: float = 60.0
     sweep_interval: float = 1.0
     rules: tuple[TransformRule, ...] = DEFAULT_RULES
     expiry_batch: int = 200
@@ -67,6 +71,7 @@ class RMCore:
     new_id: IdFactory = random_ids
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _combiner: Combiner[batch_store.Op] | None = None
+    _retention_checked_at: datetime | None = None
     _keys_cache: dict[tuple[Label, ...], tuple[str, ...]] = field(default_factory=dict)
     _keys_rules: tuple[TransformRule, ...] | None = None
 
@@ -113,7 +118,19 @@ class RMCore:
                 log.info("reclaimed ticket %s: lock not reported in time", ticket_id)
         await self.db.run(lambda c: ticket_store.purge_waiters(c, now))
         await self.db.purge_request_ids(now - self.settings.request_id_retention)
+        await self._apply_retention(now)
         return reclaimed
+
+    async def _apply_retention(self, now: datetime) -> None:
+        """Delete history past its retention, a bounded batch per table per round."""
+        due = self._retention_checked_at
+        if due is not None and (now - due).total_seconds() < self.settings.retention_interval:
+            return
+        self._retention_checked_at = now
+        older_than = now - self.settings.history_retention
+        for table in ("ticket_history", "engine_conn", "demand"):
+            if deleted := await self.db.purge(table, older_than):
+                log.info("retention: %d %s rows ended before %s", deleted, table, older_than)
 
     # ----- resource usage ----------------------------------------------------------------
 

@@ -99,6 +99,7 @@ class RMServer:
             batch_max=self.settings.batch_max,
             batch_inflight=self.settings.batch_inflight,
             heartbeat_linger=self.settings.heartbeat_linger,
+            history_retention=timedelta(days=self.settings.history_retention_days),
         )
         self.core = RMCore(self._db, self._notifier, core_settings, self.clock, self.new_id)
         self.metrics = Metrics(label_cap=self.settings.metrics_label_cap)

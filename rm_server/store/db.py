@@ -233,15 +233,32 @@ class Database:
         return outcome
 
     async def purge_request_ids(self, older_than: datetime, batch: int = 5000) -> int:
-        async def body(conn: Conn) -> int:
-            cur = await conn.execute(
-                "DELETE FROM request_log WHERE ctid = ANY(ARRAY("
-                " SELECT ctid FROM request_log WHERE created_at < %s LIMIT %s))",
-                (older_than, batch),
-            )
-            return cur.rowcount
+        return await self.purge("request_log", older_than, batch)
 
-        return await self.run(body)
+    async def purge(self, table: str, older_than: datetime, batch: int = 5000) -> int:
+        """Delete up to `batch` rows of a table in PURGE_SQL that ended before
+        `older_than` (a bounded transaction; the sweeps call it again next round)."""
+        sql = PURGE_SQL[table]
+        return await self.run(lambda c: _rowcount(c, sql, (older_than, batch)))
+
+
+# Retention: what each table keeps until it is old enough to go (ended rows only).
+PURGE_SQL = {
+    "request_log": "DELETE FROM request_log WHERE ctid = ANY(ARRAY("
+    " SELECT ctid FROM request_log WHERE created_at < %s LIMIT %s))",
+    "ticket_history": "DELETE FROM ticket_history WHERE ctid = ANY(ARRAY("
+    " SELECT ctid FROM ticket_history WHERE ended_at < %s LIMIT %s))",
+    "engine_conn": "DELETE FROM engine_conn WHERE ctid = ANY(ARRAY("
+    " SELECT ctid FROM engine_conn WHERE ended_at < %s LIMIT %s))",
+    # demand_event rows go with their demand (ON DELETE CASCADE).
+    "demand": "DELETE FROM demand WHERE ctid = ANY(ARRAY("
+    " SELECT ctid FROM demand WHERE ended_at < %s LIMIT %s))",
+}
+
+
+async def _rowcount(conn: Conn, sql: str, params: tuple[Any, ...]) -> int:
+    cur = await conn.execute(sql, params)
+    return cur.rowcount
 
 
 async def claim_request(conn: Conn, idem: Idempotency, now: datetime) -> Replay | None:

@@ -105,3 +105,24 @@ async def test_late_report_before_the_sweep_is_refused_and_reclaims(rm_manual_cl
     assert state.locked_resource.load.memory_bytes == 0
     assert state.live_tickets == 0
     await assert_consistent(rm)
+
+
+async def test_ended_tickets_are_kept_for_the_history_retention(rm_manual_clock):
+    rm = rm_manual_clock
+    live = (await rm.rm.Apply(apply_req(USER, load(GiB, 100)))).ticket
+    await rm.rm.ReportUsed(pb.ReportUsedRequest(ticket_id=live.ticket_id))
+    old = (await rm.rm.Apply(apply_req(USER, load(GiB, 100)))).ticket
+    await rm.rm.Release(pb.ReleaseRequest(ticket_id=old.ticket_id))
+    rm.clock.advance(20 * 86400)
+    recent = (await rm.rm.Apply(apply_req(USER, load(GiB, 100)))).ticket
+    await rm.rm.Release(pb.ReleaseRequest(ticket_id=recent.ticket_id))
+    rm.clock.advance(11 * 86400)  # `old` ended 31 days ago, `recent` 11
+    await rm.core.sweep()
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await rm.rm.GetTicket(pb.GetTicketRequest(ticket_id=old.ticket_id))
+    assert exc.value.code() == grpc.StatusCode.NOT_FOUND
+    got = await rm.rm.GetTicket(pb.GetTicketRequest(ticket_id=recent.ticket_id))
+    assert got.ticket.state == pb.TICKET_STATE_RELEASED
+    got = await rm.rm.GetTicket(pb.GetTicketRequest(ticket_id=live.ticket_id))
+    assert got.ticket.state == pb.TICKET_STATE_USED  # live tickets never age out
+    await assert_consistent(rm)
