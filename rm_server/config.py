@@ -24,6 +24,9 @@ class Settings:
     data_dir: Path = Path("labelrm-data")
     database_url: str = ""
     metrics_listen: str = ""
+    # Let several rm-server processes on this host listen on the same ports (the kernel
+    # spreads connections over them): replicas on one host use more than one core.
+    reuse_port: bool = False
     lock_timeout: float = 600.0
     sweep_interval: float = 1.0
     label_rules: str = DEFAULT_RULES_SPEC

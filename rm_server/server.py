@@ -119,7 +119,7 @@ class RMServer:
             options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", limit),
-                ("grpc.so_reuseport", 0),
+                ("grpc.so_reuseport", 1 if self.settings.reuse_port else 0),
                 # gRPC core starts cancelling calls at random once more than 1000 have
                 # arrived that the server has not picked up yet (3000: all of them); a
                 # few thousand agents beating at once pass that in a burst, and each

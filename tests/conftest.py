@@ -117,9 +117,8 @@ class InProcessRM:
 async def start_in_process(
     database_url: str, clock: Clock | None = None, **overrides: Any
 ) -> InProcessRM:
-    settings = Settings(
-        listen="127.0.0.1:0", database_url=database_url, shutdown_grace=0.5, **overrides
-    )
+    overrides = {"listen": "127.0.0.1:0", "shutdown_grace": 0.5, **overrides}
+    settings = Settings(database_url=database_url, **overrides)
     server = RMServer(settings, clock=clock or SystemClock())
     await server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
