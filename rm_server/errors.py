@@ -1,5 +1,6 @@
 """The RM's error hierarchy. Each class maps to one gRPC status code in
-`rm_server.service.errors_interceptor`; nothing else in the server picks codes."""
+`rm_server.service.errors.status_for` (applied to every call by
+`rm_server.service.interceptor`); nothing else in the server picks codes."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Assembles and runs the RM: database, notifier, core, gRPC server with the
-error interceptor, reflection and the standard health service."""
+server's interceptor, reflection and the standard health service."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from datetime import timedelta
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 from labelrm.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -33,13 +33,12 @@ from rm_server.domain.demands.planner import PlannerSettings
 from rm_server.domain.labels import parse_rules
 from rm_server.embedded import EmbeddedPostgres
 from rm_server.engineconns import EcSettings, EngineConnManager
-from rm_server.observability.logging import RequestContextInterceptor
 from rm_server.observability.metrics import Metrics, MetricsHttpServer
 from rm_server.security.setup import Security, build_security
 from rm_server.service.admin import AdminServicer
 from rm_server.service.demand import DemandServicer
 from rm_server.service.engine_conn import EngineConnServicer
-from rm_server.service.errors import ErrorInterceptor
+from rm_server.service.interceptor import Interceptor
 from rm_server.service.resource_manager import ResourceManagerServicer
 from rm_server.store import Database, LabelNotifier
 
@@ -73,6 +72,7 @@ class RMServer:
     demands: DemandManager | None = None
     _liveness: asyncio.Task[None] | None = None
     _server: grpc.aio.Server | None = None
+    _serving = False  # the gRPC server started (only then can it be stopped)
     _health: health.aio.HealthServicer | None = None
     _embedded: EmbeddedPostgres | None = None
     _db: Database | None = None
@@ -81,6 +81,15 @@ class RMServer:
     _metrics_http: MetricsHttpServer | None = None
 
     async def start(self) -> None:
+        """Start everything; should a part fail (a port taken, the database away), what
+        already started is stopped again before the error propagates."""
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop(grace=0)
+            raise
+
+    async def _start(self) -> None:
         # Before anything starts: an unsafe or broken security set-up refuses to run.
         self.security = build_security(self.settings)
         url = self.settings.database_url
@@ -108,14 +117,6 @@ class RMServer:
 
         limit = self.settings.max_message_bytes
         self._server = grpc.aio.server(
-            # Outermost first: log context, then metrics (both see the final status),
-            # then authentication and the access policy (rm_server/security).
-            interceptors=[
-                RequestContextInterceptor(),
-                self.metrics.interceptor(),
-                self.security.interceptor(self._db),
-                ErrorInterceptor(),
-            ],
             options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", limit),
@@ -134,29 +135,33 @@ class RMServer:
         self.hub = AgentHub(self.engine_conns)
         self.metrics.attach_states(self.hub)
         self._liveness = asyncio.create_task(self._liveness_forever(), name="liveness")
+        # Every service is added to the interceptor, which wraps each method once with
+        # logs, metrics, security and error statuses, then installs them (its module doc).
+        calls = Interceptor(auth=self.security.interceptor(self._db), metrics=self.metrics)
         resource_manager_pb2_grpc.add_ResourceManagerServiceServicer_to_server(
-            ResourceManagerServicer(self.core, self.hub), self._server
+            ResourceManagerServicer(self.core, self.hub), calls
         )
-        admin_pb2_grpc.add_AdminServiceServicer_to_server(
-            AdminServicer(self.core, self.hub), self._server
-        )
+        admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(self.core, self.hub), calls)
         engine_conn_pb2_grpc.add_EngineConnServiceServicer_to_server(
-            EngineConnServicer(self.engine_conns, self.hub), self._server
+            EngineConnServicer(self.engine_conns, self.hub), calls
         )
         self.demands = DemandManager(
             self._db, self._notifier, self.clock, self.core, self._demand_settings()
         )
         self.demands.start_background()
-        demand_pb2_grpc.add_DemandServiceServicer_to_server(
-            DemandServicer(self.demands), self._server
-        )
+        demand_pb2_grpc.add_DemandServiceServicer_to_server(DemandServicer(self.demands), calls)
         self._health = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
-        reflection.enable_server_reflection(
-            (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, calls)
+        reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
+            reflection.aio.ReflectionServicer(
+                (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME)
+            ),
+            calls,
         )
+        calls.install(self._server)
         self.port, self.agent_port = self.security.add_ports(self._server)
         await self._server.start()
+        self._serving = True
         for name in ("", *SERVICE_NAMES):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("rm-server listening on %s (port %d)", self.settings.listen, self.port)
@@ -211,7 +216,7 @@ class RMServer:
             await self._health.enter_graceful_shutdown()
         if self._metrics_http is not None:
             await self._metrics_http.stop()
-        if self._server is not None:
+        if self._server is not None and self._serving:
             await self._server.stop(self.settings.shutdown_grace if grace is None else grace)
         if self._liveness is not None:
             self._liveness.cancel()

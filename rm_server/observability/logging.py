@@ -1,10 +1,11 @@
 """Structured logs: one event per line, as logfmt text or JSON, and per-RPC context.
 
-`RequestContextInterceptor` puts the request_id, the caller (gRPC peer) and the method
-of the RPC being served into context variables; the `ContextFilter` installed by
-`setup_logging` copies them onto every record logged while the call runs, whichever
-module logs it. Each finished RPC also logs one ``rpc`` event with its status code and
-duration (logger ``labelrm.access``; health checks and reflection at DEBUG).
+The server's interceptor (rm_server/service/interceptor.py) makes an `RpcLog` for every
+call and puts it in a context variable (`RpcLog.enter`); the `ContextFilter` installed
+by `setup_logging` copies its request_id, caller (gRPC peer) and method onto every
+record logged while the call runs, whichever module logs it. Each finished RPC also
+logs one ``rpc`` event with its status code and duration (`RpcLog.finish`, logger
+``labelrm.access``; health checks and reflection at DEBUG).
 """
 
 from __future__ import annotations
@@ -14,27 +15,16 @@ import contextvars
 import json
 import logging
 import sys
-import time
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
 import grpc
 
 from rm_server.config import LOG_FORMATS
-from rm_server.observability._intercept import (
-    CallInfo,
-    Continuation,
-    call_status,
-    method_name,
-    observe_handler,
-)
 from rm_server.security.identity import current as current_principal
 
-request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
-peer_var: contextvars.ContextVar[str] = contextvars.ContextVar("peer", default="")
-method_var: contextvars.ContextVar[str] = contextvars.ContextVar("method", default="")
+_current: contextvars.ContextVar[RpcLog | None] = contextvars.ContextVar("rpc", default=None)
 
 access_log = logging.getLogger("labelrm.access")
 
@@ -49,13 +39,81 @@ _STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | 
 }
 
 
+class RpcLog:
+    """What the logs of one RPC carry. The request id (generated when the request has
+    none) and the peer are worked out the first time a line is logged, if ever."""
+
+    __slots__ = ("_peer", "_request_id", "_token", "context", "method", "request")
+
+    def __init__(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> None:
+        self.method = method  # "labelrm.v1.ResourceManagerService/Apply" (no leading slash)
+        self.request = request  # None when the client streams requests
+        self.context = context
+        self._request_id: str | None = None
+        self._peer: str | None = None
+        self._token: contextvars.Token[RpcLog | None] | None = None
+
+    def enter(self) -> None:
+        """Make this the RPC whose fields the current context's log lines carry."""
+        self._token = _current.set(self)
+
+    @property
+    def request_id(self) -> str:
+        """The call's own request_id when it carries one, else a fresh id for correlation."""
+        if self._request_id is None:
+            given = getattr(self.request, "request_id", "")
+            ok = isinstance(given, str) and given
+            self._request_id = given if ok else "srv-" + uuid.uuid4().hex[:16]
+        return self._request_id
+
+    @property
+    def peer(self) -> str:
+        if self._peer is None:
+            self._peer = str(self.context.peer() or "")
+        return self._peer
+
+    def finish(self, level: int, code: str, reason: str, seconds: float) -> None:
+        """Log the call's ``rpc`` event (with the caller the auth step found, if any),
+        then leave the context `enter` set."""
+        if access_log.isEnabledFor(level):
+            self._log(level, code, reason, seconds)
+        if self._token is not None:
+            # A streaming call's generator may be closed from another context: then the
+            # value dies with the call's own context anyway.
+            with contextlib.suppress(ValueError):
+                _current.reset(self._token)
+            self._token = None
+
+    def _log(self, level: int, code: str, reason: str, seconds: float) -> None:
+        extra: dict[str, Any] = {
+            "event": "rpc",
+            "code": code,
+            "duration_ms": round(seconds * 1000, 3),
+        }
+        if reason:
+            extra["reason"] = reason
+        caller = current_principal()  # set by the auth step (none: auth off, or public)
+        if caller is not None and caller.name:
+            extra["caller"] = f"{caller.kind.value}:{caller.name}"
+        access_log.log(level, "rpc", extra=extra)
+
+
+def access_level(method: str) -> int:
+    """The level of a method's ``rpc`` events: health checks and reflection at DEBUG."""
+    return logging.DEBUG if method.startswith(_QUIET_PREFIXES) else logging.INFO
+
+
 class ContextFilter(logging.Filter):
-    """Copies the current RPC's context variables onto each record."""
+    """Copies the current RPC's request id, peer and method onto each record."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        record.request_id = request_id_var.get()
-        record.peer = peer_var.get()
-        record.method = method_var.get()
+        rpc = _current.get()
+        if rpc is None:
+            record.request_id = record.peer = record.method = ""
+        else:
+            record.request_id = rpc.request_id
+            record.peer = rpc.peer
+            record.method = rpc.method
         return True
 
 
@@ -122,57 +180,3 @@ def setup_logging(level: str = "INFO", fmt: str = "text", stream: TextIO | None 
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
-
-
-def _request_id(call: CallInfo) -> str:
-    """The call's own request_id when it carries one, else a fresh id for log correlation."""
-    given = getattr(call.request, "request_id", "")
-    if isinstance(given, str) and given:
-        return given
-    return "srv-" + uuid.uuid4().hex[:16]
-
-
-@contextlib.contextmanager
-def rpc_context(call: CallInfo) -> Iterator[None]:
-    """Sets the context variables for the call, and logs its ``rpc`` event at the end."""
-    tokens = (
-        request_id_var.set(_request_id(call)),
-        peer_var.set(str(call.context.peer() or "")),
-        method_var.set(call.method),
-    )
-    start = time.perf_counter()
-    exc: BaseException | None = None
-    try:
-        yield
-    except BaseException as err:
-        exc = err
-        raise
-    finally:
-        status = call_status(call.context, exc)
-        level = logging.DEBUG if call.method.startswith(_QUIET_PREFIXES) else logging.INFO
-        extra: dict[str, Any] = {
-            "event": "rpc",
-            "code": status.code,
-            "duration_ms": round((time.perf_counter() - start) * 1000, 3),
-        }
-        if status.reason:
-            extra["reason"] = status.reason
-        caller = current_principal()  # set by the auth interceptor (none: auth off)
-        if caller is not None and caller.name:
-            extra["caller"] = f"{caller.kind.value}:{caller.name}"
-        access_log.log(level, "rpc", extra=extra)
-        # A streaming call's generator may be closed from another context: then the
-        # variables die with that context anyway.
-        with contextlib.suppress(ValueError):
-            for var, token in zip((request_id_var, peer_var, method_var), tokens, strict=True):
-                var.reset(token)
-
-
-class RequestContextInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Outermost interceptor: every log line of an RPC carries its request_id and peer."""
-
-    async def intercept_service(
-        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        return observe_handler(handler, method_name(handler_call_details), rpc_context)

@@ -4,7 +4,8 @@ Every RM gets its own `CollectorRegistry` (so several in-process RMs in a test d
 share counters). What is exported:
 
 - ``labelrm_rpc_duration_seconds{method,code}`` histogram and ``labelrm_rpc_total{method,
-  code}`` counter, recorded by `MetricsInterceptor` for every call of every service;
+  code}`` counter, recorded for every call of every service (`RpcMetrics`, used by the
+  server's interceptor, rm_server/service/interceptor.py);
 - ``labelrm_apply_total{outcome}``: Apply outcomes, ``granted`` or the lower-cased
   ErrorInfo reason of the refusal (``insufficient_resource``, ``queued_behind_waiters``,
   ``wait_timeout``, ``invalid_argument``, ...), the lower-cased status code when the
@@ -27,11 +28,10 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import grpc
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -48,13 +48,6 @@ from prometheus_client.registry import Collector
 
 from rm_server.domain.model import LabelResource
 from rm_server.domain.resources import headroom
-from rm_server.observability._intercept import (
-    CallInfo,
-    Continuation,
-    call_status,
-    method_name,
-    observe_handler,
-)
 
 log = logging.getLogger(__name__)
 
@@ -126,8 +119,9 @@ class Metrics:
         PlatformCollector(registry=r)
         GCCollector(registry=r)
 
-    def interceptor(self) -> MetricsInterceptor:
-        return MetricsInterceptor(self)
+    def for_method(self, method: str) -> RpcMetrics:
+        """What records the calls of `method` ("labelrm.v1.ResourceManagerService/Apply")."""
+        return RpcMetrics(self, method)
 
     def attach(self, core: Any) -> None:
         """Export the core's label records and count its lock-expiry reclaims."""
@@ -148,28 +142,46 @@ class Metrics:
             await self.states.refresh()
         return generate_latest(self.registry)
 
-    @contextlib.contextmanager
-    def observe_call(self, call: CallInfo) -> Iterator[None]:
-        """Times one call and records its status (and for Apply, its outcome)."""
-        waits = call.method == APPLY_METHOD and _waits(call.request)
-        if waits:
-            self.apply_waiting.inc()
-        start = time.perf_counter()
-        exc: BaseException | None = None
-        try:
-            yield
-        except BaseException as err:
-            exc = err
-            raise
-        finally:
-            elapsed = time.perf_counter() - start
-            if waits:
-                self.apply_waiting.dec()
-            status = call_status(call.context, exc)
-            self.rpc_duration.labels(call.method, status.code).observe(elapsed)
-            self.rpc_total.labels(call.method, status.code).inc()
-            if call.method == APPLY_METHOD:
-                self.apply_total.labels(apply_outcome(status.code, status.reason)).inc()
+
+class RpcMetrics:
+    """The metrics of one method's calls, with their labelled children resolved once per
+    status code (``labels()`` takes a lock and builds a key on every use)."""
+
+    def __init__(self, metrics: Metrics, method: str) -> None:
+        self.metrics = metrics
+        self.method = method
+        self.is_apply = method == APPLY_METHOD
+        self._by_code: dict[str, tuple[Histogram, Counter]] = {}
+        self._by_outcome: dict[str, Counter] = {}
+
+    def begin(self, request: Any) -> bool:
+        """At the start of a call: True for an Apply that may wait, which counts in
+        ``labelrm_apply_waiting`` until `end`."""
+        if self.is_apply and _waits(request):
+            self.metrics.apply_waiting.inc()
+            return True
+        return False
+
+    def end(self, waiting: bool, code: str, reason: str, seconds: float) -> None:
+        """At the end of a call: its duration and status (and for Apply, its outcome)."""
+        if waiting:
+            self.metrics.apply_waiting.dec()
+        children = self._by_code.get(code)
+        if children is None:
+            m = self.metrics
+            children = (
+                m.rpc_duration.labels(self.method, code),
+                m.rpc_total.labels(self.method, code),
+            )
+            self._by_code[code] = children
+        children[0].observe(seconds)
+        children[1].inc()
+        if self.is_apply:
+            outcome = apply_outcome(code, reason)
+            counter = self._by_outcome.get(outcome)
+            if counter is None:
+                counter = self._by_outcome[outcome] = self.metrics.apply_total.labels(outcome)
+            counter.inc()
 
 
 def apply_outcome(code: str, reason: str) -> str:
@@ -184,21 +196,6 @@ def apply_outcome(code: str, reason: str) -> str:
 def _waits(request: Any) -> bool:
     wait = getattr(request, "wait_timeout", None)
     return wait is not None and (wait.seconds > 0 or wait.nanos > 0)
-
-
-class MetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Records latency and status of every RPC (outermost, so it sees the final status)."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self.metrics = metrics
-
-    async def intercept_service(
-        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        return observe_handler(
-            handler, method_name(handler_call_details), self.metrics.observe_call
-        )
 
 
 def observe_sweeps(core: Any, counter: Counter) -> None:

@@ -1,8 +1,9 @@
-"""The server interceptor that authenticates every call, applies the policy table and
-the abuse limits, and puts the caller's `Principal` in a context variable.
+"""The authentication step of the server's interceptor (rm_server/service/interceptor.py):
+authenticates every call, applies the policy table and the abuse limits, and puts the
+caller's `Principal` in a context variable.
 
-Order of checks (each refusal aborts the call before its servicer runs, so it
-changes nothing):
+Order of checks (each refusal raises before the call's servicer runs, so it changes
+nothing; the interceptor turns the error into the call's status):
 
 1. public methods (health, reflection) pass untouched;
 2. a peer with too many recent failed authentications is refused (RESOURCE_EXHAUSTED)
@@ -12,21 +13,19 @@ changes nothing):
 4. the policy table (`policy.authorize`): UNAUTHENTICATED / PERMISSION_DENIED;
 5. the per-user limits of apply-like calls: RESOURCE_EXHAUSTED.
 
-With authentication off (dev mode on loopback) calls pass unwrapped: every caller is
-an admin (`identity.DEV_ADMIN`) and nothing is checked.
+With authentication off (dev mode on loopback) the step is left out of every handler:
+every caller is an admin (`identity.DEV_ADMIN`) and nothing is checked.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 import grpc
 
 from rm_server.errors import LabelrmError, Unauthenticated
-from rm_server.observability._intercept import Continuation, method_name
 from rm_server.security import policy
 from rm_server.security.identity import (
     ANONYMOUS,
@@ -40,7 +39,6 @@ from rm_server.security.identity import (
 )
 from rm_server.security.limits import Limits
 from rm_server.security.tokens import TokenFile
-from rm_server.service.errors import abort
 from rm_server.store import owners
 from rm_server.store.db import Database
 
@@ -70,7 +68,7 @@ def _waits(request: Any) -> bool:
     return wait is not None and (wait.seconds > 0 or wait.nanos > 0)
 
 
-class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class AuthInterceptor:
     """Authentication, authorization and limits for every RPC (see the module doc)."""
 
     def __init__(
@@ -88,15 +86,10 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         self.limits = limits
         self.proxy_users = frozenset(proxy_users)
 
-    async def intercept_service(
-        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        method = method_name(handler_call_details)
-        # Authentication off: nothing to check, and the hot path pays for no wrapper.
-        if handler is None or not self.enabled or policy.is_public(method):
-            return handler
-        return self._wrap(handler, method)
+    def guards(self, method: str) -> bool:
+        """Whether calls of `method` go through `admit` (not with authentication off, nor
+        for the public methods)."""
+        return self.enabled and not policy.is_public(method)
 
     # ----- the checks --------------------------------------------------------------------
 
@@ -118,72 +111,21 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return found if found is not None else ANONYMOUS
 
     async def admit(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> Release:
-        """Authenticate and authorize one call; aborts it (raising) when refused."""
+        """Authenticate and authorize one call; raises a LabelrmError when refused, else
+        returns what to call when the call ends (the limits' release)."""
+        principal = self._authenticate(context)
+        # Set before the checks: the access log names the caller of a refused call too.
+        principal_var.set(principal)
         try:
-            principal = self._authenticate(context)
-            # Set before the checks: the access log names the caller of a refused call
-            # too. Each RPC runs in its own task, so the value never leaks into another.
-            principal_var.set(principal)
             rule = await policy.authorize(method, principal, request, self.owners, self.proxy_users)
-            if rule is None or not rule.apply_like or principal.is_admin:
-                return _nothing
-            user = str(getattr(request, "user", "") or principal.name)
-            return self.limits.admit(user, _waits(request))
         except LabelrmError as err:
             if err.reason == "PERMISSION_DENIED":
                 log.info("refused: %s", err.message)
-            await abort(context, err)
-            raise AssertionError("unreachable") from err  # abort raises
-
-    # ----- wrapping handlers ---------------------------------------------------------------
-
-    def _wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-        kwargs = {
-            "request_deserializer": handler.request_deserializer,
-            "response_serializer": handler.response_serializer,
-        }
-        unary = handler.unary_unary
-        if unary is not None and inspect.iscoroutinefunction(unary):
-            return grpc.unary_unary_rpc_method_handler(self._unary(unary, method), **kwargs)
-        stream = handler.unary_stream
-        if stream is not None and inspect.isasyncgenfunction(stream):
-            return grpc.unary_stream_rpc_method_handler(self._stream(stream, method), **kwargs)
-        # No RPC of ours has another shape; one added later must not slip past the policy.
-        return grpc.unary_unary_rpc_method_handler(_refuse(method), **kwargs)
-
-    def _unary(
-        self, behavior: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]], method: str
-    ) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
-        async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            release = await self.admit(method, request, context)
-            try:
-                return await behavior(request, context)
-            finally:
-                release()
-
-        return call
-
-    def _stream(
-        self, behavior: Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]], method: str
-    ) -> Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]]:
-        async def call(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            release = await self.admit(method, request, context)
-            try:
-                async for item in behavior(request, context):
-                    yield item
-            finally:
-                release()
-
-        return call
-
-
-def _refuse(method: str) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
-    async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await context.abort(
-            grpc.StatusCode.PERMISSION_DENIED, f"{method}: no access check for this call shape"
-        )
-
-    return call
+            raise
+        if rule is None or not rule.apply_like or principal.is_admin:
+            return _nothing
+        user = str(getattr(request, "user", "") or principal.name)
+        return self.limits.admit(user, _waits(request))
 
 
 def _nothing() -> None:

@@ -12,10 +12,9 @@ from labelrm.v1 import engine_conn_pb2_grpc as pb_grpc
 from rm_server.agents import AgentHub
 from rm_server.domain.engineconn import EcState
 from rm_server.engineconns import CreateRequest, EngineConnManager
-from rm_server.errors import InvalidArgument, LabelrmError
+from rm_server.errors import InvalidArgument
 from rm_server.service import convert
 from rm_server.service.common import idempotency, next_token, page_of
-from rm_server.service.errors import abort
 
 MAX_PARAMS = 64
 
@@ -118,12 +117,9 @@ class EngineConnServicer(pb_grpc.EngineConnServiceServicer):
     async def StreamAgentCommands(
         self, request: pb.StreamAgentCommandsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.StreamAgentCommandsResponse]:
-        try:
-            agent_id = _ec_id(request.agent_id, "agent_id")
-            async for command in self.ecs.commands_for(agent_id):
-                yield pb.StreamAgentCommandsResponse(command=convert.command_to_pb(command))
-        except LabelrmError as exc:
-            await abort(context, exc)
+        agent_id = _ec_id(request.agent_id, "agent_id")
+        async for command in self.ecs.commands_for(agent_id):
+            yield pb.StreamAgentCommandsResponse(command=convert.command_to_pb(command))
 
     async def ReportEngineConnState(
         self, request: pb.ReportEngineConnStateRequest, context: grpc.aio.ServicerContext

@@ -1,4 +1,5 @@
-"""Maps the RM's error hierarchy to gRPC status codes, in one place.
+"""Maps the RM's error hierarchy to gRPC status codes, in one place (`status_for`; the
+server's interceptor, rm_server/service/interceptor.py, ends every failed call with it).
 
 Every error becomes a google.rpc.Status with an ErrorInfo (stable reason,
 domain "labelrm.io", metadata) and, where it applies, a BadRequest naming the
@@ -9,8 +10,7 @@ labelrm.v1.Shortfalls listing every label and dimension that fell short.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 from google.protobuf import any_pb2
@@ -130,46 +130,28 @@ def encode_error(err: LabelrmError) -> tuple[int, bytes]:
     return status.code, status.SerializeToString()
 
 
-async def abort(context: grpc.aio.ServicerContext, err: BaseException) -> None:
-    if isinstance(err, ReplayedError):
-        status = status_pb2.Status.FromString(err.status)
-    elif isinstance(err, LabelrmError):
-        status = status_of(err)
-    else:
-        log.exception("internal error", exc_info=err)
-        status = status_pb2.Status(code=code_pb2.INTERNAL, message="internal error")
+def status_for(exc: BaseException) -> status_pb2.Status:
+    """The google.rpc.Status a call ends with when `exc` escapes its handler: the stored
+    one of a replay, the mapped one of a domain error, INTERNAL (logged) otherwise."""
+    if isinstance(exc, ReplayedError):
+        return status_pb2.Status.FromString(exc.status)
+    if isinstance(exc, LabelrmError):
+        return status_of(exc)
+    log.exception("internal error", exc_info=exc)
+    return status_pb2.Status(code=code_pb2.INTERNAL, message="internal error")
+
+
+def reason_of(status: status_pb2.Status) -> str:
+    """The ErrorInfo reason a status carries ("" when none)."""
+    for detail in status.details:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            return str(info.reason)
+    return ""
+
+
+async def abort_with(context: grpc.aio.ServicerContext, status: status_pb2.Status) -> NoReturn:
+    """End the call with `status` (raises grpc's AbortError)."""
     await context.abort_with_status(rpc_status.to_status(status))
-
-
-Behavior = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
-
-
-def _wrap_unary(behavior: Behavior) -> Behavior:
-    async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            return await behavior(request, context)
-        except grpc.aio.AbortError:
-            raise
-        except Exception as exc:
-            await abort(context, exc)
-            raise AssertionError("unreachable") from exc  # abort raises
-
-    return wrapped
-
-
-class ErrorInterceptor(grpc.aio.ServerInterceptor):
-    """Turns exceptions escaping unary handlers into rich gRPC statuses."""
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None or handler.unary_unary is None:
-            return handler
-        return grpc.unary_unary_rpc_method_handler(
-            _wrap_unary(handler.unary_unary),
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+    raise AssertionError("unreachable")  # abort_with_status raises

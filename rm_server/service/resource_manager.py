@@ -21,8 +21,12 @@ from rm_server.store.admin import Registration
 
 
 def _ticket_encoder(response_type: type[Message]) -> ProtoEncoder[Ticket]:
+    """For the responses that carry one `ticket` (Apply, ReportUsed, Release)."""
+
     def encode(ticket: Ticket) -> Message:
-        return response_type(ticket=convert.ticket_to_pb(ticket))
+        response = response_type()
+        convert.fill_ticket(response.ticket, ticket)  # type: ignore[attr-defined]
+        return response
 
     return ProtoEncoder[Ticket](encode)
 
@@ -130,7 +134,9 @@ class ResourceManagerServicer(pb_grpc.ResourceManagerServiceServicer):
         self, request: pb.GetTicketRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetTicketResponse:
         ticket = await self.core.get_ticket(_ticket_id(request.ticket_id))
-        return pb.GetTicketResponse(ticket=convert.ticket_to_pb(ticket))
+        response = pb.GetTicketResponse()
+        convert.fill_ticket(response.ticket, ticket)
+        return response
 
     async def ListTickets(
         self, request: pb.ListTicketsRequest, context: grpc.aio.ServicerContext
@@ -151,10 +157,12 @@ class ResourceManagerServicer(pb_grpc.ResourceManagerServiceServicer):
             )
         else:
             tickets = await self.core.list_tickets(page.after, page.size + 1, label, state)
-        return pb.ListTicketsResponse(
-            tickets=[convert.ticket_to_pb(t) for t in tickets[: page.size]],
-            next_page_token=next_token(tickets, page, lambda t: t.ticket_id),
+        response = pb.ListTicketsResponse(
+            next_page_token=next_token(tickets, page, lambda t: t.ticket_id)
         )
+        for ticket in tickets[: page.size]:
+            convert.fill_ticket(response.tickets.add(), ticket)
+        return response
 
     async def GetLabelResource(
         self, request: pb.GetLabelResourceRequest, context: grpc.aio.ServicerContext

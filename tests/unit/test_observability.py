@@ -10,19 +10,20 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
 import pytest
 
 from rm_server.config import Settings, load_config, redact_url
-from rm_server.observability._intercept import CallInfo
-from rm_server.observability.logging import make_handler, rpc_context
+from rm_server.observability.logging import make_handler
 from rm_server.observability.metrics import apply_outcome, split_host_port
+from rm_server.service.interceptor import Interceptor
 
 # --- logs --------------------------------------------------------------------------------
 
 
 @dataclass
 class FakeContext:
-    """The part of grpc.aio.ServicerContext the observers read."""
+    """The part of grpc.aio.ServicerContext the interceptor uses."""
 
     peer_name: str = "ipv4:127.0.0.1:50000"
     status: object = None
@@ -37,10 +38,31 @@ class FakeContext:
     def trailing_metadata(self) -> tuple:
         return self.trailing
 
+    async def abort_with_status(self, status) -> None:
+        self.status, self.trailing = status.code, status.trailing_metadata
+        raise grpc.aio.AbortError()
+
 
 @dataclass
 class Req:
     request_id: str = ""
+
+
+class Details:
+    def __init__(self, method: str) -> None:
+        self.method = method
+        self.invocation_metadata = ()
+
+
+async def call(behavior, request, context=None, method="labelrm.v1.X/Apply"):
+    """Run `behavior` as the server's interceptor runs a unary call of `method`."""
+    service, name = method.split("/")
+    calls = Interceptor()
+    calls.add_registered_method_handlers(
+        service, {name: grpc.unary_unary_rpc_method_handler(behavior)}
+    )
+    handler = calls.service(Details("/" + method))
+    return await handler.unary_unary(request, context or FakeContext())
 
 
 @pytest.fixture
@@ -65,12 +87,16 @@ def captured():
             logging.getLogger(name).removeHandler(handler)
 
 
-def test_json_lines_carry_request_id_and_peer_for_every_line_of_an_rpc(captured):
+async def test_json_lines_carry_request_id_and_peer_for_every_line_of_an_rpc(captured):
     stream = captured("json")
     other = logging.getLogger("rm_server.somewhere")
     other.info("before any call")
-    with rpc_context(CallInfo("labelrm.v1.X/Apply", Req("req-42"), FakeContext())):
+
+    async def apply(request, context):
         other.info("inside the call: %s", "detail", extra={"ticket": "t-1"})
+        return "done"
+
+    assert await call(apply, Req("req-42")) == "done"
     other.info("after the call")
     events = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert [e["msg"] for e in events] == [
@@ -90,24 +116,32 @@ def test_json_lines_carry_request_id_and_peer_for_every_line_of_an_rpc(captured)
     assert events[0]["ts"].endswith("Z") and events[0]["level"] == "INFO"
 
 
-def test_calls_without_request_id_get_a_generated_one(captured):
+async def test_calls_without_request_id_get_a_generated_one(captured):
     stream = captured("json")
-    call = CallInfo("labelrm.v1.X/GetTicket", Req(""), FakeContext())
-    with pytest.raises(RuntimeError), rpc_context(call):
+
+    async def get_ticket(request, context):
+        logging.getLogger("rm_server.somewhere").info("looking")
         raise RuntimeError("boom")
-    (event,) = [json.loads(line) for line in stream.getvalue().splitlines()]
-    assert event["request_id"].startswith("srv-")
-    assert event["code"] == "UNKNOWN"
+
+    with pytest.raises(grpc.aio.AbortError):
+        await call(get_ticket, Req(""), method="labelrm.v1.X/GetTicket")
+    inside, access = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert access["request_id"].startswith("srv-")
+    assert inside["request_id"] == access["request_id"]  # one id for the whole call
+    assert access["code"] == "INTERNAL"  # an unexpected error: logged, then INTERNAL
 
 
-def test_text_format_is_logfmt_one_line_per_event_even_with_a_traceback(captured):
+async def test_text_format_is_logfmt_one_line_per_event_even_with_a_traceback(captured):
     stream = captured("text")
     log = logging.getLogger("rm_server.somewhere")
-    with rpc_context(CallInfo("labelrm.v1.X/Apply", Req("r 1"), FakeContext())):
+
+    async def apply(request, context):
         try:
             raise ValueError("bad\nthing")
         except ValueError:
             log.exception("failed with %s", "x")
+
+    await call(apply, Req("r 1"))
     lines = stream.getvalue().splitlines()
     assert len(lines) == 2  # the error (traceback included) and the rpc event
     assert lines[0].startswith("ts=") and " level=ERROR " in lines[0]
