@@ -221,7 +221,7 @@ BENCH_ENV = {"LABELRM_APPLY_RATE": "0", "LABELRM_MAX_WAITING_APPLIES": "0"}
 @dataclass
 class Server:
     """rm-server as a subprocess on a free port; with workers > 1, that many processes
-    share the port (SO_REUSEPORT, bench/rm_worker.py)."""
+    share the port (rm-server --reuse-port: replicas on one host)."""
 
     database_url: str
     extra: tuple[str, ...] = ()
@@ -245,8 +245,9 @@ class Server:
         fd, name = tempfile.mkstemp(prefix="labelrm-bench-rm-", suffix=".log")
         os.close(fd)
         self.log = Path(name)
-        module = "bench.rm_worker" if self.workers > 1 else "rm_server"
-        cmd = [sys.executable, "-m", module, "--listen", self.target]
+        cmd = [sys.executable, "-m", "rm_server", "--listen", self.target]
+        if self.workers > 1:
+            cmd.append("--reuse-port")
         cmd += ["--database-url", self.database_url, "--log-level", "WARNING", *self.extra]
         env = {**os.environ, "GRPC_ENABLE_FORK_SUPPORT": "false", **BENCH_ENV, **self.env}
 
