@@ -13,9 +13,15 @@ Measures, on this machine:
 - the floor: `sudo -n -u USER bash -c true` and a bare `PYTHON -m engineconn --version`
   (sequential: latency; 16 at a time: rate), and both in one (`sudo ... PYTHON -m
   engineconn --version`, what a launch cannot avoid);
-- labelrm: an rm-server and a real ecm-agent (subprocesses, product defaults);
+- labelrm: an rm-server and a real ecm-agent (subprocesses, product defaults, so with
+  its fork servers: a user's launches after the first are forks of a warm interpreter);
   `--in-flight` clients loop CreateEngineConn (engineType shell-1) -> ready, then kill
-  it in the background. Create->ready p50/p99 and launches/s over the window.
+  it in the background. Create->ready p50/p99 and launches/s over the window;
+- the CPU each launch costs, whole (create, start, ready, kill, exit, clean-up), which
+  contention from other work on the machine barely moves, unlike the rates: the RM's
+  and the agent's (per process), and everything the agent started (sudo, bash, fork
+  servers, EngineConns; a cgroup the agent is moved into, when one can be made), per
+  launch. `LABELRM_AGENT_FORK_SERVERS=0` in the environment measures without fork servers.
 Prints a table and one JSON line.
 """
 
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import shutil
 import subprocess
@@ -115,6 +122,63 @@ def floor(user: str, python: str, in_flight: int) -> dict[str, Any]:
     return out
 
 
+class TreeCpu:
+    """CPU time of a process and everything it starts (sudo, the EngineConns), through
+    a cpuacct cgroup (v1) or a cgroup of its own (v2): exact whatever else runs on the
+    machine, where per-process sampling misses processes that exit within the window.
+    `None` figures where no cgroup can be made (not root, no cgroup file system)."""
+
+    def __init__(self, name: str) -> None:
+        self.path: Path | None = None
+        self.v2 = False
+        for base, v2 in ((Path("/sys/fs/cgroup/cpuacct"), False), (Path("/sys/fs/cgroup"), True)):
+            if v2 and not (base / "cgroup.controllers").exists():
+                continue
+            if not v2 and not (base / "cpuacct.usage").exists():
+                continue
+            try:
+                (base / name).mkdir()
+            except OSError:
+                continue
+            self.path, self.v2 = base / name, v2
+            break
+
+    def add(self, pid: int) -> bool:
+        """Moves `pid` in (before it starts anything: children follow their parent)."""
+        if self.path is None:
+            return False
+        try:
+            (self.path / "cgroup.procs").write_text(str(pid))
+        except OSError:
+            return False
+        return True
+
+    def seconds(self) -> float | None:
+        if self.path is None:
+            return None
+        try:
+            if self.v2:
+                for line in (self.path / "cpu.stat").read_text().splitlines():
+                    if line.startswith("usage_usec "):
+                        return int(line.split()[1]) / 1e6
+                return None
+            return int((self.path / "cpuacct.usage").read_text()) / 1e9
+        except (OSError, ValueError):
+            return None
+
+    def remove(self) -> None:
+        """Removes the cgroup once its processes are gone (waits up to 10 s for them)."""
+        if self.path is None:
+            return
+        for _ in range(100):
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                time.sleep(0.1)
+        print(f"bench.launch: could not remove {self.path} (processes left in it)", file=sys.stderr)
+
+
 def start_agent(target: str, user: str, python: str, root: Path) -> subprocess.Popen[bytes]:
     (root / "work").mkdir(mode=0o755, parents=True)
     cmd = [sys.executable, "-m", "ecm_agent", "--rm", target, "--agent-id", "bench-agent"]
@@ -140,10 +204,55 @@ def start_agent(target: str, user: str, python: str, root: Path) -> subprocess.P
     return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
+def _postgres_pids(url: str, dbname: str) -> list[int]:
+    """The database server's processes working for the RM: its backends on `dbname` and
+    the auxiliary ones (like BenchDatabase.postgres_pids, with the probe's connection kept
+    open while its parent is looked up: a closed backend is gone at once)."""
+    import psutil
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        me = conn.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
+        try:
+            postmaster = psutil.Process(me).parent()
+            children = postmaster.children() if postmaster is not None else []
+        except psutil.Error:
+            return []
+    pids = []
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            cmd = " ".join(child.cmdline())
+            other_backend = ("(" in cmd or "[local]" in cmd) and dbname not in cmd
+            if child.pid != me and not other_backend:
+                pids.append(child.pid)
+    return pids
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            t = psutil.Process(pid).cpu_times()
+            total += t.user + t.system
+    return total
+
+
 async def launches(
-    target: str, user: str, plan: list[tuple[int, float]], pids: dict[str, list[int]]
+    target: str,
+    user: str,
+    plan: list[tuple[int, float]],
+    pids: dict[str, list[int]],
+    tree: TreeCpu | None = None,
+    postgres_pids: Any = None,
 ) -> list[dict[str, Any]]:
-    """For each (in_flight, seconds) of `plan`: that many clients creating EngineConns."""
+    """For each (in_flight, seconds) of `plan`: that many clients creating EngineConns.
+
+    Besides latency and rate, the CPU each launch costs: from the first create of the
+    phase until every EngineConn it started has exited and been cleaned up, the CPU of
+    the RM, of the agent and (`tree`) of the agent with everything it started (sudo,
+    bash, the EngineConns), divided by the launches of the phase."""
     import grpc
     from google.protobuf.duration_pb2 import Duration
     from labelrm.v1 import engine_conn_pb2 as ec_pb
@@ -169,6 +278,22 @@ async def launches(
                 raise SystemExit("the agent did not register within 60 s")
             await asyncio.sleep(0.2)
 
+        live_states = {
+            ec_pb.ENGINE_CONN_STATE_STARTING,
+            ec_pb.ENGINE_CONN_STATE_IDLE,
+            ec_pb.ENGINE_CONN_STATE_BUSY,
+            ec_pb.ENGINE_CONN_STATE_SHUTTING_DOWN,
+        }
+
+        async def drained() -> None:
+            """Until no EngineConn is live any more (and the agent had time to clean up)."""
+            for _ in range(300):
+                listed = await ecs.ListEngineConns(ec_pb.ListEngineConnsRequest(page_size=1000))
+                if not any(e.state in live_states for e in listed.engine_conns):
+                    break
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(0.5)
+
         kills: set[asyncio.Task[Any]] = set()
         results = []
         warm = False
@@ -176,6 +301,7 @@ async def launches(
             latencies: list[float] = []
             errors: dict[str, int] = {}
             counted = 0
+            created = 0  # every launch of the phase, for the CPU per launch
             state = {"start": 0.0, "end": 0.0}
 
             async def kill(ec_id: str, errors: dict[str, int] = errors) -> None:
@@ -195,7 +321,7 @@ async def launches(
                 state: dict[str, float] = state,
                 kill: Any = kill,
             ) -> None:
-                nonlocal counted
+                nonlocal counted, created
                 while time.monotonic() < stop_at:
                     t0 = time.monotonic()
                     try:
@@ -215,6 +341,7 @@ async def launches(
                         await asyncio.sleep(0.1)
                         continue
                     t1 = time.monotonic()
+                    created += measure
                     if measure and state["start"] <= t0 and t1 < state["end"]:
                         latencies.append(t1 - t0)
                     if measure and state["start"] <= t1 < state["end"]:
@@ -227,14 +354,36 @@ async def launches(
                 await asyncio.gather(*(client(time.monotonic() + 3, False) for _ in range(4)))
                 await asyncio.gather(*list(kills), return_exceptions=True)
                 warm = True
-            await asyncio.sleep(1.0)  # let the previous kills finish
+            await drained()  # the previous phase's EngineConns are gone
             state["start"] = time.monotonic() + 0.3
             state["end"] = state["start"] + seconds
-            meter = CpuMeter(pids)
+            if postgres_pids is not None:  # the RM's pool has grown by now: its backends
+                pids["postgres"] = postgres_pids()
+            meter = CpuMeter({"server": pids["server"], "agent": pids["agent"]})
             meter.start()
+            rm0, agent0 = _cpu_seconds(pids["server"]), _cpu_seconds(pids["agent"])
+            pg0 = _cpu_seconds(pids.get("postgres", []))
+            tree0 = tree.seconds() if tree is not None else None
             await asyncio.gather(*(client(state["end"], True) for _ in range(in_flight)))
             cpu = meter.stop()
             await asyncio.gather(*list(kills), return_exceptions=True)
+            await drained()
+            rm_s = _cpu_seconds(pids["server"]) - rm0
+            agent_s = _cpu_seconds(pids["agent"]) - agent0
+            pg_s = _cpu_seconds(pids.get("postgres", [])) - pg0
+            tree1 = tree.seconds() if tree is not None else None
+            per = max(created, 1) / 1000  # seconds -> ms per launch
+            per_launch: dict[str, float | None] = {
+                "rm_ms": round(rm_s / per, 1),
+                "agent_ms": round(agent_s / per, 1),
+                "engineconns_ms": None,
+                "total_ms": None,
+                "postgres_ms": round(pg_s / per, 1),
+            }
+            if tree0 is not None and tree1 is not None:
+                # The cgroup holds the agent and everything it started.
+                per_launch["engineconns_ms"] = round((tree1 - tree0 - agent_s) / per, 1)
+                per_launch["total_ms"] = round((rm_s + tree1 - tree0) / per, 1)
             results.append(
                 {
                     "in_flight": in_flight,
@@ -244,20 +393,12 @@ async def launches(
                     "launches": counted,
                     "errors": errors,
                     "cpu": cpu,
+                    "cpu_per_launch": per_launch,
+                    "launches_metered": created,
                 }
             )
         # Leave nothing running.
-        live_states = {
-            ec_pb.ENGINE_CONN_STATE_STARTING,
-            ec_pb.ENGINE_CONN_STATE_IDLE,
-            ec_pb.ENGINE_CONN_STATE_BUSY,
-            ec_pb.ENGINE_CONN_STATE_SHUTTING_DOWN,
-        }
-        for _ in range(300):
-            listed = await ecs.ListEngineConns(ec_pb.ListEngineConnsRequest(page_size=1000))
-            if not any(e.state in live_states for e in listed.engine_conns):
-                break
-            await asyncio.sleep(0.2)
+        await drained()
     return results
 
 
@@ -287,12 +428,18 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="labelrm-bench-agent-", dir="/tmp"))
     root.chmod(0o755)
     agent = None
+    tree = TreeCpu(f"labelrm-bench-launch-{os.getpid()}")
     try:
         with stack(args.database_url) as (db, server):
             agent = start_agent(server.target, args.user, args.python, root)
+            tree.add(agent.pid)  # before it launches anything: its children follow it
             plan = [(1, min(10.0, args.seconds)), (args.in_flight, args.seconds)]
             pids = {"server": server.pids, "agent": [agent.pid]}
-            one, many = asyncio.run(launches(server.target, args.user, plan, pids))
+
+            def pg_pids() -> list[int]:
+                return _postgres_pids(db.url, db._dbname)
+
+            one, many = asyncio.run(launches(server.target, args.user, plan, pids, tree, pg_pids))
             describe = db.describe
     finally:
         if agent is not None and agent.poll() is None:
@@ -301,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
                 agent.wait(15)
             except subprocess.TimeoutExpired:
                 agent.kill()
+        tree.remove()
         shutil.rmtree(root, ignore_errors=True)
 
     bare = base["sudo"]["p50_ms"] + base["python"]["p50_ms"]
@@ -345,6 +493,19 @@ def main(argv: list[str] | None = None) -> int:
             f"overhead over bare sudo + bare python start (p50, 1 at a time): {targets['overhead_p50_ms']} ms",
             f"CPU in cores with {n} in flight: RM {many['cpu'].get('server')}, agent {many['cpu'].get('agent')}, "
             f"other {many['cpu'].get('other')} (the EngineConns and sudo themselves, and anything else running)",
+            "CPU ms per launch (1 at a time / "
+            + f"{n} in flight): "
+            + ", ".join(
+                f"{label} {one['cpu_per_launch'][key]} / {many['cpu_per_launch'][key]}"
+                for label, key in (
+                    ("RM", "rm_ms"),
+                    ("agent", "agent_ms"),
+                    ("sudo + EngineConns", "engineconns_ms"),
+                    ("total", "total_ms"),
+                    ("(PostgreSQL", "postgres_ms"),
+                )
+            )
+            + ")",
         ]
         + (
             [f"errors: {one['errors']} / {many['errors']}"]

@@ -65,7 +65,11 @@ class Agent:
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
-        self.launcher = Launcher(self.policy)
+        self.launcher = Launcher(
+            self.policy,
+            fork_servers=self.settings.fork_servers,
+            fork_server_idle=self.settings.fork_server_idle,
+        )
         st = self.settings
         security = ChannelSecurity(st.tls_ca, st.tls_cert, st.tls_key, st.token)
         self.channel = aio_channel(st.rm, security)
@@ -101,6 +105,7 @@ class Agent:
             for task in list(self._tasks):
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+            await self.launcher.close()
             await self.channel.close()
 
     def stop(self) -> None:
@@ -262,7 +267,10 @@ class Agent:
         entry.report.exit_code = info.exit_code if info.exit_code is not None else -1
         entry.report.log_tail = info.log_tail
         if info.exit_code is None:
-            entry.report.reason = "exit code unknown (re-attached after an agent restart)"
+            entry.report.reason = (
+                "exit code unknown (re-attached after an agent restart, or its fork server "
+                "went away)"
+            )
         entry.ended = True
         log.info("EngineConn %s exited with %s", ec_id, info.exit_code)
         self._report_now()

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from ecm_agent.forkserver import ForkServer, ForkServers
 from ecm_agent.validate import (
     ENV_NAME_RE,
     AgentPolicy,
@@ -65,6 +66,7 @@ SUDO_ENV: Mapping[str, str] = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 LOG_TAIL_BYTES = 4096
 _TAIL_READ_BYTES = 64 * 1024
 _POLL_SECONDS = 0.05
+_REAP_WAIT_SECONDS = 0.02
 _REATTACHED_POLL_SECONDS = 0.2
 #: After SIGKILL the kernel tears the group down quickly; this only bounds the wait.
 _AFTER_KILL_SECONDS = 5.0
@@ -134,9 +136,13 @@ def render_launch_script(
     program_path: str,
     argv: Sequence[str],
     environment: Mapping[str, str],
+    keep_stdout: bool = False,
 ) -> str:
     """The bash launch script. Every value is passed through ``shlex.quote``;
-    names are checked again here so this function is safe on its own."""
+    names are checked again here so this function is safe on its own.
+
+    ``keep_stdout``: stdout stays what sudo was given (a fork server's pipe to the
+    agent) instead of going to ``logs/stdout.log``."""
     lines = [
         "#!/bin/bash",
         "# Written by the labelrm ECM agent; runs as the EngineConn's user.",
@@ -156,7 +162,8 @@ def render_launch_script(
         if "\0" in arg:
             raise ValueError("NUL byte in argv")
         words.append(shlex.quote(arg))
-    lines.append(f"exec {' '.join(words)} >>logs/stdout.log 2>>logs/stderr.log")
+    out = "" if keep_stdout else " >>logs/stdout.log"
+    lines.append(f"exec {' '.join(words)}{out} 2>>logs/stderr.log")
     return "\n".join(lines) + "\n"
 
 
@@ -223,7 +230,7 @@ def _signal_group(proc: RunningProcess, sig: signal.Signals) -> bool:
         leader = _proc_stat(proc.pid)
         if leader is not None and leader[0] not in ("Z", "X"):
             return False  # the pid now belongs to another process: pid reuse
-        if not _group_members(proc):
+        if not _group_alive(proc):
             return False
     try:
         os.killpg(proc.pgid, sig)
@@ -278,7 +285,7 @@ def _write_new(dir_fd: int, name: str, content: bytes, mode: int, uid: int, gid:
 
 
 def prepare_work_dir(
-    policy: AgentPolicy, validated: ValidatedLaunch, today: dt.date
+    policy: AgentPolicy, validated: ValidatedLaunch, today: dt.date, *, keep_stdout: bool = False
 ) -> PreparedWorkDir:
     """Create the work directory with ``logs/``, ``tmp/``, the material files and
     ``launch.sh``; return its real path and an open fd on ``logs/launcher.log``.
@@ -299,6 +306,7 @@ def prepare_work_dir(
         program_path=validated.program_path,
         argv=spec.argv,
         environment=launch_environment(validated, work_dir),
+        keep_stdout=keep_stdout,
     )
     with contextlib.ExitStack() as fds:
 
@@ -389,8 +397,9 @@ class _Tracked:
     proc: RunningProcess
     uid: int
     engine: str
-    child: asyncio.subprocess.Process | None  # None: re-attached, not our child
+    child: asyncio.subprocess.Process | None  # None: re-attached or forked, not our child
     exit: ExitInfo | None = None
+    server: ForkServer | None = None  # the fork server it was forked from
 
 
 class Launcher:
@@ -402,12 +411,35 @@ class Launcher:
         *,
         lookup_user: UserLookup = default_pwd_lookup,
         today: Callable[[], dt.date] = dt.date.today,
+        fork_servers: int = 0,
+        fork_server_idle: float = 600.0,
     ) -> None:
-        """``lookup_user`` and ``today`` are injectable for tests."""
+        """``lookup_user`` and ``today`` are injectable for tests. ``fork_servers``: how
+        many users may have a warm fork server (ecm_agent/forkserver.py); 0: every
+        launch goes through sudo and a fresh interpreter."""
         self._policy = policy
         self._lookup_user = lookup_user
         self._today = today
         self._tracked: dict[str, _Tracked] = {}
+        self.forks = ForkServers(
+            policy,
+            prepare=self._prepare_fork_server_dir,
+            argv_for=launch_argv,
+            sudo_env=SUDO_ENV,
+            lookup_user=lookup_user,
+            max_servers=fork_servers,
+            idle_seconds=fork_server_idle,
+        )
+
+    def _prepare_fork_server_dir(
+        self, validated: ValidatedLaunch, keep_stdout: bool
+    ) -> tuple[Path, int]:
+        prepared = prepare_work_dir(self._policy, validated, self._today(), keep_stdout=keep_stdout)
+        return prepared.path, prepared.launcher_log_fd
+
+    async def close(self) -> None:
+        """The agent stops: fork servers take no more launches (EngineConns keep running)."""
+        await self.forks.aclose()
 
     # -- state files --
 
@@ -428,11 +460,14 @@ class Launcher:
         }
         final = self._state_path(proc.ec_id)
         tmp = final.with_name(f".{final.name}.tmp")
+        content = memoryview(json.dumps(data).encode())  # one write, not json.dump's many
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            while content:
+                content = content[os.write(fd, content) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, final)  # atomic: a crash leaves the old file or the new one
 
     def _drop_state(self, path: Path) -> None:
@@ -452,6 +487,31 @@ class Launcher:
         os.makedirs(self._policy.state_dir, mode=0o700, exist_ok=True)
         prepared = await asyncio.to_thread(prepare_work_dir, self._policy, validated, self._today())
         work_dir = prepared.path
+        try:
+            forked = await self.forks.spawn(
+                validated, work_dir, launch_environment(validated, work_dir)
+            )
+        except BaseException:
+            os.close(prepared.launcher_log_fd)
+            raise
+        if forked is not None:
+            os.close(prepared.launcher_log_fd)
+            pid, start_ticks, server = forked
+            proc = RunningProcess(
+                ec_id=spec.ec_id,
+                pid=pid,
+                pgid=pid,
+                start_ticks=start_ticks,
+                user=spec.user,
+                work_dir=work_dir,
+            )
+            tracked = _Tracked(
+                proc=proc, uid=validated.uid, engine=spec.engine, child=None, server=server
+            )
+            self._tracked[spec.ec_id] = tracked
+            self._write_state(tracked)
+            log.info("forked %s as %s: pid %d in %s", spec.ec_id, spec.user, pid, work_dir)
+            return proc
         try:
             child = await asyncio.create_subprocess_exec(
                 *launch_argv(spec.user, validated.uid, work_dir / LAUNCH_SCRIPT),
@@ -492,6 +552,12 @@ class Launcher:
                 code = await tracked.child.wait()
             else:
                 await _wait_gone(tracked.proc)
+                if tracked.server is not None:
+                    # Gone for the kernel; the code is the fork server's word (it reaped it).
+                    status = await tracked.server.exit_status(tracked.proc.pid)
+                    if status is not None:
+                        with contextlib.suppress(ValueError):
+                            code = os.waitstatus_to_exitcode(status)
             if tracked.exit is None:
                 tracked.exit = ExitInfo(code, self.log_tail(ec_id))
         return tracked.exit
@@ -593,14 +659,43 @@ class Launcher:
         return _is_alive(tracked.proc.pid, tracked.proc.start_ticks)
 
 
+def _group_exists(proc: RunningProcess) -> bool:
+    """Whether any process, zombies included, is in the group (one signal 0)."""
+    try:
+        os.killpg(proc.pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def _group_alive(proc: RunningProcess) -> bool:
+    """True while a live process is left in the group. The signal 0 first: when the
+    group is empty (the usual case) it answers without scanning all of /proc."""
+    return _group_exists(proc) and bool(_group_members(proc))
+
+
 async def _wait_group_gone(proc: RunningProcess, within: float) -> bool:
-    """Poll until no live process is left in the group; False at the deadline."""
+    """Until no live process is left in the group; False at the deadline.
+
+    The leader's exit is awaited first (a pidfd: no polling), as the group rarely
+    outlives it; then the group is polled with a growing interval. A /proc scan per
+    EngineConn every 50 ms was most of the agent's CPU with many kills under way."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
-    while _group_members(proc):
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(_wait_gone(proc), within)
+    if _group_exists(proc) and loop.time() < deadline:
+        # Most often the leader's zombie, which its parent (sudo's waiter, a fork server)
+        # reaps at once: a moment's wait spares a scan of /proc.
+        await asyncio.sleep(_REAP_WAIT_SECONDS)
+    delay = _POLL_SECONDS
+    while _group_alive(proc):
         if loop.time() >= deadline:
             return False
-        await asyncio.sleep(_POLL_SECONDS)
+        await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
+        delay = min(delay * 2, 0.5)
     return True
 
 

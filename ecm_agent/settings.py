@@ -33,6 +33,11 @@ class AgentSettings:
     heartbeat_interval: float = 3.0
     kill_grace: float = 5.0
     python: str = sys.executable  # the interpreter EngineConns run with
+    # Users with a warm fork server at a time (ecm_agent/forkserver.py): their
+    # `python -m engineconn` launches are forks of it instead of sudo + a cold start.
+    # 0: every launch goes through sudo and a fresh interpreter.
+    fork_servers: int = 8
+    fork_server_idle: float = 600.0  # seconds without a launch before one is closed
     log_level: str = "INFO"
     # Reaching the RM (docs/security.md): tls_ca turns TLS on; tls_cert + tls_key are this
     # agent's certificate (its CN / SAN must be agent_id); or a bearer token (agent role).

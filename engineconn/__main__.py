@@ -10,6 +10,12 @@ if "--version" in sys.argv[1:]:
     print(f"engineconn {__version__}")
     raise SystemExit(0)
 
+if sys.argv[1:] == ["--fork-server"]:
+    # Started by the ECM agent: a warm interpreter forking this user's EngineConns.
+    from engineconn.forkserver import serve
+
+    raise SystemExit(serve())
+
 from engineconn.runtime import main
 
 raise SystemExit(main())

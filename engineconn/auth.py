@@ -11,7 +11,6 @@ caller sent is ever logged.
 
 from __future__ import annotations
 
-import hmac
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -44,6 +43,9 @@ class SecretAuth(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         if scheme.lower() != "bearer" or not token:
             return "authorization is not a bearer token"
         # Constant time: how much of a guess matched must not show in the answer's timing.
+        # (Imported here: hmac pulls in hashlib, which the start-up does not need.)
+        import hmac
+
         if not hmac.compare_digest(token.encode(), self._secret):
             return "wrong secret"
         return None

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import getpass
 import logging
 import os
 import shlex
@@ -21,7 +20,6 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -104,11 +102,27 @@ class Settings:
             return grpc.aio.insecure_channel(self.rm, options=list(options))
         # Read once at start-up: the files are ours (0640), and a key that vanishes
         # later must not break a running EngineConn.
-        root = Path(self.tls_ca).read_bytes() if self.tls_ca else None
-        key = Path(self.tls_key).read_bytes() if self.tls_key else None
-        chain = Path(self.tls_cert).read_bytes() if self.tls_cert else None
+        root = _read(self.tls_ca) if self.tls_ca else None
+        key = _read(self.tls_key) if self.tls_key else None
+        chain = _read(self.tls_cert) if self.tls_cert else None
         creds = grpc.ssl_channel_credentials(root, key, chain)
         return grpc.aio.secure_channel(self.rm, creds, options=list(options))
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _user() -> str:
+    """getpass.getuser() without importing getpass (and termios): the first of LOGNAME,
+    USER, LNAME, USERNAME, else the password database."""
+    for name in ("LOGNAME", "USER", "LNAME", "USERNAME"):
+        if user := os.environ.get(name):
+            return user
+    import pwd
+
+    return pwd.getpwuid(os.getuid()).pw_name
 
 
 def _pairs(values: Sequence[str], what: str) -> dict[str, str]:
@@ -206,7 +220,7 @@ def parse_args(
         engine=args.engine,
         labels=MappingProxyType(labels),
         params=MappingProxyType(params),
-        user=getpass.getuser(),
+        user=_user(),
         work_dir=os.getcwd(),
     )
     settings = Settings(

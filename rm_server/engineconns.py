@@ -26,6 +26,7 @@ from rm_server.core import RMCore
 from rm_server.domain.engineconn import (
     AgentCommand,
     EcmChoiceRecord,
+    EcmStatus,
     EcState,
     EngineConn,
     LaunchPayload,
@@ -48,6 +49,7 @@ from rm_server.store import ecms as ecm_store
 from rm_server.store import engineconns as ec_store
 from rm_server.store import tickets as ticket_store
 from rm_server.store.db import Conn, Idempotency, Replay
+from rm_server.store.ecms import NodeLists
 from rm_server.store.notify import agent_key, ec_key
 
 log = logging.getLogger(__name__)
@@ -198,20 +200,20 @@ class EngineConnManager:
         last_error: LabelrmError | None = None
         for attempt in range(self.settings.max_launch_attempts):
             choices = await self._rank(ec.labels, resource)
-            await self.db.run(
-                lambda c, ch=choices: ec_store.update_ec(  # type: ignore[misc]
-                    c, ec.ec_id, self.core.clock.now(), ecm_choices=ec_store.choices_json(ch)
-                )
-            )
             pick = next(
                 (c.instance for c in choices if c.eligible and c.instance not in tried), None
             )
             if pick is None:
+                await self._store_choices(ec.ec_id, choices)
                 break
             tried.add(pick)
             try:
-                await self._apply_and_launch(ec, pick, attempt, user, engine, version, resource)
+                # The ranking is stored with the launch, in its transaction.
+                await self._apply_and_launch(
+                    ec, pick, attempt, user, engine, version, resource, choices
+                )
             except ResourceExhausted as exc:  # lost a race for that ECM: try the next one
+                await self._store_choices(ec.ec_id, choices)  # that transaction rolled back
                 last_error = exc
                 failures.append(f"{pick}: {exc.message}")
                 continue
@@ -231,9 +233,18 @@ class EngineConnManager:
             raise last_error
         raise _no_ecm(ec.ec_id, await self._rank(ec.labels, resource))
 
+    async def _store_choices(self, ec_id: str, choices: list[EcmChoiceRecord]) -> None:
+        await self.db.run(
+            lambda c: ec_store.update_ec(
+                c, ec_id, self.core.clock.now(), ecm_choices=ec_store.choices_json(choices)
+            )
+        )
+
     async def _rank(self, labels: tuple[Label, ...], resource: Resource) -> list[EcmChoiceRecord]:
-        statuses = await self.db.run(ecm_store.list_ecm_status)
-        lists = await self.db.run(ecm_store.node_lists)
+        async def read(conn: Conn) -> tuple[list[EcmStatus], NodeLists]:
+            return await ecm_store.list_ecm_status(conn), await ecm_store.node_lists(conn)
+
+        statuses, lists = await self.db.run(read)  # one transaction for both
         now = self.core.clock.now()
         candidates = [
             EcmCandidate(
@@ -270,6 +281,7 @@ class EngineConnManager:
         engine: str,
         version: str,
         resource: Resource,
+        choices: list[EcmChoiceRecord],
     ) -> None:
         try:
             launch = plugin_for(engine).launch(
@@ -316,6 +328,7 @@ class EngineConnManager:
                 log_tail="",
                 exit_code=None,
                 pid=None,
+                ecm_choices=ec_store.choices_json(choices),
             )
             await ec_store.queue_command(conn, command, now)
 
@@ -390,12 +403,13 @@ class EngineConnManager:
                 await ec_store.update_ec(
                     conn, ec_id, now, state=EcState.FAILED, ended_at=now, reason=reason
                 )
-            else:
-                await self.queue_kill(conn, ec.ecm_instance, ec_id, reason, now)
-                await ec_store.update_ec(
-                    conn, ec_id, now, state=EcState.SHUTTING_DOWN, reason=reason
+                return replace(
+                    ec, state=EcState.FAILED, ended_at=now, reason=reason, updated_at=now
                 )
-            return await ec_store.get_ec(conn, ec_id)
+            await self.queue_kill(conn, ec.ecm_instance, ec_id, reason, now)
+            await ec_store.update_ec(conn, ec_id, now, state=EcState.SHUTTING_DOWN, reason=reason)
+            # What the row now holds, without reading it again.
+            return replace(ec, state=EcState.SHUTTING_DOWN, reason=reason, updated_at=now)
 
         return await self.db.run(body)
 

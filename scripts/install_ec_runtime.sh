@@ -8,7 +8,15 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${LABELRM_EC_VENV:-/opt/labelrm/ec-venv}
 python=${LABELRM_EC_BASE_PYTHON:-/usr/bin/python3}
 stamp="$venv/.labelrm-source-hash"
-hash=$(cd "$repo" && cat pyproject.toml $(git ls-files engineconn protos rm_server ecm_agent clients 2>/dev/null || find engineconn protos -type f) 2>/dev/null | sha256sum | cut -d' ' -f1)
+# What pip would install: the files in the tree, tracked or new (--others), by name and
+# content; a tracked file deleted in the tree is skipped (it is not installed either).
+sources() {
+    git ls-files -z --cached --others --exclude-standard engineconn protos rm_server ecm_agent clients 2>/dev/null ||
+        find engineconn protos rm_server ecm_agent clients -type f -print0
+}
+hash=$(cd "$repo" && { cat pyproject.toml; sources | sort -zu | while IFS= read -r -d '' f; do
+    if [[ -f "$f" ]]; then printf '%s\0' "$f"; cat "$f"; fi
+done; } | sha256sum | cut -d' ' -f1)
 if [[ "${1:-}" != "--force" && -f "$stamp" && "$(cat "$stamp")" == "$hash" ]]; then
     echo "EngineConn runtime up to date in $venv"
     exit 0
@@ -20,6 +28,9 @@ if [[ ! -x "$venv/bin/python" ]]; then
 fi
 "$venv/bin/pip" install --quiet --disable-pip-version-check --force-reinstall --no-deps "$repo"
 "$venv/bin/pip" install --quiet --disable-pip-version-check "$repo"
+# Bytecode for everything, written now as root: the users cannot write __pycache__ here,
+# so a module without it would be compiled again by every EngineConn start.
+"$venv/bin/python" -m compileall -q -j 0 "$venv/lib" >/dev/null || true
 chmod -R a+rX "$venv"
 echo "$hash" > "$stamp"
 echo "EngineConn runtime installed in $venv"
