@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from rm_server.batching import Combiner
+from rm_server.batching import Combiner, each_alone_on_failure
 from rm_server.domain.engineconn import (
     AgentCommand,
     EcmState,
@@ -28,7 +28,7 @@ from rm_server.domain.engineconn import (
 )
 from rm_server.domain.resources import Resource
 from rm_server.engineconns import EngineConnManager
-from rm_server.errors import FailedPrecondition, LabelrmError, NotFound, Unavailable
+from rm_server.errors import FailedPrecondition, LabelrmError, NotFound
 from rm_server.store import admin as admin_store
 from rm_server.store import ecms as ecm_store
 from rm_server.store import engineconns as ec_store
@@ -89,9 +89,11 @@ class AgentHub:
         return self._beats
 
     async def _run_beats(self, beats: Sequence[_Beat]) -> list[object]:
-        """One transaction for a group of heartbeats (of distinct agents); should it fail
-        for a reason other than the database being away, each beat runs alone so that
-        the failure stays with the beat that caused it."""
+        """One transaction for a group of heartbeats of distinct agents (each alone should
+        the group fail as a whole)."""
+        return await each_alone_on_failure(self._beats_transaction, beats, "heartbeats")
+
+    async def _beats_transaction(self, beats: Sequence[_Beat]) -> list[object]:
         now = self._now()
 
         async def body(conn: Conn) -> list[object]:
@@ -107,15 +109,7 @@ class AgentHub:
             await hb_store.record(conn, writes, now)
             return answers
 
-        try:
-            return await self.db.run(body, pipeline=True)
-        except Unavailable as exc:
-            return [exc] * len(beats)
-        except Exception as exc:
-            if len(beats) == 1:
-                return [exc]
-            log.warning("a group of %d heartbeats failed (%r): one by one", len(beats), exc)
-            return [(await self._run_beats([beat]))[0] for beat in beats]
+        return await self.db.run(body, pipeline=True)
 
     async def _full_pass(self, beat: _Beat, state: EcmState, now: datetime) -> HeartbeatOutcome:
         """The rest of a recorded heartbeat that needs more than an answer."""

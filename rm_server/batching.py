@@ -26,6 +26,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
+from rm_server.errors import Unavailable
+
 log = logging.getLogger(__name__)
 
 
@@ -146,3 +148,18 @@ class Combiner(Generic[OpT]):
         """Wait for the groups in flight (new requests are the caller's to stop)."""
         if self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+
+async def each_alone_on_failure(run: RunGroup[OpT], ops: Sequence[OpT], what: str) -> list[Any]:
+    """`run(ops)`; should the group fail as a whole for a reason other than the database
+    being away, each op runs alone, so that the failure stays with the op that caused it
+    (`what` names the ops in the log line)."""
+    try:
+        return await run(ops)
+    except Unavailable as exc:
+        return [exc] * len(ops)
+    except Exception as exc:
+        if len(ops) == 1:
+            return [exc]
+        log.warning("a group of %d %s failed (%r): running them one by one", len(ops), what, exc)
+        return [(await each_alone_on_failure(run, [op], what))[0] for op in ops]

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from rm_server.batching import Combiner
+from rm_server.batching import Combiner, each_alone_on_failure
 from rm_server.clock import Clock, IdFactory, SystemClock, random_ids
 from rm_server.domain.labels import DEFAULT_RULES, EM_INSTANCE, Label, TransformRule, transform
 from rm_server.domain.limits import LabelPattern
@@ -28,7 +28,7 @@ from rm_server.domain.model import (
     Ticket,
 )
 from rm_server.domain.resources import Resource
-from rm_server.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable
+from rm_server.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
 from rm_server.store import admin as admin_store
 from rm_server.store import batch as batch_store
 from rm_server.store import tickets as ticket_store
@@ -321,23 +321,14 @@ class RMCore:
         return self._combiner
 
     async def _run_group(self, ops: Sequence[batch_store.Op]) -> list[batch_store.Outcome]:
-        """One transaction for `ops`; should it fail as a whole for a reason other than
-        the database being away, each op runs alone so that the failure stays with the
-        request that caused it."""
+        """One transaction for `ops` (each alone should the group fail as a whole)."""
+        return await each_alone_on_failure(self._group_transaction, ops, "requests")
+
+    async def _group_transaction(self, ops: Sequence[batch_store.Op]) -> list[batch_store.Outcome]:
         now = self.clock.now()
-        try:
-            return await self.db.run(
-                lambda c: batch_store.run(c, ops, now), pipeline=True, retry_unique=True
-            )
-        except Unavailable as exc:
-            return [exc] * len(ops)
-        except Exception as exc:
-            if len(ops) == 1:
-                return [exc]
-            log.warning(
-                "a group of %d requests failed (%r): running them one by one", len(ops), exc
-            )
-            return [(await self._run_group([op]))[0] for op in ops]
+        return await self.db.run(
+            lambda c: batch_store.run(c, ops, now), pipeline=True, retry_unique=True
+        )
 
     async def get_ticket(self, ticket_id: str) -> Ticket:
         return await self.db.run(lambda c: ticket_store.get_ticket(c, ticket_id))

@@ -15,6 +15,7 @@ from typing import Any, Protocol, TypeVar
 import psycopg
 import tenacity
 from psycopg import errors as pg_errors
+from psycopg import sql
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from rm_server.errors import (
@@ -236,28 +237,30 @@ class Database:
         return await self.purge("request_log", older_than, batch)
 
     async def purge(self, table: str, older_than: datetime, batch: int = 5000) -> int:
-        """Delete up to `batch` rows of a table in PURGE_SQL that ended before
+        """Delete up to `batch` rows of a table in PURGE_AGE_COLUMN older than
         `older_than` (a bounded transaction; the sweeps call it again next round)."""
-        sql = PURGE_SQL[table]
-        return await self.run(lambda c: _rowcount(c, sql, (older_than, batch)))
+        statement = _PURGE_SQL.format(
+            table=sql.Identifier(table), column=sql.Identifier(PURGE_AGE_COLUMN[table])
+        )
+        return await self.run(lambda c: _rowcount(c, statement, (older_than, batch)))
 
 
-# Retention: what each table keeps until it is old enough to go (ended rows only).
-PURGE_SQL = {
-    "request_log": "DELETE FROM request_log WHERE ctid = ANY(ARRAY("
-    " SELECT ctid FROM request_log WHERE created_at < %s LIMIT %s))",
-    "ticket_history": "DELETE FROM ticket_history WHERE ctid = ANY(ARRAY("
-    " SELECT ctid FROM ticket_history WHERE ended_at < %s LIMIT %s))",
-    "engine_conn": "DELETE FROM engine_conn WHERE ctid = ANY(ARRAY("
-    " SELECT ctid FROM engine_conn WHERE ended_at < %s LIMIT %s))",
-    # demand_event rows go with their demand (ON DELETE CASCADE).
-    "demand": "DELETE FROM demand WHERE ctid = ANY(ARRAY("
-    " SELECT ctid FROM demand WHERE ended_at < %s LIMIT %s))",
+# Retention: the tables whose old rows go, by the column that dates them (only ended
+# rows have an ended_at; demand_event rows go with their demand, ON DELETE CASCADE).
+PURGE_AGE_COLUMN = {
+    "request_log": "created_at",
+    "ticket_history": "ended_at",
+    "engine_conn": "ended_at",
+    "demand": "ended_at",
 }
+_PURGE_SQL = sql.SQL(
+    "DELETE FROM {table} WHERE ctid = ANY(ARRAY("
+    " SELECT ctid FROM {table} WHERE {column} < %s LIMIT %s))"
+)
 
 
-async def _rowcount(conn: Conn, sql: str, params: tuple[Any, ...]) -> int:
-    cur = await conn.execute(sql, params)
+async def _rowcount(conn: Conn, statement: sql.Composed, params: tuple[Any, ...]) -> int:
+    cur = await conn.execute(statement, params)
     return cur.rowcount
 
 
