@@ -26,6 +26,8 @@ import grpc
 from labelrm.v1 import resource_manager_pb2 as pb
 from labelrm.v1 import resource_manager_pb2_grpc, resource_pb2
 
+from ecm_agent.pacing import next_beat_delay
+
 GiB = 1024**3
 USERS = 1000
 ECMS = 16
@@ -153,21 +155,25 @@ async def agent(
     w: Window,
     gate: asyncio.Semaphore,
 ) -> None:
-    """One simulated agent: registers, then heartbeats every `interval` (the first one
-    at a random phase), like ecm_agent with no EngineConns."""
+    """One simulated agent: registers, then heartbeats paced as ecm_agent paces them
+    (ecm_agent/pacing.py: every `interval` give or take a jitter), with no EngineConns."""
     async with gate:
         t0 = time.monotonic()
         await stub.RegisterEcm(register_request(agent_id), timeout=120)
         w.registered = max(w.registered, time.monotonic() - w.launched)
         w.record("RegisterEcm", t0, time.monotonic())
     seq = 0
-    next_at = time.monotonic() + rng.uniform(0, interval)
+    # The agent beats as soon as it has registered. Here all the agents register in one
+    # wave at the start, which a real fleet does not do; the first beat goes at a random
+    # point of the first interval so that the window measures a fleet in its steady
+    # state and not the echo of that wave.
+    delay = rng.uniform(0, interval)
     while True:
-        await asyncio.sleep(max(0.0, next_at - time.monotonic()))
-        if next_at >= w.end:
+        await asyncio.sleep(delay)
+        t0 = time.monotonic()
+        if t0 >= w.end:
             return
         seq += 1
-        t0 = time.monotonic()
         try:
             resp = await stub.Heartbeat(
                 pb.HeartbeatRequest(agent_id=agent_id, sequence=seq), timeout=30
@@ -175,7 +181,7 @@ async def agent(
         except grpc.aio.AioRpcError as exc:
             w.error(exc.code().name, time.monotonic())
             seq -= 1  # resend the same sequence number, as the agent does
-            next_at = time.monotonic() + 0.5
+            delay = 0.5
             continue
         t1 = time.monotonic()
         w.record("Heartbeat", t0, t1)
@@ -185,11 +191,9 @@ async def agent(
             w.bump(pb.HeartbeatAction.Name(resp.action), t1)
             seq = 0
             await stub.RegisterEcm(register_request(agent_id))
-        # Fixed-rate schedule, like the agent; a slow answer does not shift later beats.
-        next_at += interval
-        if next_at < time.monotonic():
+        if t1 - t0 >= interval:
             w.bump("late", t1)
-            next_at = time.monotonic()
+        delay = next_beat_delay(interval, t1 - t0, rng.random())
 
 
 def register_request(agent_id: str) -> pb.RegisterEcmRequest:

@@ -4,7 +4,8 @@ pull model), carries out the commands the RM pushes on a stream the agent opens
 
     start ── register (retry with backoff) ── re-attach running EngineConns
       │
-      ├── heartbeat loop: every interval, or at once after a process event;
+      ├── heartbeat loop: every interval ± jitter (pacing.py), or at once after a
+      │      process event;
       │      REREGISTER -> register again; SHUTDOWN -> stop (EngineConns keep running)
       ├── command stream: launch / kill / clean up, each carried out once by id
       └── one watcher per EngineConn process: its exit becomes a report
@@ -16,6 +17,8 @@ import asyncio
 import contextlib
 import functools
 import logging
+import random
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
@@ -29,6 +32,7 @@ from labelrm.v1 import resource_manager_pb2 as rm_pb
 
 from clients._channel import ChannelSecurity, aio_channel
 from ecm_agent.launch import Launcher
+from ecm_agent.pacing import next_beat_delay
 from ecm_agent.settings import AgentSettings, detect_total, parse_labels
 from ecm_agent.validate import AgentPolicy, LaunchRefused, LaunchSpec, MaterialFile
 
@@ -165,6 +169,7 @@ class Agent:
                 done_command_ids=done,
             )
             # A lost answer is retried with the same sequence; the RM replays it.
+            sent_at = time.monotonic()
             response: rm_pb.HeartbeatResponse = await self._retrying(
                 functools.partial(self.rm.Heartbeat, request, timeout=10)
             )
@@ -180,9 +185,10 @@ class Agent:
                 return
             for command in response.commands:
                 await self._execute(command)
+            delay = next_beat_delay(interval, time.monotonic() - sent_at, random.random())
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=interval)
+                await asyncio.wait_for(self._wake.wait(), timeout=delay)
 
     def _report_now(self) -> None:
         self._wake.set()

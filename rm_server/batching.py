@@ -8,9 +8,10 @@ that arrive while a group runs form the next one. So the hot label row is locked
 written and committed once per group instead of once per request, and the commit
 (the WAL flush) is shared.
 
-With a `linger`, a group leaves at most that long after its first request (or at once
-when full), so that fewer, bigger groups serve the same load: heartbeats use it, as a
-few milliseconds on a beat every few seconds cost nothing.
+With a `linger`, a group leaves at most that long after its oldest request arrived (or
+at once when full), so that fewer, bigger groups serve the same load: heartbeats use it,
+as a few milliseconds on a beat every few seconds cost nothing. Requests that already
+waited that long behind a running group leave as soon as it is done.
 
 Two requests with the same key never share a group: the second of two with the same
 request id replays the first's stored outcome in a later group, and two heartbeats of
@@ -59,7 +60,8 @@ class Combiner(Generic[OpT]):
         self.max_inflight = max(1, max_inflight)
         self.linger = max(0.0, linger)
         self._linger_timer: asyncio.TimerHandle | None = None
-        self._queue: deque[tuple[OpT, asyncio.Future[Any]]] = deque()
+        # (op, its caller's future, when it arrived on the loop's clock)
+        self._queue: deque[tuple[OpT, asyncio.Future[Any], float]] = deque()
         self._inflight = 0
         self._busy_keys: set[tuple[str, str]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -71,29 +73,37 @@ class Combiner(Generic[OpT]):
 
     async def submit(self, op: OpT) -> Any:
         """Run `op` in the next group; its result, or its exception raised here."""
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queue.append((op, future))
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._queue.append((op, future, loop.time()))
         self._kick()
         return await future
 
     def _kick(self) -> None:
-        if self.linger and len(self._queue) < self.max_batch:
-            # Let company gather for up to `linger` seconds (less CPU per request, for
-            # requests that can afford the wait), unless a full group is already there.
-            if self._linger_timer is None and self._queue and self._inflight < self.max_inflight:
-                loop = asyncio.get_running_loop()
-                self._linger_timer = loop.call_later(self.linger, self._linger_over)
-            return
+        if self.linger and self._queue and len(self._queue) < self.max_batch:
+            # Let company gather until the oldest request has waited `linger` seconds
+            # (less CPU per request, for requests that can afford the wait), unless a
+            # full group is already there.
+            loop = asyncio.get_running_loop()
+            leave_at = self._queue[0][2] + self.linger
+            if loop.time() < leave_at:
+                if self._linger_timer is None and self._inflight < self.max_inflight:
+                    self._linger_timer = loop.call_at(leave_at, self._linger_over)
+                return
         self._start_groups()
 
     def _linger_over(self) -> None:
         self._linger_timer = None
-        self._start_groups()
+        loop = asyncio.get_running_loop()
+        if self._queue and self._queue[0][2] + self.linger > loop.time() + 0.001:
+            self._kick()  # the request it was set for has left: wait for the oldest now
+        else:
+            self._start_groups()
 
     def _start_groups(self) -> None:
         while self._queue and self._inflight < self.max_inflight:
-            group: list[tuple[OpT, asyncio.Future[Any]]] = []
-            later: list[tuple[OpT, asyncio.Future[Any]]] = []
+            group: list[tuple[OpT, asyncio.Future[Any], float]] = []
+            later: list[tuple[OpT, asyncio.Future[Any], float]] = []
             keys: set[tuple[str, str]] = set()
             while self._queue and len(group) < self.max_batch:
                 item = self._queue.popleft()
@@ -115,15 +125,15 @@ class Combiner(Generic[OpT]):
             task.add_done_callback(self._tasks.discard)
 
     async def _run(
-        self, group: list[tuple[OpT, asyncio.Future[Any]]], keys: set[tuple[str, str]]
+        self, group: list[tuple[OpT, asyncio.Future[Any], float]], keys: set[tuple[str, str]]
     ) -> None:
         outcomes: list[Any]
         started = time.monotonic()
         try:
-            outcomes = await self.run([op for op, _ in group])
+            outcomes = await self.run([op for op, _, _ in group])
         except asyncio.CancelledError:
             outcomes = [None] * len(group)
-            for _, future in group:
+            for _, future, _ in group:
                 future.cancel()
             raise
         except BaseException as exc:  # run() answers per op; this is a last resort
@@ -136,7 +146,7 @@ class Combiner(Generic[OpT]):
             self.requests += len(group)
             self.seconds += time.monotonic() - started
             self._kick()
-        for (_, future), outcome in zip(group, outcomes, strict=True):
+        for (_, future, _), outcome in zip(group, outcomes, strict=True):
             if future.done():  # the caller went away (cancelled RPC): the outcome is logged
                 continue
             if isinstance(outcome, BaseException):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rm_server.config import Settings
 from rm_server.security import devtls
-from rm_server.server import RMServer
+from rm_server.server import RMServer, freeze_startup_heap
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +70,7 @@ async def run_dev(settings: Settings, tls: bool = False) -> None:
     secured = devtls.prepare(settings) if tls else None
     server = RMServer(secured.settings if secured else settings)
     await server.start()
+    freeze_startup_heap()
     users = dev_users()
     agent = None
     if users:

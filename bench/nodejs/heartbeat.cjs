@@ -2,10 +2,11 @@
 // load generator (bench/loadgen.py, `agent`), at a fraction of its CPU, so that on a
 // small machine the load generator does not take the cores the RM is measured on.
 //
-// Each agent registers (at most 32 registrations in flight), then heartbeats every
-// INTERVAL seconds on a fixed schedule from a random phase, with sequence numbers;
-// after an error it resends the same sequence 0.5 s later; told to re-register, it
-// registers again and starts over at sequence 1. 16 agents share a channel.
+// Each agent registers (at most 32 registrations in flight), then heartbeats, paced as
+// the agent paces its beats (INTERVAL seconds apart give or take 10 %, from a random
+// phase), with sequence numbers; after an error it resends the same sequence 0.5 s
+// later; told to re-register, it registers again and starts over at sequence 1. 16
+// agents share a channel.
 //
 // Usage: node heartbeat.cjs JSON_ARGS
 //   {"target", "clients", "seconds", "start_at" (Unix seconds), "seed", "interval",
@@ -93,6 +94,16 @@ const register = (stub, agentId) =>
     120,
   );
 
+// The agent's pacing, ecm_agent/pacing.py `next_beat_delay`: the next beat is due one
+// interval, give or take JITTER, after the last was sent; after an answer that took an
+// interval or more (the RM stalled), at a random point of the next interval, so that a
+// stall does not line the agents up for good.
+const JITTER = 0.1;
+function nextBeatDelay(interval, took, u) {
+  if (took >= interval) return u * interval;
+  return Math.max(0, interval * (1 + JITTER * (2 * u - 1)) - took);
+}
+
 const codeName = Object.fromEntries(Object.entries(grpc.status).map(([k, v]) => [v, k]));
 
 async function agent(stub, agentId, random) {
@@ -103,19 +114,23 @@ async function agent(stub, agentId, random) {
     record("RegisterEcm", t0, now());
   });
   let seq = 0;
-  let nextAt = now() + random() * args.interval;
+  // The agent beats as soon as it has registered. Here all the agents register in one
+  // wave at the start, which a real fleet does not do; the first beat goes at a random
+  // point of the first interval so that the window measures a fleet in its steady state
+  // and not the echo of that wave.
+  let delay = random() * args.interval;
   for (;;) {
-    await sleep(nextAt - now());
-    if (nextAt >= end) return;
-    seq += 1;
+    await sleep(delay);
     const t0 = now();
+    if (t0 >= end) return;
+    seq += 1;
     let response;
     try {
       response = await call(stub, "Heartbeat", { agent_id: agentId, sequence: String(seq) }, 30);
     } catch (err) {
       bump(result.errors, codeName[err.code] || String(err.code), now());
       seq -= 1; // resend the same sequence number, as the agent does
-      nextAt = now() + 0.5;
+      delay = 0.5;
       continue;
     }
     const t1 = now();
@@ -126,12 +141,8 @@ async function agent(stub, agentId, random) {
       seq = 0;
       await register(stub, agentId);
     }
-    // Fixed-rate schedule, like the agent; a slow answer does not shift later beats.
-    nextAt += args.interval;
-    if (nextAt < now()) {
-      bump(result.extra, "late", t1);
-      nextAt = now();
-    }
+    if (t1 - t0 >= args.interval) bump(result.extra, "late", t1);
+    delay = nextBeatDelay(args.interval, t1 - t0, random());
   }
 }
 
