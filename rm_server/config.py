@@ -44,6 +44,8 @@ class Settings:
     history_retention_days: float = 30.0
     # Agent heartbeats wait up to this many seconds to share a transaction
     heartbeat_linger: float = 0.005
+    # "uvloop" (where installed; else asyncio's own, with a warning) or "asyncio"
+    event_loop: str = "uvloop"
     # EngineConns and agents
     create_timeout: float = 60.0
     max_launch_attempts: int = 3

@@ -113,13 +113,14 @@ async def test_handlers_are_composed_once_and_unknown_methods_are_left_to_grpc()
     assert found is not None and calls.service(Details("x.Other/Get")) is found
 
 
-def test_install_registers_the_composed_handlers_and_the_fallback():
+def test_install_registers_the_hot_methods_and_serves_the_rest_through_the_fallback():
     calls = interceptor()
 
     async def apply(request, context):
         return "ok"
 
     add(calls, APPLY, grpc.unary_unary_rpc_method_handler(apply))
+    add(calls, f"{RM}/GetTicket", grpc.unary_unary_rpc_method_handler(apply))
 
     class Server:
         registered: dict = {}
@@ -135,6 +136,7 @@ def test_install_registers_the_composed_handlers_and_the_fallback():
     calls.install(server)
     assert server.registered == {RM: {"Apply": calls.service(Details(APPLY))}}
     assert server.generic == (calls,)
+    assert calls.service(Details(f"{RM}/GetTicket")) is not None  # served generically
 
 
 async def test_errors_become_rich_statuses_and_metrics_count_them():
