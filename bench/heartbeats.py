@@ -8,12 +8,12 @@ an rm-server with its default liveness settings (ECM expiry 30 s, sweep every 1 
 For each K, load-generator processes register K fresh agents (32 registrations in
 flight per process) and run them as the agent does with no EngineConn: heartbeat,
 sequence-numbered, paced as the agent paces them (ecm_agent/pacing.py: each beat 3 s
-after the last was sent, give or take 10 %). After a warm-up the window is measured: heartbeats/s
-(against K / 3 expected), p50/p99 latency, late beats (answered an interval or more
-after they were sent: the RM fell behind), the RM's CPU (psutil on its pid) and the
-database's; then ListEcms tells how many of the agents the RM marked LOST (each one a
-missed expiry: they all kept beating) and how many heartbeats were told to
-re-register. Prints a table and one JSON line.
+after the last was sent, give or take 10 %). After a warm-up the window is measured:
+heartbeats/s (against K / 3 expected), p50/p99 latency, late beats (answered an
+interval or more after they were sent: the RM fell behind), the RM's CPU (psutil on
+its pid) and the database's; then ListEcms tells how many of the agents the RM marked
+LOST (each one a missed expiry: they all kept beating) and how many heartbeats were
+told to re-register. Prints a table and one JSON line.
 """
 
 from __future__ import annotations

@@ -93,12 +93,9 @@ class Combiner(Generic[OpT]):
         self._start_groups()
 
     def _linger_over(self) -> None:
+        # The request it was set for may have left since: _kick looks at the oldest now.
         self._linger_timer = None
-        loop = asyncio.get_running_loop()
-        if self._queue and self._queue[0][2] + self.linger > loop.time() + 0.001:
-            self._kick()  # the request it was set for has left: wait for the oldest now
-        else:
-            self._start_groups()
+        self._kick()
 
     def _start_groups(self) -> None:
         while self._queue and self._inflight < self.max_inflight:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 DEFAULT_RULES_SPEC = "userCreator+engineType;emInstance"
 LOG_FORMATS = ("text", "json")
+EVENT_LOOPS = ("uvloop", "asyncio")
 
 
 @dataclass(frozen=True)
@@ -209,6 +210,8 @@ def load_config(
             put(f.name, flag, "flag", "--" + f.name.replace("_", "-"))
     if values.get("log_format", "text") not in LOG_FORMATS:
         parser.error(f"log_format must be one of {', '.join(LOG_FORMATS)}")
+    if values.get("event_loop", "uvloop") not in EVENT_LOOPS:
+        parser.error(f"event_loop must be one of {', '.join(EVENT_LOOPS)}")
     return LoadedConfig(
         Settings(**values),
         sources,

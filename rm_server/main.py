@@ -18,9 +18,6 @@ from rm_server.server import RMServer
 log = logging.getLogger(__name__)
 
 
-EVENT_LOOPS = ("uvloop", "asyncio")
-
-
 def run_on_loop(main: Coroutine[Any, Any, None], event_loop: str) -> None:
     """Run `main` to completion on the configured event loop.
 
@@ -45,9 +42,6 @@ def main(argv: list[str] | None = None) -> int:
         print(config.describe())
         return 0
     settings = config.settings
-    if settings.event_loop not in EVENT_LOOPS:
-        print(f"rm-server: event_loop must be one of {', '.join(EVENT_LOOPS)}", file=sys.stderr)
-        return 2
     setup_logging(settings.log_level, settings.log_format)
     try:
         with contextlib.suppress(KeyboardInterrupt):

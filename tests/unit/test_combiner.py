@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from rm_server.batching import Combiner
+from tests.conftest import wait_until
 
 
 @dataclass(eq=False)
@@ -79,28 +80,21 @@ async def test_a_request_whose_caller_went_away_before_it_started_is_dropped():
     assert rec.groups == [["a"], ["kept"]]
 
 
-async def until(condition, within: float) -> bool:
-    """Poll `condition` on the loop's clock until it holds or `within` seconds pass."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not condition():
-        if loop.time() > deadline:
-            return False
-        await asyncio.sleep(0.001)
-    return True
-
-
 async def test_requests_that_lingered_behind_a_running_group_leave_when_it_is_done():
     rec = Recorder()
     combiner = Combiner(rec.run, max_batch=8, linger=0.2)
+
+    async def groups_are(expected: list[list[str]]) -> bool:
+        return rec.groups == expected
+
     first = asyncio.ensure_future(combiner.submit(FakeOp("a")))
-    assert await until(lambda: rec.groups == [["a"]], 5)
+    await wait_until(lambda: groups_are([["a"]]), 5, interval=0.001)
     second = asyncio.ensure_future(combiner.submit(FakeOp("b")))
     await asyncio.sleep(0.25)  # b has now waited longer than the linger behind a's group
     assert rec.groups == [["a"]]
     rec.gate.set()
     # b leaves as soon as a's group is done, not a whole linger later
-    assert await until(lambda: rec.groups == [["a"], ["b"]], 0.1)
+    await wait_until(lambda: groups_are([["a"], ["b"]]), 0.1, interval=0.001)
     assert [await first, await second] == ["done a", "done b"]
 
 

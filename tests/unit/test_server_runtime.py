@@ -30,7 +30,9 @@ def test_the_default_event_loop_is_uvloop_and_asyncio_can_be_chosen() -> None:
 def test_an_unknown_event_loop_is_refused_before_anything_starts(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert main(["--event-loop", "trio", "--listen", "127.0.0.1:1"]) == 2
+    with pytest.raises(SystemExit) as exited:
+        main(["--event-loop", "trio", "--listen", "127.0.0.1:1"])
+    assert exited.value.code == 2
     assert "event_loop must be one of uvloop, asyncio" in capsys.readouterr().err
 
 
