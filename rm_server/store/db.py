@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import random
@@ -16,6 +17,7 @@ import psycopg
 import tenacity
 from psycopg import errors as pg_errors
 from psycopg import sql
+from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from rm_server.errors import (
@@ -194,8 +196,7 @@ class Database:
     ) -> T:
         async with self.pool.connection() as conn:
             if pipeline:
-                async with conn.pipeline(), conn.transaction():
-                    return await body(conn)
+                return await _pipelined_transaction(conn, body)
             async with conn.transaction():
                 if read_only:
                     await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
@@ -257,6 +258,34 @@ _PURGE_SQL = sql.SQL(
     "DELETE FROM {table} WHERE ctid = ANY(ARRAY("
     " SELECT ctid FROM {table} WHERE {column} < %s LIMIT %s))"
 )
+
+
+async def _pipelined_transaction(conn: Conn, body: Callable[[Conn], Awaitable[T]]) -> T:
+    """`body` in one transaction in pipeline mode, BEGIN and COMMIT sent with the
+    statements around them: a body that reads once and then writes costs two round
+    trips. (psycopg's transaction() in pipeline mode syncs after BEGIN and again
+    before COMMIT: four round trips, each a turn of a busy event loop.)"""
+    try:
+        async with conn.pipeline():
+            await conn.execute("BEGIN")
+            result = await body(conn)
+            await conn.execute("COMMIT")
+        # Leaving the pipeline synced it: the writes and COMMIT have answered.
+    except BaseException:
+        # Leaving the pipeline synced it, so the status is the server's.
+        status = conn.info.transaction_status
+        if status is TransactionStatus.INTRANS:
+            # Python gave up (RetryTransaction, a bug): every statement sent has run.
+            with contextlib.suppress(psycopg.Error):
+                await conn.execute("ROLLBACK")
+        elif status is not TransactionStatus.IDLE:
+            # The server refused a statement (or the call was cancelled mid-way): it
+            # skipped the rest of the pipeline, statements psycopg was preparing on the
+            # way included, so the connection's prepared statements no longer match
+            # psycopg's cache. Closed, it is replaced by the pool.
+            await conn.close()
+        raise
+    return result
 
 
 async def _rowcount(conn: Conn, statement: sql.Composed, params: tuple[Any, ...]) -> int:
