@@ -346,6 +346,28 @@ class Resource:
     def __add__(self, other: object) -> Resource:
         if not isinstance(other, Resource):
             return NotImplemented
+        if _same_shape(self, other):
+            out = tuple(
+                (d, x + y) for (d, x), (_, y) in zip(self.quantities, other.quantities, strict=True)
+            )
+            if any(v > MAX_QUANTITY for _, v in out):
+                return self._add_general(other)  # names the dimension that overflows
+            return Resource._trusted(self.kind, out, self.queue)
+        return self._add_general(other)
+
+    def __sub__(self, other: object) -> Resource:
+        if not isinstance(other, Resource):
+            return NotImplemented
+        if _same_shape(self, other):
+            out = tuple(
+                (d, x - y) for (d, x), (_, y) in zip(self.quantities, other.quantities, strict=True)
+            )
+            if any(v < 0 for _, v in out):
+                return self._sub_general(other)  # names the dimension that goes negative
+            return Resource._trusted(self.kind, out, self.queue)
+        return self._sub_general(other)
+
+    def _add_general(self, other: Resource) -> Resource:
         kind, queue, dims, a, b = _aligned(self, other)
         out: list[tuple[str, int]] = []
         for d in dims:
@@ -355,9 +377,7 @@ class Resource:
             out.append((d, value))
         return Resource._trusted(kind, tuple(out), queue)
 
-    def __sub__(self, other: object) -> Resource:
-        if not isinstance(other, Resource):
-            return NotImplemented
+    def _sub_general(self, other: Resource) -> Resource:
         kind, queue, dims, a, b = _aligned(self, other)
         out: list[tuple[str, int]] = []
         for d in dims:
@@ -408,6 +428,10 @@ class Resource:
 
     def ge(self, other: Resource) -> bool:
         """True iff ``self >= other`` in every dimension of the joined kind."""
+        if _same_shape(self, other):
+            return all(
+                x >= y for (_, x), (_, y) in zip(self.quantities, other.quantities, strict=True)
+            )
         _, _, dims, a, b = _aligned(self, other)
         return all(a.get(d) >= b.get(d) for d in dims)
 
@@ -521,6 +545,12 @@ def _check_divisor(divisor: object) -> int | None:
     return divisor
 
 
+def _same_shape(a: Resource, b: Resource) -> bool:
+    """Same fixed-dimension kind and queue: the quantities pair up, in canonical order,
+    dimension for dimension (the common case of the arithmetic, taken without joining)."""
+    return a.kind is b.kind and a.kind is not ResourceKind.SPECIAL and a.queue == b.queue
+
+
 def _aligned(
     a: Resource, b: Resource
 ) -> tuple[ResourceKind, str, tuple[str, ...], Resource, Resource]:
@@ -580,6 +610,12 @@ def fits(left: Resource, request: Resource, label: str = "") -> list[Shortfall]:
     Shortfalls come in canonical (sorted) dimension order of the joined kind.
     Incompatible kinds raise ResourceTypeError.
     """
+    if _same_shape(left, request):
+        return [
+            Shortfall(label, d, y, x)
+            for (d, x), (_, y) in zip(left.quantities, request.quantities, strict=True)
+            if y > x
+        ]
     _, _, dims, a, b = _aligned(left, request)
     return [Shortfall(label, d, b.get(d), a.get(d)) for d in dims if b.get(d) > a.get(d)]
 
