@@ -263,16 +263,15 @@ _PURGE_SQL = sql.SQL(
 async def _pipelined_transaction(conn: Conn, body: Callable[[Conn], Awaitable[T]]) -> T:
     """`body` in one transaction in pipeline mode, BEGIN and COMMIT sent with the
     statements around them: a body that reads once and then writes costs two round
-    trips. (psycopg's transaction() in pipeline mode syncs after BEGIN and again
-    before COMMIT: four round trips, each a turn of a busy event loop.)"""
+    trips. (psycopg's transaction() in pipeline mode syncs three more times, after
+    BEGIN, after the body and after COMMIT: five, each a turn of a busy event loop.)"""
     try:
         async with conn.pipeline():
             await conn.execute("BEGIN")
             result = await body(conn)
             await conn.execute("COMMIT")
-        # Leaving the pipeline synced it: the writes and COMMIT have answered.
     except BaseException:
-        # Leaving the pipeline synced it, so the status is the server's.
+        # Leaving the pipeline synced it (even on an error), so the status is the server's.
         status = conn.info.transaction_status
         if status is TransactionStatus.INTRANS:
             # Python gave up (RetryTransaction, a bug): every statement sent has run.

@@ -8,6 +8,7 @@ import itertools
 import logging
 import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -125,12 +126,12 @@ async def _count_probe(conn: Conn) -> int:
 
 
 async def test_a_read_then_write_transaction_is_two_round_trips(
-    db: Database, tmp_path: pytest.TempPathFactory
+    db: Database, tmp_path: Path
 ) -> None:
     """Round trips are what a busy event loop charges for: the body's fetch flushes
     (BEGIN and the read answered together) and the end syncs (the write and COMMIT
     answered together). psycopg's transaction() in pipeline mode syncs three more times."""
-    trace = tmp_path / "libpq.trace"  # type: ignore[operator]
+    trace = tmp_path / "libpq.trace"
 
     async def body(conn: Conn) -> None:
         cur = await conn.execute("SELECT count(*) FROM pipe_probe")
