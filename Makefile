@@ -34,7 +34,7 @@ TEST_ENV := $(if $(LABELRM_TEST_DATABASE_URL),env LABELRM_TEST_DATABASE_URL='$(L
 
 TYPED := rm_server clients
 
-.PHONY: help venv run test test-all-dbs format lint typecheck protos protos-check bench clean distclean
+.PHONY: help venv run test test-all-dbs format lint typecheck protos protos-check bench bench-native clean distclean
 
 help: ## list the targets
 	@echo "labelrm make targets:"
@@ -84,8 +84,11 @@ protos: $(STAMP) ## regenerate protos/labelrm/v1/*_pb2*.py(i) from the .proto fi
 protos-check: $(STAMP) ## regenerate into the tree; fail (and show the diff) if protos/ differs from git HEAD
 	bash scripts/ci_check_drift.sh
 
-bench: $(STAMP) ## run every benchmark and print the targets (python -m bench $(BENCH_ARGS); docs/benchmarks.md)
+bench: bench-native ## run every benchmark and print the targets (python -m bench $(BENCH_ARGS); docs/benchmarks.md)
 	$(PY) -m bench $(BENCH_ARGS)
+
+bench-native: $(STAMP) ## build the benchmarks' C++ load generator (needs g++ pkg-config libgrpc++-dev protobuf-compiler-grpc)
+	@$(PY) -c 'from bench.native import loadgen_binary; print(loadgen_binary())'
 
 clean: ## remove caches and build output (keeps .venv and ./labelrm-data)
 	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

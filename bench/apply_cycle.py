@@ -97,7 +97,13 @@ async def consistency(target: str) -> dict[str, Any]:
 
 
 def measure_labelrm(
-    db: BenchDatabase, server: Server, mode: str, clients: int, seconds: float, procs: int
+    db: BenchDatabase,
+    server: Server,
+    mode: str,
+    clients: int,
+    seconds: float,
+    procs: int,
+    native: bool,
 ) -> dict[str, Any]:
     assert server.proc is not None
     res, cpu = run_loadgen(
@@ -108,6 +114,7 @@ def measure_labelrm(
         procs=procs,
         extra=["--mode", mode],
         meter_groups=lambda: {"server": server.pids, "postgres": db.postgres_pids()},
+        native=native,
     )
     out: dict[str, Any] = {
         "cycles_per_s": round(res["count"] / res["seconds"], 1),
@@ -122,7 +129,7 @@ def measure_labelrm(
 
 
 def measure_floor(
-    db: BenchDatabase, server: Server, clients: int, seconds: float, procs: int
+    db: BenchDatabase, server: Server, clients: int, seconds: float, procs: int, native: bool
 ) -> dict[str, Any]:
     assert server.proc is not None
     res, cpu = run_loadgen(
@@ -132,6 +139,7 @@ def measure_floor(
         seconds,
         procs=procs,
         meter_groups=lambda: {"server": server.pids},
+        native=native,
     )
     values = res["latency"].get("Check", [])
     return {
@@ -164,6 +172,13 @@ def main(argv: list[str] | None = None) -> int:
         help="another ceiling script (e.g. bench/pgbench/cycle_v0.sql: the SQL before issue 7)",
     )
     parser.add_argument(
+        "--loadgen",
+        choices=["native", "python"],
+        default="native",
+        help="clients in C++ (bench/native/loadgen.cc, the default: the least CPU taken"
+        " from the server's cores) or in Python (bench/loadgen.py)",
+    )
+    parser.add_argument(
         "--workers", type=int, default=1, help="rm-server processes sharing the port (SO_REUSEPORT)"
     )
     parser.add_argument(
@@ -172,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     modes = ["spread", "hot"] if args.mode == "both" else [args.mode]
+    native = args.loadgen == "native"
     # No agents heartbeat here: keep the bench ECMs from expiring during the run.
     server_args = ["--ecm-expiry", "86400", *args.server_arg]
     results: list[dict[str, Any]] = []
@@ -194,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
                 row: dict[str, Any] = {"mode": mode, "clients": clients}
                 db.settle()
                 row["labelrm"] = measure_labelrm(
-                    db, server, mode, clients, args.seconds, args.procs
+                    db, server, mode, clients, args.seconds, args.procs, native
                 )
                 if not args.no_pgbench:
                     ceiling.reset(db.url)
@@ -214,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_floor:
             for clients in args.clients:
                 floors[clients] = measure_floor(
-                    db, server, clients, min(args.seconds, 4.0), args.procs
+                    db, server, clients, min(args.seconds, 4.0), args.procs, native
                 )
         check = asyncio.run(consistency(server.target))
         describe = db.describe

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.native import loadgen_binary
 from bench.node_modules import PROTO_ROOT, WKT_DIR, node_modules
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -376,13 +377,15 @@ def run_loadgen(
     extra: Sequence[str] = (),
     meter_groups: Callable[[], dict[str, list[int]]] | None = None,
     node: dict[str, Any] | None = None,
+    native: bool = False,
 ) -> tuple[dict[str, Any], dict[str, float]]:
     """Run `clients` clients of workload `kind` spread over `procs` load-generator
     processes (default: 1 for one client, else 2), warm up, measure `seconds`, and merge
     their results. Returns (merged result, CPU cores used per group during the window).
 
     `node`: run bench/nodejs/<kind>.cjs under Node.js instead of bench/loadgen.py, with
-    these settings added to its JSON argument (`extra` is then unused)."""
+    these settings added to its JSON argument (`extra` is then unused). `native`: run
+    bench/native/loadgen.cc (same arguments as bench/loadgen.py; built on first use)."""
     procs = procs or (1 if clients == 1 else 2)
     procs = min(procs, clients)
     start_at = time.time() + warmup + 1.0  # + interpreter start-up
@@ -398,7 +401,12 @@ def run_loadgen(
             cmd = ["node", str(ROOT / "bench" / "nodejs" / f"{kind}.cjs"), json.dumps(settings)]
             env["NODE_PATH"] = str(node_modules())
         else:
-            cmd = [sys.executable, "-m", "bench.loadgen", kind, "--target", target]
+            cmd = (
+                [str(loadgen_binary()), kind]
+                if native
+                else [sys.executable, "-m", "bench.loadgen", kind]
+            )
+            cmd += ["--target", target]
             cmd += ["--clients", str(share), "--seconds", str(seconds)]
             cmd += ["--start-at", repr(start_at), "--seed", str(1000 * i)]
             cmd += ["--first-agent", str(first), *extra]

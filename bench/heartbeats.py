@@ -70,6 +70,7 @@ def measure(
         extra=["--interval", str(interval), "--agent-prefix", prefix],
         meter_groups=lambda: {"server": server.pids, "postgres": db.postgres_pids()},
         node={"interval": interval, "agent_prefix": prefix} if loadgen == "node" else None,
+        native=loadgen == "native",
     )
     values = res["latency"].get("Heartbeat", [])
     states = asyncio.run(ecm_states(server.target, prefix))
@@ -110,10 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--database-url", default="")
     parser.add_argument(
         "--loadgen",
-        choices=["node", "python"],
-        default="node",
-        help="simulated agents in Node.js (bench/nodejs/heartbeat.cjs, the default: a"
-        " tenth of the CPU) or in Python (bench/loadgen.py)",
+        choices=["native", "node", "python"],
+        default="native",
+        help="simulated agents in C++ (bench/native/loadgen.cc, the default), Node.js"
+        " (bench/nodejs/heartbeat.cjs) or Python (bench/loadgen.py)",
     )
     parser.add_argument(
         "--workers", type=int, default=1, help="rm-server processes sharing the port (SO_REUSEPORT)"
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     with stack(args.database_url, args.server_arg, args.workers) as (db, server):
         for n, agents in enumerate(args.agents):
-            per_proc = 2500 if args.loadgen == "node" else 1250
+            per_proc = 1250 if args.loadgen == "python" else 2500
             procs = args.procs or max(2, (agents + per_proc - 1) // per_proc)
             results.append(
                 measure(

@@ -1,0 +1,135 @@
+"""The benchmarks' native load generator (bench/native/loadgen.cc) against a live RM:
+its apply cycles leave nothing charged and the server consistent, its simulated agents
+register and heartbeat, and it refuses a bad command line.
+
+The binary is built by this test's setup (bench/native: protoc + g++ with Debian's gRPC
+C++ packages, cached by the hash of its sources). In CI (CI=true) a missing toolchain or
+a failed build fails the test; elsewhere it skips.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from labelrm.v1 import resource_manager_pb2 as pb
+
+from bench.native import NativeUnavailable, loadgen_binary
+from tests.helpers import GiB, assert_consistent, label_state, load_instance, register
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@pytest.fixture(scope="session")
+def loadgen() -> Path:
+    try:
+        return loadgen_binary()
+    except NativeUnavailable as exc:
+        if IN_CI:
+            pytest.fail(f"the native load generator cannot be built in CI: {exc}")
+        pytest.skip(str(exc))
+        raise
+
+
+async def run(loadgen: Path, *args: str, timeout: float = 60) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        str(loadgen),
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=timeout)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def run_window(loadgen: Path, kind: str, target: str, *args: str) -> dict[str, Any]:
+    """One run measured from half a second after start, for `--seconds` (in args)."""
+    start_at = repr(time.time() + 0.5)
+    code, out, err = await run(
+        loadgen, kind, "--target", target, "--start-at", start_at, "--seed", "7", *args
+    )
+    assert code == 0, err
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+async def test_apply_cycles_leave_nothing_charged(rm, loadgen):
+    await rm.rm.RegisterEcm(register("bench0:9000", load_instance(1024 * GiB, 10**6, 10**4)))
+
+    result = await run_window(
+        loadgen, "apply", rm.target, "--clients", "4", "--seconds", "1.5", "--mode", "hot"
+    )
+
+    assert result["errors"] == {}
+    assert result["count"] > 0
+    for rpc in ("Apply", "ReportUsed", "Release"):
+        # A cycle counts when it ends in the window, a call's latency when it starts
+        # there: only the four cycles under way at the window's start differ.
+        assert len(result["latency"][rpc]) >= result["count"] - 4, rpc
+        assert all(0 < v < 60 for v in result["latency"][rpc]), rpc
+    assert result["seconds"] == pytest.approx(1.5, abs=1e-3)
+    record = await label_state(rm, "emInstance=bench0:9000")
+    assert record.locked_resource.load_instance.memory_bytes == 0
+    assert record.used_resource.load_instance.memory_bytes == 0
+    report = await assert_consistent(rm)
+    assert report.labels_checked > 0
+
+
+async def test_simulated_agents_register_and_heartbeat(rm, loadgen):
+    result = await run_window(
+        loadgen,
+        "heartbeat",
+        rm.target,
+        "--clients",
+        "5",
+        "--seconds",
+        "2",
+        "--interval",
+        "0.5",
+        "--agent-prefix",
+        "native-",
+        "--first-agent",
+        "10",
+    )
+
+    assert result["errors"] == {}
+    assert 0 < result["registered_after"] < 30  # seconds from launch to the last registration
+    assert result["count"] >= 5  # each agent beat at least once in two seconds at 0.5 s
+    assert "HEARTBEAT_ACTION_REREGISTER" not in result["extra"]
+    listed = await rm.rm.ListEcms(pb.ListEcmsRequest(page_size=100))
+    states = {e.instance: pb.EcmState.Name(e.state) for e in listed.ecms}
+    assert states == {f"native-{i}:9000": "ECM_STATE_RUNNING" for i in range(10, 15)}
+
+    # The agents beat with rising sequence numbers: the RM holds the last one it answered.
+    async def lowest_sequence(conn: Any) -> int:
+        cur = await conn.execute(
+            "SELECT min(heartbeat_seq) FROM ecm WHERE instance LIKE 'native-%'"
+        )
+        row = await cur.fetchone()
+        return int(row[0])
+
+    assert await rm.core.db.run(lowest_sequence) >= 2
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([], "no workload"),
+        (["fly"], "unknown workload"),
+        (["apply", "--target", "127.0.0.1:1", "--clients", "1"], "are required"),
+        (["apply", "--clients", "x1"], "not a number: --clients"),
+        (["apply", "--bogus", "1"], "unknown flag --bogus"),
+        (["apply", "--target"], "no value for --target"),
+    ],
+)
+async def test_refuses_a_bad_command_line(loadgen, args, message):
+    code, out, err = await run(loadgen, *args)
+    assert code == 2
+    assert out == ""
+    assert message in err and "usage:" in err
