@@ -13,7 +13,11 @@ heartbeats/s (against K / 3 expected), p50/p99 latency, late beats (answered an
 interval or more after they were sent: the RM fell behind), the RM's CPU (psutil on
 its pid) and the database's; then ListEcms tells how many of the agents the RM marked
 LOST (each one a missed expiry: they all kept beating) and how many heartbeats were
-told to re-register. Prints a table and one JSON line.
+told to re-register. Then the gRPC floor on the same server: 64 clients calling the
+standard health Check (no database) for 4 s, the RM's CPU per empty call; each row
+gives its CPU per heartbeat in those units, and the floor says how many empty calls
+one core of this machine serves (heartbeats cannot beat that in one RM process).
+Prints a table and one JSON line.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import argparse
 import asyncio
 from typing import Any
 
+from bench.apply_cycle import measure_floor
 from bench.common import emit, ms, pct, run_loadgen, stack, table
 
 
@@ -94,6 +99,11 @@ def measure(
     }
 
 
+def cpu_per_call_us(cores: float, calls_per_s: float) -> float | None:
+    """Microseconds of CPU per call, from cores used and calls per second."""
+    return round(cores / calls_per_s * 1e6, 1) if calls_per_s else None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -134,7 +144,19 @@ def main(argv: list[str] | None = None) -> int:
                     server, db, agents, args.seconds, args.interval, procs, f"sim{n}-", args.loadgen
                 )
             )
+        floor = measure_floor(db, server, 64, 4.0, 2, args.loadgen == "native")
         describe = db.describe
+    floor_us = cpu_per_call_us(floor["cpu"].get("server", 0.0), floor["rpcs_per_s"])
+    floor["server_cpu_us_per_call"] = floor_us
+    for r in results:
+        r["server_cpu_us_per_beat"] = cpu_per_call_us(
+            r["cpu"].get("server", 0.0), r["heartbeats_per_s"]
+        )
+        r["beat_in_empty_rpcs"] = (
+            round(r["server_cpu_us_per_beat"] / floor_us, 2)
+            if r["server_cpu_us_per_beat"] and floor_us
+            else None
+        )
     rows = [
         [
             r["agents"],
@@ -149,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
             r["cpu"].get("postgres"),
             r["cpu"].get("loadgen"),
             r["cpu"].get("other"),
+            r["server_cpu_us_per_beat"],
+            r["beat_in_empty_rpcs"],
         ]
         for r in results
     ]
@@ -169,10 +193,16 @@ def main(argv: list[str] | None = None) -> int:
                     "CPU pg",
                     "CPU gen",
                     "CPU other",
+                    "RM us/beat",
+                    "x empty",
                 ],
                 rows,
             ),
-            "(LOST: agents the RM marked LOST although they kept beating = missed expiries; CPU in cores)",
+            "(LOST: agents the RM marked LOST although they kept beating = missed expiries; CPU in cores;"
+            " RM us/beat: the RM's CPU per heartbeat, x empty: that in empty calls)",
+            f"gRPC floor on the same server (health Check, 64 clients): {floor['rpcs_per_s']} calls/s,"
+            f" p50 {ms(floor['p50_ms'])} ms, RM CPU {floor_us} us per call:"
+            f" {round(1e6 / floor_us) if floor_us else '-'} empty calls per RM core-second on this machine",
             *[
                 f"note: with {r['agents']} agents the last registration came {r['registered_after_s']} s after start, "
                 f"after the {r['warmup_s']} s warm-up: the window includes registrations"
@@ -182,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             *[f"errors with {r['agents']} agents: {r['errors']}" for r in results if r["errors"]],
         ]
     )
-    emit("heartbeats", text, {"database": describe, "results": results})
+    emit("heartbeats", text, {"database": describe, "results": results, "floor": floor})
     return 0
 
 
