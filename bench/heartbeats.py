@@ -13,7 +13,7 @@ heartbeats/s (against K / 3 expected), p50/p99 latency, late beats (answered an
 interval or more after they were sent: the RM fell behind), the RM's CPU (psutil on
 its pid) and the database's; then ListEcms tells how many of the agents the RM marked
 LOST (each one a missed expiry: they all kept beating) and how many heartbeats were
-told to re-register. Then the gRPC floor on the same server: 64 clients calling the
+told to re-register. Before the agents, the gRPC floor on the same server: 64 clients calling the
 standard health Check (no database) for 4 s, the RM's CPU per empty call; each row
 gives its CPU per heartbeat in those units, and the floor says how many empty calls
 one core of this machine serves (heartbeats cannot beat that in one RM process).
@@ -136,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
 
     results = []
     with stack(args.database_url, args.server_arg, args.workers) as (db, server):
+        # The floor first: after thousands of agents an overloaded RM may still be
+        # answering their last beats.
+        floor = measure_floor(db, server, 64, 4.0, 2, args.loadgen == "native")
         for n, agents in enumerate(args.agents):
             per_proc = 1250 if args.loadgen == "python" else 2500
             procs = args.procs or max(2, (agents + per_proc - 1) // per_proc)
@@ -144,7 +147,6 @@ def main(argv: list[str] | None = None) -> int:
                     server, db, agents, args.seconds, args.interval, procs, f"sim{n}-", args.loadgen
                 )
             )
-        floor = measure_floor(db, server, 64, 4.0, 2, args.loadgen == "native")
         describe = db.describe
     floor_us = cpu_per_call_us(floor["cpu"].get("server", 0.0), floor["rpcs_per_s"])
     floor["server_cpu_us_per_call"] = floor_us

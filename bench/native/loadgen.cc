@@ -130,8 +130,11 @@ class ApplyClient : public Client {
   ApplyClient(pb::ResourceManagerService::Stub* stub, grpc::CompletionQueue* cq, Window* w,
               bool hot, uint64_t seed)
       : stub_(stub), cq_(cq), w_(w), hot_(hot), rng_(seed) {
+    // Request ids must differ between runs on one RM (a reused id with another request
+    // is refused): the prefix comes from the system's entropy, not from the seed.
     static const char* hex = "0123456789abcdef";
-    for (int i = 0; i < 12; ++i) prefix_ += hex[rng_() % 16];
+    std::random_device entropy;
+    for (int i = 0; i < 12; ++i) prefix_ += hex[entropy() % 16];
     request_.mutable_resource()->mutable_load()->set_memory_bytes(kGiB);
     request_.mutable_resource()->mutable_load()->set_cpu_millis(100);
   }
