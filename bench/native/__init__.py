@@ -56,6 +56,7 @@ def loadgen_binary(build_root: Path | None = None) -> Path:
     # Build in a scratch directory and rename: an interrupted build leaves nothing behind.
     scratch = Path(tempfile.mkdtemp(prefix="build-", dir=build_root))
     try:
+        scratch.chmod(0o755)  # mkdtemp's 0700 would hide the binary from other users
         _build(scratch)
         try:
             scratch.rename(target)
@@ -83,20 +84,23 @@ def _build(out: Path) -> None:
     # code needs no optimisation worth its compile time.
     pending = list(sources)
     running: list[tuple[Path, subprocess.Popen[str]]] = []
-    while pending or running:
-        while pending and len(running) < 2:
-            source = pending.pop(0)
-            level = "-O2" if source.parent == HERE else "-O1"
-            cmd = ["g++", "-std=c++17", level, f"-I{out}", *cflags, "-c", str(source)]
-            cmd += ["-o", str(out / (source.name + ".o"))]
-            running.append(
-                (source, subprocess.Popen(cmd, cwd=out, stderr=subprocess.PIPE, text=True))
-            )
-        source, proc = running.pop(0)
-        _, err = proc.communicate(timeout=600)
-        if proc.returncode != 0:
-            for _, other in running:
-                other.kill()
-            raise NativeUnavailable(f"g++ failed on {source.name}:\n{err[-3000:]}")
+    try:
+        while pending or running:
+            while pending and len(running) < 2:
+                source = pending.pop(0)
+                level = "-O2" if source.parent == HERE else "-O1"
+                cmd = ["g++", "-std=c++17", level, f"-I{out}", *cflags, "-c", str(source)]
+                cmd += ["-o", str(out / (source.name + ".o"))]
+                proc = subprocess.Popen(cmd, cwd=out, stderr=subprocess.PIPE, text=True)
+                running.append((source, proc))
+            source, proc = running[0]
+            _, err = proc.communicate(timeout=600)
+            running.pop(0)
+            if proc.returncode != 0:
+                raise NativeUnavailable(f"g++ failed on {source.name}:\n{err[-3000:]}")
+    finally:  # a failure or a timeout: no compiler is left running
+        for _, other in running:
+            other.kill()
+            other.wait()
     objects = sorted(str(p) for p in out.glob("*.o"))
     _run(["g++", "-o", str(out / "loadgen"), *objects, *libs], cwd=out)

@@ -1,9 +1,9 @@
 // A native load generator for the benchmarks: the workloads of bench/loadgen.py
 // (apply, health, heartbeat), with its command line and its JSON line, in C++ on gRPC's
 // completion queue, one thread. On a 2-core machine the load generator shares the cores
-// the RM is measured on: the Python one costs ~190 us of CPU per call and Node.js's more,
-// this one a few tens, which leaves the cores to the server (the figures are in
-// docs/benchmarks.md). Built by `make bench-native` (bench/native/build.py).
+// the RM is measured on: this one needs less than half the CPU per call of the Python
+// one and of Node.js's (docs/benchmarks.md, fifth round). Built on first use, or by
+// `make bench-native` (bench/native/__init__.py).
 //
 //   loadgen apply|health|heartbeat --target HOST:PORT --clients N --seconds S
 //           --start-at EPOCH [--seed K] [--mode spread|hot] [--interval 3]
