@@ -13,11 +13,11 @@ heartbeats/s (against K / 3 expected), p50/p99 latency, late beats (answered an
 interval or more after they were sent: the RM fell behind), the RM's CPU (psutil on
 its pid) and the database's; then ListEcms tells how many of the agents the RM marked
 LOST (each one a missed expiry: they all kept beating) and how many heartbeats were
-told to re-register. Before the agents, the gRPC floor on the same server: 64 clients calling the
-standard health Check (no database) for 4 s, the RM's CPU per empty call; each row
-gives its CPU per heartbeat in those units, and the floor says how many empty calls
-one core of this machine serves (heartbeats cannot beat that in one RM process).
-Prints a table and one JSON line.
+told to re-register. Before the agents, the gRPC floor on the same, idle server: 64
+clients calling the standard health Check (no database) for 4 s, the RM's CPU per empty
+call; each row gives its CPU per heartbeat in those units, and the floor says how many
+empty calls one core of this machine serves (one RM process cannot serve heartbeats
+faster). Prints a table and one JSON line.
 """
 
 from __future__ import annotations
