@@ -91,6 +91,12 @@ class AuthInterceptor:
         for the public methods)."""
         return self.enabled and not policy.is_public(method)
 
+    def checks_each_message(self, method: str) -> bool:
+        """Whether `method`'s client streams requests that `admit_message` checks one by
+        one (the policy's ``per_message``): the only such calls served when guarded."""
+        rule = policy.rule_for(method)
+        return rule is not None and rule.per_message
+
     # ----- the checks --------------------------------------------------------------------
 
     def _authenticate(self, context: grpc.aio.ServicerContext) -> Principal:
@@ -126,6 +132,19 @@ class AuthInterceptor:
             return _nothing
         user = str(getattr(request, "user", "") or principal.name)
         return self.limits.admit(user, _waits(request))
+
+    async def admit_message(self, method: str, message: Any) -> None:
+        """Check one message of a call whose client streams its requests, against the
+        rule of `method` (``per_message``), for the caller `admit` let in."""
+        principal = principal_var.get()
+        if principal is None:  # admit runs first, in the same task: never here
+            raise Unauthenticated(f"{method}: the call was not admitted")
+        try:
+            await policy.authorize(method, principal, message, self.owners, self.proxy_users)
+        except LabelrmError as err:
+            if err.reason == "PERMISSION_DENIED":
+                log.info("refused: %s", err.message)
+            raise
 
 
 def _nothing() -> None:

@@ -7,7 +7,9 @@ issued it), ``admin`` (operators, with a token). An admin may call everything an
 passes every ownership check. A ``proxy user`` (setting ``proxy_users``: a gateway that
 submits on behalf of others) may act as any user on the user RPCs, without admin RPCs.
 
-Ownership checks (`Check`), run before the servicer sees the request:
+Ownership checks (`Check`), run before the servicer sees the request (on a call whose
+client streams its requests, ``per_message``: before it sees each message; the call
+itself is admitted on the role alone):
 
 - SELF: the request's agent id / EngineConn id must be one of the caller's identities.
 - ACT_AS: the request's ``user`` and the user of every ``userCreator`` label must be the
@@ -50,13 +52,15 @@ class Check(StrEnum):
 @dataclass(frozen=True)
 class Rule:
     """Who may call one RPC. `roles` never needs to list admin (admins may call all);
-    `field` is the request field the check reads; `apply_like` RPCs count against the
-    per-user Apply rate (limits.py)."""
+    `field` is the request field the check reads (a dotted path into a nested message);
+    `apply_like` RPCs count against the per-user Apply rate (limits.py); `per_message`:
+    the client streams requests, and the check runs on each of them."""
 
     roles: frozenset[Role]
     check: Check = Check.NONE
     field: str = ""
     apply_like: bool = False
+    per_message: bool = False
 
 
 _USER = frozenset({Role.USER})
@@ -69,6 +73,7 @@ POLICY: Mapping[str, Rule] = {
     RM + "RegisterEcm": Rule(_AGENT, Check.SELF, "instance"),
     RM + "UnregisterEcm": Rule(_AGENT, Check.SELF, "instance"),  # another's: admin
     RM + "Heartbeat": Rule(_AGENT, Check.SELF, "agent_id"),
+    RM + "HeartbeatStream": Rule(_AGENT, Check.SELF, "heartbeat.agent_id", per_message=True),
     EC + "StreamAgentCommands": Rule(_AGENT, Check.SELF, "agent_id"),
     # EngineConns: report only their own state.
     EC + "ReportEngineConnState": Rule(_ENGINECONN, Check.SELF, "engine_conn_id"),
@@ -157,7 +162,8 @@ async def authorize(
     """Allow the call or raise Unauthenticated / PermissionDenied.
 
     May fill in the request's ``user`` (ACT_AS, OWN_LIST). Returns the rule (None for
-    public methods)."""
+    public methods). For a ``per_message`` rule, `request` is None when the call opens
+    (the role is checked) and each message as it arrives (the ownership is)."""
     if is_public(method):
         return None
     rule = rule_for(method)
@@ -174,7 +180,13 @@ async def authorize(
         raise _denied(principal, f"call {method} (needs role {need})")
     if rule.check is Check.NONE:
         return rule
-    value = getattr(request, rule.field)
+    if request is None:  # a call whose client streams: opened on the role alone
+        if rule.per_message:
+            return rule
+        raise _denied(principal, f"call {method} without a request to check")
+    value = request
+    for name in rule.field.split("."):
+        value = getattr(value, name)
     if rule.check is Check.SELF:
         if not principal.claims(value):
             raise _denied(principal, f"act as {rule.field} {value!r}")

@@ -129,8 +129,10 @@ class Interceptor(grpc.GenericRpcHandler):
             auth=self.auth if guarded else None,
         )
         # The auth step needs the request message: on guarded methods, the shapes where
-        # the client streams its requests (and synchronous handlers) are refused.
-        if not guarded or handler.unary_unary or handler.unary_stream:
+        # the client streams its requests (and synchronous handlers) are refused, unless
+        # the policy checks each message (HeartbeatStream).
+        streams_checked = guarded and self.auth is not None and self.auth.checks_each_message(name)
+        if not guarded or handler.unary_unary or handler.unary_stream or streams_checked:
             wrapped = _wrap(handler, method)
             if wrapped is not None:
                 return wrapped
@@ -217,7 +219,10 @@ def _unary(behavior: Unary, method: _Method, unary_request: bool) -> Unary:
     async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
         state = _Call(method, request if unary_request else None, context)
         try:
-            release = await auth.admit(method.name, request, context) if auth else None
+            first = request if unary_request else None  # as in _streaming
+            release = await auth.admit(method.name, first, context) if auth else None
+            if auth is not None and not unary_request:
+                request = _each_admitted(auth, method.name, request)
             try:
                 return await behavior(request, context)
             finally:
@@ -238,7 +243,12 @@ def _streaming(behavior: Streaming, method: _Method, unary_request: bool) -> Str
     async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         state = _Call(method, request if unary_request else None, context)
         try:
-            release = await auth.admit(method.name, request, context) if auth else None
+            # A call whose client streams is admitted on the caller's role, then each
+            # message on its own (the servicer sees only messages that passed).
+            first = request if unary_request else None
+            release = await auth.admit(method.name, first, context) if auth else None
+            if auth is not None and not unary_request:
+                request = _each_admitted(auth, method.name, request)
             try:
                 async for item in behavior(request, context):
                     yield item
@@ -252,6 +262,14 @@ def _streaming(behavior: Streaming, method: _Method, unary_request: bool) -> Str
             state.end()
 
     return stream
+
+
+async def _each_admitted(
+    auth: AuthInterceptor, name: str, messages: AsyncIterator[Any]
+) -> AsyncIterator[Any]:
+    async for message in messages:
+        await auth.admit_message(name, message)
+        yield message
 
 
 def _refuse(name: str) -> Unary:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import grpc
 from google.protobuf.message import Message
 from labelrm.v1 import resource_manager_pb2 as pb
@@ -186,13 +188,28 @@ class ResourceManagerServicer(pb_grpc.ResourceManagerServiceServicer):
     async def Heartbeat(
         self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext
     ) -> pb.HeartbeatResponse:
-        agent_id = _instance(request.agent_id, "agent_id")
+        return await self._heartbeat(request)
+
+    async def HeartbeatStream(
+        self,
+        requests: AsyncIterator[pb.HeartbeatStreamRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[pb.HeartbeatStreamResponse]:
+        """Heartbeat, one message at a time on one long-lived call, answered in order. A
+        message Heartbeat would refuse ends the stream with that status."""
+        async for request in requests:
+            answer = await self._heartbeat(request.heartbeat, "heartbeat.")
+            yield pb.HeartbeatStreamResponse(heartbeat=answer)
+
+    async def _heartbeat(self, request: pb.HeartbeatRequest, at: str = "") -> pb.HeartbeatResponse:
+        """One heartbeat (`at`: where it sits in the request, for the field an error names)."""
+        agent_id = _instance(request.agent_id, f"{at}agent_id")
         if request.sequence < 1:
-            raise InvalidArgument("sequence", "must be >= 1")
+            raise InvalidArgument(f"{at}sequence", "must be >= 1")
         if len(request.engine_conns) > 10_000:
-            raise InvalidArgument("engine_conns", "too many entries")
+            raise InvalidArgument(f"{at}engine_conns", "too many entries")
         processes = [
-            convert.process_from_pb(p, f"engine_conns[{i}]")
+            convert.process_from_pb(p, f"{at}engine_conns[{i}]")
             for i, p in enumerate(request.engine_conns)
         ]
         interval = self.hub.settings.agent_heartbeat_interval

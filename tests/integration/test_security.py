@@ -44,6 +44,7 @@ EXPECTED = {
     "ResourceManagerService/RegisterEcm": {"agent", "agent_token"},
     "ResourceManagerService/UnregisterEcm": {"agent", "agent_token"},
     "ResourceManagerService/Heartbeat": {"agent", "agent_token"},
+    "ResourceManagerService/HeartbeatStream": {"agent", "agent_token"},
     "ResourceManagerService/Apply": {"user"},
     "ResourceManagerService/ReportUsed": {"user"},
     "ResourceManagerService/Release": {"user"},
@@ -130,6 +131,12 @@ async def call(channel, service, method, request_id: str) -> grpc.StatusCode:
     for name, value in FIELDS.items():
         if name in method.input_type.fields_by_name:
             setattr(request, name, value)
+    if method.client_streaming:  # HeartbeatStream: the ids sit in the wrapped message
+        for field in method.input_type.fields:
+            if field.message_type is not None:
+                for name, value in FIELDS.items():
+                    if name in field.message_type.fields_by_name:
+                        setattr(getattr(request, field.name), name, value)
     if "request_id" in method.input_type.fields_by_name:
         request.request_id = request_id
     response_type = message_factory.GetMessageClass(method.output_type)
@@ -139,7 +146,13 @@ async def call(channel, service, method, request_id: str) -> grpc.StatusCode:
         "response_deserializer": response_type.FromString,
     }
     try:
-        if method.server_streaming:
+        if method.client_streaming:
+            stream = channel.stream_stream(path, **kwargs)(timeout=5.0)
+            await stream.write(request)
+            await stream.done_writing()
+            async for _ in stream:
+                break
+        elif method.server_streaming:
             stream = channel.unary_stream(path, **kwargs)(request, timeout=1.0)
             async for _ in stream:
                 break
@@ -223,9 +236,24 @@ async def test_an_agent_cannot_pass_for_another(srm):
         async for _ in stream:
             pass
     assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
-    # agent2 is untouched and still heartbeats as itself.
+    # On a heartbeat stream each message is checked: agent1 beats as itself, then a
+    # message as agent2 ends the stream, and agent2's sequence is not recorded.
+    await agent1.rm.RegisterEcm(register("agent1", load_instance(4 * GiB, 4000, 4)))
+    beats = agent1.rm.HeartbeatStream(timeout=10)
+    own = pb.HeartbeatRequest(agent_id="agent1", sequence=1)
+    await beats.write(pb.HeartbeatStreamRequest(heartbeat=own))
+    answer = await beats.read()
+    assert answer.heartbeat.action == pb.HEARTBEAT_ACTION_CONTINUE
+    forged = pb.HeartbeatRequest(agent_id="agent2", sequence=5)
+    await beats.write(pb.HeartbeatStreamRequest(heartbeat=forged))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await beats.read()
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "agent_id 'agent2'" in (err.value.details() or "")
+    # agent2 is untouched and still heartbeats as itself (sequence 1: nothing recorded).
     resp = await agent2.rm.Heartbeat(pb.HeartbeatRequest(agent_id="agent2", sequence=1))
     assert resp.action == pb.HEARTBEAT_ACTION_CONTINUE
+    assert resp.sequence == 1
 
 
 async def test_heartbeat_reports_of_engineconns_on_another_ecm_are_ignored(srm):

@@ -64,7 +64,13 @@ def test_rule_fields_exist_on_the_request(method):
     service, name = method.split("/")
     desc = next(s for s in SERVICES if s.full_name == service).methods_by_name[name]
     if rule.check is not policy.Check.NONE:
-        assert rule.field in desc.input_type.fields_by_name, (method, rule.field)
+        message = desc.input_type
+        *outer, last = rule.field.split(".")  # a dotted path into nested messages
+        for name in outer:
+            message = message.fields_by_name[name].message_type
+        assert last in message.fields_by_name, (method, rule.field)
+    # Only calls whose client streams are checked message by message, and those must be.
+    assert rule.per_message == desc.client_streaming, method
 
 
 async def test_admin_and_dev_mode_may_call_everything():
@@ -224,3 +230,26 @@ async def test_apply_like_rules_are_the_ones_that_allocate():
             policy.DEMAND + "SubmitDemand",
         ]
     )
+
+
+async def test_a_streamed_call_opens_on_the_role_and_each_message_is_checked():
+    method = policy.RM + "HeartbeatStream"
+    rule = await policy.authorize(method, AGENT1, None, OWNERS)
+    assert rule is not None and rule.per_message
+    with pytest.raises(PermissionDenied):
+        await policy.authorize(method, ALICE, None, OWNERS)  # the role, before any message
+    own = resource_manager_pb2.HeartbeatStreamRequest(
+        heartbeat=resource_manager_pb2.HeartbeatRequest(agent_id="agent1", sequence=1)
+    )
+    assert await policy.authorize(method, AGENT1, own, OWNERS) is rule
+    other = resource_manager_pb2.HeartbeatStreamRequest(
+        heartbeat=resource_manager_pb2.HeartbeatRequest(agent_id="agent2", sequence=1)
+    )
+    with pytest.raises(PermissionDenied, match=r"heartbeat\.agent_id 'agent2'"):
+        await policy.authorize(method, AGENT1, other, OWNERS)
+
+
+async def test_a_missing_request_passes_no_ownership_check_but_a_streamed_one():
+    # Fail closed: only a per_message rule admits a call before its messages are seen.
+    with pytest.raises(PermissionDenied, match="without a request"):
+        await policy.authorize(policy.RM + "Heartbeat", AGENT1, None, OWNERS)

@@ -74,6 +74,18 @@ class HeartbeatResponse(_message.Message):
     reason: str
     def __init__(self, action: _Optional[_Union[HeartbeatAction, str]] = ..., commands: _Optional[_Iterable[_Union[_engine_conn_pb2.AgentCommand, _Mapping]]] = ..., heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., sequence: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
+class HeartbeatStreamRequest(_message.Message):
+    __slots__ = ("heartbeat",)
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    heartbeat: HeartbeatRequest
+    def __init__(self, heartbeat: _Optional[_Union[HeartbeatRequest, _Mapping]] = ...) -> None: ...
+
+class HeartbeatStreamResponse(_message.Message):
+    __slots__ = ("heartbeat",)
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    heartbeat: HeartbeatResponse
+    def __init__(self, heartbeat: _Optional[_Union[HeartbeatResponse, _Mapping]] = ...) -> None: ...
+
 class GetEcmRequest(_message.Message):
     __slots__ = ("instance",)
     INSTANCE_FIELD_NUMBER: _ClassVar[int]

@@ -85,6 +85,11 @@ class ResourceManagerServiceStub:
                 request_serializer=labelrm_dot_v1_dot_resource__manager__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=labelrm_dot_v1_dot_resource__manager__pb2.HeartbeatResponse.FromString,
                 _registered_method=True)
+        self.HeartbeatStream = channel.stream_stream(
+                '/labelrm.v1.ResourceManagerService/HeartbeatStream',
+                request_serializer=labelrm_dot_v1_dot_resource__manager__pb2.HeartbeatStreamRequest.SerializeToString,
+                response_deserializer=labelrm_dot_v1_dot_resource__manager__pb2.HeartbeatStreamResponse.FromString,
+                _registered_method=True)
         self.GetEcm = channel.unary_unary(
                 '/labelrm.v1.ResourceManagerService/GetEcm',
                 request_serializer=labelrm_dot_v1_dot_resource__manager__pb2.GetEcmRequest.SerializeToString,
@@ -172,6 +177,16 @@ class ResourceManagerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def HeartbeatStream(self, request_iterator, context):
+        """HeartbeatStream carries an agent's heartbeats on one long-lived call: each request is
+        answered by one response, in order, exactly as Heartbeat answers it (sequence numbers,
+        stored answers and resends alike). A beat on an open stream costs the RM about a third
+        of a call; an RM without it answers UNIMPLEMENTED, and the agent uses Heartbeat.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetEcm(self, request, context):
         """GetEcm returns one ECM with its state.
         """
@@ -238,6 +253,11 @@ def add_ResourceManagerServiceServicer_to_server(servicer, server):
                     servicer.Heartbeat,
                     request_deserializer=labelrm_dot_v1_dot_resource__manager__pb2.HeartbeatRequest.FromString,
                     response_serializer=labelrm_dot_v1_dot_resource__manager__pb2.HeartbeatResponse.SerializeToString,
+            ),
+            'HeartbeatStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.HeartbeatStream,
+                    request_deserializer=labelrm_dot_v1_dot_resource__manager__pb2.HeartbeatStreamRequest.FromString,
+                    response_serializer=labelrm_dot_v1_dot_resource__manager__pb2.HeartbeatStreamResponse.SerializeToString,
             ),
             'GetEcm': grpc.unary_unary_rpc_method_handler(
                     servicer.GetEcm,
@@ -521,6 +541,33 @@ class ResourceManagerService:
             '/labelrm.v1.ResourceManagerService/Heartbeat',
             labelrm_dot_v1_dot_resource__manager__pb2.HeartbeatRequest.SerializeToString,
             labelrm_dot_v1_dot_resource__manager__pb2.HeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HeartbeatStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/labelrm.v1.ResourceManagerService/HeartbeatStream',
+            labelrm_dot_v1_dot_resource__manager__pb2.HeartbeatStreamRequest.SerializeToString,
+            labelrm_dot_v1_dot_resource__manager__pb2.HeartbeatStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,
