@@ -31,6 +31,7 @@ from labelrm.v1 import engine_conn_pb2_grpc, resource_manager_pb2_grpc, resource
 from labelrm.v1 import resource_manager_pb2 as rm_pb
 
 from clients._channel import ChannelSecurity, aio_channel
+from ecm_agent.beats import HeartbeatSender
 from ecm_agent.launch import Launcher
 from ecm_agent.pacing import next_beat_delay
 from ecm_agent.settings import AgentSettings, detect_total, parse_labels
@@ -78,6 +79,7 @@ class Agent:
         security = ChannelSecurity(st.tls_ca, st.tls_cert, st.tls_key, st.token)
         self.channel = aio_channel(st.rm, security)
         self.rm = resource_manager_pb2_grpc.ResourceManagerServiceStub(self.channel)
+        self.beats = HeartbeatSender(self.rm, timeout=10)
         self.ecs = engine_conn_pb2_grpc.EngineConnServiceStub(self.channel)
 
     @property
@@ -110,6 +112,7 @@ class Agent:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
             await self.launcher.close()
+            self.beats.close()
             await self.channel.close()
 
     def stop(self) -> None:
@@ -171,7 +174,7 @@ class Agent:
             # A lost answer is retried with the same sequence; the RM replays it.
             sent_at = time.monotonic()
             response: rm_pb.HeartbeatResponse = await self._retrying(
-                functools.partial(self.rm.Heartbeat, request, timeout=10)
+                functools.partial(self.beats.send, request)
             )
             self._done.difference_update(done)
             if response.heartbeat_interval.ToNanoseconds() > 0:

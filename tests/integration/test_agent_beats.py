@@ -1,0 +1,119 @@
+"""The agent's heartbeat sender (ecm_agent/beats.py) over real gRPC: one stream for
+many beats against the RM, unary calls against an RM without HeartbeatStream, and a new
+stream after one ended under it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+import pytest
+from labelrm.v1 import resource_manager_pb2 as pb
+from labelrm.v1 import resource_manager_pb2_grpc
+
+from ecm_agent.agent import RETRYABLE
+from ecm_agent.beats import HeartbeatSender
+from tests.helpers import GiB, load_instance, register
+
+SERVICE = "labelrm.v1.ResourceManagerService"
+CONTINUE = pb.HEARTBEAT_ACTION_CONTINUE
+
+
+def _beat(seq: int, agent: str = "beats1:9000") -> pb.HeartbeatRequest:
+    return pb.HeartbeatRequest(agent_id=agent, sequence=seq)
+
+
+async def test_one_stream_carries_every_beat(rm):
+    await rm.rm.RegisterEcm(register("beats1:9000", load_instance(4 * GiB, 4000, 4)))
+    sender = HeartbeatSender(rm.rm, timeout=10)
+    try:
+        answers = [await sender.send(_beat(seq)) for seq in (1, 2, 3)]
+    finally:
+        sender.close()
+    assert [(a.action, a.sequence) for a in answers] == [
+        (CONTINUE, 1),
+        (CONTINUE, 2),
+        (CONTINUE, 3),
+    ]
+    assert sender.streams_opened == 1 and not sender.unary
+    record = await rm.rm.GetEcm(pb.GetEcmRequest(instance="beats1:9000"))
+    assert record.ecm.state == pb.ECM_STATE_RUNNING
+
+
+async def _fake_rm(handlers: dict[str, grpc.RpcMethodHandler]) -> tuple[grpc.aio.Server, int]:
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, port
+
+
+def _unary(calls: list[int]) -> grpc.RpcMethodHandler:
+    async def heartbeat(request: pb.HeartbeatRequest, context: object) -> pb.HeartbeatResponse:
+        calls.append(request.sequence)
+        return pb.HeartbeatResponse(action=CONTINUE, sequence=request.sequence)
+
+    return grpc.unary_unary_rpc_method_handler(
+        heartbeat,
+        request_deserializer=pb.HeartbeatRequest.FromString,
+        response_serializer=pb.HeartbeatResponse.SerializeToString,
+    )
+
+
+def _one_beat_per_stream() -> grpc.RpcMethodHandler:
+    async def stream(
+        requests: AsyncIterator[pb.HeartbeatStreamRequest], context: object
+    ) -> AsyncIterator[pb.HeartbeatStreamResponse]:
+        async for request in requests:
+            beat = request.heartbeat
+            yield pb.HeartbeatStreamResponse(
+                heartbeat=pb.HeartbeatResponse(action=CONTINUE, sequence=beat.sequence)
+            )
+            return  # ends the call, OK, after one answer: as an RM going away would
+
+    return grpc.stream_stream_rpc_method_handler(
+        stream,
+        request_deserializer=pb.HeartbeatStreamRequest.FromString,
+        response_serializer=pb.HeartbeatStreamResponse.SerializeToString,
+    )
+
+
+async def _with_fake(
+    handlers: dict[str, grpc.RpcMethodHandler], body: Callable[[HeartbeatSender], object]
+) -> None:
+    server, port = await _fake_rm(handlers)
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    sender = HeartbeatSender(resource_manager_pb2_grpc.ResourceManagerServiceStub(channel), 5)
+    try:
+        await body(sender)  # type: ignore[misc]
+    finally:
+        sender.close()
+        await channel.close()
+        await server.stop(None)
+
+
+async def test_an_rm_without_the_stream_gets_calls():
+    calls: list[int] = []
+
+    async def body(sender: HeartbeatSender) -> None:
+        first = await sender.send(_beat(1))
+        second = await sender.send(_beat(2))
+        assert (first.sequence, second.sequence) == (1, 2)
+        assert sender.unary and sender.streams_opened == 1  # tried once, then calls
+
+    await _with_fake({"Heartbeat": _unary(calls)}, body)
+    assert calls == [1, 2]
+
+
+async def test_a_stream_that_ended_is_replaced_and_the_beat_resent():
+    async def body(sender: HeartbeatSender) -> None:
+        assert (await sender.send(_beat(1))).sequence == 1
+        # The RM ended that stream: the beat fails with a code the agent retries, ...
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await sender.send(_beat(2))
+        assert err.value.code() in RETRYABLE
+        # ... and the retry opens a new stream.
+        assert (await sender.send(_beat(2))).sequence == 2
+        assert sender.streams_opened == 2 and not sender.unary
+
+    await _with_fake({"HeartbeatStream": _one_beat_per_stream()}, body)
