@@ -61,6 +61,7 @@ def measure(
     procs: int,
     prefix: str,
     loadgen: str,
+    heartbeat_rpc: str,
 ) -> dict[str, Any]:
     # Registration is part of the warm-up (it runs at about 130/s here while the first
     # agents already beat); the output says if it was not over when the window opened.
@@ -72,7 +73,14 @@ def measure(
         seconds,
         warmup=warmup,
         procs=procs,
-        extra=["--interval", str(interval), "--agent-prefix", prefix],
+        extra=[
+            "--interval",
+            str(interval),
+            "--agent-prefix",
+            prefix,
+            "--heartbeat-rpc",
+            heartbeat_rpc,
+        ],
         meter_groups=lambda: {"server": server.pids, "postgres": db.postgres_pids()},
         node={"interval": interval, "agent_prefix": prefix} if loadgen == "node" else None,
         native=loadgen == "native",
@@ -127,12 +135,21 @@ def main(argv: list[str] | None = None) -> int:
         " (bench/nodejs/heartbeat.cjs) or Python (bench/loadgen.py)",
     )
     parser.add_argument(
+        "--heartbeat-rpc",
+        choices=["stream", "unary"],
+        default="stream",
+        help="beats on one HeartbeatStream per agent, as ecm-agent sends them (the default),"
+        " or as unary Heartbeat calls (the Node.js simulator's only way)",
+    )
+    parser.add_argument(
         "--workers", type=int, default=1, help="rm-server processes sharing the port (SO_REUSEPORT)"
     )
     parser.add_argument(
         "--server-arg", action="append", default=[], help="extra rm-server argument (repeat)"
     )
     args = parser.parse_args(argv)
+    if args.loadgen == "node" and args.heartbeat_rpc == "stream":
+        parser.error("--loadgen node sends unary Heartbeat calls: add --heartbeat-rpc unary")
 
     results = []
     with stack(args.database_url, args.server_arg, args.workers) as (db, server):
@@ -144,7 +161,15 @@ def main(argv: list[str] | None = None) -> int:
             procs = args.procs or max(2, (agents + per_proc - 1) // per_proc)
             results.append(
                 measure(
-                    server, db, agents, args.seconds, args.interval, procs, f"sim{n}-", args.loadgen
+                    server,
+                    db,
+                    agents,
+                    args.seconds,
+                    args.interval,
+                    procs,
+                    f"sim{n}-",
+                    args.loadgen,
+                    args.heartbeat_rpc,
                 )
             )
         describe = db.describe
@@ -180,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     text = "\n".join(
         [
-            f"heartbeats: {describe}; rm-server defaults (ECM expiry 30 s, sweep 1 s); agents heartbeat every {args.interval:g} s; window {args.seconds:g} s after registration and warm-up",
+            f"heartbeats: {describe}; rm-server defaults (ECM expiry 30 s, sweep 1 s); agents heartbeat every {args.interval:g} s ({'one HeartbeatStream each' if args.heartbeat_rpc == 'stream' else 'unary Heartbeat calls'}, {args.loadgen} simulator); window {args.seconds:g} s after registration and warm-up",
             table(
                 [
                     "agents",
@@ -214,7 +239,17 @@ def main(argv: list[str] | None = None) -> int:
             *[f"errors with {r['agents']} agents: {r['errors']}" for r in results if r["errors"]],
         ]
     )
-    emit("heartbeats", text, {"database": describe, "results": results, "floor": floor})
+    emit(
+        "heartbeats",
+        text,
+        {
+            "database": describe,
+            "heartbeat_rpc": args.heartbeat_rpc,
+            "loadgen": args.loadgen,
+            "results": results,
+            "floor": floor,
+        },
+    )
     return 0
 
 

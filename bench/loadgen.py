@@ -1,7 +1,8 @@
 """A load-generator process (started by the benchmarks, several at a time).
 
     python -m bench.loadgen apply|health|heartbeat --target HOST:PORT --clients N
-           --seconds S --start-at EPOCH [--mode spread|hot] [--interval 3] ...
+           --seconds S --start-at EPOCH [--mode spread|hot] [--interval 3]
+           [--heartbeat-rpc stream|unary] ...
 
 Clients start at once (warm-up), are measured from --start-at for --seconds, and the
 process prints one JSON line: operations completed in the window, latencies (s) of
@@ -26,6 +27,7 @@ import grpc
 from labelrm.v1 import resource_manager_pb2 as pb
 from labelrm.v1 import resource_manager_pb2_grpc, resource_pb2
 
+from ecm_agent.beats import HeartbeatSender
 from ecm_agent.pacing import next_beat_delay
 
 GiB = 1024**3
@@ -154,9 +156,14 @@ async def agent(
     rng: random.Random,
     w: Window,
     gate: asyncio.Semaphore,
+    stream: bool,
 ) -> None:
     """One simulated agent: registers, then heartbeats paced as ecm_agent paces them
-    (ecm_agent/pacing.py: every `interval` give or take a jitter), with no EngineConns."""
+    (ecm_agent/pacing.py: every `interval` give or take a jitter), with no EngineConns,
+    sent as the agent sends them (ecm_agent/beats.py: on one HeartbeatStream) or, with
+    `stream` false, as unary Heartbeat calls."""
+    sender = HeartbeatSender(stub, timeout=30)
+    sender.unary = not stream
     async with gate:
         t0 = time.monotonic()
         await stub.RegisterEcm(register_request(agent_id), timeout=120)
@@ -172,12 +179,11 @@ async def agent(
         await asyncio.sleep(delay)
         t0 = time.monotonic()
         if t0 >= w.end:
+            sender.close()
             return
         seq += 1
         try:
-            resp = await stub.Heartbeat(
-                pb.HeartbeatRequest(agent_id=agent_id, sequence=seq), timeout=30
-            )
+            resp = await sender.send(pb.HeartbeatRequest(agent_id=agent_id, sequence=seq))
         except grpc.aio.AioRpcError as exc:
             w.error(exc.code().name, time.monotonic())
             seq -= 1  # resend the same sequence number, as the agent does
@@ -235,7 +241,15 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             ]
             gate = asyncio.Semaphore(32)  # registrations in flight
             jobs = [
-                agent(stubs[i % len(stubs)], a, args.interval, random.Random(rng.random()), w, gate)
+                agent(
+                    stubs[i % len(stubs)],
+                    a,
+                    args.interval,
+                    random.Random(rng.random()),
+                    w,
+                    gate,
+                    args.heartbeat_rpc == "stream",
+                )
                 for i, a in enumerate(ids)
             ]
         await asyncio.gather(*jobs)
@@ -259,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval", type=float, default=3.0)
     p.add_argument("--agent-prefix", default="sim")
     p.add_argument("--first-agent", type=int, default=0)
+    p.add_argument("--heartbeat-rpc", choices=["stream", "unary"], default="stream")
     args = p.parse_args(argv)
     print(json.dumps(asyncio.run(main_async(args))), flush=True)
     return 0

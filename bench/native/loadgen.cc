@@ -7,7 +7,7 @@
 //
 //   loadgen apply|health|heartbeat --target HOST:PORT --clients N --seconds S
 //           --start-at EPOCH [--seed K] [--mode spread|hot] [--interval 3]
-//           [--agent-prefix P] [--first-agent I]
+//           [--agent-prefix P] [--first-agent I] [--heartbeat-rpc stream|unary]
 //
 // Each client is a small state machine; the one operation it has in flight at a time (a
 // call or a timer) carries the client as its completion-queue tag.
@@ -52,7 +52,7 @@ std::chrono::system_clock::time_point At(double t) {
 }
 
 struct Args {
-  std::string kind, target, mode = "spread", agent_prefix = "sim";
+  std::string kind, target, mode = "spread", agent_prefix = "sim", heartbeat_rpc = "stream";
   int clients = 0, first_agent = 0;
   double seconds = 0, start_at = 0, interval = 3.0;
   uint64_t seed = 0;
@@ -268,13 +268,15 @@ struct Slots {
 };
 
 // One simulated ECM agent (bench/loadgen.py agent): registers, then heartbeats with
-// sequence numbers, paced as ecm_agent/pacing.py paces them.
+// sequence numbers, paced as ecm_agent/pacing.py paces them, on one HeartbeatStream as
+// ecm_agent/beats.py sends them (or as unary Heartbeat calls): after a failure, the same
+// beat again half a second later, on a new stream.
 class AgentClient : public Client {
  public:
   AgentClient(pb::ResourceManagerService::Stub* stub, grpc::CompletionQueue* cq, Window* w,
-              Slots* slots, std::string agent_id, double interval, uint64_t seed)
+              Slots* slots, std::string agent_id, double interval, uint64_t seed, bool stream)
       : stub_(stub), cq_(cq), w_(w), slots_(slots), id_(std::move(agent_id)),
-        interval_(interval), rng_(seed) {}
+        interval_(interval), rng_(seed), use_stream_(stream) {}
 
   void Start() override {
     if (slots_->free == 0) {
@@ -311,12 +313,32 @@ class AgentClient : public Client {
       case kWait:
         return Beat();
       case kBeat:
-        return Answered(ok, t);
+        if (!ok || !beat_.status.ok())
+          return Failed(ok ? CodeName(beat_.status.error_code()) : "QUEUE", t);
+        return Answered(beat_.response, t);
+      case kOpen:
+        return ok ? Write() : EndStream();
+      case kWrite:
+        if (!ok) return EndStream();
+        step_ = kRead;
+        return stream_->Read(&stream_answer_, this);
+      case kRead:
+        return ok ? Answered(stream_answer_.heartbeat(), t) : EndStream();
+      case kEnded:  // the stream failed: its status says why
+        stream_.reset();
+        return Failed(stream_status_.ok() ? "STREAM_ENDED"
+                                          : CodeName(stream_status_.error_code()), t);
+      case kClosed:  // the window is over and the stream closed
+        stream_.reset();
+        done = true;
+        return;
     }
   }
 
  private:
-  enum Step { kFirstRegister, kRegister, kWait, kBeat };
+  enum Step { kFirstRegister, kRegister, kWait, kBeat, kOpen, kWrite, kRead, kEnded, kClosed };
+  using Stream =
+      grpc::ClientAsyncReaderWriter<pb::HeartbeatStreamRequest, pb::HeartbeatStreamResponse>;
 
   double Uniform() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); }
 
@@ -350,24 +372,48 @@ class AgentClient : public Client {
   void Beat() {
     t0_ = Now();
     if (t0_ >= w_->end) {
-      done = true;
-      return;
+      if (stream_ == nullptr) {
+        done = true;
+        return;
+      }
+      step_ = kClosed;
+      stream_context_->TryCancel();
+      return stream_->Finish(&stream_status_, this);
     }
     seq_ += 1;
-    pb::HeartbeatRequest req;
-    req.set_agent_id(id_);
-    req.set_sequence(seq_);
-    step_ = kBeat;
-    beat_.reader = stub_->AsyncHeartbeat(beat_.Fresh(30), req, cq_);
-    beat_.Finish(this);
+    if (!use_stream_) {
+      pb::HeartbeatRequest req;
+      req.set_agent_id(id_);
+      req.set_sequence(seq_);
+      step_ = kBeat;
+      beat_.reader = stub_->AsyncHeartbeat(beat_.Fresh(30), req, cq_);
+      return beat_.Finish(this);
+    }
+    if (stream_ != nullptr) return Write();
+    stream_context_ = std::make_unique<grpc::ClientContext>();
+    step_ = kOpen;
+    stream_ = stub_->AsyncHeartbeatStream(stream_context_.get(), cq_, this);
   }
 
-  void Answered(bool ok, double t1) {
-    if (!ok || !beat_.status.ok()) {
-      w_->Bump(w_->errors, ok ? CodeName(beat_.status.error_code()) : "QUEUE", t1);
-      seq_ -= 1;  // resend the same sequence number, as the agent does
-      return Wait(0.5);
-    }
+  void Write() {
+    stream_request_.mutable_heartbeat()->set_agent_id(id_);
+    stream_request_.mutable_heartbeat()->set_sequence(seq_);
+    step_ = kWrite;
+    stream_->Write(stream_request_, this);
+  }
+
+  void EndStream() {
+    step_ = kEnded;
+    stream_->Finish(&stream_status_, this);
+  }
+
+  void Failed(const std::string& code, double t) {
+    w_->Bump(w_->errors, code, t);
+    seq_ -= 1;  // resend the same sequence number, as the agent does
+    Wait(0.5);
+  }
+
+  void Answered(const pb::HeartbeatResponse& response, double t1) {
     w_->Record("Heartbeat", t0_, t1);
     if (w_->Inside(t1)) w_->count += 1;
     double took = t1 - t0_;
@@ -376,8 +422,8 @@ class AgentClient : public Client {
     double u = Uniform();
     next_delay_ = took >= interval_ ? u * interval_
                                     : std::max(0.0, interval_ * (1 + kJitter * (2 * u - 1)) - took);
-    if (beat_.response.action() != pb::HEARTBEAT_ACTION_CONTINUE) {
-      w_->Bump(w_->extra, pb::HeartbeatAction_Name(beat_.response.action()), t1);
+    if (response.action() != pb::HEARTBEAT_ACTION_CONTINUE) {
+      w_->Bump(w_->extra, pb::HeartbeatAction_Name(response.action()), t1);
       seq_ = 0;
       step_ = kRegister;
       return Register();
@@ -394,6 +440,12 @@ class AgentClient : public Client {
   std::mt19937_64 rng_;
   Call<pb::RegisterEcmResponse> register_;
   Call<pb::HeartbeatResponse> beat_;
+  bool use_stream_;
+  std::unique_ptr<grpc::ClientContext> stream_context_;
+  std::unique_ptr<Stream> stream_;
+  pb::HeartbeatStreamRequest stream_request_;
+  pb::HeartbeatStreamResponse stream_answer_;
+  grpc::Status stream_status_;
   std::unique_ptr<grpc::Alarm> alarm_;
   Step step_ = kFirstRegister;
   int64_t seq_ = 0;
@@ -439,7 +491,8 @@ void PrintJson(const Window& w) {
   std::fprintf(stderr,
                "loadgen: %s\nusage: loadgen apply|health|heartbeat --target HOST:PORT "
                "--clients N --seconds S --start-at EPOCH [--seed K] [--mode spread|hot] "
-               "[--interval 3] [--agent-prefix P] [--first-agent I]\n",
+               "[--interval 3] [--agent-prefix P] [--first-agent I] "
+               "[--heartbeat-rpc stream|unary]\n",
                why);
   std::exit(2);
 }
@@ -469,11 +522,14 @@ Args Parse(int argc, char** argv) {
     else if (flag == "--interval") a.interval = number();
     else if (flag == "--agent-prefix") a.agent_prefix = value;
     else if (flag == "--first-agent") a.first_agent = static_cast<int>(number());
+    else if (flag == "--heartbeat-rpc") a.heartbeat_rpc = value;
     else Usage(("unknown flag " + flag).c_str());
   }
   if (a.target.empty() || a.clients < 1 || a.seconds <= 0 || a.start_at <= 0)
     Usage("--target, --clients, --seconds and --start-at are required");
   if (a.mode != "spread" && a.mode != "hot") Usage("--mode is spread or hot");
+  if (a.heartbeat_rpc != "stream" && a.heartbeat_rpc != "unary")
+    Usage("--heartbeat-rpc is stream or unary");
   return a;
 }
 
@@ -517,7 +573,8 @@ int main(int argc, char** argv) {
     } else {
       std::string id = args.agent_prefix + std::to_string(args.first_agent + i) + ":9000";
       clients.push_back(std::make_unique<AgentClient>(rm[c].get(), &cq, &w, &slots, id,
-                                                      args.interval, seeds()));
+                                                      args.interval, seeds(),
+                                                      args.heartbeat_rpc == "stream"));
     }
   }
   for (auto& c : clients) c->Start();

@@ -20,7 +20,9 @@ import pytest
 from labelrm.v1 import resource_manager_pb2 as pb
 
 from bench.native import NativeUnavailable, loadgen_binary
+from tests.conftest import start_in_process, stop_in_process, wait_until
 from tests.helpers import GiB, assert_consistent, label_state, load_instance, register
+from tests.integration.test_metrics import scrape, value
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -83,7 +85,18 @@ async def test_apply_cycles_leave_nothing_charged(rm, loadgen):
     assert report.labels_checked > 0
 
 
-async def test_simulated_agents_register_and_heartbeat(rm, loadgen):
+@pytest.fixture
+async def rm_metrics(database_url):
+    rm = await start_in_process(database_url, metrics_listen="127.0.0.1:0")
+    try:
+        yield rm
+    finally:
+        await stop_in_process(rm)
+
+
+@pytest.mark.parametrize("rpc", ["stream", "unary"])
+async def test_simulated_agents_register_and_heartbeat(rm_metrics, loadgen, rpc):
+    rm = rm_metrics
     result = await run_window(
         loadgen,
         "heartbeat",
@@ -98,6 +111,8 @@ async def test_simulated_agents_register_and_heartbeat(rm, loadgen):
         "native-",
         "--first-agent",
         "10",
+        "--heartbeat-rpc",
+        rpc,
     )
 
     assert result["errors"] == {}
@@ -117,6 +132,26 @@ async def test_simulated_agents_register_and_heartbeat(rm, loadgen):
         return int(row[0])
 
     assert await rm.core.db.run(lowest_sequence) >= 2
+    # As asked: one stream per agent (cancelled when the window closed) and no calls,
+    # or calls and no stream.
+    stream = "labelrm.v1.ResourceManagerService/HeartbeatStream"
+    unary = "labelrm.v1.ResourceManagerService/Heartbeat"
+
+    async def rpc_counts() -> tuple[float, float] | None:
+        samples = await scrape(rm)
+        streams = sum(
+            v
+            for (n, labels), v in samples.items()
+            if n == "labelrm_rpc_total" and ("method", stream) in labels
+        )
+        calls = value(samples, "labelrm_rpc_total", method=unary, code="OK")
+        return (streams, calls) if streams + calls >= 5 else None
+
+    streams, calls = await wait_until(rpc_counts, timeout=10)
+    if rpc == "stream":
+        assert (streams, calls) == (5, 0)
+    else:
+        assert streams == 0 and calls >= result["count"]
 
 
 @pytest.mark.parametrize(
@@ -128,6 +163,22 @@ async def test_simulated_agents_register_and_heartbeat(rm, loadgen):
         (["apply", "--clients", "x1"], "not a number: --clients"),
         (["apply", "--bogus", "1"], "unknown flag --bogus"),
         (["apply", "--target"], "no value for --target"),
+        (
+            [
+                "heartbeat",
+                "--target",
+                "h:1",
+                "--clients",
+                "1",
+                "--seconds",
+                "1",
+                "--start-at",
+                "1",
+                "--heartbeat-rpc",
+                "x",
+            ],
+            "--heartbeat-rpc is stream or unary",
+        ),
     ],
 )
 async def test_refuses_a_bad_command_line(loadgen, args, message):
