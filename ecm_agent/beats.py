@@ -51,13 +51,7 @@ class HeartbeatSender:
         stream = self._stream
         try:
             await stream.write(rm_pb.HeartbeatStreamRequest(heartbeat=request))
-            answer = await asyncio.wait_for(stream.read(), self._timeout)
-        except grpc.aio.AioRpcError as exc:
-            self.close()
-            if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
-                raise
-            return await self._fall_back(request)
-        except asyncio.InvalidStateError:  # the call had ended before this beat
+        except asyncio.InvalidStateError:  # the call had ended: its status says why
             self.close()
             code = await stream.code()
             if code == grpc.StatusCode.UNIMPLEMENTED:
@@ -65,6 +59,25 @@ class HeartbeatSender:
             if code in (None, grpc.StatusCode.OK, grpc.StatusCode.CANCELLED):
                 code = grpc.StatusCode.UNAVAILABLE  # ended under us: a new one will do
             raise _rpc_error(code, "the heartbeat stream had ended") from None
+        except grpc.aio.AioRpcError as exc:
+            # The write failed below gRPC's API (INTERNAL, "Internal error from Core"):
+            # the connection went away under the stream (an RM restarting) before its
+            # status reached us. Nothing was answered: a new stream will do.
+            self.close()
+            raise _rpc_error(
+                grpc.StatusCode.UNAVAILABLE, f"heartbeat stream broke: {exc.details()}"
+            ) from exc
+        try:
+            answer = await asyncio.wait_for(stream.read(), self._timeout)
+        except grpc.aio.AioRpcError as exc:
+            self.close()
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                return await self._fall_back(request)
+            if exc.code() == grpc.StatusCode.CANCELLED:  # by the RM (we cancel only closed ones)
+                raise _rpc_error(
+                    grpc.StatusCode.UNAVAILABLE, "the RM cancelled the stream"
+                ) from exc
+            raise
         except TimeoutError:
             self.close()
             raise _rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "no answer on the stream") from None

@@ -4,6 +4,7 @@ stream after one ended under it."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 
 import grpc
@@ -117,3 +118,64 @@ async def test_a_stream_that_ended_is_replaced_and_the_beat_resent():
         assert sender.streams_opened == 2 and not sender.unary
 
     await _with_fake({"HeartbeatStream": _one_beat_per_stream()}, body)
+
+
+async def test_the_rm_restarting_under_an_open_stream_is_ridden_out():
+    """The RM stops (its streams are cut) and comes back on the same port: the beat
+    in between fails with a code the agent retries, the next goes on a new stream."""
+    first_rm, port = await _fake_rm({"HeartbeatStream": _answer_every_beat()})
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    sender = HeartbeatSender(resource_manager_pb2_grpc.ResourceManagerServiceStub(channel), 5)
+    second_rm = None
+    try:
+        assert (await sender.send(_beat(1))).sequence == 1
+        await first_rm.stop(None)
+        second_rm = grpc.aio.server()
+        second_rm.add_generic_rpc_handlers(
+            (
+                grpc.method_handlers_generic_handler(
+                    SERVICE, {"HeartbeatStream": _answer_every_beat()}
+                ),
+            )
+        )
+        assert second_rm.add_insecure_port(f"127.0.0.1:{port}") == port
+        await second_rm.start()
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await sender.send(_beat(2))
+        assert err.value.code() in RETRYABLE
+        answer = await asyncio.wait_for(_until_answered(sender, _beat(2)), 30)
+        assert answer.sequence == 2 and not sender.unary
+    finally:
+        sender.close()
+        await channel.close()
+        if second_rm is not None:
+            await second_rm.stop(None)
+
+
+async def _until_answered(
+    sender: HeartbeatSender, beat: pb.HeartbeatRequest
+) -> pb.HeartbeatResponse:
+    # As the agent's retry loop does (without its backoff): only retryable codes.
+    while True:
+        try:
+            return await sender.send(beat)
+        except grpc.aio.AioRpcError as err:
+            assert err.code() in RETRYABLE, err
+            await asyncio.sleep(0.05)
+
+
+def _answer_every_beat() -> grpc.RpcMethodHandler:
+    async def stream(
+        requests: AsyncIterator[pb.HeartbeatStreamRequest], context: object
+    ) -> AsyncIterator[pb.HeartbeatStreamResponse]:
+        async for request in requests:
+            beat = request.heartbeat
+            yield pb.HeartbeatStreamResponse(
+                heartbeat=pb.HeartbeatResponse(action=CONTINUE, sequence=beat.sequence)
+            )
+
+    return grpc.stream_stream_rpc_method_handler(
+        stream,
+        request_deserializer=pb.HeartbeatStreamRequest.FromString,
+        response_serializer=pb.HeartbeatStreamResponse.SerializeToString,
+    )
