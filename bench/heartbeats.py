@@ -63,9 +63,9 @@ def measure(
     loadgen: str,
     heartbeat_rpc: str,
 ) -> dict[str, Any]:
-    # Registration is part of the warm-up (it runs at about 130/s here while the first
+    # Registration is part of the warm-up (it ran at 70-130/s on the 2-core machine while the first
     # agents already beat); the output says if it was not over when the window opened.
-    warmup = 6.0 + agents / 100
+    warmup = 6.0 + agents / 60
     res, cpu = run_loadgen(
         "heartbeat",
         server.target,

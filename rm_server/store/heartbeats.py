@@ -78,8 +78,10 @@ async def load(conn: Conn, agent_ids: Sequence[str], now: datetime) -> Seen:
     """Round trip 1: lock and read the agents' rows (one statement)."""
     cur = await conn.execute(LOAD_SQL, {"ids": sorted(set(agent_ids)), "live": LIVE, "now": now})
     agents: dict[str, AgentSeen] = {}
-    lists: list[tuple[str, str]] = []
+    lists: list[tuple[str, str]] | None = None
     for instance, state, seq, response, live, pids, acked, pending, entries in await cur.fetchall():
+        if lists is None:  # the same on every row: parsed once
+            lists = [(e.split(":", 1)[0], e.split(":", 1)[1]) for e in entries]
         agents[instance] = AgentSeen(
             EcmState(state),
             seq,
@@ -88,8 +90,7 @@ async def load(conn: Conn, agent_ids: Sequence[str], now: datetime) -> Seen:
             set(acked),
             [command_from_row(tuple(row)) for row in pending or ()],
         )
-        lists = [(e.split(":", 1)[0], e.split(":", 1)[1]) for e in entries]
-    return Seen(agents, NodeLists.of_rows(lists))
+    return Seen(agents, NodeLists.of_rows(lists or []))
 
 
 async def record(conn: Conn, writes: Sequence[BeatWrite], now: datetime) -> None:
