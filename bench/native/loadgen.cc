@@ -261,10 +261,14 @@ class HealthClient : public Client {
   double t0_ = 0;
 };
 
-// Registration slots shared by the agents of this process (32 in flight).
+// Registration slots shared by the agents of this process (32 in flight), and the
+// agents registered so far: they start beating once all of them are (the window measures
+// a fleet beating, not a registration wave).
 struct Slots {
   int free = kRegistrationSlots;
   std::deque<Client*> waiting;
+  size_t agents = 0;
+  std::vector<Client*> registered;
 };
 
 // One simulated ECM agent (bench/loadgen.py agent): registers, then heartbeats with
@@ -288,6 +292,8 @@ class AgentClient : public Client {
     Register();
   }
 
+  void FirstBeat() { Wait(Uniform() * interval_); }
+
   void Proceed(bool ok) override {
     double t = Now();
     switch (step_) {
@@ -300,8 +306,11 @@ class AgentClient : public Client {
           std::exit(1);
         }
         ReleaseSlot();
-        // The first beat at a random point of the first interval (see bench/loadgen.py).
-        Wait(Uniform() * interval_);
+        slots_->registered.push_back(this);
+        if (slots_->registered.size() == slots_->agents) {
+          // All registered: each beats first at a random point of the first interval.
+          for (Client* agent : slots_->registered) static_cast<AgentClient*>(agent)->FirstBeat();
+        }
         return;
       case kRegister:
         if (!ok || !register_.status.ok()) {
@@ -561,6 +570,7 @@ int main(int argc, char** argv) {
 
   grpc::CompletionQueue cq;
   Slots slots;
+  slots.agents = args.kind == "heartbeat" ? static_cast<size_t>(args.clients) : 0;
   std::mt19937_64 seeds(args.seed + 1);
   std::vector<std::unique_ptr<Client>> clients;
   for (int i = 0; i < args.clients; ++i) {
