@@ -185,6 +185,7 @@ async def agent(
         await stub.RegisterEcm(register_request(agent_id), timeout=120)
         w.registered = max(w.registered, time.monotonic() - w.launched)
         w.record("RegisterEcm", t0, time.monotonic())
+    sender.open()  # the stream too is opened while the fleet registers
     fleet.joined()
     await fleet.ready.wait()
     seq = 0

@@ -38,6 +38,12 @@ class HeartbeatSender:
         self.unary = False  # the RM does not serve HeartbeatStream
         self.streams_opened = 0
 
+    def open(self) -> None:
+        """Open the stream now, before the first beat needs it (a no-op when calling)."""
+        if self._stream is None and not self.unary:
+            self._stream = self._rm.HeartbeatStream()
+            self.streams_opened += 1
+
     async def send(self, request: rm_pb.HeartbeatRequest) -> rm_pb.HeartbeatResponse:
         """The RM's answer to `request`; raises grpc.aio.AioRpcError when there is none."""
         if self.unary:
@@ -45,9 +51,7 @@ class HeartbeatSender:
                 request, timeout=self._timeout
             )
             return response
-        if self._stream is None:
-            self._stream = self._rm.HeartbeatStream()
-            self.streams_opened += 1
+        self.open()
         stream = self._stream
         try:
             await stream.write(rm_pb.HeartbeatStreamRequest(heartbeat=request))

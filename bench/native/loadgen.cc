@@ -292,7 +292,10 @@ class AgentClient : public Client {
     Register();
   }
 
-  void FirstBeat() { Wait(Uniform() * interval_); }
+  void FirstBeat() {
+    first_beat_ = true;
+    Wait(Uniform() * interval_);
+  }
 
   void Proceed(bool ok) override {
     double t = Now();
@@ -306,12 +309,8 @@ class AgentClient : public Client {
           std::exit(1);
         }
         ReleaseSlot();
-        slots_->registered.push_back(this);
-        if (slots_->registered.size() == slots_->agents) {
-          // All registered: each beats first at a random point of the first interval.
-          for (Client* agent : slots_->registered) static_cast<AgentClient*>(agent)->FirstBeat();
-        }
-        return;
+        if (use_stream_) return OpenStream();  // opened now, its first beat comes later
+        return Registered();
       case kRegister:
         if (!ok || !register_.status.ok()) {
           std::fprintf(stderr, "RegisterEcm %s: %s\n", id_.c_str(),
@@ -326,6 +325,10 @@ class AgentClient : public Client {
           return Failed(ok ? CodeName(beat_.status.error_code()) : "QUEUE", t);
         return Answered(beat_.response, t);
       case kOpen:
+        if (!first_beat_) {  // opened while the fleet registers
+          if (!ok) stream_.reset();  // the first beat opens another
+          return Registered();
+        }
         return ok ? Write() : EndStream();
       case kWrite:
         if (!ok) return EndStream();
@@ -399,6 +402,19 @@ class AgentClient : public Client {
       return beat_.Finish(this);
     }
     if (stream_ != nullptr) return Write();
+    OpenStream();
+  }
+
+  // Registered (and its stream open): it waits for the others of this process, then
+  // all of them beat, each first at a random point of the first interval.
+  void Registered() {
+    slots_->registered.push_back(this);
+    if (slots_->registered.size() == slots_->agents) {
+      for (Client* agent : slots_->registered) static_cast<AgentClient*>(agent)->FirstBeat();
+    }
+  }
+
+  void OpenStream() {
     stream_context_ = std::make_unique<grpc::ClientContext>();
     step_ = kOpen;
     stream_ = stub_->AsyncHeartbeatStream(stream_context_.get(), cq_, this);
@@ -450,6 +466,7 @@ class AgentClient : public Client {
   Call<pb::RegisterEcmResponse> register_;
   Call<pb::HeartbeatResponse> beat_;
   bool use_stream_;
+  bool first_beat_ = false;  // the fleet is beating (before: registering)
   std::unique_ptr<grpc::ClientContext> stream_context_;
   std::unique_ptr<Stream> stream_;
   pb::HeartbeatStreamRequest stream_request_;
