@@ -93,6 +93,15 @@ class Metrics:
             buckets=RPC_BUCKETS,
             registry=r,
         )
+        # A stream is one RPC to the two above, however many beats it carried.
+        self.message_duration = Histogram(
+            "labelrm_stream_message_duration_seconds",
+            "Time the RM took to answer one message of a call whose client streams its"
+            " requests, one answer each (a heartbeat on HeartbeatStream), by method.",
+            ["method"],
+            buckets=RPC_BUCKETS,
+            registry=r,
+        )
         self.rpc_total = Counter(
             "labelrm_rpc",
             "RPCs answered, by method and status code.",
@@ -153,6 +162,7 @@ class RpcMetrics:
         self.is_apply = method == APPLY_METHOD
         self._by_code: dict[str, tuple[Histogram, Counter]] = {}
         self._by_outcome: dict[str, Counter] = {}
+        self._message: Histogram | None = None
 
     def begin(self, request: Any) -> bool:
         """At the start of a call: True for an Apply that may wait, which counts in
@@ -161,6 +171,12 @@ class RpcMetrics:
             self.metrics.apply_waiting.inc()
             return True
         return False
+
+    def message(self, seconds: float) -> None:
+        """One message of a streamed call answered, `seconds` after it arrived."""
+        if self._message is None:
+            self._message = self.metrics.message_duration.labels(self.method)
+        self._message.observe(seconds)
 
     def end(self, waiting: bool, code: str, reason: str, seconds: float) -> None:
         """At the end of a call: its duration and status (and for Apply, its outcome)."""

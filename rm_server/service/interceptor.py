@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -242,15 +243,21 @@ def _streaming(behavior: Streaming, method: _Method, unary_request: bool) -> Str
 
     async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         state = _Call(method, request if unary_request else None, context)
+        arrivals: deque[float] = deque()  # of the streamed requests not yet answered
         try:
             # A call whose client streams is admitted on the caller's role, then each
             # message on its own (the servicer sees only messages that passed).
             first = request if unary_request else None
             release = await auth.admit(method.name, first, context) if auth else None
-            if auth is not None and not unary_request:
-                request = _each_admitted(auth, method.name, request)
+            if not unary_request:
+                request = _arrivals(request, arrivals)
+                if auth is not None:
+                    request = _each_admitted(auth, method.name, request)
             try:
                 async for item in behavior(request, context):
+                    # Each response answers the oldest request (HeartbeatStream's contract).
+                    if arrivals and method.metrics is not None:
+                        method.metrics.message(time.perf_counter() - arrivals.popleft())
                     yield item
             finally:
                 if release is not None:
@@ -262,6 +269,12 @@ def _streaming(behavior: Streaming, method: _Method, unary_request: bool) -> Str
             state.end()
 
     return stream
+
+
+async def _arrivals(messages: AsyncIterator[Any], arrivals: deque[float]) -> AsyncIterator[Any]:
+    async for message in messages:
+        arrivals.append(time.perf_counter())
+        yield message
 
 
 async def _each_admitted(

@@ -181,3 +181,27 @@ async def test_endpoint_answers_only_metrics(rm_metrics):
     assert status == 404
     status, _, body = await asyncio.to_thread(_get, base + "/")
     assert status == 200 and "/metrics" in body
+
+
+async def test_each_beat_on_a_heartbeat_stream_is_timed(rm_metrics):
+    rm = rm_metrics
+    method = "labelrm.v1.ResourceManagerService/HeartbeatStream"
+    await rm.rm.RegisterEcm(register("host1:9000", load_instance(8 * GiB, 8000, 4)))
+    stream = rm.rm.HeartbeatStream(timeout=30)
+    for seq in (1, 2, 3):
+        beat = pb.HeartbeatRequest(agent_id="host1:9000", sequence=seq)
+        await stream.write(pb.HeartbeatStreamRequest(heartbeat=beat))
+        answer = await stream.read()
+        assert answer.heartbeat.sequence == seq
+    during = await scrape(rm)
+    # Three beats answered, each timed; the stream itself is one RPC, not ended yet.
+    assert value(during, "labelrm_stream_message_duration_seconds_count", method=method) == 3
+    assert value(during, "labelrm_stream_message_duration_seconds_sum", method=method) > 0
+    assert value(during, "labelrm_rpc_total", method=method, code="OK") == 0
+    await stream.done_writing()
+    assert await stream.read() is grpc.aio.EOF
+
+    async def ended() -> float:
+        return value(await scrape(rm), "labelrm_rpc_total", method=method, code="OK")
+
+    assert await wait_until(ended, timeout=10) == 1
