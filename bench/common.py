@@ -389,6 +389,7 @@ def run_loadgen(
     procs = procs or (1 if clients == 1 else 2)
     procs = min(procs, clients)
     start_at = time.time() + warmup + 1.0  # + interpreter start-up
+    program = [str(loadgen_binary())] if native else [sys.executable, "-m", "bench.loadgen"]
     children = []
     first = 0
     for i in range(procs):
@@ -401,12 +402,7 @@ def run_loadgen(
             cmd = ["node", str(ROOT / "bench" / "nodejs" / f"{kind}.cjs"), json.dumps(settings)]
             env["NODE_PATH"] = str(node_modules())
         else:
-            cmd = (
-                [str(loadgen_binary()), kind]
-                if native
-                else [sys.executable, "-m", "bench.loadgen", kind]
-            )
-            cmd += ["--target", target]
+            cmd = [*program, kind, "--target", target]
             cmd += ["--clients", str(share), "--seconds", str(seconds)]
             cmd += ["--start-at", repr(start_at), "--seed", str(1000 * i)]
             cmd += ["--first-agent", str(first), *extra]

@@ -122,12 +122,7 @@ class AuthInterceptor:
         principal = self._authenticate(context)
         # Set before the checks: the access log names the caller of a refused call too.
         principal_var.set(principal)
-        try:
-            rule = await policy.authorize(method, principal, request, self.owners, self.proxy_users)
-        except LabelrmError as err:
-            if err.reason == "PERMISSION_DENIED":
-                log.info("refused: %s", err.message)
-            raise
+        rule = await self._authorize(method, principal, request)
         if rule is None or not rule.apply_like or principal.is_admin:
             return _nothing
         user = str(getattr(request, "user", "") or principal.name)
@@ -139,8 +134,14 @@ class AuthInterceptor:
         principal = principal_var.get()
         if principal is None:  # admit runs first, in the same task: never here
             raise Unauthenticated(f"{method}: the call was not admitted")
+        await self._authorize(method, principal, message)
+
+    async def _authorize(
+        self, method: str, principal: Principal, request: Any
+    ) -> policy.Rule | None:
+        """The policy's verdict on `request` (a refusal is logged, then raised)."""
         try:
-            await policy.authorize(method, principal, message, self.owners, self.proxy_users)
+            return await policy.authorize(method, principal, request, self.owners, self.proxy_users)
         except LabelrmError as err:
             if err.reason == "PERMISSION_DENIED":
                 log.info("refused: %s", err.message)

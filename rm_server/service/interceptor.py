@@ -250,7 +250,8 @@ def _streaming(behavior: Streaming, method: _Method, unary_request: bool) -> Str
             first = request if unary_request else None
             release = await auth.admit(method.name, first, context) if auth else None
             if not unary_request:
-                request = _arrivals(request, arrivals)
+                if method.metrics is not None:
+                    request = _arrivals(request, arrivals)
                 if auth is not None:
                     request = _each_admitted(auth, method.name, request)
             try:

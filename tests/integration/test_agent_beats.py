@@ -41,12 +41,15 @@ async def test_one_stream_carries_every_beat(rm):
     assert record.ecm.state == pb.ECM_STATE_RUNNING
 
 
-async def _fake_rm(handlers: dict[str, grpc.RpcMethodHandler]) -> tuple[grpc.aio.Server, int]:
+async def _fake_rm(
+    handlers: dict[str, grpc.RpcMethodHandler], port: int = 0
+) -> tuple[grpc.aio.Server, int]:
     server = grpc.aio.server()
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-    port = server.add_insecure_port("127.0.0.1:0")
+    bound = server.add_insecure_port(f"127.0.0.1:{port}")
+    assert port in (0, bound), f"port {port} is not free again"
     await server.start()
-    return server, port
+    return server, bound
 
 
 def _unary(calls: list[int]) -> grpc.RpcMethodHandler:
@@ -61,16 +64,22 @@ def _unary(calls: list[int]) -> grpc.RpcMethodHandler:
     )
 
 
-def _one_beat_per_stream() -> grpc.RpcMethodHandler:
+def _stream(answers: int | None = None) -> grpc.RpcMethodHandler:
+    """A HeartbeatStream answering each beat; with `answers`, the call then ends, OK, after
+    that many (as an RM going away would)."""
+
     async def stream(
         requests: AsyncIterator[pb.HeartbeatStreamRequest], context: object
     ) -> AsyncIterator[pb.HeartbeatStreamResponse]:
+        answered = 0
         async for request in requests:
             beat = request.heartbeat
             yield pb.HeartbeatStreamResponse(
                 heartbeat=pb.HeartbeatResponse(action=CONTINUE, sequence=beat.sequence)
             )
-            return  # ends the call, OK, after one answer: as an RM going away would
+            answered += 1
+            if answered == answers:
+                return
 
     return grpc.stream_stream_rpc_method_handler(
         stream,
@@ -117,29 +126,20 @@ async def test_a_stream_that_ended_is_replaced_and_the_beat_resent():
         assert (await sender.send(_beat(2))).sequence == 2
         assert sender.streams_opened == 2 and not sender.unary
 
-    await _with_fake({"HeartbeatStream": _one_beat_per_stream()}, body)
+    await _with_fake({"HeartbeatStream": _stream(answers=1)}, body)
 
 
 async def test_the_rm_restarting_under_an_open_stream_is_ridden_out():
     """The RM stops (its streams are cut) and comes back on the same port: the beat
     in between fails with a code the agent retries, the next goes on a new stream."""
-    first_rm, port = await _fake_rm({"HeartbeatStream": _answer_every_beat()})
+    first_rm, port = await _fake_rm({"HeartbeatStream": _stream()})
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     sender = HeartbeatSender(resource_manager_pb2_grpc.ResourceManagerServiceStub(channel), 5)
     second_rm = None
     try:
         assert (await sender.send(_beat(1))).sequence == 1
         await first_rm.stop(None)
-        second_rm = grpc.aio.server()
-        second_rm.add_generic_rpc_handlers(
-            (
-                grpc.method_handlers_generic_handler(
-                    SERVICE, {"HeartbeatStream": _answer_every_beat()}
-                ),
-            )
-        )
-        assert second_rm.add_insecure_port(f"127.0.0.1:{port}") == port
-        await second_rm.start()
+        second_rm, _ = await _fake_rm({"HeartbeatStream": _stream()}, port)
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await sender.send(_beat(2))
         assert err.value.code() in RETRYABLE
@@ -162,20 +162,3 @@ async def _until_answered(
         except grpc.aio.AioRpcError as err:
             assert err.code() in RETRYABLE, err
             await asyncio.sleep(0.05)
-
-
-def _answer_every_beat() -> grpc.RpcMethodHandler:
-    async def stream(
-        requests: AsyncIterator[pb.HeartbeatStreamRequest], context: object
-    ) -> AsyncIterator[pb.HeartbeatStreamResponse]:
-        async for request in requests:
-            beat = request.heartbeat
-            yield pb.HeartbeatStreamResponse(
-                heartbeat=pb.HeartbeatResponse(action=CONTINUE, sequence=beat.sequence)
-            )
-
-    return grpc.stream_stream_rpc_method_handler(
-        stream,
-        request_deserializer=pb.HeartbeatStreamRequest.FromString,
-        response_serializer=pb.HeartbeatStreamResponse.SerializeToString,
-    )
