@@ -173,18 +173,21 @@ class BenchDatabase:
 
     def postgres_pids(self) -> list[int]:
         """The processes of this database's server that work for us: our backends and the
-        server's auxiliary processes (WAL writer, checkpointer, ...)."""
+        server's auxiliary processes (WAL writer, checkpointer, ...). The probe's own
+        connection stays open while its parent is looked up: a closed backend is gone at
+        once, and with it the way to the postmaster (its CPU then showed as `other`)."""
         import psutil
         import psycopg
 
         with psycopg.connect(self.url, autocommit=True) as conn:
             me = conn.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
-        try:
-            postmaster = psutil.Process(me).parent()
-        except psutil.Error:
-            return []
+            try:
+                postmaster = psutil.Process(me).parent()
+                children = postmaster.children() if postmaster is not None else []
+            except psutil.Error:
+                return []
         pids = []
-        for child in postmaster.children():
+        for child in children:
             with contextlib.suppress(psutil.Error):
                 cmd = " ".join(child.cmdline())
                 other_backend = ("(" in cmd or "[local]" in cmd) and self._dbname not in cmd

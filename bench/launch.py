@@ -204,30 +204,6 @@ def start_agent(target: str, user: str, python: str, root: Path) -> subprocess.P
     return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
-def _postgres_pids(url: str, dbname: str) -> list[int]:
-    """The database server's processes working for the RM: its backends on `dbname` and
-    the auxiliary ones (like BenchDatabase.postgres_pids, with the probe's connection kept
-    open while its parent is looked up: a closed backend is gone at once)."""
-    import psutil
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        me = conn.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
-        try:
-            postmaster = psutil.Process(me).parent()
-            children = postmaster.children() if postmaster is not None else []
-        except psutil.Error:
-            return []
-    pids = []
-    for child in children:
-        with contextlib.suppress(psutil.Error):
-            cmd = " ".join(child.cmdline())
-            other_backend = ("(" in cmd or "[local]" in cmd) and dbname not in cmd
-            if child.pid != me and not other_backend:
-                pids.append(child.pid)
-    return pids
-
-
 def _cpu_seconds(pids: list[int]) -> float:
     import psutil
 
@@ -436,10 +412,9 @@ def main(argv: list[str] | None = None) -> int:
             plan = [(1, min(10.0, args.seconds)), (args.in_flight, args.seconds)]
             pids = {"server": server.pids, "agent": [agent.pid]}
 
-            def pg_pids() -> list[int]:
-                return _postgres_pids(db.url, db._dbname)
-
-            one, many = asyncio.run(launches(server.target, args.user, plan, pids, tree, pg_pids))
+            one, many = asyncio.run(
+                launches(server.target, args.user, plan, pids, tree, db.postgres_pids)
+            )
             describe = db.describe
     finally:
         if agent is not None and agent.poll() is None:
