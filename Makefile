@@ -32,7 +32,7 @@ LABELRM_TEST_DATABASE_URL ?=
 unexport LABELRM_TEST_DATABASE_URL
 TEST_ENV := $(if $(LABELRM_TEST_DATABASE_URL),env LABELRM_TEST_DATABASE_URL='$(LABELRM_TEST_DATABASE_URL)',env -u LABELRM_TEST_DATABASE_URL)
 
-TYPED := rm_server clients
+TYPED := rm_server clients ecm_agent engineconn bench
 
 .PHONY: help venv run test test-all-dbs format lint typecheck protos protos-check bench bench-native clean distclean
 
@@ -74,7 +74,7 @@ lint: $(STAMP) ## ruff check + ruff format --check + buf lint (protos)
 	$(BIN)/ruff format --check .
 	$(BIN)/buf lint protos
 
-typecheck: $(STAMP) ## mypy (strict) on rm_server and clients
+typecheck: $(STAMP) ## mypy (strict) on rm_server, clients, ecm_agent, engineconn and bench
 	$(BIN)/mypy $(TYPED)
 
 protos: $(STAMP) ## regenerate protos/labelrm/v1/*_pb2*.py(i) from the .proto files, then buf lint

@@ -65,7 +65,7 @@ def run(
 
     params = conninfo_to_dict(url)
     params["options"] = f"-csearch_path={SCHEMA}"
-    conninfo = make_conninfo(**params)
+    conninfo = make_conninfo("", **params)
     cmd = [pgbench, "-n", "-M", "prepared", "-c", str(clients), "-j", str(min(clients, 2))]
     cmd += ["-T", str(round(seconds)), "-f", str(script)]
     for k, v in defines.items():

