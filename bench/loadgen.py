@@ -178,8 +178,7 @@ async def agent(
     (ecm_agent/pacing.py: every `interval` give or take a jitter), with no EngineConns,
     sent as the agent sends them (ecm_agent/beats.py: on one HeartbeatStream) or, with
     `stream` false, as unary Heartbeat calls."""
-    sender = HeartbeatSender(stub, timeout=30)
-    sender.unary = not stream
+    sender = HeartbeatSender(stub, timeout=30, unary=not stream)
     async with gate:
         t0 = time.monotonic()
         await stub.RegisterEcm(register_request(agent_id), timeout=120)

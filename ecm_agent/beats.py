@@ -31,11 +31,12 @@ def _rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
 class HeartbeatSender:
     """Sends one heartbeat at a time (see the module doc); `timeout` bounds each answer."""
 
-    def __init__(self, rm: Any, timeout: float = 10.0) -> None:
+    def __init__(self, rm: Any, timeout: float = 10.0, *, unary: bool = False) -> None:
         self._rm = rm  # a ResourceManagerServiceStub
         self._timeout = timeout
         self._stream: Any = None
-        self.unary = False  # the RM does not serve HeartbeatStream
+        # Heartbeat calls: asked for, or the RM does not serve HeartbeatStream.
+        self.unary = unary
         self.streams_opened = 0
 
     def open(self) -> None:

@@ -58,6 +58,19 @@ def limit_req(pattern: str, resource, request_id: str = ""):
     )
 
 
+async def beat_on_stream(
+    stream, request: resource_manager_pb2.HeartbeatRequest
+) -> resource_manager_pb2.HeartbeatResponse:
+    """Send one heartbeat on an open HeartbeatStream and read its answer."""
+    import grpc
+
+    await stream.write(resource_manager_pb2.HeartbeatStreamRequest(heartbeat=request))
+    answer = await stream.read()
+    assert answer is not grpc.aio.EOF, "the stream ended"
+    response: resource_manager_pb2.HeartbeatResponse = answer.heartbeat
+    return response
+
+
 async def label_state(rm, labels: str) -> resource_manager_pb2.LabelResource:
     resp = await rm.rm.GetLabelResource(
         resource_manager_pb2.GetLabelResourceRequest(labels=lbl(labels))

@@ -11,9 +11,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from bench.node_modules import PROTO_ROOT, ROOT
+
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent.parent
-PROTO_ROOT = ROOT / "protos"
 # The service it calls, and what that file imports.
 PROTOS = [
     "labelrm/v1/resource_manager.proto",

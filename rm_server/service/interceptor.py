@@ -39,7 +39,7 @@ from google.rpc import status_pb2
 from rm_server.errors import PermissionDenied
 from rm_server.observability.logging import RpcLog, access_level
 from rm_server.observability.metrics import Metrics, RpcMetrics
-from rm_server.security.interceptor import AuthInterceptor
+from rm_server.security.interceptor import AuthInterceptor, Release
 from rm_server.service.errors import abort_with, reason_of, status_for
 
 Unary = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
@@ -220,10 +220,7 @@ def _unary(behavior: Unary, method: _Method, unary_request: bool) -> Unary:
     async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
         state = _Call(method, request if unary_request else None, context)
         try:
-            first = request if unary_request else None  # as in _streaming
-            release = await auth.admit(method.name, first, context) if auth else None
-            if auth is not None and not unary_request:
-                request = _each_admitted(auth, method.name, request)
+            release, request = await _admit(auth, method.name, request, unary_request, context)
             try:
                 return await behavior(request, context)
             finally:
@@ -245,15 +242,9 @@ def _streaming(behavior: Streaming, method: _Method, unary_request: bool) -> Str
         state = _Call(method, request if unary_request else None, context)
         arrivals: deque[float] = deque()  # of the streamed requests not yet answered
         try:
-            # A call whose client streams is admitted on the caller's role, then each
-            # message on its own (the servicer sees only messages that passed).
-            first = request if unary_request else None
-            release = await auth.admit(method.name, first, context) if auth else None
-            if not unary_request:
-                if method.metrics is not None:
-                    request = _arrivals(request, arrivals)
-                if auth is not None:
-                    request = _each_admitted(auth, method.name, request)
+            if not unary_request and method.metrics is not None:
+                request = _arrivals(request, arrivals)
+            release, request = await _admit(auth, method.name, request, unary_request, context)
             try:
                 async for item in behavior(request, context):
                     # Each response answers the oldest request (HeartbeatStream's contract).
@@ -270,6 +261,24 @@ def _streaming(behavior: Streaming, method: _Method, unary_request: bool) -> Str
             state.end()
 
     return stream
+
+
+async def _admit(
+    auth: AuthInterceptor | None,
+    name: str,
+    request: Any,
+    unary_request: bool,
+    context: grpc.aio.ServicerContext,
+) -> tuple[Release | None, Any]:
+    """Admit one call: on its request, or, when the client streams its requests, on the
+    caller's role now and on each message as the servicer reads it (the servicer sees
+    only messages that passed). Returns the limits' release and the request to serve."""
+    if auth is None:
+        return None, request
+    release = await auth.admit(name, request if unary_request else None, context)
+    if not unary_request:
+        request = _each_admitted(auth, name, request)
+    return release, request
 
 
 async def _arrivals(messages: AsyncIterator[Any], arrivals: deque[float]) -> AsyncIterator[Any]:

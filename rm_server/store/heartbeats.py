@@ -81,7 +81,7 @@ async def load(conn: Conn, agent_ids: Sequence[str], now: datetime) -> Seen:
     lists: list[tuple[str, str]] | None = None
     for instance, state, seq, response, live, pids, acked, pending, entries in await cur.fetchall():
         if lists is None:  # the same on every row: parsed once
-            lists = [(e.split(":", 1)[0], e.split(":", 1)[1]) for e in entries]
+            lists = [(kind, value) for kind, _, value in (e.partition(":") for e in entries)]
         agents[instance] = AgentSeen(
             EcmState(state),
             seq,

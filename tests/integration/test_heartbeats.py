@@ -13,7 +13,7 @@ from labelrm.v1 import resource_manager_pb2 as pb
 
 from rm_server.domain.engineconn import AgentCommand
 from rm_server.store import engineconns as ec_store
-from tests.helpers import GiB, load_instance, register
+from tests.helpers import GiB, beat_on_stream, load_instance, register
 
 CONTINUE = pb.HEARTBEAT_ACTION_CONTINUE
 
@@ -121,34 +121,26 @@ async def test_a_beat_needing_the_full_pass_in_a_group_of_routine_ones(rm_manual
     assert again.SerializeToString() == answers[3].SerializeToString()
 
 
-async def _on_stream(stream, request: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
-    await stream.write(pb.HeartbeatStreamRequest(heartbeat=request))
-    answer = await stream.read()
-    assert answer is not grpc.aio.EOF, "the stream ended"
-    response: pb.HeartbeatResponse = answer.heartbeat
-    return response
-
-
 async def test_heartbeat_stream_answers_each_beat_as_heartbeat_does(rm_manual_clock):
     rm = rm_manual_clock
     await _register(rm, ["s1:9000"])
     await _queue(rm, "s1:9000", "cmd-one", "ec-gone-1")
     stream = rm.rm.HeartbeatStream(timeout=30)
-    first = await _on_stream(stream, _beat("s1:9000", 1))
+    first = await beat_on_stream(stream, _beat("s1:9000", 1))
     assert first.action == CONTINUE and first.sequence == 1
     assert [c.command_id for c in first.commands] == ["cmd-one"]
-    second = await _on_stream(stream, _beat("s1:9000", 2, done_command_ids=["cmd-one"]))
+    second = await beat_on_stream(stream, _beat("s1:9000", 2, done_command_ids=["cmd-one"]))
     assert second.sequence == 2 and list(second.commands) == []
     # The answer was lost with the stream: on a new stream the same beat gets the same
     # bytes, as a unary resend would; a unary call sees the same stored answer.
     stream.cancel()
     again_stream = rm.rm.HeartbeatStream(timeout=30)
-    again = await _on_stream(again_stream, _beat("s1:9000", 2))
+    again = await beat_on_stream(again_stream, _beat("s1:9000", 2))
     assert again.SerializeToString() == second.SerializeToString()
     unary = await rm.rm.Heartbeat(_beat("s1:9000", 2), timeout=10)
     assert unary.SerializeToString() == second.SerializeToString()
     # An agent the RM does not know is told to register, on the stream as on a call.
-    unknown = await _on_stream(again_stream, _beat("nobody:9000", 1))
+    unknown = await beat_on_stream(again_stream, _beat("nobody:9000", 1))
     assert unknown.action == pb.HEARTBEAT_ACTION_REREGISTER
     await again_stream.done_writing()
     assert await again_stream.read() is grpc.aio.EOF
@@ -162,7 +154,7 @@ async def test_heartbeat_stream_answers_each_beat_as_heartbeat_does(rm_manual_cl
 async def test_a_bad_beat_ends_the_stream_with_the_field_named(rm):
     await _register(rm, ["s2:9000"])
     stream = rm.rm.HeartbeatStream(timeout=30)
-    ok = await _on_stream(stream, _beat("s2:9000", 1))
+    ok = await beat_on_stream(stream, _beat("s2:9000", 1))
     assert ok.action == CONTINUE
     await stream.write(pb.HeartbeatStreamRequest(heartbeat=_beat("s2:9000", 0)))
     with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -170,5 +162,5 @@ async def test_a_bad_beat_ends_the_stream_with_the_field_named(rm):
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "heartbeat.sequence" in (err.value.details() or "")
     # Nothing was recorded for the refused beat; the agent beats on, on a new stream.
-    again = await _on_stream(rm.rm.HeartbeatStream(timeout=30), _beat("s2:9000", 2))
+    again = await beat_on_stream(rm.rm.HeartbeatStream(timeout=30), _beat("s2:9000", 2))
     assert again.action == CONTINUE and again.sequence == 2

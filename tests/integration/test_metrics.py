@@ -15,7 +15,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rm_server.clock import ManualClock
 from tests.conftest import start_in_process, stop_in_process, wait_until
-from tests.helpers import GiB, apply_req, limit_req, load, load_instance, register
+from tests.helpers import (
+    GiB,
+    apply_req,
+    beat_on_stream,
+    limit_req,
+    load,
+    load_instance,
+    register,
+)
 
 APPLY = "labelrm.v1.ResourceManagerService/Apply"
 ECM = "emInstance=host1:9000"
@@ -190,9 +198,8 @@ async def test_each_beat_on_a_heartbeat_stream_is_timed(rm_metrics):
     stream = rm.rm.HeartbeatStream(timeout=30)
     for seq in (1, 2, 3):
         beat = pb.HeartbeatRequest(agent_id="host1:9000", sequence=seq)
-        await stream.write(pb.HeartbeatStreamRequest(heartbeat=beat))
-        answer = await stream.read()
-        assert answer.heartbeat.sequence == seq
+        answer = await beat_on_stream(stream, beat)
+        assert answer.sequence == seq
     during = await scrape(rm)
     # Three beats answered, each timed; the stream itself is one RPC, not ended yet.
     assert value(during, "labelrm_stream_message_duration_seconds_count", method=method) == 3

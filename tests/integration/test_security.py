@@ -25,7 +25,7 @@ from rm_server.domain.engineconn import EcState, EngineConn
 from rm_server.security.limits import RATE_LIMITED, TOO_MANY_AUTH_FAILURES, TOO_MANY_WAITING
 from rm_server.store import engineconns as ec_store
 from tests.conftest import ROOT, free_port
-from tests.helpers import GiB, apply_req, lbl, load, load_instance, register
+from tests.helpers import GiB, apply_req, beat_on_stream, lbl, load, load_instance, register
 from tests.integration.security_fixtures import Pki, make_pki, start_secure, stop_secure
 
 ALICE_LABELS = "userCreator=alice-IDE,engineType=spark-3.2.1"
@@ -241,9 +241,8 @@ async def test_an_agent_cannot_pass_for_another(srm):
     await agent1.rm.RegisterEcm(register("agent1", load_instance(4 * GiB, 4000, 4)))
     beats = agent1.rm.HeartbeatStream(timeout=10)
     own = pb.HeartbeatRequest(agent_id="agent1", sequence=1)
-    await beats.write(pb.HeartbeatStreamRequest(heartbeat=own))
-    answer = await beats.read()
-    assert answer.heartbeat.action == pb.HEARTBEAT_ACTION_CONTINUE
+    answer = await beat_on_stream(beats, own)
+    assert answer.action == pb.HEARTBEAT_ACTION_CONTINUE
     forged = pb.HeartbeatRequest(agent_id="agent2", sequence=5)
     await beats.write(pb.HeartbeatStreamRequest(heartbeat=forged))
     with pytest.raises(grpc.aio.AioRpcError) as err:
