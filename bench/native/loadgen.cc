@@ -157,20 +157,14 @@ class ApplyClient : public Client {
     }
     if (step_ == kApply) {
       t1_ = t;
-      pb::ReportUsedRequest req;
-      req.set_request_id(prefix_ + "-u" + std::to_string(n_));
-      req.set_ticket_id(apply_.response.ticket().ticket_id());
-      step_ = kReport;
-      report_.reader = stub_->AsyncReportUsed(report_.Fresh(60), req, cq_);
-      report_.Finish(this);
+      OnTicket<pb::ReportUsedRequest>(report_, "-u", kReport, [this](auto* ctx, auto& req) {
+        return stub_->AsyncReportUsed(ctx, req, cq_);
+      });
     } else if (step_ == kReport) {
       t2_ = t;
-      pb::ReleaseRequest req;
-      req.set_request_id(prefix_ + "-r" + std::to_string(n_));
-      req.set_ticket_id(apply_.response.ticket().ticket_id());
-      step_ = kRelease;
-      release_.reader = stub_->AsyncRelease(release_.Fresh(60), req, cq_);
-      release_.Finish(this);
+      OnTicket<pb::ReleaseRequest>(release_, "-r", kRelease, [this](auto* ctx, auto& req) {
+        return stub_->AsyncRelease(ctx, req, cq_);
+      });
     } else {
       w_->Record("Apply", t0_, t1_);
       w_->Record("ReportUsed", t1_, t2_);
@@ -200,6 +194,17 @@ class ApplyClient : public Client {
     step_ = kApply;
     apply_.reader = stub_->AsyncApply(apply_.Fresh(60), request_, cq_);
     apply_.Finish(this);
+  }
+
+  // ReportUsed and Release: a call on the ticket Apply answered, under its own request id.
+  template <class Request, class Response, class Send>
+  void OnTicket(Call<Response>& call, const char* suffix, Step next, Send send) {
+    Request req;
+    req.set_request_id(prefix_ + suffix + std::to_string(n_));
+    req.set_ticket_id(apply_.response.ticket().ticket_id());
+    step_ = next;
+    call.reader = send(call.Fresh(60), req);
+    call.Finish(this);
   }
 
   void AddLabel(const char* key, const std::string& value) {
