@@ -11,8 +11,11 @@ import pytest
 from labelrm.v1 import admin_pb2, admin_pb2_grpc, resource_manager_pb2_grpc
 from labelrm.v1 import resource_manager_pb2 as pb
 
+from tests.conftest import BOTH_PATHS
 from tests.helpers import GiB, limit_req, load, load_instance, register
 from tests.load import ECMS, run_load
+
+pytestmark = BOTH_PATHS
 
 STRESS_SECONDS = float(os.environ.get("LABELRM_STRESS_SECONDS", "10"))
 NORMAL = {grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED}
