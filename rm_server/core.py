@@ -153,6 +153,7 @@ class RMCore:
         wait_seconds: float,
         encoder: OutcomeEncoder[Ticket],
         after: AfterApply | None = None,
+        engine_conn_id: str = "",
     ) -> Ticket | Replay:
         """Lock `resource` on every resource-carrying label, or wait for it (FIFO).
 
@@ -162,7 +163,16 @@ class RMCore:
         ticket_id = self.new_id("t")
         if wait_seconds <= 0:
             return await self._apply_once(
-                idem, encoder, ticket_id, user, labels, keys, resource, None, after=after
+                idem,
+                encoder,
+                ticket_id,
+                user,
+                labels,
+                keys,
+                resource,
+                None,
+                after=after,
+                engine_conn_id=engine_conn_id,
             )
         deadline = time.monotonic() + wait_seconds
         waiter: int | None = None
@@ -222,6 +232,7 @@ class RMCore:
         *,
         may_wait: bool = False,
         after: AfterApply | None = None,
+        engine_conn_id: str = "",
     ) -> Ticket | Replay:
         op = ticket_store.ApplyOp(
             idem,
@@ -235,6 +246,7 @@ class RMCore:
             waiter,
             may_wait,
             after,
+            engine_conn_id,
         )
         while True:
             try:
@@ -252,12 +264,16 @@ class RMCore:
         used: Resource | None,
         encoder: OutcomeEncoder[Ticket],
     ) -> Ticket | Replay:
-        return await self._submit(ticket_store.ReportOp(idem, encoder, ticket_id, used))
+        """A user's ReportUsed (refused on a ticket an EngineConn owns)."""
+        op = ticket_store.ReportOp(idem, encoder, ticket_id, used, from_user=True)
+        return await self._submit(op)
 
     async def release(
         self, idem: Idempotency, ticket_id: str, encoder: OutcomeEncoder[Ticket]
     ) -> Ticket | Replay:
-        return await self._submit(ticket_store.ReleaseOp(idem, encoder, ticket_id))
+        """A user's Release (refused on a ticket an EngineConn owns)."""
+        op = ticket_store.ReleaseOp(idem, encoder, ticket_id, from_user=True)
+        return await self._submit(op)
 
     async def _submit(self, op: ticket_store.Op) -> Ticket | Replay:
         """Run `op` in the next group (grouping on), or in a group of its own."""

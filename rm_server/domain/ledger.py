@@ -53,6 +53,7 @@ class ApplyCommand:
     lock_expires_at: datetime
     waiter_seq: int | None = None
     may_wait: bool = False
+    engine_conn_id: str = ""  # the EngineConn the ticket is charged for, if any
 
 
 def _charge(account: LabelAccount, resource: Resource) -> LabelAccount:
@@ -127,6 +128,7 @@ def decide_apply(
         created_at=cmd.now,
         updated_at=cmd.now,
         lock_expires_at=cmd.lock_expires_at,
+        engine_conn_id=cmd.engine_conn_id,
     )
     return charged, ticket
 
@@ -157,6 +159,19 @@ def not_live_error(ticket_id: str, ended: Ticket | None) -> FailedPrecondition |
         state=ended.state.value,
         reason="TICKET_ENDED",
     )
+
+
+def check_user_may_end(ticket: Ticket) -> None:
+    """A user's ReportUsed / Release: refused on a ticket an EngineConn owns (its
+    lifecycle reports and releases it; ending it under a running EngineConn would hand
+    out capacity the EngineConn still uses)."""
+    if ticket.engine_conn_id:
+        raise FailedPrecondition(
+            f"ticket {ticket.ticket_id} belongs to EngineConn {ticket.engine_conn_id}:"
+            " end it with KillEngineConn",
+            state=ticket.state.value,
+            reason="TICKET_OWNED_BY_ENGINECONN",
+        )
 
 
 def decide_report(

@@ -114,7 +114,7 @@ def accounts_json(accounts: Sequence[LabelAccount]) -> str:
 
 TICKET_COLUMNS = (
     "ticket_id, state, user_name, labels, charged_labels, requested, locked, used,"
-    " created_at, updated_at, lock_expires_at"
+    " created_at, updated_at, lock_expires_at, engine_conn_id"
 )
 TICKET_NAMES = tuple(c.strip() for c in TICKET_COLUMNS.split(","))
 
@@ -139,6 +139,7 @@ def ticket_from_json(obj: dict[str, Any]) -> Ticket:
         created_at=_at(obj["created_at"]),
         updated_at=_at(obj["updated_at"]),
         lock_expires_at=_opt_at(obj["lock_expires_at"]),
+        engine_conn_id=obj.get("engine_conn_id") or "",
     )
 
 
@@ -157,6 +158,7 @@ def ticket_json(t: Ticket) -> dict[str, Any]:
         "created_at": _json_time(t.created_at),
         "updated_at": _json_time(t.updated_at),
         "lock_expires_at": _json_time(t.lock_expires_at),
+        "engine_conn_id": t.engine_conn_id or None,
     }
 
 

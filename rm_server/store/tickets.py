@@ -38,6 +38,7 @@ from rm_server.domain.ledger import (
     ApplyCommand,
     LabelAccount,
     check_accounts,
+    check_user_may_end,
     decide_apply,
     decide_end,
     decide_report,
@@ -141,6 +142,7 @@ class ApplyOp(Op):
     # Runs in the same transaction once the ticket is written (the EngineConn flow
     # queues its launch command there, atomically).
     after: AfterApply | None = None
+    engine_conn_id: str = ""  # the EngineConn the ticket is for: its lifecycle owns it
 
     def command(self, now: datetime) -> ApplyCommand:
         return ApplyCommand(
@@ -153,6 +155,7 @@ class ApplyOp(Op):
             lock_expires_at=now + self.lock_timeout,
             waiter_seq=self.waiter_seq,
             may_wait=self.may_wait,
+            engine_conn_id=self.engine_conn_id,
         )
 
 
@@ -160,12 +163,14 @@ class ApplyOp(Op):
 class ReportOp(Op):
     ticket_id: str
     used: Resource | None
+    from_user: bool = False  # a user's RPC: refused on EngineConn-owned tickets
 
 
 @dataclass(eq=False)
 class ReleaseOp(Op):
     ticket_id: str
     reason: str = "released"
+    from_user: bool = False  # a user's RPC: refused on EngineConn-owned tickets
 
 
 @dataclass(eq=False)
@@ -213,7 +218,8 @@ INSERT_TICKETS = (
     f"INSERT INTO ticket ({TICKET_COLUMNS}) SELECT {TICKET_COLUMNS}"  # noqa: S608
     " FROM json_to_recordset(%s::json) AS x(ticket_id text, state text, user_name text,"
     " labels jsonb, charged_labels text[], requested jsonb, locked jsonb, used jsonb,"
-    " created_at timestamptz, updated_at timestamptz, lock_expires_at timestamptz)"
+    " created_at timestamptz, updated_at timestamptz, lock_expires_at timestamptz,"
+    " engine_conn_id text)"
 )
 UPDATE_TICKETS = (
     "UPDATE ticket t SET state = x.state, used = x.used, locked = x.locked,"
@@ -468,6 +474,8 @@ def _execute(
         if ticket is None or not lock_expired(ticket, now):
             return None
         return state.end(ticket, now, TicketState.EXPIRED, "lock timeout")
+    if ticket is not None and op.from_user:
+        check_user_may_end(ticket)
     if isinstance(op, ReleaseOp):
         if ticket is None:
             ended = state.ended.get(op.ticket_id) or history.get(op.ticket_id)
@@ -539,6 +547,7 @@ async def apply(conn: Conn, cmd: ApplyCommand) -> Ticket | Refusal:
         cmd.lock_expires_at - cmd.now,
         cmd.waiter_seq,
         cmd.may_wait,
+        engine_conn_id=cmd.engine_conn_id,
     )
     try:
         ticket = _only(await run(conn, [op], cmd.now))
