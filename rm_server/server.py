@@ -124,10 +124,12 @@ class RMServer:
             batch_inflight=self.settings.batch_inflight,
             heartbeat_linger=self.settings.heartbeat_linger,
             history_retention=timedelta(days=self.settings.history_retention_days),
+            waiter_hold=timedelta(seconds=self.settings.waiter_hold),
         )
         self.core = RMCore(self._db, self._notifier, core_settings, self.clock, self.new_id)
         self.metrics = Metrics(label_cap=self.settings.metrics_label_cap)
         self.metrics.attach(self.core)  # before start_background: it counts the sweeps
+        await self.core.join_replicas()
         self.core.start_background()
 
         limit = self.settings.max_message_bytes
