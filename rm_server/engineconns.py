@@ -335,7 +335,14 @@ class EngineConnManager:
         labels = (*[lb for lb in ec.labels if lb.key != EM_INSTANCE], Label(EM_INSTANCE, ecm))
         idem = Idempotency.of("CreateEngineConn.Apply", f"{ec.ec_id}/{attempt}", b"")
         outcome = await self.core.apply(
-            idem, user, labels, resource, 0.0, _TicketIdEncoder(), after=queue_launch
+            idem,
+            user,
+            labels,
+            resource,
+            0.0,
+            _TicketIdEncoder(),
+            after=queue_launch,
+            engine_conn_id=ec.ec_id,
         )
         if isinstance(outcome, Replay):  # pragma: no cover - attempt ids are unique
             raise FailedPrecondition("launch attempt already made", state="STARTING")

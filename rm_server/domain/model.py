@@ -44,6 +44,8 @@ class Ticket:
     lock_expires_at: datetime | None = None
     ended_at: datetime | None = None
     end_reason: str = ""
+    # Set when the ticket was charged for an EngineConn: its lifecycle owns the ticket.
+    engine_conn_id: str = ""
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from rm_server.domain.demands.planner import LabelCapacity, PlanEntry, TicketSta
 from rm_server.domain.demands.state import DemandState, Transition, step
 from rm_server.domain.demands.timelang import order_ids
 from rm_server.domain.labels import LabelKey
+from rm_server.domain.ledger import check_accounts
 from rm_server.domain.limits import best_limit
 from rm_server.domain.model import Refusal, Ticket
 from rm_server.domain.resources import Resource, ResourceError, headroom
@@ -376,7 +377,7 @@ async def reserve(conn: Conn, d: Demand, now: datetime) -> tuple[str, ...]:
             held = d.resource if row.reserved is None else row.reserved + d.resource
         except ResourceError as exc:
             raise InvalidArgument("resource", f"does not match label {label}: {exc}") from exc
-        ticket_store.check_rows([replace(row, reserved=held)], d.resource)  # kinds must match
+        check_accounts([replace(row, reserved=held)], d.resource)  # kinds must match
         await conn.execute(
             "UPDATE label_resource SET reserved = %s WHERE label = %s", (jres(held), label)
         )

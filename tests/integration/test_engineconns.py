@@ -16,7 +16,7 @@ from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as rm_pb
 
 from tests.conftest import wait_until
-from tests.helpers import assert_consistent, lbl
+from tests.helpers import assert_consistent, label_state, lbl
 
 SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"
 LIVE = {
@@ -360,4 +360,33 @@ async def test_excluded_host_refused_refresh_and_decommission(cluster_rm, agent_
     await wait_until(lambda: _async(bad.proc.poll() is not None), timeout=30)  # it left
     with pytest.raises(grpc.aio.AioRpcError):
         await rm.rm.GetEcm(rm_pb.GetEcmRequest(instance="agent2"))
+    await assert_consistent(rm)
+
+
+async def test_users_cannot_report_or_release_an_engineconns_ticket(cluster_rm, agent_factory):
+    """The EngineConn's lifecycle owns its ticket: a user's Release (or ReportUsed) of
+    it would hand out capacity the running EngineConn still uses. Refused
+    FAILED_PRECONDITION naming KillEngineConn; nothing changes; KillEngineConn works."""
+    rm = cluster_rm
+    await start_agent(rm, agent_factory)
+    ec = await create(rm)
+    assert await ticket_state(rm, ec.ticket_id) == rm_pb.TICKET_STATE_USED
+    before = await label_state(rm, "emInstance=agent1")
+    for call in (
+        rm.rm.Release(rm_pb.ReleaseRequest(ticket_id=ec.ticket_id)),
+        rm.rm.ReportUsed(rm_pb.ReportUsedRequest(ticket_id=ec.ticket_id)),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            await call
+        assert exc.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "KillEngineConn" in exc.value.details()
+    assert await label_state(rm, "emInstance=agent1") == before
+    assert await ticket_state(rm, ec.ticket_id) == rm_pb.TICKET_STATE_USED
+    running = await get_ec(rm, ec.engine_conn_id)
+    assert running.state == ec_pb.ENGINE_CONN_STATE_IDLE
+    out, _, code = await execute(running, "echo still-here")
+    assert (out.strip(), code) == ("still-here", 0)
+    await ecs(rm).KillEngineConn(ec_pb.KillEngineConnRequest(engine_conn_id=ec.engine_conn_id))
+    await wait_until(lambda: ended(rm, ec.engine_conn_id), timeout=20)
+    assert await ticket_state(rm, ec.ticket_id) == rm_pb.TICKET_STATE_RELEASED
     await assert_consistent(rm)
