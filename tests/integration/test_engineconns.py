@@ -258,6 +258,37 @@ async def test_ask_reuses_an_idle_engineconn_but_not_a_held_one(cluster_rm, agen
     await assert_consistent(rm)
 
 
+async def test_an_engineconn_ask_created_is_held_for_its_caller(cluster_rm, agent_factory):
+    rm = cluster_rm
+    await start_agent(rm, agent_factory)
+    ask = ec_pb.AskEngineConnRequest(
+        user="lrmtest_a", labels=lbl(SHELL_A), timeout=Duration(seconds=30)
+    )
+    made = await ecs(rm).AskEngineConn(replace_request_id(ask, "ask-1"))
+    assert not made.reused
+    assert made.engine_conn.holder == "ask-1" and made.engine_conn.HasField("hold_expire_time")
+    stored = await get_ec(rm, made.engine_conn.engine_conn_id)
+    assert stored.holder == "ask-1"
+    assert stored.hold_expire_time == made.engine_conn.hold_expire_time
+    # Held like a reused one: the next Ask does not get it, it gets its own.
+    other = await ecs(rm).AskEngineConn(replace_request_id(ask, "ask-2"))
+    assert not other.reused
+    assert other.engine_conn.engine_conn_id != made.engine_conn.engine_conn_id
+    assert other.engine_conn.holder == "ask-2"
+    # A retry of the first Ask answers the same EngineConn, still held by it.
+    again = await ecs(rm).AskEngineConn(replace_request_id(ask, "ask-1"))
+    assert again.engine_conn.engine_conn_id == made.engine_conn.engine_conn_id
+    assert (await get_ec(rm, made.engine_conn.engine_conn_id)).holder == "ask-1"
+    await assert_consistent(rm)
+
+
+def replace_request_id(request, request_id: str):
+    copy = type(request)()
+    copy.CopyFrom(request)
+    copy.request_id = request_id
+    return copy
+
+
 async def _is_busy(rm, ec_id) -> bool:
     return (await get_ec(rm, ec_id)).state == ec_pb.ENGINE_CONN_STATE_BUSY
 
