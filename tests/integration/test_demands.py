@@ -3,6 +3,8 @@ planner's rounds are driven by the test (``tick``), so nothing waits in real tim
 
 from __future__ import annotations
 
+import contextlib
+import io
 import random
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -174,6 +176,46 @@ async def test_window_honoured_reserved_allocated_claimed_finished(drm):
     assert all(e.reason for e in d.events) and all(e.time.seconds for e in d.events)
     after = await plain_apply(drm, 3)  # after the window: available again
     assert after is not None
+    await drm.consistent()
+
+
+async def test_reserved_capacity_is_shown_by_the_api_rmctl_and_metrics(drm):
+    import asyncio
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from clients import rmctl
+
+    await drm.submit("shown", 3, "{Start: {Time: [+2m, +10m], Strategy: strict}}")
+    await drm.tick(60)  # one lead time before its start: reserved
+    assert await drm.state("shown") == S.DEMAND_STATE_ALLOCATING
+    label = await label_state(drm.rm, USER)
+    assert label.reserved_resource.load.memory_bytes == 3 * GiB
+    assert label.left_resource.load.memory_bytes == 1 * GiB  # what an Apply can still take
+    assert await plain_apply(drm, 2) is None and await plain_apply(drm, 1) is not None
+    listed = await drm.rm.rm.ListLabelResources(rpb.ListLabelResourcesRequest())
+    (record,) = [r for r in listed.label_resources if r.label == label.label]
+    assert record.reserved_resource == label.reserved_resource
+    text = (await drm.rm.server.metrics.exposition()).decode()
+    reserved = {
+        sample.labels["dimension"]: sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "labelrm_label_reserved"
+        for sample in family.samples
+        if sample.labels["label"] == label.label
+    }
+    assert reserved["memory_bytes"] == 3 * GiB
+    for argv in (("resource", "show", USER), ("resource", "list")):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            code = await asyncio.to_thread(rmctl.main, ["--rm", drm.rm.target, *argv])
+        assert code == 0
+        assert "reserved" in out.getvalue().lower() and "mem=3Gi" in out.getvalue()
+    await drm.tick(60)  # allocated: the reservation became the ticket's
+    assert await drm.state("shown") == S.DEMAND_STATE_ALLOCATED
+    label = await label_state(drm.rm, USER)
+    assert not label.HasField("reserved_resource")
+    assert label.locked_resource.load.memory_bytes == 4 * GiB
     await drm.consistent()
 
 
