@@ -235,6 +235,45 @@ async def test_strict_demand_fails_when_its_window_closes(drm):
     assert label.locked_resource.load.memory_bytes == 3 * GiB
 
 
+async def test_a_demand_is_allocated_at_its_planned_start_or_refused_at_submit(drm):
+    t0 = drm.clock.now()
+    tz = t0.tzinfo
+    await drm.submit("first", 3, "{Start: [NOW, +1h], Duration: +4m}")
+    await drm.tick(3)
+    first = await drm.get("first")
+    assert first.state == S.DEMAND_STATE_ALLOCATED
+    await drm.claim("first")
+    # Next to `first` the plan has room from the end of its occupation plus a lead time:
+    # a start there falls 5 ms before the first window closes, a round before the second.
+    edge = first.plan_end_time.ToDatetime(tzinfo=tz) + timedelta(seconds=LEAD)
+    opens = (t0 + timedelta(minutes=1)).isoformat()
+    accepted, refused = [], []
+    for name, slack in (("edge", timedelta(milliseconds=5)), ("margin", timedelta(seconds=ROUND))):
+        text = f'{{Start: ["{opens}", "{(edge + slack).isoformat()}"], Duration: +1m}}'
+        try:
+            resp = await drm.submit(name, 3, text)
+        except grpc.aio.AioRpcError as err:
+            assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.details()
+            refused.append(name)
+            continue
+        accepted.append((name, resp.demand.planned_start_time.ToDatetime(tzinfo=tz)))
+    # Rounds come when they come (here every 7 s, a round being 10 s): every admitted
+    # demand is allocated within one round of its planned start.
+    released = False
+    for _ in range(60):
+        await drm.tick(7)
+        if not released and drm.clock.now() >= t0 + timedelta(minutes=4):
+            await drm.release(first.ticket_id)  # `first` is done before its planned end
+            released = True
+    for name, planned in accepted:
+        d = await drm.get(name)
+        assert d.state == S.DEMAND_STATE_ALLOCATED, (name, d.reason)
+        allocated = d.allocate_time.ToDatetime(tzinfo=tz)
+        assert planned <= allocated < planned + timedelta(seconds=ROUND)
+    assert refused == ["edge"] and [name for name, _ in accepted] == ["margin"]
+    await drm.consistent()
+
+
 async def test_loose_demand_slips_within_the_bound(drm):
     t0 = drm.clock.now()
     hog = await plain_apply(drm, 3)
