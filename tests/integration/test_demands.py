@@ -21,7 +21,7 @@ from labelrm.v1 import resource_manager_pb2 as rpb
 from rm_server.clock import ManualClock
 from rm_server.demands import DemandManager
 from rm_server.domain.demands.timelang import Span, holds, parse, resolve
-from tests.conftest import InProcessRM, start_in_process, stop_in_process
+from tests.conftest import InProcessRM, start_in_process, stop_in_process, wait_until
 from tests.helpers import GiB, apply_req, assert_consistent, label_state, lbl, limit_req, load
 
 USER = "userCreator=alice-IDE,engineType=spark-3.2.1"
@@ -272,6 +272,64 @@ async def test_a_demand_is_allocated_at_its_planned_start_or_refused_at_submit(d
         assert planned <= allocated < planned + timedelta(seconds=ROUND)
     assert refused == ["edge"] and [name for name, _ in accepted] == ["margin"]
     await drm.consistent()
+
+
+async def _lock_waiters(conn) -> int:
+    cur = await conn.execute(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
+    row = await cur.fetchone()
+    return int(row[0])
+
+
+async def test_a_pass_decides_each_round_at_its_own_time(drm):
+    """A pass over many blocked demands takes time; a release during it makes room. The
+    demands allocated after that release are allocated (and dated) after it."""
+    import asyncio
+
+    import psycopg
+
+    hog = await plain_apply(drm, 4)
+    assert hog is not None
+    names = [f"blocked-{i:02}" for i in range(20)]
+    for name in names:
+        await drm.submit(name, 0.1, "{Start: [NOW, +1h]}")
+    await drm.tick()  # each reserved and passed over once
+    assert {(await drm.get(n)).passed_over_rounds for n in names} == {1}
+    label = (await label_state(drm.rm, USER)).label
+    drm.clock.advance(ROUND)  # all of them due again
+    async with await psycopg.AsyncConnection.connect(drm.rm.database_url) as holder:
+        async with holder.transaction():
+            # Hold the label row: the pass stops at its first demand's allocation.
+            await holder.execute(
+                "SELECT 1 FROM label_resource WHERE label = %s FOR UPDATE", (label,)
+            )
+            async with await psycopg.AsyncConnection.connect(
+                drm.rm.database_url, autocommit=True
+            ) as watcher:
+                passing = asyncio.ensure_future(drm.manager.tick())
+                await wait_until(lambda: _at_least(_lock_waiters(watcher), 1), timeout=30)
+                released_at = drm.clock.advance(5)  # the pass goes on while time passes
+                release = asyncio.ensure_future(drm.release(hog.ticket_id))
+                await wait_until(lambda: _at_least(_lock_waiters(watcher), 2), timeout=30)
+        await release
+        await passing
+    allocated = []
+    for name in names:
+        d = await drm.get(name)
+        if d.state == S.DEMAND_STATE_ALLOCATED:
+            at = d.allocate_time.ToDatetime(tzinfo=released_at.tzinfo)
+            assert at >= released_at, (name, at, released_at)
+            allocated.append(name)
+        times = [e.time.ToDatetime(tzinfo=released_at.tzinfo) for e in d.events]
+        assert times == sorted(times)
+    assert allocated  # the pass went on after the release and used its room
+    await drm.consistent()
+
+
+async def _at_least(count, n: int) -> bool:
+    return await count >= n
 
 
 async def test_loose_demand_slips_within_the_bound(drm):
