@@ -355,12 +355,18 @@ class EngineConnManager:
             raise FailedPrecondition("launch attempt already made", state="STARTING")
 
     async def _await_ready(self, ec_id: str, deadline: float) -> EngineConn:
-        """Wait for the EngineConn to leave STARTING (woken by NOTIFY ec:<id>)."""
+        """Wait for the EngineConn to leave STARTING (woken by NOTIFY ec:<id>).
+
+        Ready takes two reports: the EngineConn's own (IDLE, with its address) and its
+        agent's heartbeat with the process (pid, work dir). Either may come first: a fork
+        from a warm fork server reports IDLE before the agent's next heartbeat.
+        """
         with self.core.notifier.subscribe([ec_key(ec_id)]) as changed:
             while True:
                 changed.clear()
                 ec = await self.db.run(lambda c: ec_store.get_ec(c, ec_id))
-                if ec.state is not EcState.STARTING:
+                up = ec.state in (EcState.IDLE, EcState.BUSY)
+                if ec.state is not EcState.STARTING and (ec.pid or not up):
                     return ec
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
