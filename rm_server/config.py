@@ -74,6 +74,9 @@ class Settings:
     token_file: str = ""  # bearer tokens: SHA-256 -> user, roles (rmctl token add)
     proxy_users: str = ""  # comma-separated users who may act on behalf of others
     insecure: bool = False  # allow a non-loopback listener without TLS
+    # Take client certificates without a labelrm://agent/ identity (host certificates of
+    # the operator's CA) as agents named by their CN / DNS names (docs/security.md)
+    allow_host_certificates: bool = False
     apply_rate: float = 50.0  # apply-like calls per second and user (0: unlimited)
     apply_burst: int = 100
     max_waiting_applies: int = 32  # per user (0: unlimited)

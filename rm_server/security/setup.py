@@ -133,6 +133,7 @@ class Security:
             owners=DbOwners(db),
             limits=self.limits,
             proxy_users=proxies,
+            allow_host_certificates=self.settings.allow_host_certificates,
         )
 
     @property

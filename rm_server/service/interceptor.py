@@ -26,6 +26,7 @@ registered that wait cost ~5 % of the RM's CPU at 5000 agents beating.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
 from collections import deque
@@ -245,8 +246,12 @@ def _streaming(behavior: Streaming, method: _Method, unary_request: bool) -> Str
             if not unary_request and method.metrics is not None:
                 request = _arrivals(request, arrivals)
             release, request = await _admit(auth, method.name, request, unary_request, context)
+            items = behavior(request, context)
+            check = auth.stream_check() if auth is not None else None
+            if auth is not None and check is not None:  # a revocable credential
+                items = _rechecked(items, check, auth.recheck_interval)
             try:
-                async for item in behavior(request, context):
+                async for item in items:
                     # Each response answers the oldest request (HeartbeatStream's contract).
                     if arrivals and method.metrics is not None:
                         method.metrics.message(time.perf_counter() - arrivals.popleft())
@@ -279,6 +284,40 @@ async def _admit(
     if not unary_request:
         request = _each_admitted(auth, name, request)
     return release, request
+
+
+async def _rechecked(
+    items: AsyncIterator[Any], check: Callable[[], None], interval: float
+) -> AsyncIterator[Any]:
+    """`items`, with `check` (raises once the caller's credential is revoked) run before
+    each one is sent, and every `interval` seconds while none comes: a revoked caller's
+    stream ends even while it is idle, and never sends another message (an agent's
+    launch commands carry EngineConn secrets and keys)."""
+    source = aiter(items)
+    try:
+        while True:
+            following = asyncio.ensure_future(anext(source))
+            try:
+                while True:
+                    done, _ = await asyncio.wait((following,), timeout=interval)
+                    check()
+                    if done:
+                        break
+            except BaseException:
+                following.cancel()
+                with contextlib.suppress(BaseException):
+                    await following
+                raise
+            try:
+                item = following.result()
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        closing = getattr(source, "aclose", None)
+        if closing is not None:
+            with contextlib.suppress(Exception):
+                await closing()
 
 
 async def _arrivals(messages: AsyncIterator[Any], arrivals: deque[float]) -> AsyncIterator[Any]:
