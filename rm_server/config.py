@@ -79,6 +79,11 @@ class Settings:
     allow_host_certificates: bool = False
     apply_rate: float = 50.0  # apply-like calls per second and user (0: unlimited)
     apply_burst: int = 100
+    call_rate: float = 200.0  # calls of any user RPC per second and user (0: unlimited)
+    call_burst: int = 400
+    # Largest request of a user RPC (agents' RPCs take up to max_message_bytes)
+    user_max_message_bytes: int = 256 * 1024
+    max_watch_streams: int = 16  # open health Watch streams per peer address (0: unlimited)
     max_waiting_applies: int = 32  # per user (0: unlimited)
     auth_failure_limit: int = 10  # failed authentications per peer within the window
     auth_failure_window: float = 60.0

@@ -11,8 +11,13 @@ nothing; the interceptor turns the error into the call's status):
    failure of its peer; once a peer has too many recent failures, its further invalid
    tokens are refused RESOURCE_EXHAUSTED (a valid token from the same address never is:
    a guesser must not lock out the users and admins behind the same address);
-3. the policy table (`policy.authorize`): UNAUTHENTICATED / PERMISSION_DENIED;
-4. the per-user limits of apply-like calls: RESOURCE_EXHAUSTED.
+3. a user's rate of calls (every RPC; admins exempt): RESOURCE_EXHAUSTED, before the
+   policy, whose ownership checks read the database;
+4. the policy table (`policy.authorize`): UNAUTHENTICATED / PERMISSION_DENIED;
+5. the per-user limits of apply-like calls: RESOURCE_EXHAUSTED.
+
+Before all of these the server's interceptor has checked the request's counts and
+sizes (`service.bounds`) and, for user RPCs, its size on the wire.
 
 With authentication off (dev mode on loopback) the step is left out of every handler:
 every caller is an admin (`identity.DEV_ADMIN`) and nothing is checked.
@@ -31,6 +36,7 @@ from rm_server.security import policy
 from rm_server.security.identity import (
     ANONYMOUS,
     BadCredentials,
+    Kind,
     Principal,
     bearer_token,
     from_auth_context,
@@ -128,6 +134,9 @@ class AuthInterceptor:
         principal = self._authenticate(context)
         # Set before the checks: the access log names the caller of a refused call too.
         principal_var.set(principal)
+        if principal.kind is Kind.USER and not principal.is_admin:
+            # Before the policy, whose ownership checks read the database.
+            self.limits.admit_call(principal.name)
         rule = await self._authorize(method, principal, request)
         if rule is None or not rule.apply_like or principal.is_admin:
             return _nothing

@@ -16,14 +16,19 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from google.protobuf.duration_pb2 import Duration
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as pb
+from labelrm.v1 import resource_pb2
 
 from rm_server.security import tokens
-from rm_server.security.limits import TOO_MANY_AUTH_FAILURES
+from rm_server.security.limits import RATE_LIMITED, TOO_MANY_AUTH_FAILURES, TOO_MANY_STREAMS
+from tests.conftest import wait_until
 from tests.helpers import GiB, beat_on_stream, lbl, load_instance, register
 from tests.integration.security_fixtures import Pki, make_pki, start_secure, stop_secure
 from tests.integration.test_security import reason_of
+
+ALICE = "userCreator=alice-IDE,engineType=spark-3.2.1"
 
 
 @pytest.fixture(scope="module")
@@ -202,5 +207,164 @@ async def test_a_client_ca_certificate_without_the_agent_uri_is_not_an_agent(dat
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await host.rm.RegisterEcm(register("agent1", load_instance(GiB, 1000, 1)), timeout=10)
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        await stop_secure(srm)
+
+
+# ----- cheap denial of service: counts and sizes, user-sized messages, rates -------------------
+
+
+def trailer_bytes(err: grpc.aio.AioRpcError) -> int:
+    """How big the status trailer of a refused call was (details and metadata)."""
+    size = len(err.details() or "")
+    for key, value in err.trailing_metadata() or ():
+        size += len(key) + len(value)
+    return size
+
+
+async def test_counts_and_sizes_are_refused_before_any_per_item_work(database_url, keys):
+    srm = await start_secure(database_url, keys)
+    try:
+        alice = srm.stubs(srm.channel("alice"))
+        admin = srm.stubs(srm.channel("root"))
+        await admin.rm.RegisterEcm(register("host1:9000", load_instance(8 * GiB, 8000, 8)))
+        before = (await admin.rm.ListLabelResources(pb.ListLabelResourcesRequest())).label_resources
+        many = [resource_pb2.Label(key=f"k{i}", value="v") for i in range(2000)]
+        special = resource_pb2.Resource(
+            special=resource_pb2.SpecialResource(quantities={f"g{i}": 1 for i in range(10_000)})
+        )
+        long_key = "k" * 200_000
+        attacks = [
+            (alice.rm.GetLabelResource, pb.GetLabelResourceRequest(labels=many), "labels"),
+            (
+                alice.rm.Apply,
+                pb.ApplyRequest(labels=lbl(ALICE + ",emInstance=host1:9000"), resource=special),
+                "resource.special.quantities",
+            ),
+            (
+                alice.rm.GetLabelResource,
+                pb.GetLabelResourceRequest(labels=[resource_pb2.Label(key=long_key, value="v")]),
+                "labels[0].key",
+            ),
+            (
+                alice.rm.GetLabelResource,
+                pb.GetLabelResourceRequest(
+                    labels=[resource_pb2.Label(key="userCreator", value="a" * 200_000)]
+                ),
+                "labels[0].value",
+            ),
+            (
+                alice.rm.Apply,
+                pb.ApplyRequest(
+                    labels=lbl(ALICE + ",emInstance=host1:9000"),
+                    resource=resource_pb2.Resource(
+                        special=resource_pb2.SpecialResource(quantities={"g" * 100_000: 1})
+                    ),
+                ),
+                "resource.special.quantities",
+            ),
+        ]
+        for rpc, request, field in attacks:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await rpc(request, timeout=10)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, field
+            assert (err.value.details() or "").startswith(field + ":"), err.value.details()
+            # The offending value is quoted cut short, never whole.
+            assert trailer_bytes(err.value) < 2048, field
+        after = (await admin.rm.ListLabelResources(pb.ListLabelResourcesRequest())).label_resources
+        assert after == before  # nothing stored
+        # A user RPC's request is bounded by the user-sized limit, far below the agents'.
+        huge = pb.GetLabelResourceRequest(
+            labels=[resource_pb2.Label(key="k", value="v" * 4_000_000)]
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await alice.rm.GetLabelResource(huge, timeout=10)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert reason_of(err.value) == "MESSAGE_TOO_LARGE"
+        assert "user_max_message_bytes" in (err.value.details() or "")
+        assert trailer_bytes(err.value) < 2048
+        # An agent's heartbeat is not a user RPC: a big one passes.
+        agent = srm.stubs(srm.channel(cert=keys.cert("agent", "agent1"), agent_port=True))
+        await agent.rm.RegisterEcm(register("agent1", load_instance(GiB, 1000, 1)))
+        big_beat = pb.HeartbeatRequest(
+            agent_id="agent1",
+            sequence=1,
+            engine_conns=[
+                ec_pb.EngineConnProcess(
+                    engine_conn_id=f"ec-unknown-{i:05d}",
+                    state=ec_pb.PROCESS_STATE_RUNNING,
+                    log_tail="x" * 4000,
+                )
+                for i in range(100)
+            ],
+        )
+        assert big_beat.ByteSize() > 256 * 1024
+        await agent.rm.Heartbeat(big_beat, timeout=30)
+    finally:
+        await stop_secure(srm)
+
+
+async def test_one_users_flood_is_rate_limited_without_starving_others(database_url, keys):
+    srm = await start_secure(database_url, keys, call_rate=0.1, call_burst=5)
+    try:
+        admin = srm.stubs(srm.channel("root"))
+        await admin.rm.RegisterEcm(register("host1:9000", load_instance(8 * GiB, 8000, 8)))
+        bob = srm.stubs(srm.channel("bob"))
+        request = pb.GetLabelResourceRequest(labels=lbl("emInstance=host1:9000"))
+        refused = 0
+        for _ in range(20):
+            try:
+                await bob.rm.GetLabelResource(request, timeout=10)
+            except grpc.aio.AioRpcError as err:
+                assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert reason_of(err) == RATE_LIMITED and "call_rate" in (err.details() or "")
+                refused += 1
+        assert refused >= 14  # a burst of 5, then about one call in ten seconds
+        # Every kind of user RPC counts, not only Apply: bob's other calls are refused too.
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await bob.rm.ListTickets(pb.ListTicketsRequest(), timeout=10)
+        assert reason_of(err.value) == RATE_LIMITED
+        # Other users, the admin and the health check are served meanwhile.
+        alice = srm.stubs(srm.channel("alice"))
+        await alice.rm.GetLabelResource(request, timeout=10)
+        await admin.rm.GetLabelResource(request, timeout=10)
+        health = health_pb2_grpc.HealthStub(srm.channel())
+        status = await health.Check(health_pb2.HealthCheckRequest(), timeout=10)
+        assert status.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        await stop_secure(srm)
+
+
+async def test_anonymous_health_watch_streams_are_capped_per_peer(database_url, keys):
+    srm = await start_secure(database_url, keys, max_watch_streams=3)
+    try:
+        health = health_pb2_grpc.HealthStub(srm.channel())  # no credentials at all
+        watches = []
+        for _ in range(3):
+            watch = health.Watch(health_pb2.HealthCheckRequest(), timeout=60)
+            assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING
+            watches.append(watch)
+        extra = health.Watch(health_pb2.HealthCheckRequest(), timeout=60)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await extra.read()
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert reason_of(err.value) == TOO_MANY_STREAMS
+        # The one-shot Check is not a stream: still answered.
+        assert (await health.Check(health_pb2.HealthCheckRequest(), timeout=10)).status == 1
+        # A closed stream frees its place.
+        watches.pop().cancel()
+
+        async def another() -> bool:
+            watch = health.Watch(health_pb2.HealthCheckRequest(), timeout=60)
+            try:
+                await watch.read()
+            except grpc.aio.AioRpcError:
+                return False
+            watches.append(watch)
+            return True
+
+        await wait_until(another, timeout=10)
+        for watch in watches:
+            watch.cancel()
     finally:
         await stop_secure(srm)
