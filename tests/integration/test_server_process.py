@@ -4,21 +4,32 @@ together, and a multi-host database URL."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import psutil
+import pytest
 from google.protobuf.duration_pb2 import Duration
 from labelrm.v1 import admin_pb2, admin_pb2_grpc, engine_conn_pb2_grpc, resource_manager_pb2_grpc
 from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as pb
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from tests.conftest import ROOT, free_port, start_in_process, stop_in_process, wait_serving
+from tests.conftest import (
+    ROOT,
+    free_port,
+    shared_tmp,
+    start_in_process,
+    stop_in_process,
+    wait_serving,
+)
 from tests.helpers import (
     GiB,
     apply_req,
@@ -30,6 +41,15 @@ from tests.helpers import (
 )
 
 
+@pytest.fixture
+def reachable_tmp() -> Iterator[Path]:
+    """A directory the embedded database's own OS user can reach: run by root, the
+    database runs as another user, and pytest's tmp_path sits in a 0700 directory."""
+    path = shared_tmp("lrm-data-")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def postgres_processes_for(pgdata) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):
@@ -39,9 +59,9 @@ def postgres_processes_for(pgdata) -> list[psutil.Process]:
     return found
 
 
-def test_embedded_database_and_graceful_sigterm(tmp_path):
+def test_embedded_database_and_graceful_sigterm(tmp_path, reachable_tmp):
     port = free_port()
-    data_dir = tmp_path / "data"
+    data_dir = reachable_tmp / "data"
     log = (tmp_path / "rm.log").open("wb")
     proc = subprocess.Popen(
         [
@@ -124,7 +144,7 @@ async def test_multi_host_url_with_target_session_attrs(database_url):
         await stop_in_process(rm)
 
 
-def test_rmctl_dev_starts_rm_and_local_agent(tmp_path):
+def test_rmctl_dev_starts_rm_and_local_agent(tmp_path, reachable_tmp):
     """`rmctl dev` = RM on the embedded database + one local agent, in the foreground."""
     port = free_port()
     env = dict(os.environ, LABELRM_DEV_USERS="lrmtest_a")
@@ -136,7 +156,7 @@ def test_rmctl_dev_starts_rm_and_local_agent(tmp_path):
             "from clients.rmctl import main; raise SystemExit(main())",
             "dev",
             "--data-dir",
-            str(tmp_path / "data"),
+            str(reachable_tmp / "data"),
             "--listen",
             f"127.0.0.1:{port}",
         ],
