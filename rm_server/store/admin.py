@@ -40,14 +40,22 @@ from rm_server.store.tickets import key_names, load_limit_rules, lock_labels, re
 log = logging.getLogger(__name__)
 
 LABEL_RESOURCE_COLUMNS = (
-    "label, source, max_resource, protected, used, locked, live_tickets, updated_at"
+    "label, source, max_resource, protected, used, locked, live_tickets, updated_at, reserved"
 )
 
 
 def _label_resource(row: tuple[Any, ...]) -> LabelResource:
-    label, source, maximum, protected, used, locked, live, updated = row
+    label, source, maximum, protected, used, locked, live, updated, reserved = row
     return LabelResource(
-        label, source, opt_res(maximum), res(protected), res(used), res(locked), live, updated
+        label,
+        source,
+        opt_res(maximum),
+        res(protected),
+        res(used),
+        res(locked),
+        live,
+        updated,
+        opt_res(reserved),
     )
 
 

@@ -405,6 +405,13 @@ async def unreserve(conn: Conn, d: Demand, now: datetime, *, handover: bool = Fa
         await notify_freed(conn, d.reserved_labels)
 
 
+async def lock_labels(conn: Conn, labels: Sequence[str], now: datetime) -> None:
+    """Lock the label rows an allocation will charge (creating the ones a limit covers),
+    in canonical order, so that the allocation can be decided once they are held."""
+    await admin_store.ensure_limit_rows(conn, labels, now)
+    await ticket_store.lock_labels(conn, labels, now)
+
+
 class _Refused(Exception):
     def __init__(self, refusal: Refusal) -> None:
         super().__init__("refused")
