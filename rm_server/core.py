@@ -278,7 +278,7 @@ class RMCore:
         resource: Resource | None = None,
         hold_until: datetime | None = None,
     ) -> int:
-        """Queue a waiting apply (`resource` None: one that holds everything back)."""
+        """Queue a waiting apply: it holds `resource` back until `hold_until`."""
         # A crashed replica's rows stop counting when the sweep finds its lock free
         # (store/replicas.py); the deadline (+ slack) is the backstop.
         now = self.clock.now()
