@@ -90,11 +90,15 @@ class _TicketIdEncoder:
 
 @dataclass(frozen=True)
 class CreateRequest:
-    request_id: str
+    idem: Idempotency  # the caller's key: a retry gets its own EngineConn, nobody else's
     user: str
     labels: tuple[Label, ...]
     params: Mapping[str, str]
     timeout: float
+
+    @property
+    def request_id(self) -> str:
+        return self.idem.request_id
 
 
 class LaunchCredentials(Protocol):
@@ -160,8 +164,9 @@ class EngineConnManager:
             # 32 random bytes: its ExecutorService serves only callers that present it.
             secret=secrets.token_urlsafe(32),
         )
-        # A retry of the same request gets the first claim's row, secret included.
-        ec = await self.db.run(lambda c: ec_store.claim_ec(c, fresh, req.request_id))
+        # A retry of the same request (same caller, method and id) gets the first claim's
+        # row, secret included; another caller's id is another request.
+        ec = await self.db.run(lambda c: ec_store.claim_ec(c, fresh, req.idem))
         deadline = time.monotonic() + req.timeout
         if ec.ec_id != fresh.ec_id:  # a retry of a request already under way
             return await self._outcome_of(ec.ec_id, deadline)

@@ -151,6 +151,35 @@ async def test_apply_is_forced_to_the_caller():
     await policy.authorize(policy.RM + "Apply", ALICE, odd, OWNERS)
 
 
+@pytest.mark.parametrize("method", [policy.RM + "Apply", policy.DEMAND + "SubmitDemand"])
+async def test_users_apply_only_on_labels_that_charge_them(method):
+    request_type = (
+        resource_manager_pb2.ApplyRequest
+        if method.endswith("Apply")
+        else demand_pb2.SubmitDemandRequest
+    )
+    for labels in ("emInstance=agent1", "userCreator=alice-IDE,emInstance=agent1"):
+        with pytest.raises(PermissionDenied) as err:
+            await policy.authorize(method, ALICE, request_type(labels=_labels(labels)), OWNERS)
+        assert err.value.reason == "OWN_LABELS_REQUIRED"
+    own = "userCreator=alice-IDE,engineType=x-1,emInstance=agent1"
+    await policy.authorize(method, ALICE, request_type(labels=_labels(own)), OWNERS)
+    # A proxy user acts for the one user of the labels; admins may apply on anything.
+    bobs = "userCreator=bob-IDE,engineType=x-1"
+    for labels, ok in (
+        (bobs, True),
+        ("emInstance=agent1", False),
+        (bobs + ",userCreator=x-y", False),
+    ):
+        request = request_type(labels=_labels(labels))
+        if ok:
+            await policy.authorize(method, GATEWAY, request, OWNERS, proxy_users={"gateway"})
+            continue
+        with pytest.raises(PermissionDenied):
+            await policy.authorize(method, GATEWAY, request, OWNERS, proxy_users={"gateway"})
+    await policy.authorize(method, ADMIN, request_type(labels=_labels("emInstance=a")), OWNERS)
+
+
 async def test_engineconn_creation_as_another_user_needs_admin_or_proxy():
     def req(user: str = "", creator: str = "bob") -> engine_conn_pb2.CreateEngineConnRequest:
         return engine_conn_pb2.CreateEngineConnRequest(
@@ -208,8 +237,9 @@ async def test_lists_are_filtered_to_the_caller():
     ],
 )
 async def test_objects_of_another_user_are_off_limits(method, request_type, field, foreign):
-    with pytest.raises(PermissionDenied, match="of user 'bob'"):
+    with pytest.raises(PermissionDenied, match="not yours") as err:
         await policy.authorize(method, ALICE, request_type(**{field: foreign}), OWNERS)
+    assert "user 'bob'" not in err.value.message  # never names another tenant
     # Unknown ids pass (the servicer answers NOT_FOUND); owners, admins and proxies pass.
     await policy.authorize(method, ALICE, request_type(**{field: "nope"}), OWNERS)
     await policy.authorize(

@@ -1,0 +1,173 @@
+"""Tenant isolation on a secured deployment (TLS, tokens, roles, the mutual-TLS agent
+listener): two users, each the other's adversary, attack through request ids, labels
+that skip their limits, demand ids and refusal messages. Each test reproduces the
+attack as a hostile tenant would run it and asserts that it fails."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+import pytest
+from google.protobuf.duration_pb2 import Duration
+from labelrm.v1 import demand_pb2 as demand_pb
+from labelrm.v1 import engine_conn_pb2 as ec_pb
+from labelrm.v1 import resource_manager_pb2 as pb
+
+from rm_server.security import tokens
+from tests.conftest import wait_until
+from tests.helpers import (
+    GiB,
+    apply_req,
+    label_state,
+    lbl,
+    limit_req,
+    load_instance,
+    register,
+)
+from tests.integration.security_fixtures import SecureRM, make_pki, start_secure, stop_secure
+from tests.integration.test_security import reason_of
+
+SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"
+SHELL_B = "userCreator=lrmtest_b-IDE,engineType=shell-1"
+
+
+@pytest.fixture
+async def cluster(database_url, tmp_path, sudo_users):
+    """The secured RM, with tokens for the two sudo test users."""
+    keys = make_pki(tmp_path / "pki")
+    for user in sudo_users:
+        keys.tokens[user] = tokens.add_token(Path(keys.token_file), user, ["user"])
+    srm = await start_secure(
+        database_url,
+        keys,
+        sweep_interval=0.2,
+        ecm_expiry=3.0,
+        ec_expiry=6.0,
+        agent_heartbeat_interval=0.5,
+        ec_heartbeat_interval=0.5,
+        create_timeout=30.0,
+        kill_grace=2.0,
+        ec_cert_hours=1.0,
+    )
+    try:
+        yield srm
+    finally:
+        await stop_secure(srm)
+
+
+async def start_agent(cluster: SecureRM, agent_factory) -> None:
+    """A real agent on the mutual-TLS listener, registered and beating."""
+    keys = cluster.pki
+    cert, key = keys.cert("agent", "agent1")
+    agent = agent_factory(
+        cluster.agent_target, "agent1", "--tls-ca", keys.ca, "--tls-cert", cert, "--tls-key", key
+    )
+    agent.start()
+    admin = cluster.stubs(cluster.channel("root"))
+
+    async def registered() -> bool:
+        try:
+            ecm = (await admin.rm.GetEcm(pb.GetEcmRequest(instance="agent1"))).ecm
+        except grpc.aio.AioRpcError:
+            return False
+        return ecm.HasField("last_heartbeat_time")
+
+    await wait_until(registered, timeout=30)
+
+
+async def refused(call, request) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await call(request, timeout=60)
+    return err.value
+
+
+# ----- request ids are the caller's own ------------------------------------------------------
+
+
+async def test_another_users_request_id_is_a_new_engineconn(cluster, agent_factory):
+    """B replays A's CreateEngineConn / AskEngineConn request id: B gets an EngineConn of
+    its own (running as B), never A's EngineConn or its executor secret."""
+    await start_agent(cluster, agent_factory)
+    alice = cluster.stubs(cluster.channel("lrmtest_a"))
+    bob = cluster.stubs(cluster.channel("lrmtest_b"))
+    timeout = Duration(seconds=30)
+    mine = ec_pb.CreateEngineConnRequest(
+        request_id="shared-id", labels=lbl(SHELL_A), timeout=timeout
+    )
+    a_ec = (await alice.ecs.CreateEngineConn(mine, timeout=60)).engine_conn
+    assert a_ec.user == "lrmtest_a" and a_ec.secret
+
+    theirs = ec_pb.CreateEngineConnRequest(
+        request_id="shared-id", labels=lbl(SHELL_B), timeout=timeout
+    )
+    b_ec = (await bob.ecs.CreateEngineConn(theirs, timeout=60)).engine_conn
+    assert b_ec.engine_conn_id != a_ec.engine_conn_id
+    assert b_ec.user == "lrmtest_b" and b_ec.secret != a_ec.secret
+
+    ask = ec_pb.AskEngineConnRequest(request_id="shared-id", labels=lbl(SHELL_B), timeout=timeout)
+    asked = (await bob.ecs.AskEngineConn(ask, timeout=60)).engine_conn
+    assert asked.engine_conn_id != a_ec.engine_conn_id and asked.secret != a_ec.secret
+
+    # The owner's retry is a replay: the same EngineConn, its secret included.
+    again = (await alice.ecs.CreateEngineConn(mine, timeout=60)).engine_conn
+    assert again.engine_conn_id == a_ec.engine_conn_id and again.secret == a_ec.secret
+    # The owner reusing the id for another request is refused, and changes nothing.
+    other = ec_pb.CreateEngineConnRequest(
+        request_id="shared-id", labels=lbl(SHELL_A), timeout=Duration(seconds=29)
+    )
+    err = await refused(alice.ecs.CreateEngineConn, other)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert reason_of(err) == "REQUEST_ID_REUSED"
+    listed = (await alice.ecs.ListEngineConns(ec_pb.ListEngineConnsRequest())).engine_conns
+    assert [e.engine_conn_id for e in listed] == [a_ec.engine_conn_id]
+    for stubs, ec_id in {
+        (alice, a_ec.engine_conn_id),
+        (bob, b_ec.engine_conn_id),
+        (bob, asked.engine_conn_id),
+    }:
+        await stubs.ecs.KillEngineConn(ec_pb.KillEngineConnRequest(engine_conn_id=ec_id))
+
+
+# ----- users apply under their own limits ----------------------------------------------------
+
+
+@pytest.fixture
+async def srm(database_url, tmp_path):
+    """The secured RM with one ECM (8 instances) and a limit of one instance per user."""
+    rm = await start_secure(database_url, make_pki(tmp_path / "pki"))
+    admin = rm.stubs(rm.channel("root"))
+    await admin.rm.RegisterEcm(register("agent1", load_instance(8 * GiB, 8000, 8)))
+    await admin.admin.SetLabelLimit(
+        limit_req("userCreator=*,engineType=*", load_instance(GiB, 1000, 1))
+    )
+    try:
+        yield rm
+    finally:
+        await stop_secure(rm)
+
+
+async def test_users_cannot_apply_past_their_limits_on_infrastructure_labels(srm):
+    """Bob applies on `emInstance=agent1` alone (and with a userCreator that forms no
+    limited combination): before, that charged the ECM only, so his limit of one instance
+    never applied. Now a user's Apply and SubmitDemand must charge their own label."""
+    bob = srm.stubs(srm.channel("bob"))
+    admin = srm.stubs(srm.channel("root"))
+    four = load_instance(4 * GiB, 4000, 4)
+    for labels in ("emInstance=agent1", "userCreator=bob-IDE,emInstance=agent1"):
+        err = await refused(bob.rm.Apply, apply_req(labels, four))
+        assert err.code() == grpc.StatusCode.PERMISSION_DENIED, labels
+        assert reason_of(err) == "OWN_LABELS_REQUIRED" and "userCreator" in err.details()
+        submit = demand_pb.SubmitDemandRequest(demand_id="d1", labels=lbl(labels), resource=four)
+        err = await refused(bob.demands.SubmitDemand, submit)
+        assert reason_of(err) == "OWN_LABELS_REQUIRED"
+    # Nothing was charged, and with his own labels his limit applies.
+    assert (await bob.rm.ListTickets(pb.ListTicketsRequest())).tickets == []
+    assert (await label_state(admin, "emInstance=agent1")).live_tickets == 0
+    own = "userCreator=bob-IDE,engineType=spark-3.2.1,emInstance=agent1"
+    err = await refused(bob.rm.Apply, apply_req(own, four))
+    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    ticket = (await bob.rm.Apply(apply_req(own, load_instance(GiB, 1000, 1)))).ticket
+    assert ticket.user == "bob"
+    # Operators may still apply on infrastructure labels alone.
+    await admin.rm.Apply(apply_req("emInstance=agent1", four))
