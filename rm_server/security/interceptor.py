@@ -60,9 +60,6 @@ class DbOwners:
     async def engine_conn_owner(self, ec_id: str) -> str | None:
         return await self.db.run(lambda c: owners.engine_conn_owner(c, ec_id), read_only=True)
 
-    async def demand_owner(self, demand_id: str) -> str | None:
-        return await self.db.run(lambda c: owners.demand_owner(c, demand_id), read_only=True)
-
 
 def _waits(request: Any) -> bool:
     wait = getattr(request, "wait_timeout", None)

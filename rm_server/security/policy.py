@@ -18,8 +18,14 @@ itself is admitted on the role alone):
   ``userCreator`` combination of the label rules), so that their limits apply: a user
   may not apply on infrastructure labels (``emInstance``) alone (OWN_LABELS_REQUIRED).
 - OWN_LIST: a list's ``user`` filter is forced to the caller.
-- OWN_TICKET / OWN_ENGINE_CONN / OWN_DEMAND: the named object must belong to the
-  caller. An unknown id passes through, so the servicer answers NOT_FOUND as usual.
+- OWN_TICKET / OWN_ENGINE_CONN: the named object must belong to the caller. An unknown
+  id passes through, so the servicer answers NOT_FOUND as usual.
+
+Demand ids are chosen by clients and are per user, so the demand RPCs are ACT_AS on the
+request's ``user``: a user only ever looks among their own demands, and another user's
+demand of the same id is NOT_FOUND (it does not exist for them).
+
+A refusal names the caller and what they asked for, never another user.
 """
 
 from __future__ import annotations
@@ -58,7 +64,6 @@ class Check(StrEnum):
     OWN_LIST = "own_list"
     OWN_TICKET = "own_ticket"
     OWN_ENGINE_CONN = "own_engine_conn"
-    OWN_DEMAND = "own_demand"
 
 
 @dataclass(frozen=True)
@@ -103,10 +108,10 @@ POLICY: Mapping[str, Rule] = {
     EC + "ListEngineConns": Rule(_USER, Check.OWN_LIST, "user"),
     EC + "KillEngineConn": Rule(_USER, Check.OWN_ENGINE_CONN, "engine_conn_id"),
     DEMAND + "SubmitDemand": Rule(_USER, Check.ACT_AS, "user", apply_like=True, own_labels=True),
-    DEMAND + "GetDemand": Rule(_USER, Check.OWN_DEMAND, "demand_id"),
+    DEMAND + "GetDemand": Rule(_USER, Check.ACT_AS, "user"),
     DEMAND + "ListDemands": Rule(_USER, Check.OWN_LIST, "user"),
-    DEMAND + "CancelDemand": Rule(_USER, Check.OWN_DEMAND, "demand_id"),
-    DEMAND + "ClaimDemand": Rule(_USER, Check.OWN_DEMAND, "demand_id"),
+    DEMAND + "CancelDemand": Rule(_USER, Check.ACT_AS, "user"),
+    DEMAND + "ClaimDemand": Rule(_USER, Check.ACT_AS, "user"),
     # The cluster's shape is visible to every user (like YARN's node and queue views):
     # capacity and usage per label and per ECM, no tickets and no EngineConns.
     RM + "GetLabelResource": Rule(_USER),
@@ -129,8 +134,6 @@ class Owners(Protocol):
     async def ticket_owner(self, ticket_id: str) -> str | None: ...
 
     async def engine_conn_owner(self, ec_id: str) -> str | None: ...
-
-    async def demand_owner(self, demand_id: str) -> str | None: ...
 
 
 def is_public(method: str) -> bool:
@@ -227,7 +230,6 @@ async def authorize(
     lookup = {
         Check.OWN_TICKET: (owners.ticket_owner, "ticket"),
         Check.OWN_ENGINE_CONN: (owners.engine_conn_owner, "EngineConn"),
-        Check.OWN_DEMAND: (owners.demand_owner, "demand"),
     }[rule.check]
     owner = await lookup[0](value)
     if owner is not None and owner != principal.name:

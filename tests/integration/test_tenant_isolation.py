@@ -134,12 +134,12 @@ async def test_another_users_request_id_is_a_new_engineconn(cluster, agent_facto
 
 @pytest.fixture
 async def srm(database_url, tmp_path):
-    """The secured RM with one ECM (8 instances) and a limit of one instance per user."""
+    """The secured RM with one ECM (8 instances) and a limit of two instances per user."""
     rm = await start_secure(database_url, make_pki(tmp_path / "pki"))
     admin = rm.stubs(rm.channel("root"))
     await admin.rm.RegisterEcm(register("agent1", load_instance(8 * GiB, 8000, 8)))
     await admin.admin.SetLabelLimit(
-        limit_req("userCreator=*,engineType=*", load_instance(GiB, 1000, 1))
+        limit_req("userCreator=*,engineType=*", load_instance(2 * GiB, 2000, 2))
     )
     try:
         yield rm
@@ -171,3 +171,70 @@ async def test_users_cannot_apply_past_their_limits_on_infrastructure_labels(srm
     assert ticket.user == "bob"
     # Operators may still apply on infrastructure labels alone.
     await admin.rm.Apply(apply_req("emInstance=agent1", four))
+
+
+# ----- demand ids are per user ----------------------------------------------------------------
+
+SPARK = "engineType=spark-3.2.1"
+
+
+def demand(demand_id: str, user: str, when: str = "") -> demand_pb.SubmitDemandRequest:
+    request = demand_pb.SubmitDemandRequest(
+        demand_id=demand_id,
+        labels=lbl(f"userCreator={user}-IDE,{SPARK}"),
+        resource=load_instance(GiB, 1000, 1),
+    )
+    if when:
+        request.time_conditions_text = when
+    return request
+
+
+async def test_demand_ids_are_per_user(srm):
+    """Bob names Alice's demand ids: he cannot read, cancel or claim her demands, learn
+    that they exist or whose they are, squat on her ids, or order his demands after hers
+    (which told him their state). Each user's ids are their own."""
+    alice = srm.stubs(srm.channel("alice"))
+    bob = srm.stubs(srm.channel("bob"))
+    admin = srm.stubs(srm.channel("root"))
+    failed = (await alice.demands.SubmitDemand(demand("a-failed", "alice"))).demand
+    await alice.demands.CancelDemand(demand_pb.CancelDemandRequest(demand_id=failed.demand_id))
+    nightly = (await alice.demands.SubmitDemand(demand("nightly", "alice"))).demand
+    assert nightly.user == "alice"
+    for call, request in (
+        (bob.demands.GetDemand, demand_pb.GetDemandRequest(demand_id="nightly")),
+        (bob.demands.CancelDemand, demand_pb.CancelDemandRequest(demand_id="nightly")),
+        (bob.demands.ClaimDemand, demand_pb.ClaimDemandRequest(demand_id="nightly")),
+    ):
+        err = await refused(call, request)
+        assert err.code() == grpc.StatusCode.NOT_FOUND, call
+        assert "alice" not in err.details()
+        named = type(request)(demand_id="nightly", user="alice")
+        err = await refused(call, named)
+        assert err.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "alice" not in err.details()
+    # The same id is Bob's own demand, not a replay of (or a clash with) Alice's.
+    submitted = await bob.demands.SubmitDemand(demand("nightly", "bob"))
+    assert submitted.created and submitted.demand.user == "bob"
+    # His OrderBy names his own demands only: Alice's FAILED one does not fail his, it is
+    # an id he has not submitted yet (so he waits for it).
+    after = await bob.demands.SubmitDemand(demand("b2", "bob", "{OrderBy: a-failed}"))
+    assert after.created and after.demand.state == demand_pb.DEMAND_STATE_ACCEPTED
+    # Alice's demand is untouched; each lists only their own.
+    got = (await alice.demands.GetDemand(demand_pb.GetDemandRequest(demand_id="nightly"))).demand
+    assert got.user == "alice" and got.state != demand_pb.DEMAND_STATE_FAILED
+    listed = (await bob.demands.ListDemands(demand_pb.ListDemandsRequest())).demands
+    assert sorted((d.user, d.demand_id) for d in listed) == [("bob", "b2"), ("bob", "nightly")]
+    # An operator names the user when two users have the id.
+    err = await refused(admin.demands.GetDemand, demand_pb.GetDemandRequest(demand_id="nightly"))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "user" in err.details()
+    hers = demand_pb.GetDemandRequest(demand_id="nightly", user="alice")
+    assert (await admin.demands.GetDemand(hers)).demand.user == "alice"
+    everyone = demand_pb.ListDemandsRequest(page_size=1)
+    seen = []
+    while True:
+        page = await admin.demands.ListDemands(everyone)
+        seen += [(d.user, d.demand_id) for d in page.demands]
+        if not page.next_page_token:
+            break
+        everyone.page_token = page.next_page_token
+    assert seen == sorted(seen) and len(seen) == 4
