@@ -238,3 +238,43 @@ async def test_demand_ids_are_per_user(srm):
             break
         everyone.page_token = page.next_page_token
     assert seen == sorted(seen) and len(seen) == 4
+
+
+@pytest.mark.parametrize("batch_max", [0, 256], ids=["one-by-one", "grouped"])
+async def test_apply_report_release_request_ids_are_per_caller(database_url, tmp_path, batch_max):
+    """Bob sends Apply, ReportUsed and Release under the request ids Alice used: each is
+    his own new request (before, the shared id space refused them as reused, or replayed
+    Alice's stored outcome). Alice's retries still replay hers; her reuse of an id for
+    another request is refused."""
+    rm = await start_secure(database_url, make_pki(tmp_path / "pki"), batch_max=batch_max)
+    try:
+        admin = rm.stubs(rm.channel("root"))
+        await admin.rm.RegisterEcm(register("agent1", load_instance(8 * GiB, 8000, 8)))
+        alice = rm.stubs(rm.channel("alice"))
+        bob = rm.stubs(rm.channel("bob"))
+        one = load_instance(GiB, 1000, 1)
+
+        def own(user: str) -> str:
+            return f"userCreator={user}-IDE,engineType=spark-3.2.1,emInstance=agent1"
+
+        a_ticket = (await alice.rm.Apply(apply_req(own("alice"), one, "apply-1"))).ticket
+        b_ticket = (await bob.rm.Apply(apply_req(own("bob"), one, "apply-1"))).ticket
+        assert b_ticket.user == "bob" and b_ticket.ticket_id != a_ticket.ticket_id
+        again = (await alice.rm.Apply(apply_req(own("alice"), one, "apply-1"))).ticket
+        assert again.ticket_id == a_ticket.ticket_id  # her retry replays her outcome
+        err = await refused(
+            alice.rm.Apply, apply_req(own("alice"), load_instance(GiB, 1000, 2), "apply-1")
+        )
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert reason_of(err) == "REQUEST_ID_REUSED"
+        for stubs, ticket in ((alice, a_ticket), (bob, b_ticket)):
+            used = pb.ReportUsedRequest(request_id="report-1", ticket_id=ticket.ticket_id)
+            assert (await stubs.rm.ReportUsed(used)).ticket.state == pb.TICKET_STATE_USED
+        for stubs, ticket in ((alice, a_ticket), (bob, b_ticket)):
+            release = pb.ReleaseRequest(request_id="release-1", ticket_id=ticket.ticket_id)
+            await stubs.rm.Release(release)
+        listed = (await admin.rm.ListTickets(pb.ListTicketsRequest())).tickets
+        assert listed == []  # both released: neither request was taken for the other's
+        assert (await label_state(admin, "emInstance=agent1")).live_tickets == 0
+    finally:
+        await stop_secure(rm)
