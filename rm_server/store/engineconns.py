@@ -75,8 +75,8 @@ async def claim_ec(conn: Conn, ec: EngineConn, idem: Idempotency) -> EngineConn:
     await conn.execute(
         "INSERT INTO engine_conn (ec_id, caller, request_method, request_id, request_hash,"
         " state, user_name, labels, label_set, params, engine, resource, created_at,"
-        " updated_at, secret)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+        " updated_at, secret, holder, hold_expires_at)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
         " ON CONFLICT (caller, request_method, request_id) DO NOTHING",
         (
             ec.ec_id,
@@ -94,6 +94,8 @@ async def claim_ec(conn: Conn, ec: EngineConn, idem: Idempotency) -> EngineConn:
             ec.created_at,
             ec.updated_at,
             ec.secret,
+            ec.holder,
+            ec.hold_expires_at,
         ),
     )
     cur = await conn.execute(
@@ -223,6 +225,14 @@ async def take_reusable(
         (holder, hold_until, now, ec.ec_id),
     )
     return ec
+
+
+async def set_hold(conn: Conn, ec_id: str, holder: str, hold_until: datetime) -> None:
+    """Move the end of ``holder``'s hold on an EngineConn (a hold another took is kept)."""
+    await conn.execute(
+        "UPDATE engine_conn SET hold_expires_at = %s WHERE ec_id = %s AND holder = %s",
+        (hold_until, ec_id, holder),
+    )
 
 
 # ----- agent commands -------------------------------------------------------------------
