@@ -109,6 +109,10 @@ async def test_another_users_request_id_is_a_new_engineconn(cluster, agent_facto
     asked = (await bob.ecs.AskEngineConn(ask, timeout=60)).engine_conn
     assert asked.engine_conn_id != a_ec.engine_conn_id and asked.secret != a_ec.secret
 
+    # B cannot reach A's EngineConn by its id either, and the refusal does not say whose.
+    get = ec_pb.GetEngineConnRequest(engine_conn_id=a_ec.engine_conn_id)
+    err = await refused(bob.ecs.GetEngineConn, get)
+    assert err.code() == grpc.StatusCode.PERMISSION_DENIED and "lrmtest_a" not in err.details()
     # The owner's retry is a replay: the same EngineConn, its secret included.
     again = (await alice.ecs.CreateEngineConn(mine, timeout=60)).engine_conn
     assert again.engine_conn_id == a_ec.engine_conn_id and again.secret == a_ec.secret
