@@ -97,12 +97,12 @@ class DemandManager:
         now = self.clock.now()
 
         async def body(conn: Conn) -> tuple[Demand, bool]:
-            existing = await store.get(conn, spec.demand_id)
+            existing = await store.get(conn, spec.user, spec.demand_id)
             if existing is not None:
                 return _same(existing, digest), False
             demand = await self._admit(conn, spec, charged, digest, now)
             if not await store.insert(conn, demand):
-                existing = await store.get(conn, spec.demand_id)
+                existing = await store.get(conn, spec.user, spec.demand_id)
                 assert existing is not None
                 return _same(existing, digest), False
             demand = await store.move(
@@ -124,8 +124,8 @@ class DemandManager:
         ends: dict[str, datetime | None] = {}
         if order is not None:
             await store.lock_order_graph(conn)
-            await self._refuse_cycles(conn, spec.demand_id, order_ids(order))
-            finished = await store.finished_map(conn, order_ids(order))
+            await self._refuse_cycles(conn, spec.user, spec.demand_id, order_ids(order))
+            finished = await store.finished_map(conn, spec.user, order_ids(order))
             if order_value(order, finished) is False:
                 failed = ", ".join(i for i, v in finished.items() if v is False)
                 raise FailedPrecondition(
@@ -133,7 +133,7 @@ class DemandManager:
                     state="FAILED",
                     reason="ORDER_BY_FAILED",
                 )
-            ends = await store.planned_ends(conn, order_ids(order))
+            ends = await store.planned_ends(conn, spec.user, order_ids(order))
         await store.lock_plan(conn, charged)
         cand = candidate(spec, charged, now, not_before(order, ends))
         entries = await store.plan_entries(conn, charged, now)
@@ -177,14 +177,17 @@ class DemandManager:
             definition_hash=digest,
         )
 
-    async def _refuse_cycles(self, conn: Conn, demand_id: str, first: tuple[str, ...]) -> None:
-        """Follow OrderBy edges from the named demands; reaching this one is a cycle."""
+    async def _refuse_cycles(
+        self, conn: Conn, user: str, demand_id: str, first: tuple[str, ...]
+    ) -> None:
+        """Follow OrderBy edges from the named demands (the user's own: OrderBy never
+        names another user's); reaching this one is a cycle."""
         parent: dict[str, str] = {i: demand_id for i in first}
         frontier = list(first)
         while frontier:
             if demand_id in parent and demand_id in frontier:
                 break
-            edges = await store.order_edges(conn, frontier)
+            edges = await store.order_edges(conn, user, frontier)
             frontier = []
             for source, targets in edges.items():
                 for target in targets:
@@ -211,24 +214,33 @@ class DemandManager:
 
     # ----- queries -----------------------------------------------------------------------------
 
-    async def get(self, demand_id: str) -> Demand:
-        d = await self.db.run(lambda c: store.get(c, demand_id, with_events=True))
+    async def get(self, user: str | None, demand_id: str) -> Demand:
+        """`user`'s demand (None: an operator's look-up by id alone, see `store.get`);
+        another user's demand of the same id is NOT_FOUND, as if there were none."""
+        d = await self.db.run(lambda c: store.get(c, user, demand_id, with_events=True))
         if d is None:
             raise NotFound(f"demand {demand_id} not found")
         return d
 
-    async def list_demands(self, after: str, limit: int, state: str, user: str) -> list[Demand]:
+    async def list_demands(
+        self, after: tuple[str, str], limit: int, state: str, user: str
+    ) -> list[Demand]:
         return await self.db.run(lambda c: store.list_demands(c, after, limit, state, user))
 
     # ----- cancel and claim --------------------------------------------------------------------
 
     async def cancel(
-        self, idem: Idempotency, demand_id: str, reason: str, encoder: OutcomeEncoder[Demand]
+        self,
+        idem: Idempotency,
+        user: str | None,
+        demand_id: str,
+        reason: str,
+        encoder: OutcomeEncoder[Demand],
     ) -> Demand | Replay:
         now = self.clock.now()
 
         async def body(conn: Conn) -> Demand:
-            d = await _locked(conn, demand_id)
+            d = await _locked(conn, user, demand_id)
             now = self.clock.now()  # decided once the demand is held, not before the wait
             if d.state is S.FAILED:
                 return d  # cancelling twice is not an error
@@ -241,12 +253,16 @@ class DemandManager:
         return await self.db.run_idempotent(idem, now, body, encoder)
 
     async def claim(
-        self, idem: Idempotency, demand_id: str, encoder: OutcomeEncoder[Claimed]
+        self,
+        idem: Idempotency,
+        user: str | None,
+        demand_id: str,
+        encoder: OutcomeEncoder[Claimed],
     ) -> Claimed | Replay:
         now = self.clock.now()
 
         async def body(conn: Conn) -> Claimed:
-            d = await _locked(conn, demand_id)
+            d = await _locked(conn, user, demand_id)
             now = self.clock.now()  # decided once the demand is held, not before the wait
             if d.state is S.ALLOCATED and d.claim_expires_at and now >= d.claim_expires_at:
                 raise FailedPrecondition(
@@ -332,7 +348,7 @@ class DemandManager:
 
     async def _decide_and_act(self, conn: Conn, d: Demand) -> Demand:
         for _ in range(MAX_STEPS):
-            finished = await store.finished_map(conn, order_ids(d.conditions.order_by))
+            finished = await store.finished_map(conn, d.user, order_ids(d.conditions.order_by))
             ticket = await store.ticket_status(conn, d.ticket_id) if d.ticket_id else None
             now = self.clock.now()
             decision = plan.decide(d.view(), now, self.planner, finished, ticket)
@@ -403,7 +419,14 @@ class DemandManager:
         await store.lock_plan(conn, d.charged_labels)
         view = d.view()
         cand = plan.Candidate(
-            d.demand_id, d.charged_labels, d.resource, view.window, view.strategy, now, view.hold
+            d.demand_id,
+            d.charged_labels,
+            d.resource,
+            view.window,
+            view.strategy,
+            now,
+            view.hold,
+            user=d.user,
         )
         entries = await store.plan_entries(conn, d.charged_labels, now)
         capacity = await store.capacities(conn, d.charged_labels)
@@ -472,8 +495,8 @@ class DemandManager:
         return await self.db.run(store.check_reservations, read_only=True)
 
 
-async def _locked(conn: Conn, demand_id: str) -> Demand:
-    d = await store.get(conn, demand_id, lock=True)
+async def _locked(conn: Conn, user: str | None, demand_id: str) -> Demand:
+    d = await store.get(conn, user, demand_id, lock=True)
     if d is None:
         raise NotFound(f"demand {demand_id} not found")
     return d
