@@ -341,13 +341,29 @@ class EngineConnManager:
             raise FailedPrecondition("launch attempt already made", state="STARTING")
 
     async def _await_ready(self, ec_id: str, deadline: float) -> EngineConn:
-        """Wait for the EngineConn to leave STARTING (woken by NOTIFY ec:<id>)."""
+        """Wait for the EngineConn to leave STARTING (woken by NOTIFY ec:<id>).
+
+        A ready one is returned once its agent has also reported its process (pid and
+        work directory): a forked EngineConn can report itself ready before the agent's
+        heartbeat carrying its process arrives, and was then answered with neither. That
+        heartbeat is waited for a little (two agent heartbeat intervals), not for ever."""
+        report_by: float | None = None
         with self.core.notifier.subscribe([ec_key(ec_id)]) as changed:
             while True:
                 changed.clear()
                 ec = await self.db.run(lambda c: ec_store.get_ec(c, ec_id))
                 if ec.state is not EcState.STARTING:
-                    return ec
+                    if ec.pid or not ec.state.live:
+                        return ec
+                    if report_by is None:
+                        report_by = time.monotonic() + 2 * self.settings.agent_heartbeat_interval
+                    if time.monotonic() >= min(report_by, deadline):
+                        return ec
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(
+                            changed.wait(), timeout=min(report_by, deadline) - time.monotonic()
+                        )
+                    continue
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     await self.kill(ec_id, "start timeout")
