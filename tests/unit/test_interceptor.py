@@ -74,8 +74,10 @@ class Details:
 
 
 class Tokens:
-    def lookup(self, token: str) -> TokenEntry | None:
-        return TokenEntry("alice", frozenset({Role.USER})) if token == "alice-token" else None
+    def find(self, token: str) -> tuple[str, TokenEntry] | None:
+        if token != "alice-token":
+            return None
+        return "sha256:alice", TokenEntry("alice", frozenset({Role.USER}))
 
 
 class Owners:
