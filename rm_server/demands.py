@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 
 S = DemandState
 MAX_STEPS = 6  # decisions per demand per round (e.g. RESERVE, then ALLOCATE)
+MAX_BLOCKED = 100_000  # refused allocations remembered (a cache: forgetting costs a retry)
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,10 @@ class DemandManager:
     core: RMCore
     settings: DemandSettings = field(default_factory=DemandSettings)
     _task: asyncio.Task[None] | None = None
+    # Per demand, the capacity of its labels when its last allocation was refused: while
+    # it is unchanged a round passes the demand over without trying again (the same
+    # rows refuse the same allocation). Per replica, in memory: a miss is a full try.
+    _blocked: dict[str, tuple[object, ...]] = field(default_factory=dict)
 
     # ----- submission --------------------------------------------------------------------------
 
@@ -296,14 +301,18 @@ class DemandManager:
             self._task = None
 
     async def _run_forever(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
+            started = loop.time()
             try:
                 await self.tick()
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("demand planner pass failed")
-            await asyncio.sleep(self.settings.interval)
+            # One pass per interval, counted from its start: a pass over many demands that
+            # took the whole interval is followed by the next at once (its demands are due).
+            await asyncio.sleep(max(0.0, started + self.settings.interval - loop.time()))
 
     async def tick(self) -> int:
         """One pass: a round for every due demand (at most ``batch``); returns how many.
@@ -356,9 +365,11 @@ class DemandManager:
                 # Take the labels first (waiting out any release under way), then decide
                 # again: an allocation is judged and dated at the time it holds them,
                 # never before the release that made room for it.
-                await store.lock_labels(conn, d.charged_labels, now)
+                capacity = await store.lock_labels(conn, d.charged_labels, now)
                 now = self.clock.now()
                 decision = plan.decide(d.view(), now, self.planner, finished, ticket)
+                if decision.action is plan.Action.ALLOCATE:
+                    return await self._allocate(conn, d, decision, now, capacity)
             d, again = await self._act(conn, d, decision, now)
             if not again:
                 return d
@@ -380,8 +391,8 @@ class DemandManager:
                 reason += f" ({decision.reason})"
                 d = await store.move(conn, d, S.ALLOCATING, reason, now, reserved_labels=labels)
                 return d, True
-            case A.ALLOCATE:
-                return await self._allocate(conn, d, decision, now), False
+            case A.ALLOCATE:  # pragma: no cover - decided under the label locks, above
+                raise AssertionError("an allocation is carried out by _decide_and_act")
             case A.REPLAN:
                 moved = await self._replan(conn, d, now)
                 if moved is None:
@@ -445,8 +456,17 @@ class DemandManager:
         )
 
     async def _allocate(
-        self, conn: Conn, d: Demand, decision: plan.Decision, now: datetime
+        self,
+        conn: Conn,
+        d: Demand,
+        decision: plan.Decision,
+        now: datetime,
+        capacity: tuple[object, ...],
     ) -> Demand:
+        """Allocate under the label locks (``capacity``: what they hold), or pass it over."""
+        soon = now + self.planner.round_length
+        if self._blocked.get(d.demand_id) == capacity:  # nothing changed since its refusal
+            return await store.update(conn, d, now, rounds=d.rounds + 1, next_check_at=soon)
         core = self.core
         # The ticket must outlive the claim window: LOCKED tickets are reclaimed after the
         # lock timeout, counted here from the end of the claim timeout.
@@ -465,6 +485,7 @@ class DemandManager:
         )
         outcome = await store.allocate(conn, d, cmd)
         if isinstance(outcome, Ticket):
+            self._blocked.pop(d.demand_id, None)
             return await store.move(
                 conn,
                 d,
@@ -477,12 +498,14 @@ class DemandManager:
                 reserved_labels=(),
                 next_check_at=now + self.planner.round_length,
             )
-        return await store.update(
-            conn, d, now, rounds=d.rounds + 1, next_check_at=now + self.planner.round_length
-        )
+        if len(self._blocked) >= MAX_BLOCKED:
+            self._blocked.clear()
+        self._blocked[d.demand_id] = capacity
+        return await store.update(conn, d, now, rounds=d.rounds + 1, next_check_at=soon)
 
     async def _fail(self, conn: Conn, d: Demand, reason: str, now: datetime) -> Demand:
         """FAILED, returning what it holds: its reservation, or its ticket."""
+        self._blocked.pop(d.demand_id, None)
         if d.state is S.ALLOCATING:
             await store.unreserve(conn, d, now)
         if d.ticket_id is not None:

@@ -439,11 +439,23 @@ async def unreserve(conn: Conn, d: Demand, now: datetime, *, handover: bool = Fa
         await notify_freed(conn, d.reserved_labels)
 
 
-async def lock_labels(conn: Conn, labels: Sequence[str], now: datetime) -> None:
+async def lock_labels(conn: Conn, labels: Sequence[str], now: datetime) -> tuple[Any, ...]:
     """Lock the label rows an allocation will charge (creating the ones a limit covers),
-    in canonical order, so that the allocation can be decided once they are held."""
-    await admin_store.ensure_limit_rows(conn, labels, now)
-    await ticket_store.lock_labels(conn, labels, now)
+    in canonical order, so that the allocation can be decided once they are held.
+
+    Returns what decides whether an allocation fits: each row's capacity columns (equal
+    values: an allocation refused under one is refused under the other)."""
+    cur = await conn.execute(
+        "SELECT count(*) FROM label_resource WHERE label = ANY(%s)", (list(labels),)
+    )
+    row = await cur.fetchone()
+    if row is None or row[0] < len(set(labels)):  # some record is still to be created
+        await admin_store.ensure_limit_rows(conn, labels, now)
+    rows = await ticket_store.lock_labels(conn, labels, now)
+    return tuple(
+        (r.label, r.max_resource, r.protected, r.used, r.locked, r.reserved)
+        for _, r in sorted(rows.items())
+    )
 
 
 class _Refused(Exception):
