@@ -18,6 +18,7 @@ import logging
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
+from rm_server.background import Lease, run_periodically
 from rm_server.clock import Clock
 from rm_server.core import RMCore
 from rm_server.domain.demands import codec
@@ -290,8 +291,10 @@ class DemandManager:
 
     # ----- the planner -------------------------------------------------------------------------
 
-    def start_background(self) -> None:
-        self._task = asyncio.create_task(self._run_forever(), name="demand-planner")
+    def start_background(self, lease: Lease | None = None) -> None:
+        """Start the planner (with a lease: only while this replica holds it)."""
+        planner = run_periodically("demand-planner", self.settings.interval, self.tick, lease)
+        self._task = asyncio.create_task(planner, name="demand-planner")
 
     async def stop_background(self) -> None:
         if self._task is not None:
@@ -299,20 +302,6 @@ class DemandManager:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-
-    async def _run_forever(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            started = loop.time()
-            try:
-                await self.tick()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("demand planner pass failed")
-            # One pass per interval, counted from its start: a pass over many demands that
-            # took the whole interval is followed by the next at once (its demands are due).
-            await asyncio.sleep(max(0.0, started + self.settings.interval - loop.time()))
 
     async def tick(self) -> int:
         """One pass: a round for every due demand (at most ``batch``); returns how many.
