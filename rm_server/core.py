@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from rm_server.background import Lease, run_periodically
 from rm_server.batching import Combiner, each_alone_on_failure
 from rm_server.clock import Clock, IdFactory, SystemClock, random_ids
 from rm_server.domain.labels import (
@@ -108,8 +109,13 @@ class RMCore:
 
     # ----- background work ---------------------------------------------------------------
 
-    def start_background(self) -> None:
-        self._tasks.append(asyncio.create_task(self._sweep_forever(), name="rm-sweeper"))
+    def start_background(self, lease: Lease | None = None) -> None:
+        """Start the ticket sweep (with a lease: only while this replica holds it)."""
+        # A lambda, not the bound method: metrics wrap `self.sweep` after construction.
+        sweeper = run_periodically(
+            "ticket-sweep", self.settings.sweep_interval, lambda: self.sweep(), lease
+        )
+        self._tasks.append(asyncio.create_task(sweeper, name="rm-sweeper"))
 
     async def stop_background(self) -> None:
         if self._combiner is not None:
@@ -123,16 +129,6 @@ class RMCore:
         if self._presence is not None:
             await self._presence.leave()
             self._presence = None
-
-    async def _sweep_forever(self) -> None:
-        while True:
-            try:
-                await self.sweep()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("background sweep failed")
-            await asyncio.sleep(self.settings.sweep_interval)
 
     async def sweep(self) -> int:
         """Reclaim LOCKED tickets past their lock timeout; drop stale waiters and old

@@ -127,10 +127,11 @@ class Op:
     encoder: OutcomeEncoder[Ticket] | None
 
     @property
-    def key(self) -> tuple[str, str]:
+    def key(self) -> tuple[str, str, str]:
+        """(caller, method, request id): request ids are the caller's own."""
         if self.idem is None:
-            return ("", str(id(self)))
-        return (self.idem.method, self.idem.request_id)
+            return ("", "", str(id(self)))
+        return (self.idem.caller, self.idem.method, self.idem.request_id)
 
 
 @dataclass(eq=False)
@@ -196,8 +197,9 @@ _TICKET_OPS = ReportOp | ReleaseOp | ExpireOp
 READ = (
     "SELECT"  # noqa: S608 - constant column lists
     " (SELECT coalesce(json_agg(g), '[]') FROM ("
-    "   SELECT method, request_id, request_hash, status_code, response FROM request_log"
-    "   WHERE method = ANY(%s) AND request_id = ANY(%s)) g),"
+    "   SELECT caller, method, request_id, request_hash, status_code, response"
+    "   FROM request_log WHERE caller = ANY(%s) AND method = ANY(%s)"
+    "   AND request_id = ANY(%s)) g),"
     " (SELECT coalesce(json_agg(x), '[]') FROM ("
     f"   SELECT {LABEL_COLUMNS},"
     "    (SELECT coalesce(json_agg(json_build_array(w.seq, w.user_name, w.resource,"
@@ -241,9 +243,10 @@ INSERT_HISTORY = (
     " created_at timestamptz, reported_at timestamptz, ended_at timestamptz)"
 )
 INSERT_LOG = (
-    "INSERT INTO request_log (method, request_id, request_hash, status_code, response,"
-    " created_at) SELECT method, request_id, request_hash, status_code, response, %s"
-    " FROM json_to_recordset(%s::json) AS x(method text, request_id text,"
+    "INSERT INTO request_log (caller, method, request_id, request_hash, status_code,"
+    " response, created_at)"
+    " SELECT caller, method, request_id, request_hash, status_code, response, %s"
+    " FROM json_to_recordset(%s::json) AS x(caller text, method text, request_id text,"
     " request_hash bytea, status_code int, response bytea)"
 )
 DELETE_WAITERS = "DELETE FROM apply_waiter WHERE seq = ANY(%s)"
@@ -336,6 +339,7 @@ async def run(conn: Conn, ops: Sequence[Op], now: datetime) -> list[Outcome]:
     cur = await conn.execute(
         READ,
         (
+            sorted({i.caller for i in logged_ops}),
             sorted({i.method for i in logged_ops}),
             sorted({i.request_id for i in logged_ops}),
             now,
@@ -348,7 +352,7 @@ async def run(conn: Conn, ops: Sequence[Op], now: datetime) -> list[Outcome]:
     assert found is not None
     logged_json, rows_json, tickets_json = found
     logged = {
-        (g["method"], g["request_id"]): (
+        (g["caller"], g["method"], g["request_id"]): (
             _bytea(g["request_hash"]),
             g["status_code"],
             _bytea(g["response"] or "\\x"),
@@ -441,6 +445,7 @@ async def _write(
             json.dumps(
                 [
                     {
+                        "caller": idem.caller,
                         "method": idem.method,
                         "request_id": idem.request_id,
                         "request_hash": "\\x" + idem.request_hash.hex(),
@@ -460,10 +465,10 @@ async def _write(
 def _replay(op: Op, found: tuple[bytes, int | None, Any]) -> Outcome:
     request_hash, code, response = found
     assert op.idem is not None
-    if request_hash != op.idem.request_hash:
-        return InvalidArgument(
-            "request_id", "reused with a different request", reason="REQUEST_ID_REUSED"
-        )
+    try:
+        op.idem.check_same(request_hash)
+    except InvalidArgument as err:
+        return err
     assert code is not None  # outcomes are committed with their request id
     return Replay(status_code=code, response=response)
 
