@@ -102,8 +102,7 @@ def held_back(
         users.add(w.user)
         if w.hold_until is not None and w.hold_until <= now:
             continue
-        if w.resource is None:  # what it waits for is unknown: it holds everything
-            held = account.max_resource if held is None else held + account.max_resource
+        if w.resource is None:  # what it waits for is unknown (an older row): no hold
             continue
         if quota:
             continue  # a user's own quota: their later requests are not held back
