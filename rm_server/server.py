@@ -187,7 +187,10 @@ class RMServer:
         log.info("rm-server listening on %s (port %d)", self.settings.listen, self.port)
         log.info("security: %s", self.security.describe(self.agent_port))
         if self.settings.metrics_listen:
-            self._metrics_http = MetricsHttpServer(self.metrics, self.settings.metrics_listen)
+            tls, authorize = self.security.metrics_guard()
+            self._metrics_http = MetricsHttpServer(
+                self.metrics, self.settings.metrics_listen, tls=tls, authorize=authorize
+            )
             await self._metrics_http.start()
 
     @property

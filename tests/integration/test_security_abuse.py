@@ -6,6 +6,10 @@ and floods of calls."""
 from __future__ import annotations
 
 import asyncio
+import http.client
+import ssl
+import urllib.error
+import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -366,5 +370,43 @@ async def test_anonymous_health_watch_streams_are_capped_per_peer(database_url, 
         await wait_until(another, timeout=10)
         for watch in watches:
             watch.cancel()
+    finally:
+        await stop_secure(srm)
+
+
+# ----- the metrics endpoint off loopback -------------------------------------------------------------
+
+
+def scrape(url: str, ca: str, token: str = "") -> tuple[int, bytes]:
+    """GET `url` (verifying the server with `ca`); (HTTP status, body)."""
+    request = urllib.request.Request(url)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    context = ssl.create_default_context(cafile=ca)
+    context.check_hostname = False  # the RM's test certificate names localhost
+    try:
+        with urllib.request.urlopen(request, timeout=10, context=context) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+async def test_metrics_off_loopback_need_tls_and_an_admin_token(database_url, keys):
+    srm = await start_secure(database_url, keys, metrics_listen="0.0.0.0:0")
+    try:
+        url = f"https://127.0.0.1:{srm.server.metrics_port}/metrics"
+        for who in ("", "alice", "agent1"):
+            token = keys.tokens[who] if who else ""
+            status, _ = await asyncio.to_thread(scrape, url, keys.ca, token)
+            assert status == 401, who
+        status, body = await asyncio.to_thread(scrape, url, keys.ca, keys.tokens["root"])
+        assert status == 200 and b"labelrm_" in body
+        # Plain HTTP gets no answer at all.
+        with pytest.raises((urllib.error.URLError, ConnectionError, http.client.HTTPException)):
+            await asyncio.to_thread(
+                urllib.request.urlopen,
+                f"http://127.0.0.1:{srm.server.metrics_port}/metrics",
+                timeout=10,
+            )
     finally:
         await stop_secure(srm)
