@@ -124,6 +124,7 @@ class RMServer:
             batch_inflight=self.settings.batch_inflight,
             heartbeat_linger=self.settings.heartbeat_linger,
             history_retention=timedelta(days=self.settings.history_retention_days),
+            node_include_required=self.settings.node_include_required,
         )
         self.core = RMCore(self._db, self._notifier, core_settings, self.clock, self.new_id)
         self.metrics = Metrics(label_cap=self.settings.metrics_label_cap)
@@ -208,6 +209,7 @@ class RMServer:
             agent_heartbeat_interval=st.agent_heartbeat_interval,
             ec_heartbeat_interval=st.ec_heartbeat_interval,
             kill_grace=st.kill_grace,
+            node_include_required=st.node_include_required,
         )
 
     def _demand_settings(self) -> DemandSettings:

@@ -21,9 +21,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from google.protobuf.duration_pb2 import Duration
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from labelrm.v1 import admin_pb2, resource_pb2
 from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as pb
-from labelrm.v1 import resource_pb2
 
 from rm_server.security import tokens
 from rm_server.security.limits import RATE_LIMITED, TOO_MANY_AUTH_FAILURES, TOO_MANY_STREAMS
@@ -408,5 +408,27 @@ async def test_metrics_off_loopback_need_tls_and_an_admin_token(database_url, ke
                 f"http://127.0.0.1:{srm.server.metrics_port}/metrics",
                 timeout=10,
             )
+    finally:
+        await stop_secure(srm)
+
+
+async def test_a_required_include_list_denies_unlisted_agents(database_url, keys):
+    srm = await start_secure(database_url, keys, node_include_required=True)
+    try:
+        admin = srm.stubs(srm.channel("root"))
+        agent1 = srm.stubs(srm.channel(cert=keys.cert("agent", "agent1"), agent_port=True))
+        agent2 = srm.stubs(srm.channel(cert=keys.cert("agent", "agent2"), agent_port=True))
+        # Nothing listed yet: no agent may register, however good its certificate.
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await agent1.rm.RegisterEcm(register("agent1", load_instance(GiB, 1000, 1)))
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert reason_of(err.value) == "NODE_EXCLUDED"
+        await admin.admin.RefreshNodes(admin_pb2.RefreshNodesRequest(include=["agent2"]))
+        await agent2.rm.RegisterEcm(register("agent2", load_instance(GiB, 1000, 1)))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await agent1.rm.RegisterEcm(register("agent1", load_instance(GiB, 1000, 1)))
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        ecms = (await admin.rm.ListEcms(pb.ListEcmsRequest())).ecms
+        assert [e.instance for e in ecms] == ["agent2"]
     finally:
         await stop_secure(srm)
