@@ -30,7 +30,7 @@ import contextlib
 import inspect
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -48,7 +48,7 @@ from rm_server.service.bounds import check_bounds
 from rm_server.service.errors import abort_with, reason_of, status_for
 
 Unary = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
-Streaming = Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]]
+Streaming = Callable[[Any, grpc.aio.ServicerContext], AsyncGenerator[Any, None]]
 
 STATUS_DETAILS_KEY = "grpc-status-details-bin"
 # grpc.aio reports codes as StatusCode members; map raw ints (google.rpc codes) too.
@@ -285,11 +285,21 @@ def _unary(behavior: Unary, method: _Method, unary_request: bool) -> Unary:
     return call
 
 
-def _streaming(behavior: Streaming, method: _Method, unary_request: bool) -> Streaming:
+def _streaming(behavior: Streaming, method: _Method, unary_request: bool) -> Unary:
+    """A response-streaming handler as a coroutine that writes each response itself.
+
+    The servicer's generator is driven, each response written (context.write) and the
+    generator closed all inside the call's own handler task, so nothing of the call
+    runs after its handler returned. Handed to grpc as a generator instead, a client
+    that went away while a response was being sent left the generator suspended at its
+    `yield`; it was closed later by the garbage collector's finaliser in a task of its
+    own, after grpc had finished the call, and that touched the ended call (the peer
+    for the log line), killing the process with a segmentation fault inside grpc."""
     auth = method.auth
 
-    async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+    async def stream(request: Any, context: grpc.aio.ServicerContext) -> None:
         state = _Call(method, _loggable(request, unary_request), context)
+        state.log.resolve_peer()  # a stream lives long: one lookup, while surely live
         arrivals: deque[float] = deque()  # of the streamed requests not yet answered
         try:
             if not unary_request and method.metrics is not None:
@@ -300,11 +310,13 @@ def _streaming(behavior: Streaming, method: _Method, unary_request: bool) -> Str
             if auth is not None and check is not None:  # a revocable credential
                 items = _rechecked(items, check, auth.recheck_interval)
             try:
-                async for item in items:
-                    # Each response answers the oldest request (HeartbeatStream's contract).
-                    if arrivals and method.metrics is not None:
-                        method.metrics.message(time.perf_counter() - arrivals.popleft())
-                    yield item
+                # _rechecked closes the servicer's generator when it is closed itself.
+                async with contextlib.aclosing(items) as responses:
+                    async for item in responses:
+                        # Each response answers the oldest request (HeartbeatStream's contract).
+                        if arrivals and method.metrics is not None:
+                            method.metrics.message(time.perf_counter() - arrivals.popleft())
+                        await context.write(item)
             finally:
                 release()
         except BaseException as exc:
@@ -369,7 +381,7 @@ async def _each_checked(messages: AsyncIterator[Any], bounded: bool) -> AsyncIte
 
 async def _rechecked(
     items: AsyncIterator[Any], check: Callable[[], None], interval: float
-) -> AsyncIterator[Any]:
+) -> AsyncGenerator[Any, None]:
     """`items`, with `check` (raises once the caller's credential is revoked) run before
     each one is sent, and every `interval` seconds while none comes: a revoked caller's
     stream ends even while it is idle, and never sends another message (an agent's

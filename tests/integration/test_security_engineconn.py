@@ -27,18 +27,6 @@ from tests.integration.security_fixtures import make_pki, start_secure, stop_sec
 SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"
 
 
-def environments_holding(secret: bytes) -> list[str]:
-    """The /proc/<pid>/environ files that contain `secret` (what `ps e` would show)."""
-    found = []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if secret in environ.read_bytes():
-                found.append(str(environ))
-        except OSError:
-            continue  # gone meanwhile, or not ours to read
-    return found
-
-
 @pytest.fixture
 async def cluster(database_url, tmp_path, sudo_users):
     keys = make_pki(tmp_path / "pki")
@@ -98,7 +86,7 @@ async def test_engineconn_reports_with_the_certificate_the_rm_issued(cluster, ag
     # readable by the members of the user's group), nor in any process's environment.
     assert (Path(ec.work_dir) / SECRET_FILE).read_text() == ec.secret
     assert ec.secret not in (Path(ec.work_dir) / LAUNCH_SCRIPT).read_text()
-    assert not environments_holding(ec.secret.encode())
+    assert _environs_holding(ec.secret.encode()) == []
     # Another user can neither see nor stop it; its owner can.
     for rpc, req in (
         (other.ecs.GetEngineConn, ec_pb.GetEngineConnRequest(engine_conn_id=ec.engine_conn_id)),
@@ -134,3 +122,15 @@ async def test_engineconn_reports_with_the_certificate_the_rm_issued(cluster, ag
         return got.engine_conn.state == ec_pb.ENGINE_CONN_STATE_SUCCEEDED
 
     await wait_until(ended, timeout=30)
+
+
+def _environs_holding(secret: bytes) -> list[Path]:
+    """The /proc/PID/environ files that contain `secret` (processes gone meanwhile skipped)."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if secret in environ.read_bytes():
+                found.append(environ)
+        except OSError:
+            continue
+    return found
