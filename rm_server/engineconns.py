@@ -71,6 +71,8 @@ class EcSettings:
     hold: timedelta = timedelta(seconds=60)
     standby_window: timedelta = timedelta(seconds=0)
     engine_defaults: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    # Only ECMs the node include list names are allowed (none while it is empty).
+    node_include_required: bool = False
 
     @property
     def start_timeout(self) -> timedelta:
@@ -270,7 +272,7 @@ class EngineConnManager:
                 instance=s.instance,
                 labels=s.labels,
                 state=s.state.value,
-                allowed=lists.allows(s.instance),
+                allowed=lists.allows(s.instance, self.settings.node_include_required),
                 last_heartbeat=s.last_heartbeat_at,
                 registered_at=s.registered_at,
                 total=s.total,

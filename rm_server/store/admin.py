@@ -73,9 +73,11 @@ async def register_ecm(
     total: Resource,
     protected: Resource,
     now: datetime,
+    include_required: bool = False,
 ) -> Registration:
-    """Create or update an ECM and its label record; a changed total is applied and logged."""
-    if not (await node_lists(conn)).allows(instance):
+    """Create or update an ECM and its label record; a changed total is applied and logged.
+    `include_required`: only ECMs the include list names may register."""
+    if not (await node_lists(conn)).allows(instance, include_required):
         raise FailedPrecondition(
             f"ECM {instance} is not allowed by the include/exclude lists",
             state="EXCLUDED",
