@@ -41,6 +41,7 @@ from rm_server.observability.logging import RpcLog, access_level
 from rm_server.observability.metrics import Metrics, RpcMetrics
 from rm_server.security.interceptor import AuthInterceptor, Release
 from rm_server.service.errors import abort_with, reason_of, status_for
+from rm_server.service.wire import Rejected, reader
 
 Unary = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
 Streaming = Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]]
@@ -142,7 +143,7 @@ class Interceptor(grpc.GenericRpcHandler):
         refuse = _unary(_refuse(name), replace(method, auth=None), True)
         return grpc.unary_unary_rpc_method_handler(
             refuse,
-            request_deserializer=handler.request_deserializer,
+            request_deserializer=reader(handler.request_deserializer),
             response_serializer=handler.response_serializer,
         )
 
@@ -158,7 +159,9 @@ class _Method:
 def _wrap(handler: grpc.RpcMethodHandler, method: _Method) -> grpc.RpcMethodHandler | None:
     """The composed handler for the asynchronous shapes; None for a synchronous one."""
     kwargs = {
-        "request_deserializer": handler.request_deserializer,
+        # Every request is read by service.wire, which refuses bad bytes (the call then
+        # gets a `Rejected`: raised below as the call's error, before anything else).
+        "request_deserializer": reader(handler.request_deserializer),
         "response_serializer": handler.response_serializer,
     }
     shapes = (
@@ -220,6 +223,7 @@ def _unary(behavior: Unary, method: _Method, unary_request: bool) -> Unary:
     async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
         state = _Call(method, request if unary_request else None, context)
         try:
+            request = _accepted(request, unary_request)
             release, request = await _admit(auth, method.name, request, unary_request, context)
             try:
                 return await behavior(request, context)
@@ -242,6 +246,7 @@ def _streaming(behavior: Streaming, method: _Method, unary_request: bool) -> Str
         state = _Call(method, request if unary_request else None, context)
         arrivals: deque[float] = deque()  # of the streamed requests not yet answered
         try:
+            request = _accepted(request, unary_request)
             if not unary_request and method.metrics is not None:
                 request = _arrivals(request, arrivals)
             release, request = await _admit(auth, method.name, request, unary_request, context)
@@ -261,6 +266,23 @@ def _streaming(behavior: Streaming, method: _Method, unary_request: bool) -> Str
             state.end()
 
     return stream
+
+
+def _accepted(request: Any, unary_request: bool) -> Any:
+    """The request as read by service.wire: a refused one raises its error; when the
+    client streams its requests, each message is checked as the servicer reads it."""
+    if not unary_request:
+        return _each_accepted(request)
+    if type(request) is Rejected:
+        raise request.error
+    return request
+
+
+async def _each_accepted(messages: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    async for message in messages:
+        if type(message) is Rejected:
+            raise message.error
+        yield message
 
 
 async def _admit(

@@ -35,22 +35,23 @@ from rm_server.domain.labels import Label, LabelKey
 from rm_server.domain.limits import best_limit
 from rm_server.domain.model import Refusal, Ticket, TicketState
 from rm_server.domain.resources import Resource
-from rm_server.errors import InvalidArgument, NotFound, ResourceExhausted
+from rm_server.errors import InvalidArgument, LabelrmError, NotFound, ResourceExhausted
 from rm_server.store.codec import (
     HISTORY_COLUMNS,
     TICKET_COLUMNS,
     ticket_from_history,
 )
 from rm_server.store.db import (
-    FINAL_ERRORS,
     Conn,
     Idempotency,
     OutcomeEncoder,
     Replay,
     RetryTransaction,
+    is_final,
 )
 from rm_server.store.notify import CHANNEL
 from rm_server.store.tickets import (
+    ECM_STATE,
     LABEL_COLUMNS,
     NO_WAITER,
     WRITE_LABELS,
@@ -143,7 +144,7 @@ READ = (
     "   SELECT method, request_id, request_hash, status_code, response FROM request_log"
     "   WHERE method = ANY(%s) AND request_id = ANY(%s)) g),"
     " (SELECT coalesce(json_agg(x), '[]') FROM ("
-    f"   SELECT {LABEL_COLUMNS},"
+    f"   SELECT {LABEL_COLUMNS}, {ECM_STATE},"
     "    ARRAY(SELECT w.seq FROM apply_waiter w WHERE w.label = r.label"
     "          AND w.expires_at > %s ORDER BY w.seq) AS waiters"
     "   FROM label_resource r WHERE r.label = ANY(%s::text[] || ARRAY("
@@ -338,7 +339,9 @@ async def run(conn: Conn, ops: Sequence[Op], now: datetime) -> list[Outcome]:
         )
         for g in logged_json
     }
-    rows = {x["label"]: label_row([x[n] for n in LABEL_NAMES], False) for x in rows_json}
+    rows = {
+        x["label"]: label_row([x[n] for n in LABEL_NAMES], False, x["ecm_state"]) for x in rows_json
+    }
     waiters = {x["label"]: tuple(x["waiters"]) for x in rows_json if x["waiters"]}
     live = [_ticket(k) for k in tickets_json]
     initial_rows = dict(rows)
@@ -375,12 +378,14 @@ async def run(conn: Conn, ops: Sequence[Op], now: datetime) -> list[Outcome]:
         snap = state.snapshot()
         try:
             result = _execute(op, state, now, need, history)
-        except FINAL_ERRORS as err:  # the answer to the request: stored, effects kept
-            code, payload = op.encoder.error(err)
-            log_rows.append((op, code, payload))
-            outcomes.append(err)
-            continue
-        except Exception as exc:  # not an answer (bad input, must wait, ...): undone
+        except Exception as exc:
+            if is_final(exc):  # the answer to the request: stored, effects kept
+                assert isinstance(exc, LabelrmError)
+                code, payload = op.encoder.error(exc)
+                log_rows.append((op, code, payload))
+                outcomes.append(exc)
+                continue
+            # Not a final answer (bad input, a transient refusal, must wait, ...): undone.
             state.restore(snap)
             outcomes.append(exc)
             continue

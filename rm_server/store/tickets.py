@@ -10,12 +10,26 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from rm_server.domain.admission import label_shortfalls
-from rm_server.domain.labels import Label, LabelKey
+from rm_server.domain.admission import ECM_SOURCE, charged_part, label_shortfalls
+from rm_server.domain.labels import Label, LabelKey, ecm_instance
 from rm_server.domain.limits import LabelPattern, LimitRule, best_limit
 from rm_server.domain.model import Refusal, Ticket, TicketState
-from rm_server.domain.resources import Resource, ResourceError, Shortfall
-from rm_server.errors import FailedPrecondition, InvalidArgument, NotFound
+from rm_server.domain.resources import (
+    MAX_QUANTITY,
+    Resource,
+    ResourceError,
+    ResourceOverflowError,
+    Shortfall,
+)
+from rm_server.errors import (
+    EcmNotRegistered,
+    EcmNotRunning,
+    FailedPrecondition,
+    InvalidArgument,
+    LabelrmError,
+    NotFound,
+    ResourceExhausted,
+)
 from rm_server.store.codec import (
     HISTORY_COLUMNS,
     TICKET_COLUMNS,
@@ -47,6 +61,14 @@ class LabelRow:
     # Held for ALLOCATING time-aware demands (migration 0003, rm_server/store/demands.py):
     # counted as in use by check_rows. None when nothing is reserved.
     reserved: Resource | None = None
+    # The state of the ECM whose record this is (RUNNING, DRAINING, LOST); None for
+    # every other record.
+    ecm_state: str | None = None
+
+    def part(self, resource: Resource) -> Resource:
+        """What this record is charged for a ticket's `resource` (an ECM's record: the
+        part it holds; admission.charged_part)."""
+        return charged_part(self.source, self.max_resource, resource)
 
 
 class NeedLimitRows(Exception):
@@ -85,7 +107,11 @@ LABEL_COLUMNS = (
 )
 
 
-def label_row(record: Sequence[Any], queued: bool) -> LabelRow:
+# The state of the ECM a record belongs to (none for other records), read with it.
+ECM_STATE = "(SELECT e.state FROM ecm e WHERE e.label = r.label) AS ecm_state"
+
+
+def label_row(record: Sequence[Any], queued: bool, ecm_state: str | None = None) -> LabelRow:
     """A LabelRow from the first columns of a record selected with LABEL_COLUMNS."""
     label, source, maximum, protected, used, locked, live, reserved = record[:8]
     return LabelRow(
@@ -98,6 +124,7 @@ def label_row(record: Sequence[Any], queued: bool) -> LabelRow:
         live,
         queued,
         opt_res(reserved),
+        ecm_state,
     )
 
 
@@ -108,11 +135,11 @@ async def lock_labels(
     cur = await conn.execute(
         f"SELECT {LABEL_COLUMNS},"  # noqa: S608 - constant column list
         " EXISTS (SELECT 1 FROM apply_waiter w WHERE w.label = r.label AND w.seq < %s"
-        "         AND w.expires_at > %s)"
+        f"         AND w.expires_at > %s), {ECM_STATE}"
         " FROM label_resource r WHERE r.label = ANY(%s) ORDER BY r.label FOR UPDATE OF r",
         (waiter_seq, now, list(labels)),
     )
-    return {record[0]: label_row(record, record[8]) for record in await cur.fetchall()}
+    return {r[0]: label_row(r, r[8], r[9]) for r in await cur.fetchall()}
 
 
 WRITE_LABELS = (
@@ -165,11 +192,27 @@ async def _labels_needing_rows(conn: Conn, missing: Sequence[str]) -> list[str]:
     return [m for m in missing if best_limit(LabelKey.parse(m), rules) is not None]
 
 
+def resource_refusal(
+    label: str, current: Resource, request: Resource, exc: ResourceError
+) -> LabelrmError:
+    """Why `request` cannot be added to `current` on `label`: a sum past the largest
+    quantity a record holds is a capacity answer (RESOURCE_EXHAUSTED naming the
+    dimension); anything else is a request of the wrong type for the label."""
+    if isinstance(exc, ResourceOverflowError):
+        dim = exc.dimension
+        available = max(0, MAX_QUANTITY - current.get(dim))
+        return ResourceExhausted(
+            "insufficient resource", [Shortfall(label, dim, request.get(dim), available)]
+        )
+    return InvalidArgument("resource", f"does not match label {label}: {exc}")
+
+
 def _charge(row: LabelRow, resource: Resource) -> LabelRow:
     try:
-        return replace(row, locked=row.locked + resource, live_tickets=row.live_tickets + 1)
+        part = row.part(resource)
+        return replace(row, locked=row.locked + part, live_tickets=row.live_tickets + 1)
     except ResourceError as exc:
-        raise InvalidArgument("resource", f"does not match label {row.label}: {exc}") from exc
+        raise resource_refusal(row.label, row.locked, resource, exc) from exc
 
 
 def check_rows(rows: Sequence[LabelRow], resource: Resource) -> Refusal | None:
@@ -183,15 +226,32 @@ def check_rows(rows: Sequence[LabelRow], resource: Resource) -> Refusal | None:
             # counts like protected capacity. A demand's own allocation hands its
             # reservation over first, in the same transaction (store/demands.py).
             held = row.protected if row.reserved is None else row.protected + row.reserved
+            part = row.part(resource)
             shortfalls.extend(
-                label_shortfalls(row.label, row.max_resource, row.used, row.locked, held, resource)
+                label_shortfalls(row.label, row.max_resource, row.used, row.locked, held, part)
             )
         except ResourceError as exc:
-            raise InvalidArgument("resource", f"does not match label {row.label}: {exc}") from exc
+            raise resource_refusal(row.label, row.locked, resource, exc) from exc
     queued = tuple(row.label for row in rows if row.queued)
     if shortfalls or queued:
         return Refusal(tuple(shortfalls), queued)
     return None
+
+
+def check_ecms(keys: Sequence[str], rows: Mapping[str, LabelRow]) -> None:
+    """Every ECM an Apply names can take work: registered (its record exists, an ECM's)
+    and RUNNING. Other labels without a record are skipped (no record, no limit)."""
+    for key in keys:
+        instance = ecm_instance(key)
+        if instance is None:
+            continue
+        row = rows.get(key)
+        if row is None or row.source != ECM_SOURCE:
+            raise EcmNotRegistered(f"ECM {instance} is not registered")
+        if row.ecm_state not in (None, "RUNNING"):
+            raise EcmNotRunning(
+                f"ECM {instance} is {row.ecm_state}: it takes no new work", state=row.ecm_state
+            )
 
 
 def decide_apply(
@@ -200,6 +260,7 @@ def decide_apply(
     """Check every locked row, then charge all or none (in memory): the charged rows and
     the new ticket, or the refusal (MustWait when the command may wait). Labels without
     a row must already be known to need none."""
+    check_ecms(cmd.keys, rows)
     ordered = [rows[k] for k in cmd.keys if k in rows]
     charged = [_charge(row, cmd.resource) for row in ordered]  # validates kinds first
     refusal = check_rows(ordered, cmd.resource)
@@ -379,12 +440,9 @@ def decide_end(
         row = rows.get(label)
         if row is None:  # the label's record was removed (ECM unregistered)
             continue
-        used = row.used - ticket.used if ticket.used is not None else row.used
-        updated.append(
-            replace(
-                row, used=used, locked=row.locked - ticket.locked, live_tickets=row.live_tickets - 1
-            )
-        )
+        used = row.used - row.part(ticket.used) if ticket.used is not None else row.used
+        locked = row.locked - row.part(ticket.locked)
+        updated.append(replace(row, used=used, locked=locked, live_tickets=row.live_tickets - 1))
     ended = replace(
         ticket,
         state=final_state,
@@ -472,11 +530,16 @@ def decide_report(
             state="LOCKED",
             reason="USED_EXCEEDS_LOCKED",
         )
-    updated = [
-        replace(row, locked=row.locked - ticket.locked, used=row.used + actual)
-        for label in ticket.charged_labels
-        if (row := rows.get(label)) is not None
-    ]
+    try:
+        updated = [
+            replace(
+                row, locked=row.locked - row.part(ticket.locked), used=row.used + row.part(actual)
+            )
+            for label in ticket.charged_labels
+            if (row := rows.get(label)) is not None
+        ]
+    except ResourceError as exc:
+        raise InvalidArgument("used_resource", str(exc)) from exc
     zero = Resource.zero(ticket.locked.kind, ticket.locked.queue)
     reported = replace(
         ticket,
