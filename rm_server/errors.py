@@ -107,6 +107,12 @@ class Aborted(LabelrmError):
     transient = True
 
 
+class Unimplemented(LabelrmError):
+    """A method the server lists (a service's generated stub) but does not implement."""
+
+    reason = "UNIMPLEMENTED"
+
+
 class Unauthenticated(LabelrmError):
     """No credentials, or credentials that prove nothing (rm_server.security)."""
 

@@ -41,6 +41,7 @@ from rm_server.domain.resources import (
     ResourceKind,
     headroom,
 )
+from rm_server.domain.resources import convert as convert_kind
 from rm_server.errors import InvalidArgument
 
 _TICKET_STATES = {
@@ -67,6 +68,14 @@ def resource_from_pb(msg: resource_pb2.Resource, field: str, *, required: bool =
         dim = exc.dimension
         path = f"{field}.{which}.{_wire_dimension(which, dim)}" if dim else field
         raise InvalidArgument(path, str(exc)) from exc
+
+
+def resource_in_kind(r: Resource, kind: ResourceKind, field: str) -> Resource:
+    """`r` widened to `kind` (a record holds one type), or InvalidArgument naming `field`."""
+    try:
+        return convert_kind(r, kind)
+    except ResourceError as exc:
+        raise InvalidArgument(field, f"must be of type {kind.value}: {exc}") from exc
 
 
 def _wire_dimension(which: str, dimension: str) -> str:

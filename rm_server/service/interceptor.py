@@ -36,7 +36,7 @@ from typing import Any
 import grpc
 from google.rpc import status_pb2
 
-from rm_server.errors import PermissionDenied
+from rm_server.errors import PermissionDenied, Unimplemented
 from rm_server.observability.logging import RpcLog, access_level
 from rm_server.observability.metrics import Metrics, RpcMetrics
 from rm_server.security.interceptor import AuthInterceptor, Release
@@ -138,9 +138,13 @@ class Interceptor(grpc.GenericRpcHandler):
             wrapped = _wrap(handler, method)
             if wrapped is not None:
                 return wrapped
-        if not guarded:
-            return handler  # synchronous (run in grpc's thread pool; none here): unchanged
-        refuse = _unary(_refuse(name), replace(method, auth=None), True)
+            # Synchronous: every servicer here is asynchronous, so this is a generated base
+            # class's stub of a method the servicer does not implement (health's List):
+            # UNIMPLEMENTED, not the stub's NotImplementedError (UNKNOWN, a traceback).
+            refusal = _unimplemented(name)
+        else:
+            refusal = _refuse(name)
+        refuse = _unary(refusal, replace(method, auth=None), True)
         return grpc.unary_unary_rpc_method_handler(
             refuse,
             request_deserializer=reader(handler.request_deserializer),
@@ -315,6 +319,13 @@ async def _each_admitted(
     async for message in messages:
         await auth.admit_message(name, message)
         yield message
+
+
+def _unimplemented(name: str) -> Unary:
+    async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        raise Unimplemented(f"{name} is not implemented by this server")
+
+    return call
 
 
 def _refuse(name: str) -> Unary:

@@ -351,3 +351,27 @@ async def test_a_transient_refusal_is_not_stored_under_its_request_id(rm):
             grpc.StatusCode.NOT_FOUND,
         )
     await assert_consistent(rm)
+
+
+async def test_a_method_listed_but_not_implemented_is_unimplemented_without_a_traceback(rm, caplog):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with caplog.at_level(logging.INFO):
+        await refused(
+            health_pb2_grpc.HealthStub(rm.channel).List(health_pb2.HealthListRequest()),
+            grpc.StatusCode.UNIMPLEMENTED,
+        )
+    assert all(r.exc_info is None and r.levelno < logging.ERROR for r in caplog.records)
+
+
+async def test_protected_capacity_of_another_type_is_invalid_argument(rm):
+    yarn = R.Resource(yarn=R.YarnResource(queue_name="root.q1", queue_memory_bytes=GiB))
+    request = register(ECM, load_instance(8 * GiB, 8000, 8), protected=yarn)
+    err = await refused(rm.rm.RegisterEcm(request), grpc.StatusCode.INVALID_ARGUMENT)
+    assert bad_field(err) == "protected_resource"
+    # A narrower type widens to the total's: the record keeps one type.
+    memory = R.Resource(memory=R.MemoryResource(memory_bytes=GiB))
+    await rm.rm.RegisterEcm(register(ECM, load_instance(8 * GiB, 8000, 8), protected=memory))
+    state = await label_state(rm, ECM_LABEL)
+    assert state.protected_resource.load_instance.memory_bytes == GiB
+    await assert_consistent(rm)
