@@ -22,17 +22,18 @@ from typing import Any
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
-from rm_server.errors import InvalidArgument
+from rm_server.errors import InvalidArgument, LabelrmError
 
 Deserializer = Callable[[bytes], Any]
 
 
 class Rejected:
-    """A request refused as read (module doc); `error` is what its call ends with."""
+    """A request refused as read (module doc, and the interceptor's size limit); `error`
+    is what its call ends with."""
 
     __slots__ = ("error",)
 
-    def __init__(self, error: InvalidArgument) -> None:
+    def __init__(self, error: LabelrmError) -> None:
         self.error = error
 
 
