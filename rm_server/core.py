@@ -66,6 +66,8 @@ class CoreSettings:
     # classic path), at most `batch_inflight` such transactions at a time per process.
     batch_max: int = 256
     batch_inflight: int = 1
+    # Only ECMs the node include list names may register (none while it is empty).
+    node_include_required: bool = False
     # Agent heartbeats (rm_server/agents.py) are grouped the same way, each group leaving
     # at most `heartbeat_linger` seconds after its first beat.
     heartbeat_linger: float = 0.005
@@ -436,7 +438,14 @@ class RMCore:
             idem,
             now,
             lambda c: admin_store.register_ecm(
-                c, instance, str(own), all_labels, total, protected, now
+                c,
+                instance,
+                str(own),
+                all_labels,
+                total,
+                protected,
+                now,
+                self.settings.node_include_required,
             ),
             encoder,
         )
