@@ -11,9 +11,10 @@ writes only its hash. The file is TOML (or JSON when its name ends in ``.json``)
 
 The RM re-reads the file when it changes (its stat is looked at on every call: a
 revoked token is refused from the next call on), so adding and revoking tokens needs
-no restart; open streams re-check their token on every message. The file must belong to the RM's user and be writable by nobody else (the RM
-refuses to start otherwise). A file that is deleted, no longer parses or becomes
-unsafe fails closed: no token is valid until it is fixed (and the error is logged).
+no restart; open streams re-check their token on every message. The file must belong
+to the RM's user and be writable by nobody else (the RM refuses to start otherwise).
+A file that is deleted, no longer parses or becomes unsafe fails closed: no token is
+valid until it is fixed (and the error is logged).
 """
 
 from __future__ import annotations
