@@ -40,6 +40,8 @@ from rm_server.engines import InvalidParam, LaunchContext, plugin_for
 from rm_server.engines.base import effective_params
 from rm_server.errors import (
     DeadlineExceeded,
+    EcmNotRegistered,
+    EcmNotRunning,
     FailedPrecondition,
     InvalidArgument,
     LabelrmError,
@@ -233,7 +235,8 @@ class EngineConnManager:
                 await self._apply_and_launch(
                     ec, pick, attempt, user, engine, version, resource, choices
                 )
-            except ResourceExhausted as exc:  # lost a race for that ECM: try the next one
+            # Lost a race for that ECM (its capacity taken, or it went away): the next one.
+            except (ResourceExhausted, EcmNotRegistered, EcmNotRunning) as exc:
                 await self._store_choices(ec.ec_id, choices)  # that transaction rolled back
                 last_error = exc
                 failures.append(f"{pick}: {exc.message}")
