@@ -186,8 +186,7 @@ class EngineConnManager:
         try:
             ready = await self._launch_attempts(ec, user, engine, version, resource, deadline)
         except BaseException as exc:
-            reason = exc.message if isinstance(exc, LabelrmError) else "cancelled"
-            await self._fail_if_starting(ec.ec_id, reason)
+            await self._fail_if_starting(ec.ec_id, start_failure_reason(exc))
             raise
         if hold is None:
             return ready
@@ -490,3 +489,14 @@ def _no_ecm(ec_id: str, choices: list[EcmChoiceRecord]) -> LabelrmError:
     if any("resource:" in r and "available" in r for c in choices for r in c.reasons):
         return ResourceExhausted(message, reason="NO_ECM_WITH_CAPACITY")
     return FailedPrecondition(message, state="NO_ECM", reason="NO_ELIGIBLE_ECM")
+
+
+def start_failure_reason(exc: BaseException) -> str:
+    """The reason a failed start records: the error's own message, "cancelled" when the
+    caller went away; anything else is a bug in the RM and is recorded as one (the call
+    still ends with it, so it surfaces as INTERNAL with its traceback in the log)."""
+    if isinstance(exc, LabelrmError):
+        return exc.message
+    if isinstance(exc, asyncio.CancelledError):
+        return "cancelled"
+    return f"internal error: {type(exc).__name__}"

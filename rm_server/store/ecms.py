@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from rm_server.domain.engineconn import EcmState, EcmStatus, node_allowed
-from rm_server.domain.resources import ResourceError, headroom
+from rm_server.domain.resources import ResourceTypeError, headroom
 from rm_server.errors import NotFound
 from rm_server.store.codec import labels_of, opt_res, res
 from rm_server.store.db import Conn
@@ -104,9 +104,10 @@ def _status(row: tuple[Any, ...]) -> EcmStatus:
      locked, row_protected, live) = row  # fmt: skip
     left = None
     if maximum is not None:
+        parts = res(maximum), res(used), res(locked), res(row_protected)
         try:
-            left = headroom(res(maximum), res(used), res(locked), res(row_protected))
-        except ResourceError:
+            left = headroom(*parts)
+        except ResourceTypeError:  # the record's kind changed under live tickets: no headroom
             left = None
     return EcmStatus(
         instance=instance,
