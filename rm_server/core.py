@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 
 from rm_server.batching import Combiner, each_alone_on_failure
 from rm_server.clock import Clock, IdFactory, SystemClock, random_ids
+from rm_server.domain.external import QueueCheck
 from rm_server.domain.labels import DEFAULT_RULES, EM_INSTANCE, Label, TransformRule, transform
 from rm_server.domain.limits import LabelPattern
 from rm_server.domain.model import (
@@ -29,8 +30,10 @@ from rm_server.domain.model import (
 )
 from rm_server.domain.resources import Resource
 from rm_server.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
+from rm_server.external import ExternalResources
 from rm_server.store import admin as admin_store
 from rm_server.store import batch as batch_store
+from rm_server.store import providers as provider_store
 from rm_server.store import tickets as ticket_store
 from rm_server.store.admin import Registration
 from rm_server.store.db import Conn, Database, Idempotency, OutcomeEncoder, Replay
@@ -74,6 +77,8 @@ class RMCore:
     _retention_checked_at: datetime | None = None
     _keys_cache: dict[tuple[Label, ...], tuple[str, ...]] = field(default_factory=dict)
     _keys_rules: tuple[TransformRule, ...] | None = None
+    # External resources (YARN queues); None: requests are admitted on labelrm's records only.
+    external: ExternalResources | None = None
 
     # ----- background work ---------------------------------------------------------------
 
@@ -162,9 +167,21 @@ class RMCore:
         (the EngineConn flow queues its launch command there, atomically)."""
         keys = self.charged_keys(labels)
         ticket_id = self.new_id("t")
+        queue, resource = await self._external(labels, resource)
+        if queue is not None:
+            keys = tuple(sorted((*keys, queue.label)))
         if wait_seconds <= 0:
             return await self._apply_once(
-                idem, encoder, ticket_id, user, labels, keys, resource, None, after=after
+                idem,
+                encoder,
+                ticket_id,
+                user,
+                labels,
+                keys,
+                resource,
+                None,
+                after=after,
+                queue=queue,
             )
         deadline = time.monotonic() + wait_seconds
         waiter: int | None = None
@@ -172,6 +189,8 @@ class RMCore:
             try:
                 while True:
                     freed.clear()
+                    if queue is not None:  # the queue's live figures, fresh for each try
+                        queue, resource = await self._external(labels, resource)
                     try:
                         return await self._apply_once(
                             idem,
@@ -183,6 +202,7 @@ class RMCore:
                             resource,
                             waiter,
                             may_wait=True,
+                            queue=queue,
                         )
                     except ticket_store.MustWait as wait:
                         refusal = wait.refusal
@@ -196,6 +216,10 @@ class RMCore:
                         # happened before we subscribed must not be missed.
                         waiter = await self._join_queue(ticket_id, keys, remaining)
                         continue
+                    if queue is not None:
+                        # YARN tells nobody when its applications end: look again when the
+                        # cached figures are due, even without a release here.
+                        remaining = min(remaining, self._external_recheck(queue))
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(freed.wait(), timeout=remaining)
             except BaseException:
@@ -224,8 +248,11 @@ class RMCore:
         *,
         may_wait: bool = False,
         after: AfterApply | None = None,
+        queue: QueueCheck | None = None,
     ) -> Ticket | Replay:
-        combiner = self._grouping() if after is None else None
+        # Applies on an external queue take the one-request path: their queue record is
+        # created (if new) in the same transaction that locks it.
+        combiner = self._grouping() if after is None and queue is None else None
         while True:
             now = self.clock.now()
             if combiner is not None:
@@ -259,9 +286,12 @@ class RMCore:
                 lock_expires_at=now + self.settings.lock_timeout,
                 waiter_seq=waiter,
                 may_wait=may_wait,
+                external=queue,
             )
 
             async def body(conn: Conn, cmd: ticket_store.ApplyCommand = cmd) -> Ticket:
+                if cmd.external is not None:
+                    await provider_store.ensure_queue_row(conn, cmd.external.label, cmd.now)
                 outcome = await ticket_store.apply(conn, cmd)
                 if isinstance(outcome, Refusal):
                     raise _refused(outcome)
@@ -275,6 +305,21 @@ class RMCore:
                 await self.db.run(
                     lambda c, n=need, at=now: admin_store.ensure_limit_rows(c, n.labels, at)  # type: ignore[misc]
                 )
+
+    async def _external(
+        self, labels: tuple[Label, ...], resource: Resource
+    ) -> tuple[QueueCheck | None, Resource]:
+        """The external queue the request must also fit (with the request naming the queue's
+        full path), fetched before any transaction: an unreachable YARN charges nothing."""
+        if self.external is None:
+            return None, resource
+        found = await self.external.admission(labels, resource)
+        return (None, resource) if found is None else found
+
+    def _external_recheck(self, queue: QueueCheck) -> float:
+        """Seconds until a waiting apply on `queue` should look at YARN's figures again."""
+        assert self.external is not None
+        return self.external.recheck_after(queue)
 
     async def report_used(
         self,
@@ -415,4 +460,7 @@ class RMCore:
 
 
 def _refused(refusal: Refusal) -> ResourceExhausted:
-    return batch_store.refusal_error(refusal)
+    error = batch_store.refusal_error(refusal)
+    if refusal.detail:
+        error = ResourceExhausted(f"insufficient resource ({refusal.detail})", refusal.shortfalls)
+    return error

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from rm_server.domain.admission import label_shortfalls
+from rm_server.domain.external import QueueCheck
 from rm_server.domain.labels import Label, LabelKey
 from rm_server.domain.limits import LabelPattern, LimitRule, best_limit
 from rm_server.domain.model import Refusal, Ticket, TicketState
@@ -76,6 +77,8 @@ class ApplyCommand:
     lock_expires_at: datetime
     waiter_seq: int | None = None
     may_wait: bool = False
+    # A YARN queue the request must also fit (its record is one of `keys`).
+    external: QueueCheck | None = None
 
 
 # What LabelRow reads of a label_resource row (`queued` is computed by each query).
@@ -203,6 +206,15 @@ def decide_apply(
     ordered = [rows[k] for k in cmd.keys if k in rows]
     charged = [_charge(row, cmd.resource) for row in ordered]  # validates kinds first
     refusal = check_rows(ordered, cmd.resource)
+    if cmd.external is not None:
+        queue = rows.get(cmd.external.label)
+        if queue is None:  # created in the Apply's transaction (store/providers.py)
+            raise FailedPrecondition(f"no record of queue {cmd.external.label}")
+        outside = cmd.external.refusal(queue.locked, cmd.resource)
+        if outside is not None and refusal is not None:
+            outside = replace(outside, shortfalls=refusal.shortfalls + outside.shortfalls)
+            outside = replace(outside, queued_behind=refusal.queued_behind)
+        refusal = outside or refusal
     if refusal is not None:
         if cmd.may_wait:
             raise MustWait(refusal)

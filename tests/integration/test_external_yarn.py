@@ -1,0 +1,342 @@
+"""External resources: YARN queues under a cluster label, against the stand-in YARN RM
+(tests/yarn_standin.py, built from Hadoop's ResourceManager REST documentation).
+
+Real gRPC to an in-process RM on a real PostgreSQL; real HTTP from the RM to the stand-in."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+from labelrm.v1 import admin_pb2, external_pb2, resource_manager_pb2, resource_pb2
+
+from tests.helpers import GiB, apply_req, assert_consistent, label_state
+from tests.yarn_standin import HAPair, StandinRM, capacity_cluster, fair_cluster
+
+USER = "userCreator=alice-IDE,engineType=spark-3.2.1"
+A1 = "cluster=prod,yarnQueue=root.a.a1"
+
+
+def dy(
+    queue: str, yarn_gib: int, yarn_cores: int = 1, driver_gib: int = 1
+) -> resource_pb2.Resource:
+    """A Spark-style driver_and_yarn request: a driver on a server, executors in `queue`."""
+    return resource_pb2.Resource(
+        driver_and_yarn=resource_pb2.DriverAndYarnResource(
+            driver=resource_pb2.LoadInstanceResource(
+                memory_bytes=driver_gib * GiB, cpu_millis=1000, instances=1
+            ),
+            yarn=resource_pb2.YarnResource(
+                queue_name=queue,
+                queue_memory_bytes=yarn_gib * GiB,
+                queue_cpu_millis=yarn_cores * 1000,
+                queue_instances=1,
+            ),
+        )
+    )
+
+
+def provider(
+    addresses, cluster: str = "prod", ttl: float = 30.0, **kw
+) -> admin_pb2.PutExternalProviderRequest:
+    return admin_pb2.PutExternalProviderRequest(
+        provider=external_pb2.ExternalProvider(
+            name=f"{cluster}-yarn",
+            type="yarn",
+            cluster=cluster,
+            addresses=list(addresses),
+            cache_ttl_seconds=ttl,
+            timeout_seconds=kw.pop("timeout", 2.0),
+            **kw,
+        )
+    )
+
+
+def details(err: grpc.aio.AioRpcError) -> tuple[str, list]:
+    status = rpc_status.from_call(err)
+    assert isinstance(status, status_pb2.Status)
+    reason, shortfalls = "", []
+    for d in status.details:
+        if d.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            d.Unpack(info)
+            reason = info.reason
+        if d.Is(resource_pb2.Shortfalls.DESCRIPTOR):
+            s = resource_pb2.Shortfalls()
+            d.Unpack(s)
+            shortfalls = list(s.shortfalls)
+    return reason, shortfalls
+
+
+@pytest.fixture
+def capacity():
+    state = capacity_cluster()  # 100 GiB, 100 vCores; root.a.a1 may grow to 60%
+    pair = HAPair(state)
+    yield state, pair
+    pair.stop()
+
+
+async def apply(rm, queue: str, yarn_gib: int, labels: str = USER + ",cluster=prod", **kw):
+    return await rm.rm.Apply(apply_req(labels, dy(queue, yarn_gib, **kw)))
+
+
+async def test_provider_test_lists_nested_queues_and_list_hides_the_password(rm, capacity):
+    state, pair = capacity
+    req = provider(pair.addresses)
+    req.provider.auth, req.provider.username, req.provider.password = "basic", "yarn", "s3cret"
+    pair.rm1.basic_auth = pair.rm2.basic_auth = ("yarn", "s3cret")
+    put = await rm.admin.PutExternalProvider(req)
+    assert put.provider.password == "" and put.provider.has_password
+    listed = await rm.admin.ListExternalProviders(admin_pb2.ListExternalProvidersRequest())
+    assert [p.name for p in listed.providers] == ["prod-yarn"]
+    assert listed.providers[0].password == "" and "s3cret" not in str(listed)
+    state.start_app("root.a.a1", 10 * 1024, 10)
+
+    seen = await rm.admin.TestExternalProvider(
+        admin_pb2.TestExternalProviderRequest(name="prod-yarn")
+    )
+
+    assert seen.scheduler == "capacity" and seen.active_address == pair.rm1.address
+    queues = {q.queue: q for q in seen.queues}
+    assert set(queues) == {"root.a", "root.a.a1", "root.a.a2", "root.b"}
+    a1 = queues["root.a.a1"]
+    assert a1.leaf and not queues["root.a"].leaf
+    assert a1.yarn_max.yarn.queue_memory_bytes == 60 * GiB  # absoluteMaxCapacity 60% of 100 GiB
+    assert a1.yarn_used.yarn.queue_memory_bytes == 10 * GiB
+    assert a1.left.yarn.queue_memory_bytes == 50 * GiB and a1.apps_running == 1
+    assert queues["root.a"].yarn_used.yarn.queue_memory_bytes == 10 * GiB  # parents sum
+
+
+async def test_capacity_nested_queue_admits_against_live_headroom(rm, capacity):
+    state, pair = capacity
+    await rm.admin.PutExternalProvider(provider(pair.addresses, ttl=0))
+    app = state.start_app("root.a.a1", 50 * 1024, 10)  # YARN: 50 of 60 GiB used
+
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await apply(rm, "a1", 20)  # the leaf's own name resolves to root.a.a1
+
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    _reason, shortfalls = details(refused.value)
+    assert [(s.label, s.dimension, s.requested, s.available) for s in shortfalls] == [
+        (A1, "yarn.memory_bytes", 20 * GiB, 10 * GiB)
+    ]
+    assert (
+        "YARN max 64424509440 - YARN used 53687091200 - labelrm in flight 0"
+        in refused.value.details()
+    )
+
+    granted = await apply(rm, "root.a.a1", 8)
+    assert granted.ticket.requested_resource.driver_and_yarn.yarn.queue_name == "root.a.a1"
+    with pytest.raises(grpc.aio.AioRpcError) as again:  # 2 GiB left: 8 are in flight
+        await apply(rm, "root.a.a1", 4)
+    _, shortfalls = details(again.value)
+    assert [(s.requested, s.available) for s in shortfalls] == [(4 * GiB, 2 * GiB)]
+    assert "labelrm in flight 8589934592" in again.value.details()
+
+    state.finish_app(app)  # YARN frees 50 GiB: admitted on the next fetch
+    assert (await apply(rm, "root.a.a1", 20)).ticket.ticket_id
+    record = await label_state(rm, A1)
+    assert record.source == "external" and record.live_tickets == 2
+    await assert_consistent(rm)
+
+
+async def test_fair_scheduler_nested_queue(rm):
+    state = fair_cluster()  # sample_sub_queue: max 16 GiB, 16 vCores
+    server = StandinRM(state)
+    try:
+        await rm.admin.PutExternalProvider(provider([server.address], ttl=0))
+        state.start_app("root.sample_queue.sample_sub_queue", 12 * 1024, 4)
+        ok = await apply(rm, "sample_queue.sample_sub_queue", 4, yarn_cores=12)
+        assert ok.ticket.requested_resource.driver_and_yarn.yarn.queue_name == (
+            "root.sample_queue.sample_sub_queue"
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await apply(rm, "root.sample_queue.sample_sub_queue", 1)
+        _, shortfalls = details(refused.value)
+        assert {s.dimension for s in shortfalls} == {"yarn.memory_bytes", "yarn.cpu_millis"}
+        seen = await rm.admin.TestExternalProvider(
+            admin_pb2.TestExternalProviderRequest(name="prod-yarn")
+        )
+        sub = next(q for q in seen.queues if q.queue == "root.sample_queue.sample_sub_queue")
+        assert (
+            sub.scheduler == "fair" and sub.apps_running == 1
+        )  # numActiveApps, not capacity's names
+        assert sub.in_flight.yarn.queue_memory_bytes == 4 * GiB
+    finally:
+        server.stop()
+
+
+async def test_concurrent_applies_never_share_the_last_headroom(rm, capacity):
+    """Linkis checks YARN's figures and locks nothing: two applies both pass. Here the
+    queue record is locked in the Apply's transaction, in flight counted: exactly N fit."""
+    state, pair = capacity
+    await rm.admin.PutExternalProvider(provider(pair.addresses, ttl=300))
+    state.start_app("root.a.a1", 30 * 1024, 10)  # 30 GiB left, YARN's figure frozen in cache
+
+    results = await asyncio.gather(
+        *(apply(rm, "root.a.a1", 4) for _ in range(24)), return_exceptions=True
+    )
+
+    granted = [r for r in results if not isinstance(r, BaseException)]
+    refused = [r for r in results if isinstance(r, grpc.aio.AioRpcError)]
+    assert len(granted) == 7 and len(refused) == 17  # 7 x 4 GiB <= 30 GiB < 8 x 4 GiB
+    assert all(r.code() == grpc.StatusCode.RESOURCE_EXHAUSTED for r in refused)
+    record = await label_state(rm, A1)
+    assert record.live_tickets == 7
+    assert record.locked_resource.driver_and_yarn.yarn.queue_memory_bytes == 28 * GiB
+    await assert_consistent(rm)
+
+
+async def test_report_used_moves_a_grant_out_of_flight_and_release_returns_it(rm, capacity):
+    state, pair = capacity
+    await rm.admin.PutExternalProvider(provider(pair.addresses, ttl=0))
+    ticket = (await apply(rm, "root.a.a1", 50)).ticket
+    with pytest.raises(grpc.aio.AioRpcError):
+        await apply(rm, "root.a.a1", 20)  # 50 in flight of 60
+    # The EngineConn's application is now running on YARN: it reports used, and YARN shows it.
+    await rm.rm.ReportUsed(resource_manager_pb2.ReportUsedRequest(ticket_id=ticket.ticket_id))
+    app = state.start_app("root.a.a1", 50 * 1024, 1)
+    with pytest.raises(grpc.aio.AioRpcError):
+        await apply(rm, "root.a.a1", 20)  # now YARN's used holds it, not counted twice
+    assert (await apply(rm, "root.a.a1", 10)).ticket.ticket_id
+    state.finish_app(app)
+    await rm.rm.Release(resource_manager_pb2.ReleaseRequest(ticket_id=ticket.ticket_id))
+    assert (await apply(rm, "root.a.a1", 40)).ticket.ticket_id
+    await assert_consistent(rm)
+
+
+async def test_ha_failover_finds_the_new_active_rm(rm, capacity):
+    _state, pair = capacity
+    # The standby first in the list: discovery asks /info and skips it.
+    await rm.admin.PutExternalProvider(provider([pair.rm2.address, pair.rm1.address], ttl=0))
+    assert (await apply(rm, "root.a.a1", 1)).ticket.ticket_id
+    assert pair.rm2.count("/ws/v1/cluster/scheduler") == 0  # never asked the standby for data
+    pair.failover()  # rm2 active now; rm1 answers 307 "This is standby RM"
+    assert (await apply(rm, "root.a.a1", 1)).ticket.ticket_id
+    assert pair.rm2.count("/ws/v1/cluster/scheduler") >= 1
+    pair.rm2.stop()  # the new active dies, rm1 stays standby: nobody to ask
+    pair.rm1.active = True  # ... until rm1 takes over again
+    assert (await apply(rm, "root.a.a1", 1)).ticket.ticket_id
+
+
+async def test_rm_down_is_unavailable_and_charges_nothing(rm, capacity):
+    _state, pair = capacity
+    await rm.admin.PutExternalProvider(provider(pair.addresses, ttl=0))
+    assert (await apply(rm, "root.a.a1", 1)).ticket.ticket_id
+    before = await label_state(rm, A1)
+    pair.stop()
+    with pytest.raises(grpc.aio.AioRpcError) as down:
+        await apply(rm, "root.a.a1", 1)
+    assert down.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert details(down.value)[0] == "EXTERNAL_UNAVAILABLE"
+    after = await label_state(rm, A1)
+    assert after.live_tickets == before.live_tickets == 1
+    tickets = await rm.rm.ListTickets(resource_manager_pb2.ListTicketsRequest(page_size=100))
+    assert len(tickets.tickets) == 1
+    await assert_consistent(rm)
+
+
+async def test_malformed_500_slow_and_unsupported_answers_are_clear_errors(rm, capacity):
+    state, pair = capacity
+    await rm.admin.PutExternalProvider(provider(pair.addresses, ttl=0, timeout=0.5))
+    cases = [
+        ("malformed", grpc.StatusCode.UNAVAILABLE, "EXTERNAL_MALFORMED"),
+        ("500", grpc.StatusCode.UNAVAILABLE, "EXTERNAL_UNAVAILABLE"),
+    ]
+    for fail, code, reason in cases:
+        pair.rm1.fail = fail
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await apply(rm, "root.a.a1", 1)
+        assert (err.value.code(), details(err.value)[0]) == (code, reason), fail
+    pair.rm1.fail = None
+    pair.rm1.delay = 1.0  # past the provider's 0.5 s timeout
+    with pytest.raises(grpc.aio.AioRpcError) as slow:
+        await apply(rm, "root.a.a1", 1)
+    assert slow.value.code() == grpc.StatusCode.UNAVAILABLE
+    pair.rm1.delay = 0.0
+    state.scheduler = "fifo"
+    with pytest.raises(grpc.aio.AioRpcError) as fifo:
+        await apply(rm, "root.a.a1", 1)
+    assert fifo.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "fifoScheduler" in fifo.value.details()
+    tickets = await rm.rm.ListTickets(resource_manager_pb2.ListTicketsRequest(page_size=100))
+    assert list(tickets.tickets) == []
+
+
+async def test_unknown_parent_and_unnamed_queues_and_unknown_cluster(rm, capacity):
+    _state, pair = capacity
+    await rm.admin.PutExternalProvider(provider(pair.addresses))
+    with pytest.raises(grpc.aio.AioRpcError) as unknown:
+        await apply(rm, "root.nope", 1)
+    assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+    assert details(unknown.value)[0] == "EXTERNAL_UNKNOWN_QUEUE"
+    with pytest.raises(grpc.aio.AioRpcError) as parent:
+        await apply(rm, "root.a", 1)
+    assert parent.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "parent queue" in parent.value.details()
+    with pytest.raises(grpc.aio.AioRpcError) as unnamed:
+        await apply(rm, "", 1)
+    assert unnamed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "queue_name" in unnamed.value.details()
+    with pytest.raises(grpc.aio.AioRpcError) as other:
+        await apply(rm, "root.a.a1", 1, labels=USER + ",cluster=test")
+    assert other.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "cluster=test" in other.value.details()
+
+
+async def test_cache_ttl_and_singleflight_one_fetch_per_ttl(rm, capacity):
+    _state, pair = capacity
+    await rm.admin.PutExternalProvider(provider(pair.addresses, ttl=300))
+    before = pair.rm1.count("/ws/v1/cluster/scheduler")
+    results = await asyncio.gather(*(apply(rm, "root.a.a1", 1) for _ in range(20)))
+    assert len(results) == 20
+    assert pair.rm1.count("/ws/v1/cluster/scheduler") - before == 1
+    assert pair.rm1.count("/ws/v1/cluster/metrics") == 1  # capacity: totals fetched with it
+
+
+async def test_basic_auth_rejected_is_a_clear_precondition(rm, capacity):
+    _state, pair = capacity
+    pair.rm1.basic_auth = pair.rm2.basic_auth = ("yarn", "right")
+    req = provider(pair.addresses)
+    req.provider.auth, req.provider.username, req.provider.password = "basic", "yarn", "wrong"
+    await rm.admin.PutExternalProvider(req)
+    with pytest.raises(grpc.aio.AioRpcError) as rejected:
+        await apply(rm, "root.a.a1", 1)
+    assert rejected.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert details(rejected.value)[0] == "EXTERNAL_AUTH"
+    req.provider.password = "right"
+    await rm.admin.PutExternalProvider(req)
+    assert (await apply(rm, "root.a.a1", 1)).ticket.ticket_id
+
+
+async def test_bad_provider_definitions_are_refused_naming_the_field(rm):
+    bad_cluster = provider(["http://a:1"])
+    bad_cluster.provider.cluster = "bad value"
+    bad = [
+        (provider([]), "provider.addresses"),
+        (provider(["ftp://x"]), "provider.addresses[0]"),
+        (bad_cluster, "provider.cluster"),
+    ]
+    for req, field in bad:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await rm.admin.PutExternalProvider(req)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert err.value.details().startswith(field), err.value.details()
+    await rm.admin.PutExternalProvider(provider(["http://127.0.0.1:1"]))
+    clash = provider(["http://127.0.0.1:2"])
+    clash.provider.name = "other"
+    with pytest.raises(grpc.aio.AioRpcError) as taken:
+        await rm.admin.PutExternalProvider(clash)
+    assert taken.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    gone = await rm.admin.DeleteExternalProvider(
+        admin_pb2.DeleteExternalProviderRequest(name="prod-yarn")
+    )
+    assert gone.provider.name == "prod-yarn"
+    with pytest.raises(grpc.aio.AioRpcError) as missing:
+        await rm.admin.DeleteExternalProvider(
+            admin_pb2.DeleteExternalProviderRequest(name="prod-yarn")
+        )
+    assert missing.value.code() == grpc.StatusCode.NOT_FOUND
