@@ -38,6 +38,7 @@ from clients._impl import DEFAULT_TARGET, RMClient, parse_labels
 from clients.rmctl_demand import add_demand_commands
 from clients.rmctl_engineconn import add_engineconn_commands
 from clients.rmctl_node import add_node_commands
+from clients.rmctl_provider import add_provider_commands
 from clients.rmctl_security import (
     add_connection_flags,
     add_local_commands,
@@ -115,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="sub", required=True, metavar="SUBCOMMAND"
     )
     c = res.add_parser("list", help="list resource records")
-    c.add_argument("--source", choices=("ecm", "limit"), default="")
+    c.add_argument("--source", choices=("ecm", "limit", "external"), default="")
     _watchable(c)
     c.set_defaults(func=cmd_resource_list)
     c = res.add_parser("show", help="show one resource record")
@@ -153,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_node_commands(cmds)
     add_engineconn_commands(cmds)
     add_demand_commands(cmds)
+    add_provider_commands(cmds)
     add_local_commands(cmds)
     return p
 

@@ -340,3 +340,35 @@ async def test_bad_provider_definitions_are_refused_naming_the_field(rm):
             admin_pb2.DeleteExternalProviderRequest(name="prod-yarn")
         )
     assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_rmctl_provider_add_list_test_rm(rm, capacity, capsys, monkeypatch):
+    from clients import rmctl
+
+    state, pair = capacity
+    pair.rm1.basic_auth = pair.rm2.basic_auth = ("yarn", "pw")
+    monkeypatch.setenv("LABELRM_PROVIDER_PASSWORD", "pw")
+
+    def ctl(*argv: str):
+        return asyncio.to_thread(rmctl.main, ["--rm", rm.target, *argv])
+
+    add = ["provider", "add", "prod-yarn", "--cluster", "prod", "--auth", "basic", "--user", "yarn"]
+    assert await ctl(*add, "--rm-web-address", ";".join(pair.addresses)) == 0
+    assert "cluster=prod" in capsys.readouterr().out
+    assert await ctl("provider", "list") == 0
+    listed = capsys.readouterr().out
+    assert "prod-yarn" in listed and pair.rm2.address in listed and "pw" not in listed
+    state.start_app("root.a.a1", 10 * 1024, 10)
+    await apply(rm, "root.a.a1", 5)
+
+    assert await ctl("provider", "test", "prod-yarn") == 0
+
+    out = capsys.readouterr().out
+    assert f"active RM {pair.rm1.address}, capacity scheduler, 4 queues" in out
+    a1 = next(line for line in out.splitlines() if line.startswith("root.a.a1 "))
+    # yarn max, yarn used, in flight, left: 60 - 10 - 5 = 45 GiB
+    assert "mem=60Gi" in a1 and "mem=10Gi" in a1 and "mem=5Gi" in a1 and "mem=45Gi" in a1
+    assert "1 running, 0 pending" in a1 and a1.rstrip().endswith("50")
+    assert await ctl("provider", "rm", "prod-yarn") == 0
+    assert await ctl("provider", "test", "prod-yarn") == 1
+    assert "NOT_FOUND" in capsys.readouterr().err
