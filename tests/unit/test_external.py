@@ -119,7 +119,7 @@ def test_queue_names_resolve_by_path_short_path_or_unique_leaf():
         10,
         1,
     )
-    with pytest.raises(UnknownQueue, match="ambiguous: root.x.etl, root.y.etl"):
+    with pytest.raises(UnknownQueue, match=r"ambiguous: root\.x\.etl, root\.y\.etl"):
         parse_scheduler(twins.scheduler_doc()).resolve("etl")
 
 
