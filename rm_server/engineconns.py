@@ -37,7 +37,6 @@ from rm_server.domain.model import Ticket
 from rm_server.domain.resources import Resource
 from rm_server.domain.selection import EcmCandidate, SelectionRequest, rank
 from rm_server.engines import InvalidParam, LaunchContext, plugin_for
-from rm_server.engines.base import effective_params
 from rm_server.errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -143,7 +142,7 @@ class EngineConnManager:
             plugin = plugin_for(engine)
             defaults = self.settings.engine_defaults.get(engine, {})
             resource = plugin.resource(req.params, defaults)
-            params = effective_params(req.params, defaults)
+            params = plugin.params(req.params, defaults)
         except InvalidParam as exc:
             raise InvalidArgument(exc.field, exc.message) from exc
         now = self.core.clock.now()
