@@ -212,13 +212,15 @@ def cmd_resource_list(client: RMClient, args: argparse.Namespace, out: TextIO) -
         header += ("protected", "updated")
     rows = []
     for r in records:
+        # An external queue: YARN's maximum, and what YARN and labelrm's grants leave.
+        queue = r.external_queue if r.HasField("external_queue") else None
         row: tuple[str, ...] = (
             r.label,
             r.source,
-            fmt_resource(opt(r, "max_resource")),
+            fmt_resource(queue.yarn_max if queue else opt(r, "max_resource")),
             fmt_resource(opt(r, "used_resource")),
             fmt_resource(opt(r, "locked_resource")),
-            fmt_resource(opt(r, "left_resource")),
+            fmt_resource(queue.left if queue else opt(r, "left_resource")),
             str(r.live_tickets),
         )
         if wide:
@@ -245,6 +247,18 @@ def cmd_resource_show(client: RMClient, args: argparse.Namespace, out: TextIO) -
         ("tickets", str(r.live_tickets)),
         ("updated", fmt_time(r.update_time)),
     ]
+    if r.HasField("external_queue"):
+        q = r.external_queue
+        failed = f" (latest fetch: {q.error})" if q.error else ""
+        rows += [
+            ("yarn queue", f"{q.queue} ({q.scheduler} scheduler)"),
+            ("yarn max", fmt_resource(q.yarn_max)),
+            ("yarn used", fmt_resource(q.yarn_used)),
+            ("labelrm in flight", fmt_resource(q.in_flight)),
+            ("yarn left", fmt_resource(q.left)),
+            ("yarn apps", f"{q.apps_running} running, {q.apps_pending} pending"),
+            ("yarn fetched", fmt_time(q.fetch_time) + failed),
+        ]
     print_details(out, rows)
     return 0
 

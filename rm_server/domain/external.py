@@ -409,6 +409,17 @@ def queue_label(cluster: str, queue_path: str) -> str:
     return str(LabelKey((Label(CLUSTER_KEY, cluster), Label(QUEUE_KEY, queue_path))))
 
 
+def parse_queue_label(label: str) -> tuple[str, str] | None:
+    """(cluster, queue path) of a queue label made by :func:`queue_label`, else None."""
+    try:
+        key = LabelKey.parse(label)
+    except ValueError:
+        return None
+    if key.keys() != (CLUSTER_KEY, QUEUE_KEY):
+        return None
+    return key.labels[0].value, key.labels[1].value
+
+
 def cluster_of(labels: Sequence[Label]) -> str | None:
     """The value of the request's cluster label, if it has one."""
     return next((lb.value for lb in labels if lb.key == CLUSTER_KEY), None)

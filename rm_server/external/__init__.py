@@ -24,12 +24,19 @@ from rm_server.domain.external import (
     UnsupportedScheduler,
     cluster_of,
     in_flight_of,
+    parse_queue_label,
     queue_label,
     yarn_part,
 )
 from rm_server.domain.labels import Label
 from rm_server.domain.resources import Resource, ResourceKind
-from rm_server.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from rm_server.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    LabelrmError,
+    NotFound,
+    Unavailable,
+)
 from rm_server.external.yarn import RMAuthRejected, RMUnreachable, YarnRequester
 from rm_server.store import providers as provider_store
 from rm_server.store.db import Database, Idempotency, OutcomeEncoder, Replay
@@ -177,6 +184,31 @@ class ExternalResources:
         label = queue_label(cluster, figures.path)
         canonical = _with_queue(resource, figures.path)
         return QueueCheck(label, figures, snap.fetched_at), canonical
+
+    async def label_view(
+        self, label: str, locked: Resource
+    ) -> tuple[QueueView, SchedulerSnapshot, str] | None:
+        """The queue view of an external label record: YARN's figures (the cached ones, or
+        the last good ones with the error of the failed fetch), labelrm's in flight."""
+        parsed = parse_queue_label(label)
+        if parsed is None:
+            return None
+        cluster, path = parsed
+        provider = await self.provider_for(cluster)
+        if provider is None:
+            return None
+        requester = self.requester(provider)
+        error = ""
+        try:
+            snap = await self.snapshot(provider)
+        except LabelrmError as exc:
+            if requester.last_good is None:
+                return None
+            snap, error = requester.last_good, exc.message
+        figures = snap.queues.get(path)
+        if figures is None:
+            return None
+        return QueueView(label, figures, in_flight_of(locked)), snap, error
 
     def recheck_after(self, check: QueueCheck) -> float:
         """How long a waiting apply may sleep before the queue's figures are due again."""

@@ -80,7 +80,7 @@ class YarnRequester:
             headers={"Accept": "application/json"},
         )
         self._active: str | None = None
-        self._cached: SchedulerSnapshot | None = None
+        self._cached: SchedulerSnapshot | None = None  # the last successful fetch
         self._cached_until = 0.0
         self._inflight: asyncio.Future[SchedulerSnapshot] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -90,6 +90,11 @@ class YarnRequester:
         if self._task is not None and not self._task.done():
             self._task.cancel()
         await self._client.aclose()
+
+    @property
+    def last_good(self) -> SchedulerSnapshot | None:
+        """The last snapshot fetched successfully (however old)."""
+        return self._cached
 
     async def snapshot(self, *, fresh: bool = False) -> SchedulerSnapshot:
         """The cached snapshot while it is younger than the TTL, else one shared fetch."""

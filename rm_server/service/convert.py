@@ -502,7 +502,10 @@ def provider_to_pb(p: ProviderConfig) -> external_pb2.ExternalProvider:
     )
 
 
-def queue_view_to_pb(view: QueueView, snap: SchedulerSnapshot) -> external_pb2.ExternalQueue:
+def queue_view_to_pb(
+    view: QueueView, snap: SchedulerSnapshot, error: str = ""
+) -> external_pb2.ExternalQueue:
+    """One queue's figures: YARN's max and used, labelrm's in flight, what is left."""
     f = view.figures
     return external_pb2.ExternalQueue(
         label=view.label,
@@ -516,4 +519,5 @@ def queue_view_to_pb(view: QueueView, snap: SchedulerSnapshot) -> external_pb2.E
         apps_running=f.apps_running,
         apps_pending=f.apps_pending,
         fetch_time=ts(snap.fetched_at),
+        error=error,
     )

@@ -13,7 +13,8 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 from labelrm.v1 import admin_pb2, external_pb2, resource_manager_pb2, resource_pb2
 
-from tests.helpers import GiB, apply_req, assert_consistent, label_state
+from tests.conftest import wait_until
+from tests.helpers import GiB, apply_req, assert_consistent, label_state, limit_req
 from tests.yarn_standin import HAPair, StandinRM, capacity_cluster, fair_cluster
 
 USER = "userCreator=alice-IDE,engineType=spark-3.2.1"
@@ -372,3 +373,77 @@ async def test_rmctl_provider_add_list_test_rm(rm, capacity, capsys, monkeypatch
     assert await ctl("provider", "rm", "prod-yarn") == 0
     assert await ctl("provider", "test", "prod-yarn") == 1
     assert "NOT_FOUND" in capsys.readouterr().err
+
+
+async def test_queue_view_shows_yarn_figures_in_flight_and_last_fetch(rm, capacity, capsys):
+    from clients import rmctl
+
+    state, pair = capacity
+    await rm.admin.PutExternalProvider(provider(pair.addresses, ttl=0))
+    state.start_app("root.a.a1", 20 * 1024, 4)
+    state.start_app("root.a.a1", 1024, 1, state="ACCEPTED")
+    await apply(rm, "root.a.a1", 6)
+
+    record = await label_state(rm, A1)
+
+    q = record.external_queue
+    assert (q.queue, q.scheduler, q.error) == ("root.a.a1", "capacity", "")
+    assert q.yarn_max.yarn.queue_memory_bytes == 60 * GiB
+    assert q.yarn_used.yarn.queue_memory_bytes == 20 * GiB
+    assert q.in_flight.yarn.queue_memory_bytes == 6 * GiB
+    assert q.left.yarn.queue_memory_bytes == 34 * GiB
+    assert (q.apps_running, q.apps_pending) == (1, 1)  # numActive/numPendingApplications
+    assert await asyncio.to_thread(rmctl.main, ["--rm", rm.target, "resource", "show", A1]) == 0
+    shown = capsys.readouterr().out
+    assert "labelrm in flight = queue=root.a.a1 mem=6Gi" in shown
+    assert "yarn apps         = 1 running, 1 pending" in shown
+    fetched = (await label_state(rm, A1)).external_queue.fetch_time.ToDatetime()
+
+    pair.stop()  # YARN away: the record still shows, with the last good figures and why
+    record = await label_state(rm, A1)
+    assert "unreachable" in record.external_queue.error
+    assert record.external_queue.fetch_time.ToDatetime() == fetched
+    listed = await rm.rm.ListLabelResources(
+        resource_manager_pb2.ListLabelResourcesRequest(source="external")
+    )
+    assert [r.label for r in listed.label_resources] == [A1]
+
+
+async def test_a_waiting_apply_is_granted_when_yarn_frees_the_queue(rm, capacity):
+    """YARN tells nobody when an application ends: a waiting apply looks again each TTL."""
+    state, pair = capacity
+    await rm.admin.PutExternalProvider(provider(pair.addresses, ttl=0.2))
+    app = state.start_app("root.a.a1", 55 * 1024, 1)
+
+    async def wait_for_room():
+        return await rm.rm.Apply(apply_req(USER + ",cluster=prod", dy("root.a.a1", 10), wait=30))
+
+    waiting = asyncio.create_task(wait_for_room())
+    fetches = pair.rm1.count("/ws/v1/cluster/scheduler")
+
+    async def looked_again():  # it found the queue full, and looked at YARN again since
+        return pair.rm1.count("/ws/v1/cluster/scheduler") >= fetches + 2
+
+    await wait_until(looked_again, timeout=10)
+    assert not waiting.done()
+    state.finish_app(app)
+    granted = await asyncio.wait_for(waiting, timeout=20)
+    assert granted.ticket.requested_resource.driver_and_yarn.yarn.queue_memory_bytes == 10 * GiB
+
+
+async def test_per_user_queue_caps_are_ordinary_label_limits(rm, capacity):
+    _, pair = capacity
+    await rm.admin.PutExternalProvider(provider(pair.addresses, ttl=0))
+    cap = resource_pb2.Resource(
+        yarn=resource_pb2.YarnResource(
+            queue_memory_bytes=10 * GiB, queue_cpu_millis=100_000, queue_instances=100
+        )
+    )
+    await rm.admin.SetLabelLimit(limit_req("userCreator=alice-*,engineType=*", cap))
+    assert (await apply(rm, "root.a.a1", 8)).ticket.ticket_id
+    with pytest.raises(grpc.aio.AioRpcError) as capped:  # the queue has room, alice does not
+        await apply(rm, "root.a.a1", 4)
+    _, shortfalls = details(capped.value)
+    assert [(s.label, s.dimension) for s in shortfalls] == [(USER, "yarn.memory_bytes")]
+    bob = "userCreator=bob-IDE,engineType=spark-3.2.1,cluster=prod"
+    assert (await apply(rm, "root.a.a1", 4, labels=bob)).ticket.ticket_id

@@ -37,7 +37,7 @@ class ExternalProvider(_message.Message):
     def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., cluster: _Optional[str] = ..., addresses: _Optional[_Iterable[str]] = ..., auth: _Optional[str] = ..., username: _Optional[str] = ..., password: _Optional[str] = ..., timeout_seconds: _Optional[float] = ..., cache_ttl_seconds: _Optional[float] = ..., capacity_guaranteed: _Optional[bool] = ..., has_password: _Optional[bool] = ...) -> None: ...
 
 class ExternalQueue(_message.Message):
-    __slots__ = ("label", "queue", "scheduler", "leaf", "yarn_max", "yarn_used", "in_flight", "left", "apps_running", "apps_pending", "fetch_time")
+    __slots__ = ("label", "queue", "scheduler", "leaf", "yarn_max", "yarn_used", "in_flight", "left", "apps_running", "apps_pending", "fetch_time", "error")
     LABEL_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     SCHEDULER_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +49,7 @@ class ExternalQueue(_message.Message):
     APPS_RUNNING_FIELD_NUMBER: _ClassVar[int]
     APPS_PENDING_FIELD_NUMBER: _ClassVar[int]
     FETCH_TIME_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     label: str
     queue: str
     scheduler: str
@@ -60,4 +61,5 @@ class ExternalQueue(_message.Message):
     apps_running: int
     apps_pending: int
     fetch_time: _timestamp_pb2.Timestamp
-    def __init__(self, label: _Optional[str] = ..., queue: _Optional[str] = ..., scheduler: _Optional[str] = ..., leaf: _Optional[bool] = ..., yarn_max: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., yarn_used: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., in_flight: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., left: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., apps_running: _Optional[int] = ..., apps_pending: _Optional[int] = ..., fetch_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    error: str
+    def __init__(self, label: _Optional[str] = ..., queue: _Optional[str] = ..., scheduler: _Optional[str] = ..., leaf: _Optional[bool] = ..., yarn_max: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., yarn_used: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., in_flight: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., left: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., apps_running: _Optional[int] = ..., apps_pending: _Optional[int] = ..., fetch_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...
