@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import stat
 import sys
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,10 @@ class AgentSettings:
     tls_ca: str = ""
     tls_cert: str = ""
     tls_key: str = ""
-    token: str = ""
+    # The token comes from the config file, LABELRM_AGENT_TOKEN or token_file (owner
+    # only), never from a flag: the command line shows in `ps` to every local user.
+    token: str = field(default="", repr=False)
+    token_file: str = ""
 
 
 def _coerce(kind: Any, raw: Any) -> Any:
@@ -66,6 +70,11 @@ def load_agent_settings(
     for f in fields(AgentSettings):
         parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None)
     args = parser.parse_args(argv)
+    if args.token is not None:
+        parser.error(
+            "--token would show the token to every local user (ps): set LABELRM_AGENT_TOKEN,"
+            " token in the config file, or --token-file"
+        )
     kinds = {f.name: f.type for f in fields(AgentSettings)}
     values: dict[str, Any] = {}
     if args.config:
@@ -83,7 +92,32 @@ def load_agent_settings(
             values[name] = _coerce(kind, getattr(args, name))
     if not values.get("agent_id"):
         values["agent_id"] = socket.gethostname().split(".")[0]
+    if values.get("token_file"):
+        try:
+            values["token"] = read_token_file(Path(values["token_file"]))
+        except ValueError as exc:
+            parser.error(str(exc))
     return AgentSettings(**values)
+
+
+def read_token_file(path: Path) -> str:
+    """The token in `path`, which must be a regular file of the agent's user that no
+    one else may read or write (ValueError otherwise)."""
+    try:
+        info = path.stat()
+        text = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read token_file {path}: {exc}") from exc
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+        raise ValueError(f"token_file {path} must be a regular file of the agent's user")
+    if info.st_mode & 0o077:
+        raise ValueError(
+            f"token_file {path} is open to group or others (mode"
+            f" {stat.S_IMODE(info.st_mode):04o}): chmod 600 it"
+        )
+    if not text or "\n" in text:
+        raise ValueError(f"token_file {path} must hold one token")
+    return text
 
 
 def parse_labels(text: str) -> list[tuple[str, str]]:
