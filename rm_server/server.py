@@ -130,6 +130,7 @@ class RMServer:
         self.core.external = ExternalResources(self._db, self.clock)
         self.metrics = Metrics(label_cap=self.settings.metrics_label_cap)
         self.metrics.attach(self.core)  # before start_background: it counts the sweeps
+        self.metrics.attach_external(self.core.external)
         self.core.start_background()
 
         limit = self.settings.max_message_bytes

@@ -62,6 +62,10 @@ class ExternalResources:
             await requester.close()
         self._requesters.clear()
 
+    def fetch_states(self) -> list[tuple[str, SchedulerSnapshot | None, int]]:
+        """Per provider in use: its name, last good snapshot and fetch count (metrics)."""
+        return [(n, r.last_good, r.fetches) for n, r in sorted(self._requesters.items())]
+
     def invalidate(self) -> None:
         """Forget the cached provider table (after a change on this replica)."""
         self._providers_until = 0.0

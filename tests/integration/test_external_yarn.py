@@ -447,3 +447,41 @@ async def test_per_user_queue_caps_are_ordinary_label_limits(rm, capacity):
     assert [(s.label, s.dimension) for s in shortfalls] == [(USER, "yarn.memory_bytes")]
     bob = "userCreator=bob-IDE,engineType=spark-3.2.1,cluster=prod"
     assert (await apply(rm, "root.a.a1", 4, labels=bob)).ticket.ticket_id
+
+
+async def test_metrics_export_queue_figures_without_asking_yarn(database_url, capacity):
+    from tests.conftest import start_in_process, stop_in_process
+    from tests.integration.test_metrics import scrape, value
+
+    state, pair = capacity
+    rm = await start_in_process(database_url, metrics_listen="127.0.0.1:0")
+    try:
+        await rm.admin.PutExternalProvider(provider(pair.addresses, ttl=300))
+        state.start_app("root.a.a1", 10 * 1024, 3, state="ACCEPTED")
+        await apply(rm, "root.a.a1", 5)
+        fetches = pair.rm1.count("/ws/v1/cluster/scheduler")
+
+        samples = await scrape(rm)
+
+        q = {"provider": "prod-yarn", "queue": "root.a.a1"}
+        assert (
+            value(samples, "labelrm_external_queue_max", **q, dimension="yarn.memory_bytes")
+            == 60 * GiB
+        )
+        assert value(samples, "labelrm_external_queue_apps", **q, state="pending") == 1
+        assert value(samples, "labelrm_external_fetches_total", provider="prod-yarn") == 1
+        assert (
+            value(samples, "labelrm_external_last_fetch_timestamp_seconds", provider="prod-yarn")
+            > 0
+        )
+        in_flight = value(
+            samples,
+            "labelrm_label_locked",
+            label=A1,
+            source="external",
+            dimension="yarn.memory_bytes",
+        )
+        assert in_flight == 5 * GiB
+        assert pair.rm1.count("/ws/v1/cluster/scheduler") == fetches  # the scrape asked nobody
+    finally:
+        await stop_in_process(rm)
