@@ -55,6 +55,7 @@ class ExternalResources:
         self._providers: dict[str, ProviderConfig] = {}  # by cluster
         self._providers_until = 0.0
         self._requesters: dict[str, YarnRequester] = {}  # by provider name
+        self._closing: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
 
     async def close(self) -> None:
@@ -117,9 +118,10 @@ class ExternalResources:
         """The provider's requester (a new one, with an empty cache, when its config changed)."""
         current = self._requesters.get(provider.name)
         if current is None or current.config != provider:
-            if current is not None:
+            if current is not None:  # replaced: close its connections in the background
                 task = asyncio.get_running_loop().create_task(current.close())
-                task.add_done_callback(lambda t: None)
+                self._closing.add(task)
+                task.add_done_callback(self._closing.discard)
             current = self._requesters[provider.name] = YarnRequester(provider, self.clock)
         return current
 

@@ -142,7 +142,8 @@ class YarnRequester:
             if _scheduler_type(doc) == "capacityScheduler":
                 metrics = await self._get_json(address, METRICS)
         except (_Standby, RMUnreachable) as exc:
-            log.info(
+            # One line per failed call comes from the server's interceptor; this is detail.
+            log.debug(
                 "yarn provider %s: RM %s unusable (%s), re-discovering",
                 self.config.name,
                 address,

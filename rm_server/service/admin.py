@@ -95,8 +95,12 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         self, request: pb.PutExternalProviderRequest, context: grpc.aio.ServicerContext
     ) -> pb.PutExternalProviderResponse:
         provider = convert.provider_from_pb(request.provider)
+        # The request log keeps a hash of the request: not of one holding the password.
+        keyed = pb.PutExternalProviderRequest()
+        keyed.CopyFrom(request)
+        keyed.provider.ClearField("password")
         outcome = await self._external().put_provider(
-            idempotency("PutExternalProvider", request), provider, _PUT_PROVIDER
+            idempotency("PutExternalProvider", keyed), provider, _PUT_PROVIDER
         )
         return respond(outcome, _PUT_PROVIDER, pb.PutExternalProviderResponse)
 

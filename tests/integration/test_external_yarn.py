@@ -282,6 +282,11 @@ async def test_unknown_parent_and_unnamed_queues_and_unknown_cluster(rm, capacit
         await apply(rm, "", 1)
     assert unnamed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "queue_name" in unnamed.value.details()
+    yarn_only = resource_pb2.Resource(
+        yarn=resource_pb2.YarnResource(queue_name="a2", queue_memory_bytes=GiB, queue_instances=1)
+    )
+    ticket = (await rm.rm.Apply(apply_req(USER + ",cluster=prod", yarn_only))).ticket
+    assert ticket.requested_resource.yarn.queue_name == "root.a.a2"  # a bare yarn request too
     with pytest.raises(grpc.aio.AioRpcError) as other:
         await apply(rm, "root.a.a1", 1, labels=USER + ",cluster=test")
     assert other.value.code() == grpc.StatusCode.FAILED_PRECONDITION
