@@ -41,6 +41,9 @@ from rm_server.domain.external import (
 )
 
 log = logging.getLogger(__name__)
+# httpx logs every request at INFO ("HTTP Request: GET ..."): one line per fetch and URL in
+# the RM's log. The requester logs what matters (the active RM changing); the rest is noise.
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 SCHEDULER = "/ws/v1/cluster/scheduler"
 METRICS = "/ws/v1/cluster/metrics"

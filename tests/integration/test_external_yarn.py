@@ -6,6 +6,7 @@ Real gRPC to an in-process RM on a real PostgreSQL; real HTTP from the RM to the
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import grpc
 import pytest
@@ -223,16 +224,19 @@ async def test_ha_failover_finds_the_new_active_rm(rm, capacity):
     assert (await apply(rm, "root.a.a1", 1)).ticket.ticket_id
 
 
-async def test_rm_down_is_unavailable_and_charges_nothing(rm, capacity):
+async def test_rm_down_is_unavailable_and_charges_nothing(rm, capacity, caplog):
     _state, pair = capacity
     await rm.admin.PutExternalProvider(provider(pair.addresses, ttl=0))
     assert (await apply(rm, "root.a.a1", 1)).ticket.ticket_id
     before = await label_state(rm, A1)
     pair.stop()
+    caplog.clear()
+    caplog.set_level(logging.DEBUG)
     with pytest.raises(grpc.aio.AioRpcError) as down:
         await apply(rm, "root.a.a1", 1)
     assert down.value.code() == grpc.StatusCode.UNAVAILABLE
     assert details(down.value)[0] == "EXTERNAL_UNAVAILABLE"
+    assert not [r for r in caplog.records if r.exc_info or r.levelname in ("ERROR", "CRITICAL")]
     after = await label_state(rm, A1)
     assert after.live_tickets == before.live_tickets == 1
     tickets = await rm.rm.ListTickets(resource_manager_pb2.ListTicketsRequest(page_size=100))
