@@ -494,3 +494,30 @@ async def test_metrics_export_queue_figures_without_asking_yarn(database_url, ca
         assert pair.rm1.count("/ws/v1/cluster/scheduler") == fetches  # the scrape asked nobody
     finally:
         await stop_in_process(rm)
+
+
+async def test_two_replicas_never_share_a_queue_headroom(rm, capacity):
+    """Each replica has its own cache of YARN's figures; the in-flight part is read from the
+    shared record under its row lock, so replicas cannot over-grant either."""
+    from tests.conftest import start_in_process, stop_in_process
+
+    state, pair = capacity
+    await rm.admin.PutExternalProvider(provider(pair.addresses, ttl=300))
+    state.start_app("root.a.a1", 40 * 1024, 10)  # 20 GiB left
+    other = await start_in_process(rm.database_url)
+    try:
+        results = await asyncio.gather(
+            *(apply(r, "root.a.a1", 3) for _ in range(8) for r in (rm, other)),
+            return_exceptions=True,
+        )
+        granted = [r for r in results if not isinstance(r, BaseException)]
+        assert len(granted) == 6  # 6 x 3 GiB <= 20 GiB < 7 x 3 GiB
+        assert all(
+            r.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            for r in results
+            if isinstance(r, grpc.aio.AioRpcError)
+        )
+        assert pair.rm1.count("/ws/v1/cluster/scheduler") == 2  # one fetch per replica
+        await assert_consistent(rm)
+    finally:
+        await stop_in_process(other)
