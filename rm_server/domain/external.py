@@ -126,8 +126,8 @@ class ProviderConfig:
             raise ProviderConfigError("username", "basic auth needs a user name")
         if self.auth is AuthKind.NONE and (self.username or self.password):
             raise ProviderConfigError("auth", "a user name or password needs auth=basic")
-        if not 0 < self.timeout_seconds <= 120 or math.isnan(self.timeout_seconds):
-            raise ProviderConfigError("timeout_seconds", "must be in (0, 120]")
+        if not 0 < self.timeout_seconds <= 60 or math.isnan(self.timeout_seconds):
+            raise ProviderConfigError("timeout_seconds", "must be in (0, 60]")
         if not 0 <= self.cache_ttl_seconds <= 300 or math.isnan(self.cache_ttl_seconds):
             raise ProviderConfigError("cache_ttl_seconds", "must be in [0, 300]")
 

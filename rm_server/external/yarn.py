@@ -126,6 +126,16 @@ class YarnRequester:
             self._inflight = None
 
     async def _fetch_with_retries(self) -> SchedulerSnapshot:
+        """At most ATTEMPTS rounds, and never longer than ATTEMPTS request timeouts in all
+        (an address list of hosts that do not answer must not hold applies for minutes)."""
+        budget = self.config.timeout_seconds * ATTEMPTS
+        try:
+            async with asyncio.timeout(budget):
+                return await self._retrying()
+        except TimeoutError:
+            raise RMUnreachable(f"no answer within {budget:g}s") from None
+
+    async def _retrying(self) -> SchedulerSnapshot:
         retrying = AsyncRetrying(
             stop=stop_after_attempt(ATTEMPTS),
             wait=wait_fixed(RETRY_WAIT),
