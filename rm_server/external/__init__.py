@@ -11,12 +11,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
+from typing import Protocol
 
 from rm_server.clock import Clock
 from rm_server.domain.external import (
     QUEUE_KEY,
     MalformedResponse,
     ProviderConfig,
+    ProviderType,
     QueueCheck,
     QueueView,
     SchedulerSnapshot,
@@ -41,6 +44,27 @@ from rm_server.external.yarn import RMAuthRejected, RMUnreachable, YarnRequester
 from rm_server.store import providers as provider_store
 from rm_server.store.db import Database, Idempotency, OutcomeEncoder, Replay
 
+
+class Requester(Protocol):
+    """What admission needs of a provider type's requester (YarnRequester is one)."""
+
+    config: ProviderConfig
+    fetches: int
+
+    @property
+    def last_good(self) -> SchedulerSnapshot | None: ...
+
+    async def snapshot(self, *, fresh: bool = False) -> SchedulerSnapshot: ...
+
+    async def close(self) -> None: ...
+
+
+# One requester class per provider type: a new type (a Kubernetes ResourceQuota, say) adds
+# its ProviderType, a requester here, and a parser into QueueFigures.
+REQUESTERS: dict[ProviderType, Callable[[ProviderConfig, Clock], Requester]] = {
+    ProviderType.YARN: YarnRequester,
+}
+
 log = logging.getLogger(__name__)
 
 PROVIDERS_TTL = 2.0  # how long a replica trusts its copy of the provider table
@@ -54,7 +78,7 @@ class ExternalResources:
         self.clock = clock
         self._providers: dict[str, ProviderConfig] = {}  # by cluster
         self._providers_until = 0.0
-        self._requesters: dict[str, YarnRequester] = {}  # by provider name
+        self._requesters: dict[str, Requester] = {}  # by provider name
         self._closing: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
 
@@ -114,7 +138,7 @@ class ExternalResources:
                     self._providers_until = time.monotonic() + PROVIDERS_TTL
         return self._providers.get(cluster)
 
-    def requester(self, provider: ProviderConfig) -> YarnRequester:
+    def requester(self, provider: ProviderConfig) -> Requester:
         """The provider's requester (a new one, with an empty cache, when its config changed)."""
         current = self._requesters.get(provider.name)
         if current is None or current.config != provider:
@@ -122,7 +146,8 @@ class ExternalResources:
                 task = asyncio.get_running_loop().create_task(current.close())
                 self._closing.add(task)
                 task.add_done_callback(self._closing.discard)
-            current = self._requesters[provider.name] = YarnRequester(provider, self.clock)
+            make = REQUESTERS[provider.type]
+            current = self._requesters[provider.name] = make(provider, self.clock)
         return current
 
     async def snapshot(self, provider: ProviderConfig, *, fresh: bool = False) -> SchedulerSnapshot:
