@@ -34,7 +34,8 @@ def add_provider_commands(cmds: Any) -> None:
             "Create or replace a provider serving the requests with label cluster=CLUSTER. "
             "Give each ResourceManager web address with --address (an HA pair: two), or "
             "Linkis' ';'-separated form with --rm-web-address. A basic-auth password comes "
-            f"from ${PASSWORD_ENV} or --password-file."
+            f"from ${PASSWORD_ENV} or --password-file; replacing a provider without one "
+            "keeps the stored password."
         ),
     )
     c.add_argument("name", metavar="NAME", help="lower-case name, e.g. prod-yarn")

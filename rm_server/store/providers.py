@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
 from psycopg import errors as pg_errors
 from psycopg.types.json import Jsonb
 
-from rm_server.domain.external import ProviderConfig
+from rm_server.domain.external import AuthKind, ProviderConfig
 from rm_server.domain.resources import Resource
 from rm_server.errors import FailedPrecondition, NotFound
 from rm_server.store.codec import jres, res
@@ -23,7 +24,17 @@ def _provider(row: tuple[Any, ...]) -> ProviderConfig:
 
 
 async def put_provider(conn: Conn, provider: ProviderConfig, now: datetime) -> ProviderConfig:
-    """Create or replace a provider (by name); another provider's cluster is refused."""
+    """Create or replace a provider (by name); another provider's cluster is refused.
+
+    Replacing a basic-auth provider without a password keeps the stored one (an operator
+    changing a timeout need not handle the secret again); auth "none" drops it."""
+    cur = await conn.execute(
+        f"SELECT {_COLUMNS} FROM external_provider WHERE name = %s FOR UPDATE",  # noqa: S608
+        (provider.name,),
+    )
+    row = await cur.fetchone()
+    if row is not None and provider.auth is AuthKind.BASIC and not provider.password:
+        provider = replace(provider, password=_provider(row).password)
     try:
         async with conn.transaction():  # a savepoint: the clash leaves the transaction usable
             await conn.execute(

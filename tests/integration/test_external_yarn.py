@@ -320,6 +320,11 @@ async def test_basic_auth_rejected_is_a_clear_precondition(rm, capacity):
     req.provider.password = "right"
     await rm.admin.PutExternalProvider(req)
     assert (await apply(rm, "root.a.a1", 1)).ticket.ticket_id
+    req.provider.password = ""  # a change of TTL only: the stored password stays
+    req.provider.cache_ttl_seconds = 0
+    stored = await rm.admin.PutExternalProvider(req)
+    assert stored.provider.has_password and stored.provider.cache_ttl_seconds == 0
+    assert (await apply(rm, "root.a.a1", 1)).ticket.ticket_id
 
 
 async def test_bad_provider_definitions_are_refused_naming_the_field(rm):
