@@ -9,9 +9,10 @@ Its resource is ``driver_and_yarn``: the driver part is the EngineConn process o
 the yarn part against that queue's live figures (rm_server/external).
 
 The process itself is the labelrm EngineConn runtime's ``python`` session standing in for the
-Spark driver; it gets the queue and the executor sizes in its environment
-(``LABELRM_YARN_QUEUE``, ``LABELRM_YARN_CLUSTER``, ``LABELRM_SPARK_EXECUTOR_*``), which a real
-driver would pass to ``spark-submit --queue`` and ``--num-executors``.
+Spark driver; it gets the cluster and the executor sizes in its environment
+(``LABELRM_YARN_CLUSTER``, ``LABELRM_SPARK_EXECUTOR_*``), and from the EngineConn flow the
+queue it was admitted in (``LABELRM_YARN_QUEUE``, the full path), which a real driver would
+pass to ``spark-submit --queue`` and ``--num-executors``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
-from rm_server.domain.external import CLUSTER_KEY, QUEUE_KEY
+from rm_server.domain.external import CLUSTER_KEY
 from rm_server.domain.resources import Resource
 from rm_server.engines.base import (
     CPU_MILLIS,
@@ -61,14 +62,13 @@ class SparkEnginePlugin:
         return Resource.driver_and_yarn(driver, executors)
 
     def launch(self, ctx: LaunchContext) -> LaunchRequest:
-        """The runtime's python session as the driver, told its queue and executors."""
+        """The runtime's python session as the driver, told its cluster and executors."""
         values = resolve_params(ctx.params, {}, SPARK_PARAMS)  # refuses unknown params
         driver_params = {k: v for k, v in ctx.params.items() if k in PARAMS}
         base = _DRIVER.launch(replace(ctx, engine=_DRIVER.name, params=driver_params))
         labels = {label.key: label.value for label in ctx.labels}
         environment = {
             **base.environment,
-            "LABELRM_YARN_QUEUE": labels.get(QUEUE_KEY, ""),
             "LABELRM_YARN_CLUSTER": labels.get(CLUSTER_KEY, ""),
             "LABELRM_SPARK_EXECUTOR_MEMORY_BYTES": str(values[EXECUTOR_MEMORY.name]),
             "LABELRM_SPARK_EXECUTOR_CPU_MILLIS": str(values[EXECUTOR_CPU.name]),

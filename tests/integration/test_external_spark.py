@@ -12,7 +12,8 @@ from tests.helpers import GiB, assert_consistent, label_state
 from tests.integration.test_engineconns import create, execute, start_agent
 from tests.yarn_standin import HAPair, capacity_cluster
 
-SPARK = "userCreator=lrmtest_a-IDE,engineType=spark-3.2.1,cluster=prod,yarnQueue=root.a.a1"
+# The queue by its leaf name: the EngineConn is told the full path it was admitted in.
+SPARK = "userCreator=lrmtest_a-IDE,engineType=spark-3.2.1,cluster=prod,yarnQueue=a1"
 QUEUE = "cluster=prod,yarnQueue=root.a.a1"
 
 
