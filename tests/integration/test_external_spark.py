@@ -51,7 +51,7 @@ async def test_spark_engineconn_is_admitted_or_refused_against_the_live_queue(
         assert (out.strip(), code) == ("root.a.a1 prod", 0)
         queue = await label_state(rm, QUEUE)
         assert queue.live_tickets == 1
-        yarn = queue.used_resource.driver_and_yarn.yarn  # reported used once ready
+        yarn = queue.used_resource.yarn  # the yarn part, reported used once ready
         assert yarn.queue_memory_bytes == 8 * GiB and yarn.queue_name == "root.a.a1"
         await assert_consistent(rm)
     finally:
