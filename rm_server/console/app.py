@@ -13,9 +13,11 @@ ListLabelResources show every user; an admin sees everything."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import mimetypes
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +53,7 @@ log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
 # Browsers run module scripts only when served as JavaScript; not every mime.types knows .mjs
 mimetypes.add_type("text/javascript", ".mjs")
+CONSISTENCY_TTL = 5.0
 MAX_ROWS = 2000  # a list page shows at most this many rows (filters narrow it)
 
 # The error hierarchy -> HTTP status (as service/errors.py maps it to gRPC codes).
@@ -184,6 +187,18 @@ class Api:
 
     def __init__(self, src: Sources) -> None:
         self.src = src
+        # The consistency check reads every live ticket: one run serves every open
+        # overview for CONSISTENCY_TTL seconds, however many poll it.
+        self._consistency: tuple[float, views.Json] | None = None
+        self._consistency_lock = asyncio.Lock()
+
+    async def consistency(self) -> views.Json:
+        async with self._consistency_lock:
+            now = time.monotonic()
+            if self._consistency is None or now - self._consistency[0] > CONSISTENCY_TTL:
+                report = views.consistency(await self.src.core.check_consistency())
+                self._consistency = (now, report)
+            return self._consistency[1]
 
     # ----- who is calling, and may they ---------------------------------------------------
 
@@ -256,10 +271,6 @@ class Api:
             p, policy.ADMIN + "CheckConsistency", admin_pb2.CheckConsistencyRequest()
         ):
             report = views.consistency(await core.check_consistency())
-        by_user: dict[str, int] = {}
-        if not user:
-            for t in await core.list_tickets("", 100_000, "", ""):
-                by_user[t.user] = by_user.get(t.user, 0) + 1
         node_states: dict[str, int] = {}
         for n in nodes:
             node_states[n.state.value] = node_states.get(n.state.value, 0) + 1
@@ -281,7 +292,7 @@ class Api:
                 ],
                 "database": "up",
                 "labels": [views.label_resource(r) for r in records],
-                "tickets_by_user": by_user,
+                "tickets_by_user": dict(counts.top_users),
                 "consistency": report,
             }
         )
@@ -341,12 +352,14 @@ class Api:
             p, policy.RM + "ListLabelResources", resource_manager_pb2.ListLabelResourcesRequest()
         )
         records = await self.src.core.list_label_resources("", 100_000, "")
+        labels = [views.label_resource(r) for r in records]
         limits = None
         if await self.may(p, policy.ADMIN + "ListLabelLimits", admin_pb2.ListLabelLimitsRequest()):
-            limits = [views.limit(lim) for lim in await self.src.core.list_limits("", 100_000)]
-        return web.json_response(
-            {"labels": [views.label_resource(r) for r in records], "limits": limits}
-        )
+            stored = await self.src.core.list_limits("", 100_000)
+            limits = [views.limit(lim) for lim in stored]
+            for label in labels:
+                label["limit"] = views.winning_limit(label["label"], stored)
+        return web.json_response({"labels": labels, "limits": limits})
 
     async def tickets(self, request: web.Request) -> web.Response:
         p = self.principal(request)

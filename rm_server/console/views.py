@@ -4,14 +4,15 @@ service/convert.py is the gRPC API's). Times are ISO 8601 in UTC; resources are
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
 from rm_server.domain.demands.model import Demand
 from rm_server.domain.demands.timelang import Span, order_ids
 from rm_server.domain.engineconn import EcmStatus, EngineConn
-from rm_server.domain.labels import Label
+from rm_server.domain.labels import Label, LabelError, LabelKey
+from rm_server.domain.limits import LabelPattern, LimitRule, best_limit
 from rm_server.domain.model import ConsistencyReport, LabelResource, StoredLimit, Ticket
 from rm_server.domain.resources import Resource, ResourceError, headroom
 
@@ -192,3 +193,15 @@ def consistency(r: ConsistencyReport) -> Json:
             {"label": m.label, "field": m.field, "detail": m.detail} for m in r.mismatches
         ],
     }
+
+
+def winning_limit(label: str, limits: Sequence[StoredLimit]) -> str:
+    """The pattern of the limit that applies to `label` (the most specific match, as
+    admission picks it), "" when none does."""
+    try:
+        key = LabelKey.parse(label)
+    except LabelError:
+        return ""
+    rules = [LimitRule(LabelPattern.parse(lim.pattern), lim.max_resource) for lim in limits]
+    best = best_limit(key, rules)
+    return str(best.pattern) if best is not None else ""

@@ -8,6 +8,8 @@ from datetime import datetime
 
 from rm_server.store.db import Conn
 
+TOP_USERS = 10
+
 
 @dataclass(frozen=True)
 class Replica:
@@ -23,6 +25,7 @@ class ClusterCounts:
     replicas: tuple[Replica, ...]
     engine_conns: dict[str, int]  # state -> count
     demands: dict[str, int]
+    top_users: tuple[tuple[str, int], ...]  # most live tickets first (operators only)
 
 
 async def cluster_counts(conn: Conn, user: str) -> ClusterCounts:
@@ -48,4 +51,12 @@ async def cluster_counts(conn: Conn, user: str) -> ClusterCounts:
         (user, user),
     )
     demands = {s: int(n) for s, n in await cur.fetchall()}
-    return ClusterCounts(waiting, replicas, ecs, demands)
+    top: tuple[tuple[str, int], ...] = ()
+    if not user:
+        cur = await conn.execute(
+            "SELECT user_name, count(*) FROM ticket GROUP BY user_name"
+            " ORDER BY count(*) DESC, user_name LIMIT %s",
+            (TOP_USERS,),
+        )
+        top = tuple((u, int(n)) for u, n in await cur.fetchall())
+    return ClusterCounts(waiting, replicas, ecs, demands, top)

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from google.protobuf.duration_pb2 import Duration
 from labelrm.v1 import admin_pb2
+from labelrm.v1 import demand_pb2 as demand_pb
 from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as pb
 
@@ -31,7 +32,7 @@ from rm_server.security import tokens
 from rm_server.security.setup import SecurityConfigError, build_security
 from rm_server.service import convert
 from tests.conftest import wait_until
-from tests.helpers import lbl
+from tests.helpers import lbl, load_instance
 from tests.integration.security_fixtures import make_pki, start_secure, stop_secure
 from tests.integration.test_tenant_isolation import SHELL_A, SHELL_B, start_agent
 
@@ -184,6 +185,28 @@ async def test_console_pages_show_the_api_figures_live(console, browser, agent_f
     await wait_until(figures_match, timeout=20)
     assert await _text(page, "[data-testid=nodes-by-state] .big") == "1"
     await page.screenshot(path=str(shots / "overview.png"), full_page=True)
+
+    # Demands on the timeline: windows, planned durations, an OrderBy arrow.
+    alice = console.stubs(console.channel("lrmtest_a"))
+    for demand_id, text in (
+        ("build", "{Start: [+10m, +30m], Duration: +20m}"),
+        ("report", "{OrderBy: build, Duration: +10m}"),
+    ):
+        await alice.demands.SubmitDemand(
+            demand_pb.SubmitDemandRequest(
+                demand_id=demand_id,
+                labels=lbl(SHELL_A),
+                resource=load_instance(256 * 1024**2, 100, 1),
+                time_conditions_text=text,
+            )
+        )
+    await page.goto(_url(console) + "#/demands")
+    await page.wait_for_selector("[data-testid=demands-table] tr[data-id=report]")
+    timeline = await page.wait_for_selector("[data-testid=timeline]")
+    assert {"build (ACCEPTED)", "report (ACCEPTED)"} <= {
+        await t.text_content() for t in await timeline.query_selector_all("text")
+    }
+    assert len(await timeline.query_selector_all(".tl-arrow")) == 1
 
     # Every page renders (no error), ids link to their pages.
     for name in PAGES[1:]:

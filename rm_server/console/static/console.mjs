@@ -192,7 +192,8 @@ function Overview() {
   </tbody></table>
   <div class="cards" style="margin-top:12px">
     <div class="card" style="flex:2"><h3>Most loaded labels</h3>
-      ${loaded.length ? loaded.map((r) => html`<div>${Object.keys(r.max.dims).map((d) => html`<${Bar} d=${d} max=${r.max} used=${r.used} locked=${r.locked} reserved=${r.reserved} protectedR=${r.protected}/> `)} ${Math.round(load(r) * 100)}% <a href="#/resources">${r.label}</a></div>`) : html`<span class="muted">no label has a maximum</span>`}</div>
+      ${loaded.length ? loaded.map((r) => html`<div data-testid="loaded-label"><b>${Math.round(load(r) * 100)}%</b> <a href="#/resources">${r.label}</a>
+        <div>${Object.keys(r.max.dims).map((d) => html`<span class="muted">${dimName(d)} </span><${Bar} d=${d} max=${r.max} used=${r.used} locked=${r.locked} reserved=${r.reserved} protectedR=${r.protected}/> `)}</div></div>`) : html`<span class="muted">no label has a maximum</span>`}</div>
     ${o.scope === "all" && html`<div class="card" style="flex:1"><h3>Most live tickets by user</h3>
       ${users.length ? users.map(([u, n]) => html`<div>${u}: ${n}</div>`) : html`<span class="muted">no live tickets</span>`}</div>`}
   </div>`;
@@ -299,7 +300,7 @@ function Resources() {
     { h: "max", v: (r) => dim(r.max, "memory_bytes"), r: (r) => resText(r.max) },
     { h: "left", v: (r) => dim(r.left, "memory_bytes"), r: (r) => resText(r.left) },
     { h: "tickets", v: (r) => r.live_tickets },
-    { h: "limit", v: (r) => winner(r.label, st.data.limits), r: (r) => winner(r.label, st.data.limits) || html`<span class="muted">–</span>` },
+    { h: "limit that applies", v: (r) => r.limit || "", r: (r) => r.limit || html`<span class="muted">–</span>` },
   ];
   const byUser = group(rows, "userCreator"), byEngine = group(rows, "engineType");
   return html`<h1>Resources and limits</h1><${Legend}/>
@@ -315,26 +316,6 @@ const LIMIT_COLS = [
   { h: "maximum", v: (l) => dim(l.max, "memory_bytes"), r: (l) => resText(l.max) },
   { h: "set", v: (l) => l.updated_at, r: (l) => html`<${When} at=${l.updated_at}/>` },
 ];
-// the most specific limit pattern matching a label (patterns: key=value with * wildcards)
-function winner(label, limits) {
-  if (!limits) return "";
-  const parts = Object.fromEntries(label.split(",").map((p) => p.split("=")));
-  let best = "", score = -1;
-  for (const l of limits) {
-    const pp = l.pattern.split(",").map((p) => p.split("="));
-    if (pp.length !== Object.keys(parts).length) continue;
-    let s = 0, ok = true;
-    for (const [k, v] of pp) {
-      const have = parts[k];
-      if (have === undefined) { ok = false; break; }
-      const re = new RegExp("^" + v.replace(/[.+?^${}()|[\]\\]/g, "\\$&").replace(/\*/g, ".*") + "$");
-      if (!re.test(have)) { ok = false; break; }
-      s += v.replace(/\*/g, "").length;
-    }
-    if (ok && s > score) { best = l.pattern; score = s; }
-  }
-  return best;
-}
 // used + locked summed by the value of one label key (a user: userCreator's user part)
 function group(rows, key) {
   const out = {};
