@@ -125,6 +125,7 @@ class Console:
                 web.get("/api/nodes/{id}", api.node),
                 web.get("/api/engineconns", api.engine_conns),
                 web.get("/api/engineconns/{id}", api.engine_conn),
+                web.post("/api/engineconns/{id}/kill", api.kill_engine_conn),
                 web.get("/api/resources", api.resources),
                 web.get("/api/tickets", api.tickets),
                 web.get("/api/demands", api.demands),
@@ -344,6 +345,20 @@ class Api:
             engine_conn_pb2.GetEngineConnRequest(engine_conn_id=ec_id),
         )
         ec = await self.src.ecs.get(ec_id)
+        return web.json_response({"engine_conn": views.engine_conn(ec, full=True)})
+
+    async def kill_engine_conn(self, request: web.Request) -> web.Response:
+        """KillEngineConn, for its owner and admins (the RPC's rule). The token travels in
+        a header, never a cookie: another site's page cannot make a browser send it."""
+        p = self.principal(request)
+        ec_id = request.match_info["id"][:128]
+        await self.allow(
+            p,
+            policy.EC + "KillEngineConn",
+            engine_conn_pb2.KillEngineConnRequest(engine_conn_id=ec_id),
+        )
+        ec = await self.src.ecs.kill(ec_id, "killed from the web console")
+        log.info("console: %s killed EngineConn %s", p.describe(), ec_id)
         return web.json_response({"engine_conn": views.engine_conn(ec, full=True)})
 
     async def resources(self, request: web.Request) -> web.Response:

@@ -105,16 +105,20 @@ async def _signed_in(browser: Any, srm: Any, who: str) -> Any:
     return page
 
 
+async def _post(srm: Any, path: str, token: str | None) -> tuple[int, Any]:
+    return await asyncio.to_thread(_get_blocking, srm, path, token, "POST")
+
+
 async def _get(srm: Any, path: str, token: str | None) -> tuple[int, Any]:
     """The console's JSON endpoint as curl would call it (TLS verified against the CA),
     from a thread: the console serves on this test's event loop."""
     return await asyncio.to_thread(_get_blocking, srm, path, token)
 
 
-def _get_blocking(srm: Any, path: str, token: str | None) -> tuple[int, Any]:
+def _get_blocking(srm: Any, path: str, token: str | None, method: str = "GET") -> tuple[int, Any]:
     context = ssl.create_default_context(cafile=srm.pki.ca)
     context.check_hostname = False
-    req = urllib.request.Request(_url(srm).rstrip("/") + path)
+    req = urllib.request.Request(_url(srm).rstrip("/") + path, method=method)
     if token is not None:
         req.add_header("Authorization", f"Bearer {token}")
     try:
@@ -269,10 +273,28 @@ async def test_a_user_sees_only_their_own_engineconns(console, browser, agent_fa
     error = await page.wait_for_selector("[data-testid=error]")
     assert "403" in await error.inner_text()
     assert "lrmtest_a" not in await page.content()
-    for stubs, ec_id in (("lrmtest_a", a_ec), ("lrmtest_b", b_ec)):
-        await console.stubs(console.channel(stubs)).ecs.KillEngineConn(
-            ec_pb.KillEngineConnRequest(engine_conn_id=ec_id)
-        )
+
+    # The kill action follows KillEngineConn's rule: not another user's (A's stays
+    # live), the owner's own, an admin's anyone's; no token, no kill.
+    status, body = await _post(console, f"/api/engineconns/{a_ec}/kill", b_token)
+    assert status == 403 and "lrmtest_a" not in body["error"]
+    assert (await _post(console, f"/api/engineconns/{a_ec}/kill", None))[0] == 401
+    status, body = await _get(console, f"/api/engineconns/{a_ec}", a_token)
+    assert body["engine_conn"]["state"] in ("IDLE", "BUSY")
+    # A kills A's own from the page (its button, the confirmation accepted).
+    page_a = await _signed_in(browser, console, "lrmtest_a")
+    page_a.on("dialog", lambda dialog: asyncio.ensure_future(dialog.accept()))
+    await page_a.goto(_url(console) + f"#/engineconns/{a_ec}")
+    await page_a.click("[data-testid=kill]")
+
+    async def ended(ec_id: str, token: str) -> bool:
+        body = (await _get(console, f"/api/engineconns/{ec_id}", token))[1]
+        return body["engine_conn"]["state"] in ("SHUTTING_DOWN", "SUCCEEDED", "FAILED")
+
+    await wait_until(lambda: ended(a_ec, a_token), timeout=20)
+    status, body = await _post(console, f"/api/engineconns/{b_ec}/kill", console.pki.tokens["root"])
+    assert status == 200
+    await wait_until(lambda: ended(b_ec, b_token), timeout=20)
 
 
 def test_the_console_listener_follows_the_tls_rule(tmp_path):

@@ -7,10 +7,10 @@ const TOKEN_KEY = "labelrm.token";
 
 // ----- data ------------------------------------------------------------------------------
 
-async function api(path) {
+async function api(path, method = "GET") {
   const token = sessionStorage.getItem(TOKEN_KEY);
   const headers = token ? { Authorization: "Bearer " + token } : {};
-  const r = await fetch(path, { headers, cache: "no-store" });
+  const r = await fetch(path, { method, headers, cache: "no-store" });
   const body = await r.json().catch(() => ({ error: r.statusText }));
   if (!r.ok) {
     const err = new Error(body.error || r.statusText);
@@ -269,7 +269,8 @@ function EngineConn({ id }) {
   if (!st.data) return html`<${Loading} state=${st}/>`;
   const e = st.data.engine_conn;
   const events = [["requested", e.created_at], ["ready", e.ready_at], ["ended (" + e.state + ")", e.ended_at]].filter((x) => x[1]);
-  return html`<h1>EngineConn ${e.id} <${Pill} s=${e.state}/></h1>
+  const live = ["STARTING", "IDLE", "BUSY"].includes(e.state);
+  return html`<h1>EngineConn ${e.id} <${Pill} s=${e.state}/> ${live && html`<${Kill} id=${e.id}/>`}</h1>
   <div class="cards">
     <div class="card"><h3>Owner</h3>${e.user} · ${e.engine}<div><${Labels} labels=${e.labels}/></div></div>
     <div class="card"><h3>Placement</h3>node ${e.node ? link("nodes", e.node) : "–"} · pid ${e.pid || "–"}<div class="muted">${e.address}</div><div>ticket ${e.ticket_id || "–"}</div><div>launch attempts ${e.launch_attempts}</div></div>
@@ -280,6 +281,17 @@ function EngineConn({ id }) {
   <h2>ECM choice</h2><${Table} name="choices" rows=${e.ecm_choices} cols=${CHOICE_COLS} empty="no choice recorded"/>
   ${e.log_tail && html`<h2>Log tail</h2><pre data-testid="log-tail">${e.log_tail}</pre>`}`;
 }
+// KillEngineConn, through the same policy as the RPC (the owner or an admin)
+function Kill({ id }) {
+  const [msg, setMsg] = useState("");
+  const kill = async () => {
+    if (!confirm("Kill EngineConn " + id + "?")) return;
+    try { await api("/api/engineconns/" + encodeURIComponent(id) + "/kill", "POST"); setMsg("kill sent"); }
+    catch (e) { setMsg(e.message); }
+  };
+  return html`<button data-testid="kill" onClick=${kill}>kill</button> <small class="muted">${msg}</small>`;
+}
+
 const CHOICE_COLS = [
   { h: "node", v: (c) => c.node, r: (c) => link("nodes", c.node) },
   { h: "eligible", v: (c) => (c.eligible ? "yes" : "no") },
