@@ -45,7 +45,7 @@ from rm_server.errors import (
 from rm_server.security import policy
 from rm_server.security.identity import DEV_ADMIN, Principal, from_token_entry
 from rm_server.security.interceptor import AuthInterceptor
-from rm_server.security.setup import Security, SecurityConfigError, is_loopback
+from rm_server.security.setup import Security
 from rm_server.store import overview, owners
 
 log = logging.getLogger(__name__)
@@ -69,23 +69,6 @@ _HTTP: tuple[tuple[type[LabelrmError], int], ...] = (
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def check_listener(security: Security, listen: str) -> None:
-    """The rule of the other listeners: off loopback, TLS (or --insecure) and
-    authentication are required."""
-    st = security.settings
-    if is_loopback(listen):
-        return
-    if not security.auth_enabled:
-        raise SecurityConfigError(
-            f"refusing to serve the console on {listen} with authentication off"
-        )
-    if not st.tls_cert and not st.insecure:
-        raise SecurityConfigError(
-            f"refusing to serve the console on non-loopback {listen} without TLS: set"
-            " tls_cert and tls_key, or pass --insecure"
-        )
-
-
 @dataclass
 class Sources:
     """What the console reads: the parts the servicers use."""
@@ -99,10 +82,10 @@ class Sources:
 
 
 class Console:
-    """The console's HTTP server."""
+    """The console's HTTP server (`build_security` has checked its listener: off loopback
+    it needs TLS or --insecure, and tokens to sign in with)."""
 
     def __init__(self, sources: Sources, listen: str) -> None:
-        check_listener(sources.security, listen)
         self.src = sources
         self.listen = listen
         self.port = 0

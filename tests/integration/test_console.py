@@ -27,7 +27,6 @@ from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as pb
 
 from rm_server.config import Settings
-from rm_server.console.app import check_listener
 from rm_server.security import tokens
 from rm_server.security.setup import SecurityConfigError, build_security
 from rm_server.service import convert
@@ -298,15 +297,18 @@ async def test_a_user_sees_only_their_own_engineconns(console, browser, agent_fa
 
 
 def test_the_console_listener_follows_the_tls_rule(tmp_path):
-    """Off loopback the console needs TLS (or --insecure) and authentication on."""
+    """Off loopback the console needs TLS (or --insecure), authentication, and tokens to
+    sign in with; rm-server refuses to start otherwise."""
     token_file = tmp_path / "tokens.toml"
     tokens.add_token(token_file, "root", ["admin"])
-    plain = build_security(Settings(token_file=str(token_file)))
-    with pytest.raises(SecurityConfigError, match="without TLS"):
-        check_listener(plain, "0.0.0.0:7180")
-    check_listener(plain, "127.0.0.1:7180")
-    insecure = build_security(Settings(token_file=str(token_file), insecure=True))
-    check_listener(insecure, "0.0.0.0:7180")
-    open_dev = build_security(Settings())
+    keys = make_pki(tmp_path / "pki")
+    exposed = "0.0.0.0:7180"
+    with pytest.raises(SecurityConfigError, match=r"console on non-loopback .* without TLS"):
+        build_security(Settings(token_file=str(token_file), console_listen=exposed))
     with pytest.raises(SecurityConfigError, match="authentication off"):
-        check_listener(open_dev, "0.0.0.0:7180")
+        build_security(Settings(console_listen=exposed))
+    with pytest.raises(SecurityConfigError, match="set token_file"):
+        build_security(Settings(tls_cert=keys.path("server", "crt"), tls_key=keys.path("server", "key"),
+                                console_listen=exposed))  # fmt: skip
+    build_security(Settings(token_file=str(token_file), console_listen="127.0.0.1:7180"))
+    build_security(Settings(token_file=str(token_file), console_listen=exposed, insecure=True))
