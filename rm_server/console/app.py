@@ -32,6 +32,7 @@ from rm_server.console import views
 from rm_server.core import RMCore
 from rm_server.demands import DemandManager
 from rm_server.domain.labels import EM_INSTANCE, Label
+from rm_server.domain.model import Ticket
 from rm_server.engineconns import EngineConnManager
 from rm_server.errors import (
     FailedPrecondition,
@@ -351,27 +352,37 @@ class Api:
         )
         records = await self.src.core.list_label_resources("", 100_000, "")
         labels = [views.label_resource(r) for r in records]
+        tickets = await self._tickets(p)
         limits = None
         if await self.may(p, policy.ADMIN + "ListLabelLimits", admin_pb2.ListLabelLimitsRequest()):
             stored = await self.src.core.list_limits("", 100_000)
             limits = [views.limit(lim) for lim in stored]
             for label in labels:
                 label["limit"] = views.winning_limit(label["label"], stored)
-        return web.json_response({"labels": labels, "limits": limits})
+        return web.json_response(
+            {
+                "labels": labels,
+                "limits": limits,
+                "by_user": views.totals_by(tickets, lambda t: t.user),
+                "by_engine_type": views.totals_by(tickets, views.engine_type),
+            }
+        )
 
     async def tickets(self, request: web.Request) -> web.Response:
-        p = self.principal(request)
+        found = await self._tickets(self.principal(request))
+        return web.json_response({"tickets": [views.ticket(t) for t in found]})
+
+    async def _tickets(self, p: Principal) -> list[Ticket]:
+        """The live tickets `p` may list, as ListTickets reads them."""
         user = await self.own_user(
             p, policy.RM + "ListTickets", resource_manager_pb2.ListTicketsRequest()
         )
         core = self.src.core
         if user:  # as ListTickets does for every caller but admins
-            found = await core.db.run(
+            return await core.db.run(
                 lambda c: owners.list_user_tickets(c, user, "", MAX_ROWS, "", ""), read_only=True
             )
-        else:
-            found = await core.list_tickets("", MAX_ROWS, "", "")
-        return web.json_response({"tickets": [views.ticket(t) for t in found]})
+        return await core.list_tickets("", MAX_ROWS, "", "")
 
     async def demands(self, request: web.Request) -> web.Response:
         p = self.principal(request)

@@ -4,14 +4,14 @@ service/convert.py is the gRPC API's). Times are ISO 8601 in UTC; resources are
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
 from rm_server.domain.demands.model import Demand
 from rm_server.domain.demands.timelang import Span, order_ids
 from rm_server.domain.engineconn import EcmStatus, EngineConn
-from rm_server.domain.labels import Label, LabelError, LabelKey
+from rm_server.domain.labels import ENGINE_TYPE, Label, LabelError, LabelKey
 from rm_server.domain.limits import LabelPattern, LimitRule, best_limit
 from rm_server.domain.model import ConsistencyReport, LabelResource, StoredLimit, Ticket
 from rm_server.domain.resources import Resource, ResourceError, headroom
@@ -205,3 +205,20 @@ def winning_limit(label: str, limits: Sequence[StoredLimit]) -> str:
     rules = [LimitRule(LabelPattern.parse(lim.pattern), lim.max_resource) for lim in limits]
     best = best_limit(key, rules)
     return str(best.pattern) if best is not None else ""
+
+
+def engine_type(t: Ticket) -> str:
+    return next((lb.value for lb in t.labels if lb.key == ENGINE_TYPE), "(none)")
+
+
+def totals_by(tickets: Iterable[Ticket], key: Callable[[Ticket], str]) -> dict[str, Json]:
+    """Locked and used per group of live tickets, summed per dimension (kinds may
+    differ between tickets: dimensions are added by name)."""
+    out: dict[str, Json] = {}
+    for t in tickets:
+        group = out.setdefault(key(t), {"tickets": 0, "locked": {}, "used": {}})
+        group["tickets"] += 1
+        for field, r in (("locked", t.locked), ("used", t.used)):
+            for dim, n in (r.as_dict() if r is not None else {}).items():
+                group[field][dim] = group[field].get(dim, 0) + n
+    return out

@@ -31,7 +31,7 @@ from rm_server.security import tokens
 from rm_server.security.setup import SecurityConfigError, build_security
 from rm_server.service import convert
 from tests.conftest import wait_until
-from tests.helpers import lbl, load_instance
+from tests.helpers import lbl, limit_req, load_instance
 from tests.integration.security_fixtures import make_pki, start_secure, stop_secure
 from tests.integration.test_tenant_isolation import SHELL_A, SHELL_B, start_agent
 
@@ -146,6 +146,10 @@ async def test_console_pages_show_the_api_figures_live(console, browser, agent_f
     shots = tmp_path / "screenshots"
     shots.mkdir()
 
+    await admin.admin.SetLabelLimit(
+        limit_req("userCreator=*-IDE,engineType=shell-1", load_instance(4 * 1024**3, 4000, 4))
+    )
+
     # An EngineConn created through the API appears on the open list without a reload.
     await page.goto(_url(console) + "#/engineconns")
     await page.wait_for_selector("[data-testid=ecs-table]")
@@ -188,6 +192,15 @@ async def test_console_pages_show_the_api_figures_live(console, browser, agent_f
     await wait_until(figures_match, timeout=20)
     assert await _text(page, "[data-testid=nodes-by-state] .big") == "1"
     await page.screenshot(path=str(shots / "overview.png"), full_page=True)
+
+    # Resources: the limit that applies to each label, live tickets by user.
+    await page.goto(_url(console) + "#/resources")
+    row = await page.wait_for_selector(
+        "[data-testid=resources-table] tr[data-id='userCreator=lrmtest_a-IDE,engineType=shell-1']"
+    )
+    assert "userCreator=*-IDE,engineType=shell-1" in await row.inner_text()
+    assert await page.query_selector("[data-testid=by-user] tr[data-id=lrmtest_a]")
+    assert await page.query_selector("[data-testid=by-engine-type] tr[data-id=shell-1]")
 
     # Demands on the timeline: windows, planned durations, an OrderBy arrow.
     alice = console.stubs(console.channel("lrmtest_a"))

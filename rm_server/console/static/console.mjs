@@ -314,12 +314,11 @@ function Resources() {
     { h: "tickets", v: (r) => r.live_tickets },
     { h: "limit that applies", v: (r) => r.limit || "", r: (r) => r.limit || html`<span class="muted">–</span>` },
   ];
-  const byUser = group(rows, "userCreator"), byEngine = group(rows, "engineType");
   return html`<h1>Resources and limits</h1><${Legend}/>
   <${Table} name="resources" rows=${rows} cols=${cols} empty="no label has a record"/>
   <div class="cards" style="margin-top:12px">
-    <div class="card" style="flex:1"><h3>By user</h3>${byUser.map(([k, v]) => html`<div>${k}: ${resText(v)}</div>`)}</div>
-    <div class="card" style="flex:1"><h3>By engine type</h3>${byEngine.map(([k, v]) => html`<div>${k}: ${resText(v)}</div>`)}</div>
+    <${Groups} title="By user" groups=${st.data.by_user} testid="by-user"/>
+    <${Groups} title="By engine type" groups=${st.data.by_engine_type} testid="by-engine-type"/>
   </div>
   ${st.data.limits && html`<h2>Label limits</h2><${Table} name="limits" rows=${st.data.limits} cols=${LIMIT_COLS} empty="no limit set"/>`}`;
 }
@@ -328,18 +327,13 @@ const LIMIT_COLS = [
   { h: "maximum", v: (l) => dim(l.max, "memory_bytes"), r: (l) => resText(l.max) },
   { h: "set", v: (l) => l.updated_at, r: (l) => html`<${When} at=${l.updated_at}/>` },
 ];
-// used + locked summed by the value of one label key (a user: userCreator's user part)
-function group(rows, key) {
-  const out = {};
-  for (const r of rows) {
-    const m = r.label.split(",").map((p) => p.split("=")).find(([k]) => k === key);
-    if (!m || r.source === "ecm") continue;
-    const name = key === "userCreator" ? m[1].split("-")[0] : m[1];
-    const add = (res) => { for (const [d, n] of Object.entries((res && res.dims) || {})) out[name].dims[d] = (out[name].dims[d] || 0) + n; };
-    out[name] = out[name] || { dims: {} };
-    add(r.used); add(r.locked);
-  }
-  return Object.entries(out).sort();
+// live tickets' locked and used, summed per user or per engine type (from the server)
+function Groups({ title, groups, testid }) {
+  const rows = Object.entries(groups || {}).sort();
+  return html`<div class="card" style="flex:1" data-testid=${testid}><h3>${title}</h3>
+    ${rows.length ? html`<table><thead><tr><th></th><th>tickets</th><th>locked</th><th>used</th></tr></thead><tbody>
+      ${rows.map(([k, g]) => html`<tr data-id=${k}><td>${k}</td><td>${g.tickets}</td><td>${resText({ dims: g.locked })}</td><td>${resText({ dims: g.used })}</td></tr>`)}</tbody></table>`
+    : html`<span class="muted">no live ticket</span>`}</div>`;
 }
 
 const TICKET_COLS = [
