@@ -29,6 +29,7 @@ from rm_server.agents import AgentHub
 from rm_server.background import Lease, run_periodically
 from rm_server.clock import Clock, IdFactory, SystemClock, random_ids
 from rm_server.config import Settings
+from rm_server.console.app import Console, Sources
 from rm_server.core import CoreSettings, RMCore
 from rm_server.demands import DemandManager, DemandSettings
 from rm_server.domain.demands.planner import PlannerSettings
@@ -96,6 +97,7 @@ class RMServer:
     _notifier: LabelNotifier | None = None
     metrics: Metrics | None = None
     _metrics_http: MetricsHttpServer | None = None
+    console: Console | None = None
 
     async def start(self) -> None:
         """Start everything; should a part fail (a port taken, the database away), what
@@ -209,6 +211,13 @@ class RMServer:
                 self.metrics, self.settings.metrics_listen, tls=tls, authorize=authorize
             )
             await self._metrics_http.start()
+        if self.settings.console_listen:
+            sources = Sources(
+                self.core, self.hub, self.engine_conns, self.demands, self.security,
+                self.security.interceptor(self._db),
+            )  # fmt: skip
+            self.console = Console(sources, self.settings.console_listen)
+            await self.console.start()
 
     @property
     def metrics_port(self) -> int:
@@ -245,6 +254,8 @@ class RMServer:
             await self._health.enter_graceful_shutdown()
         if self._metrics_http is not None:
             await self._metrics_http.stop()
+        if self.console is not None:
+            await self.console.stop()
         if self._server is not None and self._serving:
             await self._server.stop(self.settings.shutdown_grace if grace is None else grace)
         if self._liveness is not None:
