@@ -137,7 +137,7 @@ class EmbeddedPostgres:
     def _start(self) -> str:
         if os.geteuid() == 0:
             self.db_user = _system_user()
-            self.home = self._home_as_root()
+            self.home = self._home_as_root().resolve()  # as the server sees its cwd
             self.pgdata = self.home / "pgdata"
         self.bin_dir = _bin_dir(self.pgdata)
         if unreachable_parent(self.bin_dir, self.db_user) is not None:

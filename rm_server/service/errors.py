@@ -29,6 +29,7 @@ from rm_server.errors import (
     ResourceExhausted,
     Unauthenticated,
     Unavailable,
+    Unimplemented,
     describe_shortfalls,
 )
 
@@ -46,6 +47,7 @@ _CODES: list[tuple[type[LabelrmError], int]] = [
     (Aborted, code_pb2.ABORTED),
     (Unauthenticated, code_pb2.UNAUTHENTICATED),
     (PermissionDenied, code_pb2.PERMISSION_DENIED),
+    (Unimplemented, code_pb2.UNIMPLEMENTED),
 ]
 
 
