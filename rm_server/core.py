@@ -31,7 +31,6 @@ from rm_server.domain.ledger import blocked_by_own_quota
 from rm_server.domain.limits import LabelPattern
 from rm_server.domain.model import (
     ConsistencyReport,
-    Ecm,
     LabelResource,
     StoredLimit,
     Ticket,
@@ -164,9 +163,7 @@ class RMCore:
         )
         reclaimed = 0
         for ticket_id in ids:
-            done = await self.db.run(
-                lambda c, tid=ticket_id: ticket_store.expire_ticket(c, tid, now)  # type: ignore[misc]
-            )
+            done = await self.db.run(ticket_store.expire_ticket, ticket_id, now)
             if done:
                 reclaimed += 1
                 log.info("reclaimed ticket %s: lock not reported in time", ticket_id)
@@ -360,9 +357,7 @@ class RMCore:
                 return await self._submit(op)
             except ticket_store.NeedLimitRows as need:
                 now = self.clock.now()
-                await self.db.run(
-                    lambda c, n=need, at=now: admin_store.ensure_limit_rows(c, n.labels, at)  # type: ignore[misc]
-                )
+                await self.db.run(admin_store.ensure_limit_rows, need.labels, now)
 
     async def _external(
         self, labels: tuple[Label, ...], resource: Resource
@@ -498,9 +493,6 @@ class RMCore:
         return await self.db.run_idempotent(
             idem, now, lambda c: admin_store.unregister_ecm(c, instance, now), encoder
         )
-
-    async def get_ecm(self, instance: str) -> Ecm:
-        return await self.db.run(lambda c: admin_store.get_ecm(c, instance))
 
     # ----- limits and checks --------------------------------------------------------------
 

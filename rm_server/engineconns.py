@@ -25,6 +25,7 @@ from typing import Protocol
 from rm_server.core import RMCore
 from rm_server.domain.engineconn import (
     AgentCommand,
+    CommandKind,
     EcmChoiceRecord,
     EcmStatus,
     EcState,
@@ -326,7 +327,7 @@ class EngineConnManager:
             command_id=self.core.new_id("cmd"),
             agent_id=ecm,
             ec_id=ec.ec_id,
-            kind="launch",
+            kind=CommandKind.LAUNCH,
             launch=LaunchPayload(
                 user=user,
                 engine_type=f"{engine}-{version}",
@@ -454,7 +455,7 @@ class EngineConnManager:
     async def queue_kill(
         self, conn: Conn, agent_id: str, ec_id: str, reason: str, now: datetime
     ) -> None:
-        if await ec_store.has_pending(conn, agent_id, ec_id, "kill"):
+        if await ec_store.has_pending(conn, agent_id, ec_id, CommandKind.KILL):
             return
         await ec_store.queue_command(
             conn,
@@ -462,7 +463,7 @@ class EngineConnManager:
                 self.core.new_id("cmd"),
                 agent_id,
                 ec_id,
-                "kill",
+                CommandKind.KILL,
                 reason=reason,
                 grace_seconds=self.settings.kill_grace,
             ),

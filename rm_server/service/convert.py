@@ -15,10 +15,12 @@ from labelrm.v1 import admin_pb2, engine_conn_pb2, external_pb2, resource_manage
 
 from rm_server.domain.engineconn import (
     AgentCommand,
+    CommandKind,
     EcmState,
     EcmStatus,
     EcState,
     EngineConn,
+    HeartbeatAction,
     HeartbeatOutcome,
     ProcessReport,
     ProcessState,
@@ -400,9 +402,9 @@ _PROCESS_STATES = {
     engine_conn_pb2.PROCESS_STATE_LAUNCH_FAILED: ProcessState.LAUNCH_FAILED,
 }
 _ACTIONS = {
-    "CONTINUE": resource_manager_pb2.HEARTBEAT_ACTION_CONTINUE,
-    "REREGISTER": resource_manager_pb2.HEARTBEAT_ACTION_REREGISTER,
-    "SHUTDOWN": resource_manager_pb2.HEARTBEAT_ACTION_SHUTDOWN,
+    HeartbeatAction.CONTINUE: resource_manager_pb2.HEARTBEAT_ACTION_CONTINUE,
+    HeartbeatAction.REREGISTER: resource_manager_pb2.HEARTBEAT_ACTION_REREGISTER,
+    HeartbeatAction.SHUTDOWN: resource_manager_pb2.HEARTBEAT_ACTION_SHUTDOWN,
 }
 
 
@@ -443,7 +445,7 @@ def engine_conn_to_pb(ec: EngineConn, *, with_secret: bool = False) -> engine_co
 
 def command_to_pb(cmd: AgentCommand) -> engine_conn_pb2.AgentCommand:
     out = engine_conn_pb2.AgentCommand(command_id=cmd.command_id)
-    if cmd.kind == "launch" and cmd.launch is not None:
+    if cmd.kind is CommandKind.LAUNCH and cmd.launch is not None:
         lp = cmd.launch
         out.launch.CopyFrom(
             engine_conn_pb2.LaunchCommand(
@@ -462,7 +464,7 @@ def command_to_pb(cmd: AgentCommand) -> engine_conn_pb2.AgentCommand:
                 ),
             )
         )
-    elif cmd.kind == "kill":
+    elif cmd.kind is CommandKind.KILL:
         grace = Duration()
         grace.FromNanoseconds(int(cmd.grace_seconds * 1e9))
         out.kill.CopyFrom(

@@ -26,7 +26,6 @@ from rm_server.store.codec import (
     TICKET_COLUMNS,
     jlabels,
     jres,
-    labels_of,
     opt_res,
     res,
     ticket_from_row,
@@ -188,18 +187,6 @@ async def _tickets_on(conn: Conn, label: str, *, lock: bool) -> list[Ticket]:
     )
     cur = await conn.execute(sql + (" FOR UPDATE" if lock else ""), (label,))
     return [ticket_from_row(r) for r in await cur.fetchall()]
-
-
-async def get_ecm(conn: Conn, instance: str) -> Ecm:
-    cur = await conn.execute(
-        "SELECT instance, label, labels, total, protected, registered_at, updated_at"
-        " FROM ecm WHERE instance = %s",
-        (instance,),
-    )
-    row = await cur.fetchone()
-    if row is None:
-        raise NotFound(f"ECM {instance} is not registered")
-    return Ecm(row[0], row[1], labels_of(row[2]), res(row[3]), res(row[4]), row[5], row[6])
 
 
 async def ensure_limit_rows(conn: Conn, labels: Sequence[str], now: datetime) -> int:
