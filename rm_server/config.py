@@ -25,6 +25,8 @@ class Settings:
     data_dir: Path = Path("labelrm-data")
     database_url: str = ""
     metrics_listen: str = ""
+    # HOST:PORT of the web console (docs/operations.md); off when empty, on in dev mode
+    console_listen: str = ""
     # Let several rm-server processes on this host listen on the same ports (the kernel
     # spreads connections over them): replicas on one host use more than one core.
     reuse_port: bool = False

@@ -38,7 +38,6 @@ from rm_server.domain.model import Ticket
 from rm_server.domain.resources import Resource
 from rm_server.domain.selection import EcmCandidate, SelectionRequest, rank
 from rm_server.engines import InvalidParam, LaunchContext, plugin_for
-from rm_server.engines.base import effective_params
 from rm_server.errors import (
     DeadlineExceeded,
     EcmNotRegistered,
@@ -60,6 +59,8 @@ log = logging.getLogger(__name__)
 # The launch variable carrying the executor secret (engineconn/runtime.py reads it; the
 # agent passes it through, as it reserves only the names it sets itself).
 EC_SECRET_ENV = "LABELRM_EC_SECRET"
+# The YARN queue (full path) the RM admitted an EngineConn's yarn part in, if it has one.
+YARN_QUEUE_ENV = "LABELRM_YARN_QUEUE"
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ class EngineConnManager:
             plugin = plugin_for(engine)
             defaults = self.settings.engine_defaults.get(engine, {})
             resource = plugin.resource(req.params, defaults)
-            params = effective_params(req.params, defaults)
+            params = plugin.params(req.params, defaults)
         except InvalidParam as exc:
             raise InvalidArgument(exc.field, exc.message) from exc
         now = self.core.clock.now()
@@ -354,7 +355,7 @@ class EngineConnManager:
                 pid=None,
                 ecm_choices=ec_store.choices_json(choices),
             )
-            await ec_store.queue_command(conn, command, now)
+            await ec_store.queue_command(conn, with_admitted_queue(command, ticket), now)
 
         labels = (*[lb for lb in ec.labels if lb.key != EM_INSTANCE], Label(EM_INSTANCE, ecm))
         idem = Idempotency.of("CreateEngineConn.Apply", f"{ec.ec_id}/{attempt}", b"")
@@ -500,3 +501,12 @@ def start_failure_reason(exc: BaseException) -> str:
     if isinstance(exc, asyncio.CancelledError):
         return "cancelled"
     return f"internal error: {type(exc).__name__}"
+
+
+def with_admitted_queue(command: AgentCommand, ticket: Ticket) -> AgentCommand:
+    """The launch command told the queue its ticket was admitted in (the full path, as
+    resolved at admission: rm_server/external), set last so no plugin input replaces it."""
+    if command.launch is None or not ticket.requested.queue:
+        return command
+    environment = {**command.launch.environment, YARN_QUEUE_ENV: ticket.requested.queue}
+    return replace(command, launch=replace(command.launch, environment=environment))

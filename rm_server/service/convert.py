@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
-from labelrm.v1 import admin_pb2, engine_conn_pb2, resource_manager_pb2, resource_pb2
+from labelrm.v1 import admin_pb2, engine_conn_pb2, external_pb2, resource_manager_pb2, resource_pb2
 
 from rm_server.domain.engineconn import (
     AgentCommand,
@@ -24,6 +24,12 @@ from rm_server.domain.engineconn import (
     HeartbeatOutcome,
     ProcessReport,
     ProcessState,
+)
+from rm_server.domain.external import (
+    ProviderConfig,
+    ProviderConfigError,
+    QueueView,
+    SchedulerSnapshot,
 )
 from rm_server.domain.labels import Label, LabelError, make_label, validate_labels
 from rm_server.domain.limits import LabelPattern
@@ -519,3 +525,59 @@ def duration_of(seconds: float) -> Duration:
     out = Duration()
     out.FromNanoseconds(int(seconds * 1e9))
     return out
+
+
+def provider_from_pb(msg: external_pb2.ExternalProvider, field: str = "provider") -> ProviderConfig:
+    """A provider definition; INVALID_ARGUMENT naming the field when it is not valid."""
+    try:
+        return ProviderConfig(
+            name=msg.name,
+            type=msg.type or "yarn",  # type: ignore[arg-type]  # validated in __post_init__
+            cluster=msg.cluster,
+            addresses=tuple(a.rstrip("/") for a in msg.addresses),
+            auth=msg.auth or "none",  # type: ignore[arg-type]  # validated in __post_init__
+            username=msg.username,
+            password=msg.password,
+            timeout_seconds=msg.timeout_seconds or 5.0,
+            cache_ttl_seconds=msg.cache_ttl_seconds if msg.HasField("cache_ttl_seconds") else 2.0,
+            capacity_guaranteed=msg.capacity_guaranteed,
+        )
+    except ProviderConfigError as exc:
+        raise InvalidArgument(f"{field}.{exc.field}", exc.message) from None
+
+
+def provider_to_pb(p: ProviderConfig) -> external_pb2.ExternalProvider:
+    """A provider for a response: never with its password."""
+    return external_pb2.ExternalProvider(
+        name=p.name,
+        type=p.type.value,
+        cluster=p.cluster,
+        addresses=list(p.addresses),
+        auth=p.auth.value,
+        username=p.username,
+        timeout_seconds=p.timeout_seconds,
+        cache_ttl_seconds=p.cache_ttl_seconds,
+        capacity_guaranteed=p.capacity_guaranteed,
+        has_password=bool(p.password),
+    )
+
+
+def queue_view_to_pb(
+    view: QueueView, snap: SchedulerSnapshot, error: str = ""
+) -> external_pb2.ExternalQueue:
+    """One queue's figures: YARN's max and used, labelrm's in flight, what is left."""
+    f = view.figures
+    return external_pb2.ExternalQueue(
+        label=view.label,
+        queue=f.path,
+        scheduler=f.scheduler.value,
+        leaf=f.leaf,
+        yarn_max=resource_to_pb(f.maximum),
+        yarn_used=resource_to_pb(f.used),
+        in_flight=resource_to_pb(view.in_flight),
+        left=resource_to_pb(view.left),
+        apps_running=f.apps_running,
+        apps_pending=f.apps_pending,
+        fetch_time=ts(snap.fetched_at),
+        error=error,
+    )
