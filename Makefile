@@ -70,9 +70,10 @@ format: $(STAMP) ## ruff format + ruff check --fix
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-lint: $(STAMP) ## ruff check + ruff format --check + buf lint (protos)
+lint: $(STAMP) ## ruff check + ruff format --check + import layering (lint-imports) + buf lint (protos)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/buf lint protos
 
 typecheck: $(STAMP) ## mypy (strict) on rm_server, clients, ecm_agent, engineconn and bench

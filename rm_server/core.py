@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -32,6 +32,7 @@ from rm_server.domain.limits import LabelPattern
 from rm_server.domain.model import (
     ConsistencyReport,
     LabelResource,
+    Registration,
     StoredLimit,
     Ticket,
 )
@@ -39,11 +40,11 @@ from rm_server.domain.resources import Resource
 from rm_server.errors import DeadlineExceeded, InvalidArgument
 from rm_server.external import ExternalResources
 from rm_server.store import admin as admin_store
+from rm_server.store import owners
 from rm_server.store import providers as provider_store
 from rm_server.store import replicas as replicas_store
 from rm_server.store import tickets as ticket_store
 from rm_server.store import waiters as waiter_store
-from rm_server.store.admin import Registration
 from rm_server.store.db import Database, Idempotency, OutcomeEncoder, Replay
 from rm_server.store.notify import LabelNotifier
 
@@ -95,6 +96,8 @@ class RMCore:
     _queue_records: set[str] = field(default_factory=set)  # external queue records made
     _presence: replicas_store.Presence | None = None
     replica_id: str = ""
+    # Told how many LOCKED tickets each sweep reclaimed (when any): the metrics' counter.
+    on_reclaimed: Callable[[int], object] | None = None
 
     async def check_replicas(self) -> list[str]:
         """Keep this replica's presence (join again if its session was lost), then
@@ -170,6 +173,8 @@ class RMCore:
         await self.db.run(lambda c: waiter_store.purge_waiters(c, now))
         await self.db.purge_request_ids(now - self.settings.request_id_retention)
         await self._apply_retention(now)
+        if reclaimed and self.on_reclaimed is not None:
+            self.on_reclaimed(reclaimed)
         return reclaimed
 
     async def _apply_retention(self, now: datetime) -> None:
@@ -437,6 +442,14 @@ class RMCore:
 
     async def get_ticket(self, ticket_id: str) -> Ticket:
         return await self.db.run(lambda c: ticket_store.get_ticket(c, ticket_id))
+
+    async def list_user_tickets(
+        self, user: str, after: str, limit: int, label: str, state: str
+    ) -> list[Ticket]:
+        """`list_tickets` restricted to the tickets of one user."""
+        return await self.db.run(
+            owners.list_user_tickets, user, after, limit, label, state, read_only=True
+        )
 
     async def list_tickets(self, after: str, limit: int, label: str, state: str) -> list[Ticket]:
         return await self.db.run(lambda c: ticket_store.list_tickets(c, after, limit, label, state))

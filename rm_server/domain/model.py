@@ -82,6 +82,14 @@ class Ecm:
 
 
 @dataclass(frozen=True)
+class Registration:
+    """An ECM's record after (re-)registration; whether its total resource changed."""
+
+    ecm: Ecm
+    resource_changed: bool
+
+
+@dataclass(frozen=True)
 class StoredLimit:
     pattern: str
     max_resource: Resource

@@ -30,7 +30,7 @@ import logging
 import re
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -137,7 +137,7 @@ class Metrics:
         """Export the core's label records and count its lock-expiry reclaims."""
         self.labels = LabelResourceCollector(core, self.label_cap, self.cache_seconds)
         self.registry.register(self.labels)
-        observe_sweeps(core, self.reclaims)
+        core.on_reclaimed = self.reclaims.inc
 
     def attach_external(self, source: Any) -> None:
         """Export the YARN queues labelrm admits against (`ExternalResources`)."""
@@ -217,23 +217,6 @@ def apply_outcome(code: str, reason: str) -> str:
 def _waits(request: Any) -> bool:
     wait = getattr(request, "wait_timeout", None)
     return wait is not None and (wait.seconds > 0 or wait.nanos > 0)
-
-
-def observe_sweeps(core: Any, counter: Counter) -> None:
-    """Count what `core.sweep()` reclaims.
-
-    RMCore's sweeper loop calls ``self.sweep()``, so an instance attribute that wraps the
-    bound method sees every sweep without changing the core (owned by the core's module).
-    """
-    original: Callable[[], Awaitable[int]] = core.sweep
-
-    async def sweep() -> int:
-        reclaimed = await original()
-        if isinstance(reclaimed, int) and reclaimed > 0:  # tolerate a changed return type
-            counter.inc(reclaimed)
-        return reclaimed
-
-    core.sweep = sweep
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,9 @@ from typing import Any, Generic, TypeVar
 from google.protobuf.message import Message
 
 from rm_server.errors import InvalidArgument, LabelrmError
+from rm_server.idempotency import Idempotency, Replay
 from rm_server.security import identity
 from rm_server.service.errors import ReplayedError, encode_error
-from rm_server.store.db import Idempotency, Replay
 
 T = TypeVar("T")
 M = TypeVar("M", bound=Message)

@@ -13,13 +13,11 @@ from rm_server.agents import AgentHub
 from rm_server.core import RMCore
 from rm_server.domain.engineconn import HeartbeatOutcome
 from rm_server.domain.labels import EM_INSTANCE, Label, LabelError, LabelKey
-from rm_server.domain.model import LabelResource, Ticket
+from rm_server.domain.model import LabelResource, Registration, Ticket
 from rm_server.domain.resources import Resource
 from rm_server.errors import InvalidArgument
 from rm_server.service import convert
 from rm_server.service.common import ProtoEncoder, idempotency, next_token, page_of, respond
-from rm_server.store import owners
-from rm_server.store.admin import Registration
 
 
 def _ticket_encoder(response_type: type[Message]) -> ProtoEncoder[Ticket]:
@@ -155,11 +153,8 @@ class ResourceManagerServicer(pb_grpc.ResourceManagerServiceServicer):
         if len(request.user) > 64:
             raise InvalidArgument("user", "must be at most 64 characters")
         if request.user:  # set by the access policy for every caller but admins
-            tickets = await self.core.db.run(
-                lambda c: owners.list_user_tickets(
-                    c, request.user, page.after, page.size + 1, label, state
-                ),
-                read_only=True,
+            tickets = await self.core.list_user_tickets(
+                request.user, page.after, page.size + 1, label, state
             )
         else:
             tickets = await self.core.list_tickets(page.after, page.size + 1, label, state)

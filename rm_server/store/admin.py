@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -17,6 +16,7 @@ from rm_server.domain.model import (
     Ecm,
     LabelResource,
     Mismatch,
+    Registration,
     StoredLimit,
     Ticket,
 )
@@ -56,12 +56,6 @@ def _label_resource(row: tuple[Any, ...]) -> LabelResource:
         updated,
         opt_res(reserved),
     )
-
-
-@dataclass(frozen=True)
-class Registration:
-    ecm: Ecm
-    resource_changed: bool
 
 
 async def register_ecm(

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
-from typing import Any, Protocol, TypeVar, TypeVarTuple
+from typing import Any, TypeVar, TypeVarTuple
 
 import psycopg
 import tenacity
@@ -22,12 +21,16 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from rm_server.errors import (
     FailedPrecondition,
-    InvalidArgument,
     LabelrmError,
     NotFound,
     ResourceExhausted,
     Unavailable,
 )
+
+# Re-exported: the store's callers name them from here too.
+from rm_server.idempotency import Idempotency as Idempotency
+from rm_server.idempotency import OutcomeEncoder as OutcomeEncoder
+from rm_server.idempotency import Replay as Replay
 
 log = logging.getLogger(__name__)
 
@@ -53,44 +56,6 @@ def is_final(exc: BaseException) -> bool:
     """Whether `exc` is a definitive outcome, stored under the request id (AIP-155:
     a transient refusal is not, so a retry with the same id may succeed)."""
     return isinstance(exc, FINAL_ERRORS) and not exc.transient
-
-
-@dataclass(frozen=True)
-class Idempotency:
-    """What a mutating call carries so that its retries replay the first outcome.
-
-    The key is (caller, method, request_id): request ids are chosen by clients, so one
-    caller's id never names another caller's request (nor replays its outcome)."""
-
-    method: str
-    request_id: str
-    request_hash: bytes
-    caller: str = ""  # the authenticated principal; "" for the server's own calls
-
-    @staticmethod
-    def of(method: str, request_id: str, payload: bytes, caller: str = "") -> Idempotency:
-        return Idempotency(method, request_id, hashlib.sha256(payload).digest(), caller)
-
-    def check_same(self, stored_hash: bytes) -> None:
-        """Refuse a request id reused by its caller for a different request."""
-        if stored_hash != self.request_hash:
-            raise InvalidArgument(
-                "request_id", "reused with a different request", reason="REQUEST_ID_REUSED"
-            )
-
-
-@dataclass(frozen=True)
-class Replay:
-    """The stored outcome of an earlier call with the same request id."""
-
-    status_code: int
-    response: bytes
-
-
-class OutcomeEncoder(Protocol[T]):  # type: ignore[misc]
-    def ok(self, result: T) -> bytes: ...
-
-    def error(self, err: LabelrmError) -> tuple[int, bytes]: ...
 
 
 @dataclass
