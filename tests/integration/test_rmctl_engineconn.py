@@ -138,10 +138,16 @@ async def test_engineconn_lifecycle_through_rmctl(
 
     # -f follows until the EngineConn has ended: kill it meanwhile.
     follow = asyncio.ensure_future(ctl(rm, "engineconn", "logs", "-f", ec_id))
-    await asyncio.sleep(0.5)
+    printed: list[str] = []
+
+    async def following() -> bool:  # the follow has printed the log so far
+        printed.append(capsys.readouterr().out)
+        return "stderr.log <==" in "".join(printed)
+
+    await wait_until(following, timeout=20)
     assert await ctl(rm, "engineconn", "kill", ec_id) == 0
     assert await asyncio.wait_for(follow, timeout=20) == 0
-    out = capsys.readouterr().out
+    out = "".join(printed) + capsys.readouterr().out
     assert f"{ec_id} SHUTTING_DOWN" in out
     assert "stopping" in out  # written by the EngineConn after the follow had started
 

@@ -25,7 +25,7 @@ from rm_server.domain.engineconn import EcState, EngineConn
 from rm_server.security.limits import RATE_LIMITED, TOO_MANY_WAITING
 from rm_server.store import engineconns as ec_store
 from rm_server.store.db import Idempotency
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT, free_port, wait_until
 from tests.helpers import GiB, apply_req, beat_on_stream, lbl, load, load_instance, register
 from tests.integration.security_fixtures import Pki, make_pki, start_secure, stop_secure
 
@@ -350,6 +350,17 @@ async def test_engineconns_run_as_the_authenticated_user(srm):
     assert err.value.code() not in DENIED
 
 
+async def _waiters(srm) -> int:
+    """Apply calls queued waiting for room (the apply_waiter table)."""
+
+    async def count(conn) -> int:
+        cur = await conn.execute("SELECT count(*) FROM apply_waiter")
+        row = await cur.fetchone()
+        return int(row[0]) if row else 0
+
+    return await srm.inner.core.db.run(count, read_only=True)
+
+
 async def test_apply_rate_and_waiting_limits(database_url, keys):
     srm = await start_secure(
         database_url, keys, apply_rate=0.5, apply_burst=2, max_waiting_applies=1
@@ -362,7 +373,7 @@ async def test_apply_rate_and_waiting_limits(database_url, keys):
         first = (await alice.rm.Apply(apply_req(labels, load(2 * GiB, 100)))).ticket
         # The ECM is full: this one waits (and holds alice's only waiting slot).
         waiting = asyncio.ensure_future(alice.rm.Apply(apply_req(labels, load(GiB, 100), wait=20)))
-        await asyncio.sleep(0.5)
+        await wait_until(lambda: _waiters(srm), timeout=10)  # it is queued
         before = (await admin.rm.ListTickets(pb.ListTicketsRequest())).tickets
         with pytest.raises(grpc.aio.AioRpcError) as err:  # a second waiter
             await alice.rm.Apply(apply_req(labels, load(GiB, 100), wait=5))
