@@ -265,6 +265,18 @@ async def test_a_user_sees_only_their_own_engineconns(console, browser, agent_fa
     status, body = await _get(console, "/api/overview", b_token)
     assert status == 200 and body["consistency"] is None and body["tickets_by_user"] == {}
     assert sum(body["engine_conns"].values()) == 1
+    # Demands too: A's demand is in A's list only (demand ids are per user).
+    await console.stubs(console.channel("lrmtest_a")).demands.SubmitDemand(
+        demand_pb.SubmitDemandRequest(
+            demand_id="nightly",
+            labels=lbl(SHELL_A),
+            resource=load_instance(256 * 1024**2, 100, 1),
+            time_conditions_text="{Start: [+1h, +1h]}",
+        )
+    )
+    assert (await _get(console, "/api/demands", b_token))[1]["demands"] == []
+    a_demands = (await _get(console, "/api/demands", a_token))[1]["demands"]
+    assert [d["id"] for d in a_demands] == ["nightly"]
     # A sees A's own; an admin sees both; no token, or a wrong one, sees nothing.
     status, body = await _get(console, f"/api/engineconns/{a_ec}", a_token)
     assert status == 200 and body["engine_conn"]["user"] == "lrmtest_a"
