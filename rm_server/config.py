@@ -235,7 +235,3 @@ def load_config(
         bool(args.dev),
         bool(args.dev_tls),
     )
-
-
-def load_settings(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> Settings:
-    return load_config(argv, environ).settings

@@ -36,6 +36,7 @@ from rm_server.domain.demands.planner import PlannerSettings
 from rm_server.domain.labels import parse_rules
 from rm_server.embedded import EmbeddedPostgres
 from rm_server.engineconns import EcSettings, EngineConnManager
+from rm_server.external import ExternalResources
 from rm_server.observability.metrics import Metrics, MetricsHttpServer
 from rm_server.security.setup import Security, build_security
 from rm_server.service.admin import AdminServicer
@@ -131,8 +132,10 @@ class RMServer:
             waiter_hold=timedelta(seconds=self.settings.waiter_hold),
         )
         self.core = RMCore(self._db, self._notifier, core_settings, self.clock, self.new_id)
+        self.core.external = ExternalResources(self._db, self.clock)
         self.metrics = Metrics(label_cap=self.settings.metrics_label_cap)
         self.metrics.attach(self.core)  # before start_background: it counts the sweeps
+        self.metrics.attach_external(self.core.external)
         await self.core.join_replicas()
         # Each background job runs on the one replica that holds its lease (background.py).
         lease = Lease(
@@ -263,6 +266,8 @@ class RMServer:
             await self.demands.stop_background()
         if self.core is not None:
             await self.core.stop_background()
+            if self.core.external is not None:
+                await self.core.external.close()
         if self._notifier is not None:
             await self._notifier.stop()
         if self._db is not None:
