@@ -359,10 +359,17 @@ class Api:
             limits = [views.limit(lim) for lim in stored]
             for label in labels:
                 label["limit"] = views.winning_limit(label["label"], stored)
+        providers = None
+        external = self.src.core.external
+        if external is not None and await self.may(
+            p, policy.ADMIN + "ListExternalProviders", admin_pb2.ListExternalProvidersRequest()
+        ):
+            providers = [views.provider(c) for c in await external.list_providers()]
         return web.json_response(
             {
                 "labels": labels,
                 "limits": limits,
+                "providers": providers,
                 "by_user": views.totals_by(tickets, lambda t: t.user),
                 "by_engine_type": views.totals_by(tickets, views.engine_type),
             }

@@ -11,6 +11,7 @@ from typing import Any
 from rm_server.domain.demands.model import Demand
 from rm_server.domain.demands.timelang import Span, order_ids
 from rm_server.domain.engineconn import EcmStatus, EngineConn
+from rm_server.domain.external import ProviderConfig
 from rm_server.domain.labels import ENGINE_TYPE, Label, LabelError, LabelKey
 from rm_server.domain.limits import LabelPattern, LimitRule, best_limit
 from rm_server.domain.model import ConsistencyReport, LabelResource, StoredLimit, Ticket
@@ -222,3 +223,14 @@ def totals_by(tickets: Iterable[Ticket], key: Callable[[Ticket], str]) -> dict[s
             for dim, n in (r.as_dict() if r is not None else {}).items():
                 group[field][dim] = group[field].get(dim, 0) + n
     return out
+
+
+def provider(c: ProviderConfig) -> Json:
+    """An external provider, without its credentials."""
+    return {
+        "name": c.name,
+        "type": c.type.value,
+        "cluster": c.cluster,
+        "addresses": list(c.addresses),
+        "auth": c.auth.value,
+    }

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from google.protobuf.duration_pb2 import Duration
-from labelrm.v1 import admin_pb2
+from labelrm.v1 import admin_pb2, external_pb2
 from labelrm.v1 import demand_pb2 as demand_pb
 from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as pb
@@ -193,6 +193,20 @@ async def test_console_pages_show_the_api_figures_live(console, browser, agent_f
     assert await _text(page, "[data-testid=nodes-by-state] .big") == "1"
     await page.screenshot(path=str(shots / "overview.png"), full_page=True)
 
+    # External providers are listed for admins, without their credentials.
+    await admin.admin.PutExternalProvider(
+        admin_pb2.PutExternalProviderRequest(
+            provider=external_pb2.ExternalProvider(
+                name="prod-yarn", type="yarn", cluster="prod",
+                addresses=["http://127.0.0.1:9"], auth="basic", username="rm",
+                password="s3cret",
+            )
+        )
+    )  # fmt: skip
+    status, body = await _get(console, "/api/resources", console.pki.tokens["root"])
+    assert status == 200 and [p["name"] for p in body["providers"]] == ["prod-yarn"]
+    assert "s3cret" not in json.dumps(body)
+
     # Resources: the limit that applies to each label, live tickets by user.
     await page.goto(_url(console) + "#/resources")
     row = await page.wait_for_selector(
@@ -201,6 +215,7 @@ async def test_console_pages_show_the_api_figures_live(console, browser, agent_f
     assert "userCreator=*-IDE,engineType=shell-1" in await row.inner_text()
     assert await page.query_selector("[data-testid=by-user] tr[data-id=lrmtest_a]")
     assert await page.query_selector("[data-testid=by-engine-type] tr[data-id=shell-1]")
+    assert await page.query_selector("[data-testid=providers-table] tr[data-id=prod-yarn]")
 
     # Demands on the timeline: windows, planned durations, an OrderBy arrow.
     alice = console.stubs(console.channel("lrmtest_a"))
@@ -265,6 +280,18 @@ async def test_a_user_sees_only_their_own_engineconns(console, browser, agent_fa
     status, body = await _get(console, "/api/overview", b_token)
     assert status == 200 and body["consistency"] is None and body["tickets_by_user"] == {}
     assert sum(body["engine_conns"].values()) == 1
+    # Demands too: A's demand is in A's list only (demand ids are per user).
+    await console.stubs(console.channel("lrmtest_a")).demands.SubmitDemand(
+        demand_pb.SubmitDemandRequest(
+            demand_id="nightly",
+            labels=lbl(SHELL_A),
+            resource=load_instance(256 * 1024**2, 100, 1),
+            time_conditions_text="{Start: [+1h, +1h]}",
+        )
+    )
+    assert (await _get(console, "/api/demands", b_token))[1]["demands"] == []
+    a_demands = (await _get(console, "/api/demands", a_token))[1]["demands"]
+    assert [d["id"] for d in a_demands] == ["nightly"]
     # A sees A's own; an admin sees both; no token, or a wrong one, sees nothing.
     status, body = await _get(console, f"/api/engineconns/{a_ec}", a_token)
     assert status == 200 and body["engine_conn"]["user"] == "lrmtest_a"

@@ -320,8 +320,17 @@ function Resources() {
     <${Groups} title="By user" groups=${st.data.by_user} testid="by-user"/>
     <${Groups} title="By engine type" groups=${st.data.by_engine_type} testid="by-engine-type"/>
   </div>
+  ${rows.some((r) => r.source === "external") && html`<h2>External queues</h2><${Table} name="queues" rows=${rows.filter((r) => r.source === "external")} cols=${cols.slice(0, 8)}/>`}
+  ${st.data.providers && html`<h2>External providers</h2><${Table} name="providers" rows=${st.data.providers.map((p) => ({ ...p, id: p.name }))} cols=${PROVIDER_COLS} empty="no external provider"/>`}
   ${st.data.limits && html`<h2>Label limits</h2><${Table} name="limits" rows=${st.data.limits} cols=${LIMIT_COLS} empty="no limit set"/>`}`;
 }
+const PROVIDER_COLS = [
+  { h: "name", v: (p) => p.name },
+  { h: "type", v: (p) => p.type },
+  { h: "cluster label", v: (p) => "cluster=" + p.cluster },
+  { h: "addresses", v: (p) => p.addresses.join(" ") },
+  { h: "auth", v: (p) => p.auth },
+];
 const LIMIT_COLS = [
   { h: "pattern", v: (l) => l.pattern },
   { h: "maximum", v: (l) => dim(l.max, "memory_bytes"), r: (l) => resText(l.max) },
