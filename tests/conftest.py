@@ -4,7 +4,6 @@ in-process or as real subprocesses."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import socket
@@ -33,6 +32,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from rm_server.clock import Clock, ManualClock, SystemClock
 from rm_server.config import Settings
 from rm_server.server import RMServer
+from tests.helpers import wait_until as wait_until  # the tests import it from here too
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -287,18 +287,6 @@ def rm_process_factory(
     yield make
     for proc in started:
         proc.kill()
-
-
-async def wait_until(predicate: Any, timeout: float, interval: float = 0.05) -> Any:
-    """Poll an async predicate until it returns a truthy value, or fail at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s (last: {value!r})")
-        await asyncio.sleep(interval)
 
 
 # ----- EngineConns: real sudo, real users, the runtime installed for them ------------------

@@ -1,6 +1,12 @@
-"""Message builders shared by the integration tests."""
+"""Message builders and the polling helper shared by the tests."""
 
 from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Callable
+from typing import Any
 
 from google.protobuf.duration_pb2 import Duration
 from labelrm.v1 import admin_pb2, resource_manager_pb2, resource_pb2
@@ -82,3 +88,39 @@ async def assert_consistent(rm) -> admin_pb2.CheckConsistencyResponse:
     report = await rm.admin.CheckConsistency(admin_pb2.CheckConsistencyRequest())
     assert report.consistent, [str(m) for m in report.mismatches]
     return report
+
+
+async def wait_until(
+    predicate: Callable[[], Any],
+    timeout: float = 20.0,
+    *,
+    what: str = "condition",
+    interval: float = 0.05,
+) -> Any:
+    """Poll `predicate` (a plain or an async function) until it returns a truthy value,
+    which is returned; at the deadline fail naming `what` and the last value seen.
+    The one way the tests wait for something to happen: never a bare sleep."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout}s: {what} (last: {value!r})")
+        await asyncio.sleep(interval)
+
+
+def wait_until_sync(
+    predicate: Callable[[], Any], timeout: float = 20.0, *, what: str = "condition"
+) -> Any:
+    """`wait_until` for tests without an event loop (blocking, 0.1 s between tries)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout}s: {what} (last: {value!r})")
+        time.sleep(0.1)

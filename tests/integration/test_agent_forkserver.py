@@ -28,6 +28,7 @@ from ecm_agent.forkserver import ForkServer
 from ecm_agent.launch import Launcher, RunningProcess, _group_members, _signal_group
 from ecm_agent.validate import AgentPolicy, LaunchSpec
 from tests.conftest import shared_tmp
+from tests.helpers import wait_until
 
 USER_A = "lrmtest_a"
 USER_B = "lrmtest_b"
@@ -110,15 +111,6 @@ async def make_launcher(policy) -> AsyncIterator[Callable[..., Launcher]]:
             pytest.fail(f"the fork server of {server.user} did not exit after its EngineConns")
 
 
-async def until(predicate: Callable[[], Any], what: str, within: float = DEADLINE) -> Any:
-    deadline = time.monotonic() + within
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {within}s: {what}")
-        await asyncio.sleep(0.05)
-    return value
-
-
 def ec_spec(rm: FakeRM, user: str = USER_A, *extra: str, **over: Any) -> LaunchSpec:
     ec_id = f"ec-{uuid.uuid4().hex[:12]}"
     base: dict[str, Any] = {
@@ -156,11 +148,14 @@ async def warm(launcher: Launcher, rm: FakeRM, user: str = USER_A) -> ForkServer
     first = ec_spec(rm, user)
     proc = await launcher.launch(first)
     assert int(status_of(proc.pid)["Uid"].split()[0]) == 0  # sudo: no server was ready yet
-    servers = await until(
+    servers = await wait_until(
         lambda: [s for (u, _), s in launcher.forks.servers().items() if u == user],
-        f"the fork server of {user} is ready",
+        timeout=DEADLINE,
+        what=f"the fork server of {user} is ready",
     )
-    await until(lambda: rm.report(first.ec_id, IDLE), "the first EngineConn is ready")
+    await wait_until(
+        lambda: rm.report(first.ec_id, IDLE), timeout=DEADLINE, what="the first EngineConn is ready"
+    )
     return servers[0]
 
 
@@ -223,7 +218,9 @@ async def test_forked_engineconn_is_the_users_in_its_own_session(
     )
     assert launcher.running()[spec.ec_id] == proc
 
-    ready = await until(lambda: fake_rm.report(spec.ec_id, IDLE), "the forked one is ready")
+    ready = await wait_until(
+        lambda: fake_rm.report(spec.ec_id, IDLE), timeout=DEADLINE, what="the forked one is ready"
+    )
     secret = spec.environment["LABELRM_EC_SECRET"]
     out = await execute(
         ready.address,
@@ -265,7 +262,7 @@ async def test_exit_codes_and_log_tails_come_back(make_launcher, fake_rm) -> Non
     assert (version.work_dir / "logs" / "stdout.log").read_text().startswith("engineconn ")
     # A kill -9 of the EngineConn: the code of the signal, as through sudo.
     killed = await launcher.launch(ec_spec(fake_rm))
-    await until(lambda: fake_rm.report(killed.ec_id, IDLE), "ready")
+    await wait_until(lambda: fake_rm.report(killed.ec_id, IDLE), timeout=DEADLINE, what="ready")
     os.kill(killed.pid, signal.SIGKILL)
     info = await asyncio.wait_for(launcher.wait_exit(killed.ec_id), DEADLINE)
     assert info.exit_code == -signal.SIGKILL
@@ -319,7 +316,7 @@ async def test_agent_restart_reattaches_forked_engineconns(make_launcher, fake_r
     await warm(first, fake_rm)
     spec = ec_spec(fake_rm)
     proc = await first.launch(spec)
-    await until(lambda: fake_rm.report(spec.ec_id, IDLE), "ready")
+    await wait_until(lambda: fake_rm.report(spec.ec_id, IDLE), timeout=DEADLINE, what="ready")
     await first.close()  # the agent stops: its servers take no more launches
 
     second = make_launcher()  # "restarted": same state dir, nothing in memory
@@ -336,9 +333,11 @@ async def test_a_dead_server_leaves_its_engineconns_running(make_launcher, fake_
     server = await warm(launcher, fake_rm)
     spec = ec_spec(fake_rm)
     proc = await launcher.launch(spec)
-    await until(lambda: fake_rm.report(spec.ec_id, IDLE), "ready")
+    await wait_until(lambda: fake_rm.report(spec.ec_id, IDLE), timeout=DEADLINE, what="ready")
     server.kill()  # SIGKILL to sudo and the server
-    await until(lambda: not launcher.forks.servers(), "the agent noticed")
+    await wait_until(
+        lambda: not launcher.forks.servers(), timeout=DEADLINE, what="the agent noticed"
+    )
     await asyncio.sleep(0.3)
     assert _group_members(proc) and spec.ec_id in launcher.running()
     # The next launch goes through sudo (and starts a new server for the one after).
@@ -355,7 +354,7 @@ async def test_a_closed_server_exits_after_its_last_engineconn(make_launcher, fa
     server = await warm(launcher, fake_rm)
     spec = ec_spec(fake_rm)
     proc = await launcher.launch(spec)
-    await until(lambda: fake_rm.report(spec.ec_id, IDLE), "ready")
+    await wait_until(lambda: fake_rm.report(spec.ec_id, IDLE), timeout=DEADLINE, what="ready")
     launcher.forks.idle_seconds = 0.0  # everything is idle now
     launcher.forks._evict()
     assert not launcher.forks.servers()

@@ -33,6 +33,7 @@ from ecm_agent.launch import (
     read_start_ticks,
 )
 from ecm_agent.validate import AgentPolicy, LaunchRefused, LaunchSpec, MaterialFile
+from tests.helpers import wait_until
 
 USER_A = "lrmtest_a"
 USER_B = "lrmtest_b"
@@ -105,20 +106,15 @@ async def make_launcher(policy) -> AsyncIterator[Callable[..., Launcher]]:
                 _signal_group(proc, signal.SIGKILL)
     for launcher in made:
         for proc in [t.proc for t in launcher._tracked.values()]:
-            await until(functools.partial(_no_members, proc), "cleanup: group still alive")
+            await wait_until(
+                functools.partial(_no_members, proc),
+                timeout=DEADLINE,
+                what="cleanup: group still alive",
+            )
 
 
 def _no_members(proc: RunningProcess) -> bool:
     return not _group_members(proc)
-
-
-async def until(predicate: Callable[[], object], what: str, within: float = DEADLINE) -> None:
-    """Poll ``predicate`` until it is true; fail with ``what`` at the deadline."""
-    deadline = time.monotonic() + within
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {within}s: {what}")
-        await asyncio.sleep(0.05)
 
 
 def ec_spec(**over: object) -> LaunchSpec:
@@ -205,10 +201,16 @@ async def test_launch_runs_as_the_user_and_kill_stops_the_group(make_launcher, t
     proc = await launcher.launch(ec_spec())
     assert proc.pgid == proc.pid and proc.start_ticks == read_start_ticks(proc.pid)
     stdout = proc.work_dir / "logs" / "stdout.log"
-    await until(lambda: "started" in read(stdout), "stdout.log says started")
+    await wait_until(
+        lambda: "started" in read(stdout), timeout=DEADLINE, what="stdout.log says started"
+    )
 
     # The EngineConn's own processes (children of sudo) run as the user, all four uids.
-    await until(lambda: user_processes(proc.pgid, uid), "a process of the user in the group")
+    await wait_until(
+        lambda: user_processes(proc.pgid, uid),
+        timeout=DEADLINE,
+        what="a process of the user in the group",
+    )
     for pid in user_processes(proc.pgid, uid):
         assert uids_of(pid) == [uid] * 4
     assert uids_of(proc.pid)[0] == 0  # sudo itself
@@ -230,7 +232,9 @@ async def test_launch_runs_as_the_user_and_kill_stops_the_group(make_launcher, t
     assert launcher.running() == {proc.ec_id: proc}
 
     await launcher.kill(proc.ec_id)
-    await until(lambda: not group_pids(proc.pgid), "the whole process group is gone")
+    await wait_until(
+        lambda: not group_pids(proc.pgid), timeout=DEADLINE, what="the whole process group is gone"
+    )
     info = await asyncio.wait_for(launcher.wait_exit(proc.ec_id), DEADLINE)
     assert info.exit_code == -signal.SIGTERM
     assert launcher.running() == {}
@@ -244,12 +248,18 @@ async def test_kill_escalates_to_sigkill_after_grace(make_launcher):
     proc = await launcher.launch(
         ec_spec(argv=("-c", "trap '' TERM; echo ready; while :; do sleep 0.1; done"))
     )
-    await until(lambda: "ready" in read(proc.work_dir / "logs" / "stdout.log"), "trap installed")
+    await wait_until(
+        lambda: "ready" in read(proc.work_dir / "logs" / "stdout.log"),
+        timeout=DEADLINE,
+        what="trap installed",
+    )
     started = time.monotonic()
     await launcher.kill(proc.ec_id, grace=0.5)
     assert not _group_members(proc)
     assert time.monotonic() - started >= 0.5
-    await until(lambda: not group_pids(proc.pgid), "the group is gone after SIGKILL")
+    await wait_until(
+        lambda: not group_pids(proc.pgid), timeout=DEADLINE, what="the group is gone after SIGKILL"
+    )
 
 
 async def test_exit_3_reports_code_and_stderr_tail(make_launcher):
@@ -335,7 +345,7 @@ async def test_shell_syntax_in_values_is_inert(make_launcher, test_users):
                 return pid
         return None
 
-    await until(the_bash, "the user's bash is running")
+    await wait_until(the_bash, timeout=DEADLINE, what="the user's bash is running")
     pid = the_bash()
     assert pid is not None
     environ = dict(item.split("=", 1) for item in proc_strings(pid, "environ"))
@@ -417,7 +427,11 @@ async def test_log_tail_does_not_follow_a_users_symlink(make_launcher, tmp_path)
 async def test_reattach_after_restart_then_kill(make_launcher, policy):
     first = make_launcher()
     proc = await first.launch(ec_spec(argv=("-c", "echo started; sleep 30; true")))
-    await until(lambda: "started" in read(proc.work_dir / "logs" / "stdout.log"), "started")
+    await wait_until(
+        lambda: "started" in read(proc.work_dir / "logs" / "stdout.log"),
+        timeout=DEADLINE,
+        what="started",
+    )
 
     second = make_launcher()  # "the agent restarted": same state dir, nothing in memory
     assert second.running() == {}
@@ -433,7 +447,7 @@ async def test_reattach_after_restart_then_kill(make_launcher, policy):
     info = await asyncio.wait_for(waiter, DEADLINE)
     assert info.exit_code is None  # not our child: the code is unknowable
     assert "started" in info.log_tail  # stderr is empty: stdout's tail
-    await until(lambda: not group_pids(proc.pgid), "the group is gone")
+    await wait_until(lambda: not group_pids(proc.pgid), timeout=DEADLINE, what="the group is gone")
     assert second.running() == {}
 
     # A third start finds the state file of a dead process and drops it.

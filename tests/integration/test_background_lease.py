@@ -9,14 +9,13 @@ and reclaims an expired ticket.
 from __future__ import annotations
 
 import re
-import time
 
 import grpc
 import psycopg
 from labelrm.v1 import resource_manager_pb2 as pb
 from labelrm.v1 import resource_manager_pb2_grpc
 
-from tests.helpers import GiB, apply_req, load, load_instance, register
+from tests.helpers import GiB, apply_req, load, load_instance, register, wait_until_sync
 
 JOBS = ("demand-planner", "liveness", "ticket-sweep")
 RUNS = re.compile(r"background job (\S+): this replica \((\S+)\) runs it")
@@ -33,25 +32,15 @@ def _runners(proc) -> dict[str, str]:
     return {m.group(1): m.group(2) for m in RUNS.finditer(proc.log_path.read_text())}
 
 
-def _poll(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"not within {timeout}s: {what}")
-
-
 def test_each_job_runs_on_one_replica_and_moves_when_it_dies(rm_process_factory, database_url):
     first = rm_process_factory("--sweep-interval", "0.2", "--lock-timeout", "1")
     second = rm_process_factory("--sweep-interval", "0.2", "--lock-timeout", "1")
     first.start()
     second.start()
-    leases = _poll(
+    leases = wait_until_sync(
         lambda: (found := _leases(database_url)) and set(found) == set(JOBS) and found,
         30,
-        "a lease row for every job",
+        what="a lease row for every job",
     )
     runners = [_runners(first), _runners(second)]
     for job in JOBS:
@@ -71,5 +60,5 @@ def test_each_job_runs_on_one_replica_and_moves_when_it_dies(rm_process_factory,
             return found.ticket.state == pb.TICKET_STATE_EXPIRED
 
         # Lease time to live (5 s) + lock timeout (1 s) + a margin for a loaded machine.
-        _poll(reclaimed, 30, "the survivor reclaims the expired ticket")
+        wait_until_sync(reclaimed, 30, what="the survivor reclaims the expired ticket")
     assert _leases(database_url)["ticket-sweep"] == _runners(survivor)["ticket-sweep"]

@@ -35,7 +35,7 @@ from bench.failover import (
     rm_replicas,
     setup_cluster,
 )
-from tests.helpers import GiB, apply_req, load_instance, register
+from tests.helpers import GiB, apply_req, load_instance, register, wait_until
 
 pytestmark = pytest.mark.ha
 
@@ -124,11 +124,16 @@ async def test_a_waiting_apply_is_woken_after_a_switchover(
                     apply_req("emInstance=wake:1", load_instance(1, 1, 1), wait=120), timeout=150
                 )
             )
-            await _poll_async(
-                lambda: (
-                    waiting.done() or cluster.query("SELECT count(*) FROM apply_waiter")[0][0] > 0
+            await wait_until(
+                lambda: asyncio.to_thread(
+                    lambda: (
+                        waiting.done()
+                        or cluster.query("SELECT count(*) FROM apply_waiter")[0][0] > 0
+                    )
                 ),
                 30,
+                what="the Apply is waiting",
+                interval=0.1,
             )
             if waiting.done():
                 pytest.fail(f"the waiting Apply ended before the switchover: {waiting.result()}")
@@ -150,11 +155,3 @@ async def test_a_waiting_apply_is_woken_after_a_switchover(
             assert granted.state == pb.TICKET_STATE_LOCKED
             report = await check_consistency(second)
             assert report.consistent, report
-
-
-async def _poll_async(predicate, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not await asyncio.to_thread(predicate):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        await asyncio.sleep(0.1)
