@@ -45,6 +45,8 @@ class Settings:
     waiter_hold: float = 30.0
     # Ended tickets, EngineConns and demands are deleted this many days after they ended
     history_retention_days: float = 30.0
+    # Request ids (idempotency records) are deleted this many hours after they were made
+    request_id_retention_hours: float = 48.0
     # Agent heartbeats wait up to this many seconds to share a transaction
     heartbeat_linger: float = 0.005
     # "uvloop" (where installed; else asyncio's own, with a warning) or "asyncio"

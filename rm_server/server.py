@@ -125,6 +125,7 @@ class RMServer:
             batch_inflight=self.settings.batch_inflight,
             heartbeat_linger=self.settings.heartbeat_linger,
             history_retention=timedelta(days=self.settings.history_retention_days),
+            request_id_retention=timedelta(hours=self.settings.request_id_retention_hours),
             waiter_hold=timedelta(seconds=self.settings.waiter_hold),
         )
         self.core = RMCore(self._db, self._notifier, core_settings, self.clock, self.new_id)
@@ -159,6 +160,7 @@ class RMServer:
         )
         self.hub = AgentHub(self.engine_conns)
         self.metrics.attach_states(self.hub)
+        self.metrics.time_passes(self.hub, "sweep", "liveness")
         self._liveness = asyncio.create_task(
             run_periodically("liveness", self.settings.sweep_interval, self.hub.sweep, lease),
             name="liveness",
@@ -181,6 +183,7 @@ class RMServer:
         self.demands = DemandManager(
             self._db, self._notifier, self.clock, self.core, self._demand_settings()
         )
+        self.metrics.time_passes(self.demands, "tick", "demand-planner")
         self.demands.start_background(lease)
         demand_pb2_grpc.add_DemandServiceServicer_to_server(DemandServicer(self.demands), calls)
         self._health = health.aio.HealthServicer()

@@ -1,0 +1,670 @@
+"""Cost as the cluster grows: each cost measured on a small and a large cluster in the
+same run, printed as large / small ratios against their targets.
+
+    python -m bench.scale [--quick] [--database-url URL] [--seconds 6]
+
+One embedded PostgreSQL (or a throwaway database on --database-url) and one rm-server
+(ECM expiry 1 day: the bench ECMs do not heartbeat), then:
+
+- apply: 64 clients, spread and hot (bench/native/loadgen.cc), first on the small cluster
+  (1,000 user labels, empty ticket_history), then on the large one: 100,000 user label
+  records and 10 million ticket_history rows (--quick: 200,000), both seeded with SQL
+  (INSERT ... SELECT generate_series) and the load spread over all 100,000 labels.
+  Target: large / small >= 0.9 in cycles/s, p99 <= 1.2 x.
+- sweep: the ECM liveness sweep's query (rm_server/store/ecms.py) with 10,000 and with
+  100,000 healthy ECMs (seeded with SQL): the database pages it reads (EXPLAIN ANALYZE
+  BUFFERS) and its time. Target: does not grow (<= 1.2 x).
+- heartbeats: simulated agents (bench/heartbeats.py) at 3 s on a fresh server, a small and
+  a large fleet: p99 and LOST (missed expiries).
+- lists: ListLabelResources through 100,000 labels and ListTickets through 1,000,000 live
+  tickets (--quick: 100,000; seeded with SQL, deleted afterwards), pages of 500: p99 of the
+  last tenth of the pages / p99 of the first tenth. Target <= 1.2 x (keyset pagination).
+- memory: rm-server RSS after N cycles and after 100 x N cycles. Target <= 1.2 x.
+- retention: a compressed-clock run on a fresh server whose retention (history and request
+  ids) is a few seconds instead of 30 days / 48 hours: the hot load for several retention
+  periods while the rows of ticket_history and request_log are counted. Target: the rows in
+  the last period <= 1.2 x those in the second (bounded, not growing with the run).
+
+Prints one table of ratios (target met yes/NO) and one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from typing import Any
+
+from bench.apply_cycle import seed
+from bench.common import BenchDatabase, Server, emit, pct, run_loadgen, stack, table
+from bench.heartbeats import measure as measure_heartbeats
+
+APPLY_CLIENTS = 64
+SMALL_USERS = 1_000
+LARGE_USERS = 100_000
+PAGE = 500
+
+
+# ----- seeding with SQL ---------------------------------------------------------------------
+
+
+def _columns(conn: Any, table_name: str) -> list[str]:
+    rows = conn.execute(
+        "SELECT column_name FROM information_schema.columns WHERE table_name = %s"
+        " AND table_schema = 'public' ORDER BY ordinal_position",
+        (table_name,),
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def clone_rows(
+    url: str, table_name: str, template_where: str, overrides: dict[str, str], count: int
+) -> float:
+    """Insert `count` copies of one existing row (`template_where` picks it), the
+    columns in `overrides` computed from g = 1..count. Returns the seconds it took."""
+    import psycopg
+
+    t0 = time.monotonic()
+    with psycopg.connect(url, autocommit=True) as conn:
+        cols = _columns(conn, table_name)
+        select = ", ".join(overrides.get(c, f"t.{c}") for c in cols)
+        step = 1_000_000
+        for start in range(1, count + 1, step):
+            end = min(count, start + step - 1)
+            conn.execute(
+                f"INSERT INTO {table_name} ({', '.join(cols)})"  # noqa: S608
+                f" SELECT {select} FROM (SELECT * FROM {table_name} WHERE {template_where}"
+                f" LIMIT 1) t, generate_series({start}, {end}) g"
+            )
+        conn.execute(f"VACUUM ANALYZE {table_name}")
+    return round(time.monotonic() - t0, 1)
+
+
+def count_rows(url: str, table_name: str) -> int:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        return int(conn.execute(f"SELECT count(*) FROM {table_name}").fetchone()[0])  # type: ignore[index]  # noqa: S608
+
+
+# ----- measurements -------------------------------------------------------------------------
+
+
+def apply_run(
+    db: BenchDatabase, server: Server, mode: str, users: int, seconds: float
+) -> dict[str, Any]:
+    db.settle()
+    res, cpu = run_loadgen(
+        "apply",
+        server.target,
+        APPLY_CLIENTS,
+        seconds,
+        extra=["--mode", mode, "--users", str(users)],
+        meter_groups=lambda: {"server": server.pids, "postgres": db.postgres_pids()},
+        native=True,
+    )
+    cycles = [
+        a + b + c
+        for a, b, c in zip(
+            *(res["latency"].get(k, []) for k in ("Apply", "ReportUsed", "Release")), strict=False
+        )
+    ]
+    return {
+        "cycles_per_s": round(res["count"] / res["seconds"], 1),
+        "cycles": res["count"],
+        "Apply_p99_ms": round(pct(res["latency"].get("Apply", []), 0.99), 2),
+        "cycle_p99_ms": round(pct(cycles, 0.99), 2),
+        "errors": res["errors"],
+        "cpu": cpu,
+    }
+
+
+def seed_healthy_ecms(url: str, total: int) -> None:
+    """Healthy ECMs (copies of a bench ECM, heartbeats not due) up to `total` ECMs."""
+    have = count_rows(url, "ecm")
+    clone_rows(
+        url,
+        "ecm",
+        "true",
+        {
+            "instance": f"'healthy' || (g + {have}) || ':9000'",
+            "label": f"'emInstance=healthy' || (g + {have}) || ':9000'",
+            "last_heartbeat_at": "now() + interval '1 day'",
+            "beat_mark": "now() + interval '1 day'",
+        },
+        total - have,
+    )
+
+
+def _pages(conn: Any, query: str, params: dict[str, Any]) -> int:
+    import json
+
+    plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, params).fetchone()[0]
+    top = (plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"]
+    return int(top.get("Shared Hit Blocks", 0) + top.get("Shared Read Blocks", 0))
+
+
+def sweep_cost(url: str, repeat: int = 50) -> dict[str, Any]:
+    """The ECM liveness sweep's query as the sweep runs it: pages read and time."""
+    from datetime import UTC, datetime, timedelta
+
+    import psycopg
+
+    from rm_server.store.ecms import EXPIRED_ECMS_SQL
+
+    silent_since = datetime.now(UTC) - timedelta(seconds=30)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("ANALYZE ecm")
+        params = {"silent_since": silent_since}
+        pages = _pages(conn, EXPIRED_ECMS_SQL, params)
+        # The same question answered by reading every ECM (as before the index).
+        conn.execute("SET enable_indexscan = off")
+        conn.execute("SET enable_bitmapscan = off")
+        scan_pages = _pages(conn, EXPIRED_ECMS_SQL, params)
+        conn.execute("RESET enable_indexscan")
+        conn.execute("RESET enable_bitmapscan")
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            conn.execute(EXPIRED_ECMS_SQL, {"silent_since": silent_since}).fetchall()
+            times.append(time.perf_counter() - t0)
+    return {
+        "ecms": count_rows(url, "ecm"),
+        "pages": pages,
+        "scan_pages": scan_pages,
+        "p50_ms": round(pct(times, 0.5), 3),
+        "p99_ms": round(pct(times, 0.99), 3),
+    }
+
+
+async def page_through(target: str, what: str) -> dict[str, Any]:
+    """Every page of 500 of ListLabelResources or ListTickets, each page's latency."""
+    import grpc
+    from labelrm.v1 import resource_manager_pb2 as pb
+    from labelrm.v1 import resource_manager_pb2_grpc
+
+    times: list[float] = []
+    items = 0
+    async with grpc.aio.insecure_channel(target) as ch:
+        rm = resource_manager_pb2_grpc.ResourceManagerServiceStub(ch)
+        token = ""
+        while True:
+            t0 = time.perf_counter()
+            if what == "labels":
+                resp = await rm.ListLabelResources(
+                    pb.ListLabelResourcesRequest(page_size=PAGE, page_token=token), timeout=60
+                )
+                items += len(resp.label_resources)
+            else:
+                resp = await rm.ListTickets(
+                    pb.ListTicketsRequest(page_size=PAGE, page_token=token), timeout=60
+                )
+                items += len(resp.tickets)
+            times.append(time.perf_counter() - t0)
+            token = resp.next_page_token
+            if not token:
+                break
+    tenth = max(1, len(times) // 10)
+    return {
+        "pages": len(times),
+        "items": items,
+        "first_p99_ms": round(pct(times[:tenth], 0.99), 2),
+        "last_p99_ms": round(pct(times[-tenth:], 0.99), 2),
+        "p99_ms": round(pct(times, 0.99), 2),
+    }
+
+
+# ----- demands -------------------------------------------------------------------------------
+
+BLOCKED_USER = "blk-IDE"
+ACCEPTED_WHEN = "{Start: {Time: [+2h, +10m], Strategy: loose}, Duration: +30m}"
+BLOCKED_WHEN = "{Start: {Time: [NOW, +2h], Strategy: loose}, Duration: +1h}"
+
+
+async def submit_demands(target: str, kind: str, first: int, count: int) -> list[float]:
+    """Submit `count` demands (ids from `first`), 16 in flight; their latencies (s).
+    Accepted ones start in two hours on 1,000 user labels; blocked ones are due now on
+    the label an ordinary ticket fills (block_label), so every round passes them over."""
+    import grpc
+    from labelrm.v1 import demand_pb2, demand_pb2_grpc, resource_pb2
+
+    from bench.loadgen import ENGINE, GiB, labels_of, user_label
+
+    resource = resource_pb2.Resource(
+        load=resource_pb2.LoadResource(memory_bytes=GiB, cpu_millis=100)
+    )
+    times: list[float] = []
+    todo = list(range(first, first + count))
+    async with grpc.aio.insecure_channel(target) as ch:
+        stub = demand_pb2_grpc.DemandServiceStub(ch)
+
+        async def worker() -> None:
+            while todo:
+                i = todo.pop(0)
+                user = BLOCKED_USER if kind == "blocked" else user_label(i % SMALL_USERS)
+                request = demand_pb2.SubmitDemandRequest(
+                    demand_id=f"{kind}-{i}",
+                    user=user.removesuffix("-IDE"),
+                    labels=labels_of(f"userCreator={user},engineType={ENGINE}"),
+                    resource=resource,
+                    time_conditions_text=BLOCKED_WHEN if kind == "blocked" else ACCEPTED_WHEN,
+                )
+                t0 = time.perf_counter()
+                await stub.SubmitDemand(request, timeout=60)
+                times.append(time.perf_counter() - t0)
+
+        await asyncio.gather(*(worker() for _ in range(16)))
+    return times
+
+
+async def block_label(target: str, blocked: int) -> None:
+    """A limit on the blocked demands' label with room for all of them in the plan, and
+    an ordinary ticket that takes all of it (ReportUsed: it never expires)."""
+    import grpc
+    from labelrm.v1 import admin_pb2, admin_pb2_grpc, resource_manager_pb2_grpc, resource_pb2
+    from labelrm.v1 import resource_manager_pb2 as pb
+
+    from bench.loadgen import ENGINE, GiB, labels_of
+
+    labels = labels_of(f"userCreator={BLOCKED_USER},engineType={ENGINE}")
+    room = resource_pb2.LoadResource(memory_bytes=blocked * GiB, cpu_millis=blocked * 100)
+    async with grpc.aio.insecure_channel(target) as ch:
+        await admin_pb2_grpc.AdminServiceStub(ch).SetLabelLimit(
+            admin_pb2.SetLabelLimitRequest(
+                labels=labels, max_resource=resource_pb2.Resource(load=room)
+            )
+        )
+        rm = resource_manager_pb2_grpc.ResourceManagerServiceStub(ch)
+        t = (
+            await rm.Apply(
+                pb.ApplyRequest(labels=labels, resource=resource_pb2.Resource(load=room))
+            )
+        ).ticket
+        await rm.ReportUsed(pb.ReportUsedRequest(ticket_id=t.ticket_id))
+
+
+def scrape_passes(metrics_port: int, job: str) -> dict[float, float]:
+    """Cumulative bucket counts of labelrm_background_pass_seconds{job} (upper bound ->)."""
+    import urllib.request
+
+    text = (
+        urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10)
+        .read()
+        .decode()
+    )
+    out: dict[float, float] = {}
+    for line in text.splitlines():
+        if line.startswith("labelrm_background_pass_seconds_bucket{") and f'job="{job}"' in line:
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            out[float("inf") if le == "+Inf" else float(le)] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def passes_between(before: dict[float, float], after: dict[float, float]) -> dict[str, Any]:
+    """Passes in a window from two scrapes: how many, and the bucket bound of their p50/p99."""
+    counts = {le: after.get(le, 0.0) - before.get(le, 0.0) for le in sorted(after)}
+    total = counts.get(float("inf"), 0.0)
+
+    def quantile(q: float) -> float | None:
+        for le, n in counts.items():
+            if total and n >= q * total:
+                return le * 1000
+        return None
+
+    return {"passes": int(total), "p50_le_ms": quantile(0.5), "p99_le_ms": quantile(0.99)}
+
+
+def demand_run(database_url: str, accepted: int, blocked: int, window: float) -> dict[str, Any]:
+    """SubmitDemand latency and planner passes with few demands, then with `accepted`
+    accepted and `blocked` blocked ones (a tenth of each first, as the small case)."""
+    from bench.common import free_port
+
+    port = free_port()
+    out: dict[str, Any] = {"accepted": accepted, "blocked": blocked}
+    with stack(
+        database_url, ["--ecm-expiry", "86400", "--metrics-listen", f"127.0.0.1:{port}"]
+    ) as (db, server):
+        asyncio.run(seed(server.target))
+        asyncio.run(block_label(server.target, blocked))
+        for phase, n_acc, n_blk, acc0, blk0 in (
+            ("small", accepted // 10, blocked // 10, 0, 0),
+            (
+                "large",
+                accepted - accepted // 10,
+                blocked - blocked // 10,
+                accepted // 10,
+                blocked // 10,
+            ),
+        ):
+            times = asyncio.run(submit_demands(server.target, "accepted", acc0, n_acc))
+            times += asyncio.run(submit_demands(server.target, "blocked", blk0, n_blk))
+            time.sleep(2.0)  # the first rounds of the new demands
+            before = scrape_passes(port, "demand-planner")
+            time.sleep(window)
+            passes = passes_between(before, scrape_passes(port, "demand-planner"))
+            tail = times[-min(len(times), 500) :]
+            out[phase] = {
+                "demands": count_rows(db.url, "demand"),
+                "submit_p50_ms": round(pct(tail, 0.5), 2),
+                "submit_p99_ms": round(pct(tail, 0.99), 2),
+                "planner": passes,
+            }
+            progress(f"demands, {phase}", out[phase])
+    return out
+
+
+def rss_mib(pid: int) -> float:
+    import psutil
+
+    return round(float(psutil.Process(pid).memory_info().rss) / 2**20, 1)
+
+
+def memory_run(db: BenchDatabase, server: Server, first: int, factor: int) -> dict[str, Any]:
+    """RSS after `first` cycles, then after `factor` x as many (hot and spread mixed)."""
+    assert server.proc is not None
+    done = 0
+    window = 2.0
+    while done < first:
+        res, _ = run_loadgen(
+            "apply",
+            server.target,
+            APPLY_CLIENTS,
+            window,
+            warmup=0.5,
+            extra=["--users", str(LARGE_USERS)],
+            native=True,
+        )
+        done += res["count"]
+    small = {"cycles": done, "rss_mib": rss_mib(server.proc.pid)}
+    rate = max(1.0, done / window)
+    while done < first * factor:
+        seconds = min(60.0, max(2.0, (first * factor - done) / rate))
+        res, _ = run_loadgen(
+            "apply",
+            server.target,
+            APPLY_CLIENTS,
+            seconds,
+            warmup=0.5,
+            extra=["--users", str(LARGE_USERS)],
+            native=True,
+        )
+        done += res["count"]
+        rate = max(1.0, res["count"] / seconds)
+    large = {"cycles": done, "rss_mib": rss_mib(server.proc.pid)}
+    return {"small": small, "large": large}
+
+
+def retention_run(database_url: str, retention_s: float, periods: int) -> dict[str, Any]:
+    """Hot load for `periods` retention periods on a server whose retention is
+    `retention_s` seconds; rows of the pruned tables counted every period."""
+    days = retention_s / 86400
+    args = [
+        "--ecm-expiry", "86400",
+        "--history-retention-days", repr(days),
+        "--request-id-retention-hours", repr(retention_s / 3600),
+    ]  # fmt: skip
+    samples: list[dict[str, int]] = []
+    with stack(database_url, args) as (db, server):
+        asyncio.run(seed(server.target))
+        for _ in range(periods):
+            run_loadgen(
+                "apply",
+                server.target,
+                APPLY_CLIENTS,
+                retention_s,
+                warmup=0.5,
+                extra=["--mode", "hot"],
+                native=True,
+            )
+            samples.append({t: count_rows(db.url, t) for t in ("ticket_history", "request_log")})
+    return {"retention_s": retention_s, "samples": samples}
+
+
+# ----- the run ------------------------------------------------------------------------------
+
+
+def progress(what: str, value: Any) -> None:
+    """A stage's figures on stderr as they come (the table waits for the end)."""
+    print(
+        f"[{time.strftime('%H:%M:%S')}] {what}: {json.dumps(value, default=str)}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def ratio(large: float, small: float) -> float | None:
+    return round(large / small, 2) if small else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, shorter windows")
+    parser.add_argument("--database-url", default="")
+    parser.add_argument(
+        "--seconds", type=float, default=0.0, help="apply window (default 6, quick 3)"
+    )
+    args = parser.parse_args(argv)
+    q = args.quick
+    seconds = args.seconds or (3.0 if q else 6.0)
+    history_rows = 200_000 if q else 10_000_000
+    tickets = 100_000 if q else 1_000_000
+    ecms_small, ecms_large = 10_000, 100_000
+    fleets = (100, 500) if q else (1000, 5000)
+    mem_first = 300 if q else 2_000
+    rows: list[list[Any]] = []
+    out: dict[str, Any] = {"quick": q}
+
+    def target(name: str, value: float | None, met: bool | None, note: str = "") -> None:
+        rows.append([name, value, {True: "yes", False: "NO", None: "-"}[met], note])
+
+    server_args = ["--ecm-expiry", "86400"]
+    with stack(args.database_url, server_args) as (db, server):
+        asyncio.run(seed(server.target))
+        out["database"] = db.describe
+        # (a) the apply cycle, small cluster
+        small = {m: apply_run(db, server, m, SMALL_USERS, seconds) for m in ("spread", "hot")}
+        progress("apply, small cluster", small)
+        seed_healthy_ecms(db.url, ecms_small)
+        out["sweep_small"] = sweep_cost(db.url)
+        # grow it with SQL: label records, history rows, healthy ECMs
+        seeded = {
+            "labels_s": clone_rows(
+                db.url,
+                "label_resource",
+                "label LIKE '%%userCreator=u0-IDE%%'",
+                {"label": "replace(t.label, 'u0-IDE', 'u' || (g + 999) || '-IDE')"},
+                LARGE_USERS - SMALL_USERS,
+            ),
+            "history_s": clone_rows(
+                db.url,
+                "ticket_history",
+                "true",
+                {
+                    "ticket_id": "'h-' || g",
+                    "ended_at": "t.ended_at - (g % 86400) * interval '10 seconds'",
+                },
+                history_rows,
+            ),
+        }
+        out["seeded"] = seeded
+        progress("seeded (seconds)", seeded)
+        large = {m: apply_run(db, server, m, LARGE_USERS, seconds) for m in ("spread", "hot")}
+        out["apply"] = {"small": small, "large": large}
+        progress("apply, large cluster", large)
+        for m in ("spread", "hot"):
+            tput = ratio(large[m]["cycles_per_s"], small[m]["cycles_per_s"])
+            p99 = ratio(large[m]["cycle_p99_ms"], small[m]["cycle_p99_ms"])
+            target(
+                f"apply {m}: cycles/s large/small >= 0.9",
+                tput,
+                tput is not None and tput >= 0.9,
+                f"{small[m]['cycles_per_s']} -> {large[m]['cycles_per_s']}/s",
+            )
+            target(
+                f"apply {m}: cycle p99 large/small <= 1.2",
+                p99,
+                p99 is not None and p99 <= 1.2,
+                f"{small[m]['cycle_p99_ms']} -> {large[m]['cycle_p99_ms']} ms",
+            )
+        # (b) the liveness sweep vs healthy ECMs
+        seed_healthy_ecms(db.url, ecms_large)
+        out["sweep_large"] = sweep_cost(db.url)
+        s_small, s_large = out["sweep_small"], out["sweep_large"]
+        progress("liveness sweep", [s_small, s_large])
+        pages = ratio(s_large["pages"], s_small["pages"])
+        target(
+            "liveness sweep: pages read, 100,000 / 10,000 healthy ECMs <= 1.2",
+            pages,
+            pages is not None and pages <= 1.2,
+            f"{s_small['pages']} -> {s_large['pages']} pages (a scan of every ECM: {s_small['scan_pages']} -> {s_large['scan_pages']}),"
+            f" p50 {s_small['p50_ms']} -> {s_large['p50_ms']} ms",
+        )
+        # (d) lists
+        template = _seed_tickets(db, server, tickets)
+        lists = {
+            "labels": asyncio.run(page_through(server.target, "labels")),
+            "tickets": asyncio.run(page_through(server.target, "tickets")),
+        }
+        _drop_seeded_tickets(db, server, template)
+        out["lists"] = lists
+        progress("lists", lists)
+        for name, r in lists.items():
+            x = ratio(r["last_p99_ms"], r["first_p99_ms"])
+            target(
+                f"list {name}: last/first page p99 <= 1.2",
+                x,
+                x is not None and x <= 1.2,
+                f"{r['items']} in {r['pages']} pages, p99 {r['first_p99_ms']} -> {r['last_p99_ms']} ms",
+            )
+        # (e) memory
+        mem = memory_run(db, server, mem_first, 100)
+        out["memory"] = mem
+        progress("memory", mem)
+        x = ratio(mem["large"]["rss_mib"], mem["small"]["rss_mib"])
+        target(
+            "rm-server RSS after 100 x N cycles / after N <= 1.2",
+            x,
+            x is not None and x <= 1.2,
+            f"{mem['small']['cycles']} cycles {mem['small']['rss_mib']} MiB -> {mem['large']['cycles']} cycles {mem['large']['rss_mib']} MiB",
+        )
+    # (b) heartbeats: a fresh server with the default liveness settings
+    with stack(args.database_url) as (db, server):
+        hb = [
+            measure_heartbeats(
+                server, db, n, 10.0 if q else 20.0, 3.0, 2, f"s{i}-", "native", "stream"
+            )
+            for i, n in enumerate(fleets)
+        ]
+    out["heartbeats"] = hb
+    progress(
+        "heartbeats",
+        [{k: r[k] for k in ("agents", "heartbeats_per_s", "p50_ms", "p99_ms", "lost")} for r in hb],
+    )
+    x = ratio(hb[1]["p99_ms"], hb[0]["p99_ms"])
+    target(
+        f"heartbeats: p99 {fleets[1]} agents < 50 ms",
+        hb[1]["p99_ms"],
+        hb[1]["p99_ms"] < 50,
+        f"{fleets[0]} agents {hb[0]['p99_ms']} ms, ratio {x}",
+    )
+    target(
+        f"heartbeats: no missed expiry with {fleets[1]} agents", hb[1]["lost"], hb[1]["lost"] == 0
+    )
+    # (c) demands
+    dem = demand_run(args.database_url, 1_000 if q else 10_000, 100 if q else 1_000, 10.0)
+    out["demands"] = dem
+    ds, dl = dem["small"], dem["large"]
+    target(
+        f"demands: planner pass p99 with {dem['accepted']} accepted, {dem['blocked']} blocked < 200 ms",
+        dl["planner"]["p99_le_ms"],
+        dl["planner"]["p99_le_ms"] is not None and dl["planner"]["p99_le_ms"] <= 200,
+        f"histogram bucket bounds; {ds['demands']} demands: p99 <= {ds['planner']['p99_le_ms']} ms,"
+        f" {dl['demands']}: <= {dl['planner']['p99_le_ms']} ms ({dl['planner']['passes']} passes)",
+    )
+    target(
+        f"demands: SubmitDemand p99 with {dl['demands']} demands < 50 ms",
+        dl["submit_p99_ms"],
+        dl["submit_p99_ms"] < 50,
+        f"{ds['demands']} demands: {ds['submit_p99_ms']} ms; ratio {ratio(dl['submit_p99_ms'], ds['submit_p99_ms'])}",
+    )
+    # (f) retention
+    ret = retention_run(args.database_url, 8.0 if q else 20.0, 4 if q else 6)
+    out["retention"] = ret
+    progress("retention", ret)
+    hist = [s["ticket_history"] for s in ret["samples"]]
+    reqs = [s["request_log"] for s in ret["samples"]]
+    for name, series in (("ticket_history", hist), ("request_log", reqs)):
+        x = ratio(series[-1], series[1])
+        target(
+            f"retention: {name} rows, last / second period <= 1.2",
+            x,
+            x is not None and x <= 1.2,
+            f"rows per period: {series}",
+        )
+    text = "cost as the cluster grows ({}; {}):\n".format(
+        out["database"], "quick" if q else "full"
+    ) + table(["measure", "ratio", "met", "figures"], rows)
+    emit(
+        "scale",
+        text,
+        {
+            **out,
+            "targets": [
+                dict(zip(["measure", "ratio", "met", "figures"], r, strict=True)) for r in rows
+            ],
+        },
+    )
+    return 0
+
+
+def _seed_tickets(db: BenchDatabase, server: Server, count: int) -> str:
+    """`count` live tickets (copies of one real ticket, ids z-00000001...)."""
+    import grpc
+    from labelrm.v1 import resource_manager_pb2 as pb
+    from labelrm.v1 import resource_manager_pb2_grpc, resource_pb2
+
+    from bench.loadgen import ENGINE, GiB, ecm_name, labels_of, user_label
+
+    with grpc.insecure_channel(server.target) as ch:
+        rm = resource_manager_pb2_grpc.ResourceManagerServiceStub(ch)
+        t = rm.Apply(
+            pb.ApplyRequest(
+                labels=labels_of(
+                    f"userCreator={user_label(0)},engineType={ENGINE},emInstance={ecm_name(0)}"
+                ),
+                resource=resource_pb2.Resource(
+                    load=resource_pb2.LoadResource(memory_bytes=GiB, cpu_millis=100)
+                ),
+            )
+        ).ticket
+    clone_rows(
+        db.url,
+        "ticket",
+        f"ticket_id = '{t.ticket_id}'",
+        {"ticket_id": "'z-' || lpad(g::text, 8, '0')"},
+        count,
+    )
+    return str(t.ticket_id)
+
+
+def _drop_seeded_tickets(db: BenchDatabase, server: Server, template: str) -> None:
+    """The copies go (they were never charged to a label), the template is released."""
+    import grpc
+    import psycopg
+    from labelrm.v1 import resource_manager_pb2 as pb
+    from labelrm.v1 import resource_manager_pb2_grpc
+
+    with psycopg.connect(db.url, autocommit=True) as conn:
+        conn.execute("DELETE FROM ticket WHERE ticket_id LIKE 'z-%'")
+        conn.execute("VACUUM ANALYZE ticket")
+    with grpc.insecure_channel(server.target) as ch:
+        rm = resource_manager_pb2_grpc.ResourceManagerServiceStub(ch)
+        rm.Release(pb.ReleaseRequest(ticket_id=template))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
