@@ -7,18 +7,24 @@ One embedded PostgreSQL (or a throwaway database on --database-url) and one rm-s
 (ECM expiry 1 day: the bench ECMs do not heartbeat), then:
 
 - apply: 64 clients, spread and hot (bench/native/loadgen.cc), first on the small cluster
-  (1,000 user labels, empty ticket_history), then on the large one: 100,000 user label
-  records and 10 million ticket_history rows (--quick: 200,000), both seeded with SQL
-  (INSERT ... SELECT generate_series) and the load spread over all 100,000 labels.
-  Target: large / small >= 0.9 in cycles/s, p99 <= 1.2 x.
+  (1,000 user labels, empty ticket_history), then with 100,000 user label records (the
+  load spread over all of them), then with 10 million ticket_history rows as well
+  (--quick: 200,000; --history-rows N), all seeded with SQL (INSERT ... SELECT
+  generate_series). Target: each / small >= 0.9 in cycles/s, cycle p99 <= 1.2 x.
 - sweep: the ECM liveness sweep's query (rm_server/store/ecms.py) with 10,000 and with
   100,000 healthy ECMs (seeded with SQL): the database pages it reads (EXPLAIN ANALYZE
-  BUFFERS) and its time. Target: does not grow (<= 1.2 x).
+  BUFFERS) and its time. Target: does not grow with the healthy ECMs (at most one page
+  more: a level of the index's B-tree; a scan of every ECM reads ten times the pages).
 - heartbeats: simulated agents (bench/heartbeats.py) at 3 s on a fresh server, a small and
-  a large fleet: p99 and LOST (missed expiries).
+  a large fleet (1,000 and 5,000; --quick 100 and 500): p99, LOST (missed expiries), and
+  the liveness sweep's passes as the server times them (labelrm_background_pass_seconds).
+- demands: SubmitDemand latency and the planner's passes (the same metric) with a tenth,
+  then all of 10,000 accepted demands (start in two hours) and 1,000 blocked ones (due
+  now on a label an ordinary ticket fills; --quick 1,000 and 100).
 - lists: ListLabelResources through 100,000 labels and ListTickets through 1,000,000 live
-  tickets (--quick: 100,000; seeded with SQL, deleted afterwards), pages of 500: p99 of the
-  last tenth of the pages / p99 of the first tenth. Target <= 1.2 x (keyset pagination).
+  tickets (--quick: 100,000; seeded with SQL, deleted afterwards), pages of 500: p50 and
+  p99 of the last tenth of the pages / of the first tenth, target <= 1.2 x (keyset
+  pagination); p99 of every page < 20 ms.
 - memory: rm-server RSS after N cycles and after 100 x N cycles. Target <= 1.2 x.
 - retention: a compressed-clock run on a fresh server whose retention (history and request
   ids) is a few seconds instead of 30 days / 48 hours: the hot load for several retention
@@ -342,7 +348,14 @@ def demand_run(database_url: str, accepted: int, blocked: int, window: float) ->
         ):
             times = asyncio.run(submit_demands(server.target, "accepted", acc0, n_acc))
             times += asyncio.run(submit_demands(server.target, "blocked", blk0, n_blk))
-            time.sleep(2.0)  # the first rounds of the new demands
+            # Steady state: every new demand has had its first round (two passes that
+            # began after the last submission have ended).
+            started = scrape_passes(port, "demand-planner").get(float("inf"), 0.0)
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline:
+                time.sleep(1.0)
+                if scrape_passes(port, "demand-planner").get(float("inf"), 0.0) >= started + 3:
+                    break
             before = scrape_passes(port, "demand-planner")
             time.sleep(window)
             passes = passes_between(before, scrape_passes(port, "demand-planner"))
@@ -449,10 +462,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--seconds", type=float, default=0.0, help="apply window (default 6, quick 3)"
     )
+    parser.add_argument(
+        "--history-rows", type=int, default=0, help="ticket_history rows of the large cluster"
+    )
     args = parser.parse_args(argv)
     q = args.quick
     seconds = args.seconds or (3.0 if q else 6.0)
-    history_rows = 200_000 if q else 10_000_000
+    history_rows = args.history_rows or (200_000 if q else 10_000_000)
     tickets = 100_000 if q else 1_000_000
     ecms_small, ecms_large = 10_000, 100_000
     fleets = (100, 500) if q else (1000, 5000)
@@ -532,9 +548,12 @@ def main(argv: list[str] | None = None) -> int:
         progress("liveness sweep", [s_small, s_large])
         pages = ratio(s_large["pages"], s_small["pages"])
         target(
-            "liveness sweep: pages read, 100,000 / 10,000 healthy ECMs <= 1.2",
+            # An index lookup reads one page per level of its B-tree: ten times the rows
+            # may add a level. Met when it read at most that one page more (a scan of
+            # every ECM reads ten times the pages).
+            "liveness sweep: pages read, 100,000 / 10,000 healthy ECMs (<= one more level)",
             pages,
-            pages is not None and pages <= 1.2,
+            s_large["pages"] <= s_small["pages"] + 1,
             f"{s_small['pages']} -> {s_large['pages']} pages (a scan of every ECM: {s_small['scan_pages']} -> {s_large['scan_pages']}),"
             f" p50 {s_small['p50_ms']} -> {s_large['p50_ms']} ms",
         )
