@@ -45,6 +45,7 @@ __all__ = ["add_engineconn_commands", "resolve_engine_conn", "with_progress"]
 T = TypeVar("T")
 
 LOG_FILES = ("stdout.log", "stderr.log")
+DEFAULT_EXEC_TIMEOUT = 3600.0  # rmctl exec: the code is stopped, and the call ends, by then
 _FOLLOW_POLL = 0.25  # seconds between reads of the log files while following
 _STATE_POLL = 1.0  # seconds between GetEngineConn calls while following
 _READY = (engine_conn_pb2.ENGINE_CONN_STATE_IDLE, engine_conn_pb2.ENGINE_CONN_STATE_BUSY)
@@ -113,7 +114,11 @@ def add_engineconn_commands(cmds: Any) -> None:
     c.add_argument("ec_id", metavar="ID", help="an EngineConn id, or a unique prefix")
     c.add_argument("code", metavar="CODE", help="bash (shell) or Python (python); - = stdin")
     c.add_argument(
-        "--exec-timeout", type=float, default=None, metavar="SECONDS", help="stop the code"
+        "--exec-timeout",
+        type=float,
+        default=DEFAULT_EXEC_TIMEOUT,
+        metavar="SECONDS",
+        help="stop the code after this long (default %(default)s; 0 = no limit)",
     )
     c.set_defaults(func=cmd_ec_exec)
 
@@ -340,20 +345,23 @@ def cmd_ec_exec(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
         )
     if not ec.secret:  # found by prefix in a list, which never carries executor secrets
         ec = client.get_engine_conn(ec.engine_conn_id)
-    items = client.execute(ec, code, timeout=args.exec_timeout)
-    try:
-        for item in items:
-            if isinstance(item, ExecResult):
-                if item.error:
-                    print(item.error.rstrip("\n"), file=sys.stderr)
-                return _exit_status(item)
-            stream = out if item.stream == "stdout" else sys.stderr
-            stream.write(item.text)
-            stream.flush()
-    except KeyboardInterrupt:
-        items.close()  # cancels the stream: the engine stops the code
-        print("\ninterrupted: execution cancelled", file=sys.stderr)
-        return 130
+    # Closed here, not whenever the garbage collector gets to it: a generator left open
+    # when the loop returns is finalized later, possibly inside grpc's own channel code,
+    # and its channel close then waits on itself (rmctl printed the output and hung).
+    with contextlib.closing(client.execute(ec, code, timeout=args.exec_timeout or None)) as items:
+        try:
+            for item in items:
+                if isinstance(item, ExecResult):
+                    if item.error:
+                        print(item.error.rstrip("\n"), file=sys.stderr)
+                    return _exit_status(item)
+                stream = out if item.stream == "stdout" else sys.stderr
+                stream.write(item.text)
+                stream.flush()
+        except KeyboardInterrupt:
+            items.close()  # cancels the stream: the engine stops the code
+            print("\ninterrupted: execution cancelled", file=sys.stderr)
+            return 130
     raise ValueError("the execution ended without a result")  # the stream broke off
 
 

@@ -1,0 +1,79 @@
+"""The operator's view: rmctl run as a real process (its own interpreter, its own exit)
+against a real RM, a real agent and real EngineConns launched through sudo."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from typing import Any
+
+from clients import AsyncRMClient
+from tests.conftest import ROOT, wait_until
+
+SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"
+
+
+async def rmctl_run(rm: Any, *argv: str, deadline: float = 30.0) -> tuple[int, str, str]:
+    """rmctl in a subprocess: (exit code, stdout, stderr). A process still running at the
+    deadline is killed and the test fails: rmctl must always exit on its own."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "clients.rmctl",
+        "--rm",
+        rm.target,
+        *argv,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), deadline)
+    except TimeoutError:
+        proc.kill()
+        out, err = await proc.communicate()
+        raise AssertionError(
+            f"rmctl {' '.join(argv)} still running after {deadline}s; printed {out!r} {err!r}"
+        ) from None
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def start_agent(rm: Any, agent_factory: Any, agent_id: str = "agent1") -> Any:
+    agent = agent_factory(rm.target, agent_id)
+    agent.start()
+    async with AsyncRMClient(rm.target, timeout=10.0) as client:
+
+        async def running() -> bool:
+            ecms = [e async for e in client.list_ecms()]
+            return any(e.instance == agent_id and e.HasField("last_heartbeat_time") for e in ecms)
+
+        await wait_until(running, timeout=30)
+    return agent
+
+
+async def test_exec_by_id_prefix_always_exits(cluster_rm: Any, agent_factory: Any) -> None:
+    """`engineconn exec <prefix>` prints the output and exits, every time (it used to
+    hang in most tries: the output generator was left to the garbage collector)."""
+    await start_agent(cluster_rm, agent_factory)
+    rc, out, err = await rmctl_run(
+        cluster_rm, "engineconn", "create", "--labels", SHELL_A, "-q", deadline=60
+    )
+    assert rc == 0, err
+    ec_id = out.strip()
+    for attempt in range(20):
+        rc, out, err = await rmctl_run(
+            cluster_rm, "engineconn", "exec", ec_id[:8], f"echo run-{attempt}"
+        )
+        assert (rc, out) == (0, f"run-{attempt}\n"), err
+    rc, out, err = await rmctl_run(cluster_rm, "engineconn", "exec", ec_id[:8], "exit 4")
+    assert rc == 4
+    # The engine stops code at --exec-timeout (default one hour, not unbounded).
+    rc, out, err = await rmctl_run(
+        cluster_rm, "engineconn", "exec", ec_id, "sleep 120", "--exec-timeout", "1"
+    )
+    assert rc != 0 and "timed out" in err, (rc, err)
+    rc, out, err = await rmctl_run(cluster_rm, "engineconn", "exec", "--help")
+    assert "--exec-timeout" in out and "default 3600" in out
