@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         ],
     )
     print()
-    emit("summary", "targets of issue 7 on this machine:\n" + text, {"targets": rows})
+    emit("summary", "benchmark targets on this machine:\n" + text, {"targets": rows})
     return 0 if all(out.values()) else 1
 
 

@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--pgbench-script",
         default="",
-        help="another ceiling script (e.g. bench/pgbench/cycle_v0.sql: the SQL before issue 7)",
+        help="another ceiling script (e.g. bench/pgbench/cycle_v0.sql: the SQL of the first, unbatched store)",
     )
     parser.add_argument(
         "--loadgen",

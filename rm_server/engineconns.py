@@ -1,4 +1,4 @@
-"""The EngineConn start-up flow of seed 001, on top of RMCore.
+"""The EngineConn start-up flow of the Apache Linkis EngineConn design, on top of RMCore.
 
 CreateEngineConn: validate -> engine plugin's resource factory -> rank ECMs (pure
 rules, reasons kept) -> for the best ECM: Apply on the request's labels plus its

@@ -1,5 +1,5 @@
 -- One Apply -> ReportUsed -> Release cycle as rm_server/store executed it BEFORE
--- issue 7 (kept for the before/after figures): 7 + 9 + 11 round trips, one
+-- the first store (kept for the before/after figures): 7 + 9 + 11 round trips, one
 -- transaction per RPC. Variables: -D emax=15 (spread over 16 ECMs) or 0 (hot).
 \set u random(0, 999)
 \set e random(0, :emax)

@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class DemandServiceStub:
-    """DemandService takes time-aware demands (seed 003): a resource on labels, wanted in a
+    """DemandService takes time-aware demands (after a paper on extending Hadoop YARN
+    resource requests and allocation with time factors): a resource on labels, wanted in a
     start window, for a duration, before a deadline, after other demands. See docs/demands.md.
     """
 
@@ -64,7 +65,8 @@ class DemandServiceStub:
 
 
 class DemandServiceServicer:
-    """DemandService takes time-aware demands (seed 003): a resource on labels, wanted in a
+    """DemandService takes time-aware demands (after a paper on extending Hadoop YARN
+    resource requests and allocation with time factors): a resource on labels, wanted in a
     start window, for a duration, before a deadline, after other demands. See docs/demands.md.
     """
 
@@ -142,7 +144,8 @@ def add_DemandServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class DemandService:
-    """DemandService takes time-aware demands (seed 003): a resource on labels, wanted in a
+    """DemandService takes time-aware demands (after a paper on extending Hadoop YARN
+    resource requests and allocation with time factors): a resource on labels, wanted in a
     start window, for a duration, before a deadline, after other demands. See docs/demands.md.
     """
 

@@ -1,4 +1,5 @@
-"""The demand state machine (seed 003, RMDemand), as a transition table.
+"""The demand state machine, as a transition table (the RMDemand of Wang Jian's paper on
+extending Hadoop YARN resource requests and allocation with time factors).
 
 ::
 

@@ -1,6 +1,7 @@
 """The surface syntax of the time-condition language: a lenient JSON reader with positions.
 
-The paper (seed 003) writes its conditions as JSON with unquoted keys and values:
+The paper (Wang Jian, on extending Hadoop YARN resource requests and allocation with time
+factors) writes its conditions as JSON with unquoted keys and values:
 ``{DemandID: 1234, OrderBy: 1200, Time: {OR: [[NOW, +5m], [NOW, ^3]]}}``. This module
 reads strict JSON and that style into a small generic tree (objects, arrays, scalars),
 keeping the offset of every node so that `timelang` can report *where* a meaning error

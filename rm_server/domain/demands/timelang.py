@@ -1,4 +1,5 @@
-"""The time-condition language of seed 003: what conditions mean, and when they hold.
+"""The time-condition language of Wang Jian's paper on extending Hadoop YARN resource
+requests and allocation with time factors: what conditions mean, and when they hold.
 
 A demand's conditions (see docs/demands.md for the user's guide)::
 

@@ -1,4 +1,4 @@
--- Time-aware demands (seed 003): the demands, their transition history, and the
+-- Time-aware demands (see docs/demands.md): the demands, their transition history, and the
 -- capacity reserved for them on labels while they are ALLOCATING.
 
 -- Capacity held for ALLOCATING demands, counted as in use by every apply except the
