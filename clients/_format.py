@@ -22,6 +22,7 @@ __all__ = [
     "print_details",
     "print_table",
     "run_watch",
+    "set_table_headers",
     "to_json",
 ]
 
@@ -103,11 +104,19 @@ def fmt_labels(labels: Iterable[Any]) -> str:
     return ",".join(f"{lb.key}={lb.value}" for lb in labels) or "-"
 
 
+_TABLE = {"headers": True}
+
+
+def set_table_headers(on: bool) -> None:
+    """Whether tables print their header row (rmctl --no-headers turns it off)."""
+    _TABLE["headers"] = on
+
+
 def print_table(out: TextIO, header: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
     """Aligned columns with an upper-case header row, kubectl style."""
     all_rows = [[h.upper() for h in header], *([str(c) for c in row] for row in rows)]
     widths = [max(len(row[i]) for row in all_rows) for i in range(len(header))]
-    for row in all_rows:
+    for row in all_rows[0 if _TABLE["headers"] else 1 :]:
         cells = [c.ljust(w) for c, w in zip(row[:-1], widths[:-1], strict=True)]
         print("   ".join([*cells, row[-1]]).rstrip(), file=out)
 

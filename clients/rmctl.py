@@ -1,9 +1,12 @@
 """`rmctl`: a command-line client for the labelrm resource manager.
 
-Output: a table by default (`-o wide` adds columns), a ``key = value`` view for `show`
-commands, `-o json` for the protobuf JSON mapping. Lists take `--watch` (re-render every
+Output: a table by default (`-o wide` adds columns, `--no-headers` drops the header), a
+``key = value`` view for `show` commands, `-o json` for the protobuf JSON mapping, `-o yaml`
+for the same as YAML, `-o name` for ``kind/id`` lines. Lists take `--watch` (re-render every
 `--watch-interval` seconds until Ctrl-C; when piped, only changed renderings are printed,
-without screen control codes). Ticket ids may be abbreviated to a unique prefix.
+without screen control codes; with `-o json`, one JSON line per object that was added,
+modified or deleted). Global options may also follow the subcommand. Ticket ids may be
+abbreviated to a unique prefix.
 
 Exit codes: 0 ok, 1 error (or an inconsistent `check`), 2 usage. An error is one line
 on stderr: the status code, the reason and the message (a refusal's message names the
@@ -13,6 +16,7 @@ shortfall per label and dimension).
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import re
 import sys
@@ -32,9 +36,17 @@ from clients._format import (
     print_details,
     print_table,
     run_watch,
+    set_table_headers,
     to_json,
 )
 from clients._impl import DEFAULT_TARGET, RMClient, parse_labels
+from clients._output import (
+    OUTPUTS,
+    accept_globals_anywhere,
+    chosen_parser,
+    derived_output,
+    stream_changes,
+)
 from clients.rmctl_demand import add_demand_commands
 from clients.rmctl_engineconn import add_engineconn_commands
 from clients.rmctl_node import add_node_commands
@@ -44,6 +56,7 @@ from clients.rmctl_security import (
     client_kwargs,
     run_local,
 )
+from rm_server.version import VERSION
 
 _SIZE_RE = re.compile(r"(\d+)\s*([kmgtp]?)(?:i?b?)", re.IGNORECASE)
 _UNITS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
@@ -91,7 +104,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="RM address (default: $LABELRM_RM or %(default)s)",
     )
-    p.add_argument("-o", "--output", choices=("table", "wide", "json"), default="table")
+    p.add_argument(
+        "-o",
+        "--output",
+        choices=OUTPUTS,
+        default="table",
+        help="table, wide (more columns), json, yaml, or name (kind/id per object)",
+    )
+    p.add_argument("--no-headers", action="store_true", help="tables without their header row")
+    p.add_argument("--version", action="version", version=f"rmctl {VERSION}")
     p.add_argument("--timeout", type=float, default=10.0, help="per-call deadline in seconds")
     p.add_argument(
         "--watch-interval", type=float, default=2.0, metavar="SECONDS", help="for --watch"
@@ -154,7 +175,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_engineconn_commands(cmds)
     add_demand_commands(cmds)
     add_local_commands(cmds)
+    accept_globals_anywhere(p, GLOBAL_DESTS)
     return p
+
+
+# The top-level options every subcommand accepts too (`rmctl engineconn list -o json`).
+GLOBAL_DESTS = (
+    "rm", "output", "no_headers", "timeout", "watch_interval", "watch_rounds",
+    "token", "tls_ca", "tls_cert", "tls_key",
+)  # fmt: skip
 
 
 def _watchable(parser: argparse.ArgumentParser) -> None:
@@ -429,26 +458,46 @@ def main(argv: Sequence[str] | None = None) -> int:
         from rm_server.main import main as rm_server_main
 
         return rm_server_main(["--dev", *words[at + 1 :]])
+    parser = build_parser()
     try:
-        args = build_parser().parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # the subcommand's usage, not rmctl's
+            chosen_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as exc:  # usage errors (2) and --help (0)
         return exc.code if isinstance(exc.code, int) else 2
     local = run_local(args)  # `pki`, `token`: local files, no RM
     if local is not None:
         return local
     func: Command = args.func
+    mode = args.output
+    if mode in ("yaml", "name"):  # views of the JSON output
+        args.output = "json"
+    set_table_headers(not args.no_headers)
     try:
         with RMClient(args.rm, timeout=args.timeout, **client_kwargs(args)) as client:
+
+            def render(out: TextIO) -> int:
+                if mode not in ("yaml", "name"):
+                    return func(client, args, out)
+                buf = io.StringIO()
+                code = func(client, args, buf)
+                derived_output(mode, buf.getvalue(), out)
+                return code
+
             if getattr(args, "watch", False):
+                if mode == "json":
+                    return stream_changes(
+                        render, sys.stdout, interval=args.watch_interval, rounds=args.watch_rounds
+                    )
                 title = "rmctl " + " ".join(argv if argv is not None else sys.argv[1:])
                 return run_watch(
-                    lambda out: func(client, args, out),
+                    render,
                     sys.stdout,
                     interval=args.watch_interval,
                     title=title,
                     rounds=args.watch_rounds,
                 )
-            return func(client, args, sys.stdout)
+            return render(sys.stdout)
     except RMError as err:
         report_error(err, sys.stderr)
         return 1

@@ -4,11 +4,12 @@ against a real RM, a real agent and real EngineConns launched through sudo."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 from typing import Any
 
-from clients import AsyncRMClient
+from clients import AsyncRMClient, load, load_instance
 from tests.conftest import ROOT, wait_until
 
 SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"
@@ -77,3 +78,66 @@ async def test_exec_by_id_prefix_always_exits(cluster_rm: Any, agent_factory: An
     assert rc != 0 and "timed out" in err, (rc, err)
     rc, out, err = await rmctl_run(cluster_rm, "engineconn", "exec", "--help")
     assert "--exec-timeout" in out and "default 3600" in out
+
+
+async def test_global_flags_anywhere_and_output_modes(rm: Any) -> None:
+    """`-o`, `--rm`, `--no-headers` after the subcommand; yaml and name views; an error
+    shows the subcommand's usage."""
+    async with AsyncRMClient(rm.target, timeout=10.0) as client:
+        await client.register_ecm("node-b", load_instance(8 << 30, 4000, 8))
+        await client.register_ecm("node-a", load_instance(8 << 30, 4000, 8))
+    before = await rmctl_run(rm, "-o", "json", "node", "list")
+    after = await rmctl_run(rm, "node", "list", "-o", "json")
+    assert before[0] == 0 and after == before
+    names = [e["instance"] for e in json.loads(after[1])["ecms"]]
+    assert sorted(names) == ["node-a", "node-b"]
+    # --rm after the subcommand wins over the one before it (a dead address).
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "clients.rmctl", "--rm", "127.0.0.1:1", "node", "list",
+        "--rm", rm.target, "-o", "name",
+        stdout=asyncio.subprocess.PIPE, cwd=ROOT,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 0
+    assert sorted(out.decode().split()) == ["node/node-a", "node/node-b"]
+
+    rc, out, _ = await rmctl_run(rm, "node", "list", "-o", "yaml")
+    assert rc == 0 and out.startswith("ecms:\n  - instance: node-")
+    assert "    total_resource:\n      load_instance:\n        memory_bytes: " in out
+    rc, out, _ = await rmctl_run(rm, "node", "list", "--no-headers")
+    assert rc == 0 and [line.split()[0] for line in out.splitlines()] == names
+
+    rc, out, err = await rmctl_run(rm, "node", "list", "--bogus")
+    assert rc == 2 and out == ""
+    assert err.startswith("usage: rmctl node list") and "unrecognized arguments: --bogus" in err
+
+
+async def test_watch_json_streams_one_object_per_change(rm: Any) -> None:
+    """`-w -o json`: one line per object that appeared or changed, not a snapshot per round."""
+    async with AsyncRMClient(rm.target, timeout=10.0) as client:
+        await client.set_label_limit("userCreator=alice-IDE", load(4 << 30, 2000))
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "clients.rmctl", "--rm", rm.target, "limit", "list", "-w",
+            "-o", "json", "--watch-interval", "0.1", "--watch-rounds", "600",
+            stdout=asyncio.subprocess.PIPE, cwd=ROOT,
+        )  # fmt: skip
+        assert proc.stdout is not None
+        try:
+            first = json.loads(await asyncio.wait_for(proc.stdout.readline(), 30))
+            assert first["type"] == "ADDED"
+            assert first["object"]["pattern"] == "userCreator=alice-IDE"
+            await client.set_label_limit("userCreator=bob-IDE", load(2 << 30, 1000))
+            second = json.loads(await asyncio.wait_for(proc.stdout.readline(), 30))
+            assert (second["type"], second["object"]["pattern"]) == (
+                "ADDED",
+                "userCreator=bob-IDE",
+            )
+            await client.set_label_limit("userCreator=alice-IDE", load(8 << 30, 2000))
+            third = json.loads(await asyncio.wait_for(proc.stdout.readline(), 30))
+            assert (third["type"], third["object"]["pattern"]) == (
+                "MODIFIED",
+                "userCreator=alice-IDE",
+            )
+        finally:
+            proc.kill()
+            await proc.wait()
