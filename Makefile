@@ -34,7 +34,7 @@ TEST_ENV := $(if $(LABELRM_TEST_DATABASE_URL),env LABELRM_TEST_DATABASE_URL='$(L
 
 TYPED := rm_server clients ecm_agent engineconn bench
 
-.PHONY: help venv run test test-setup test-all-dbs format lint typecheck protos protos-check bench bench-native clean distclean
+.PHONY: ha-up ha-down ha-status help venv run test test-setup test-all-dbs format lint typecheck protos protos-check bench bench-native clean distclean
 
 help: ## list the targets
 	@echo "labelrm make targets:"
@@ -104,3 +104,12 @@ clean: ## remove caches and build output (keeps .venv and ./labelrm-data)
 
 distclean: clean ## clean, and remove .venv too (./labelrm-data is never removed)
 	rm -rf $(VENV)
+
+ha-up: ## start a local HA PostgreSQL (etcd + 3 Patroni members, synchronous replication; deploy/ha/ha.sh)
+	bash deploy/ha/ha.sh up
+
+ha-down: ## stop the local HA PostgreSQL and delete its state
+	bash deploy/ha/ha.sh down
+
+ha-status: ## patronictl list of the local HA PostgreSQL
+	bash deploy/ha/ha.sh status

@@ -234,7 +234,9 @@ def cmd_resource_list(client: RMClient, args: argparse.Namespace, out: TextIO) -
         print(to_json(resp), file=out)
         return 0
     wide = args.output == "wide"
-    header: tuple[str, ...] = ("label", "source", "max", "used", "locked", "left", "tickets")
+    header: tuple[str, ...] = (
+        "label", "source", "max", "used", "locked", "reserved", "left", "tickets"
+    )  # fmt: skip
     if wide:
         header += ("protected", "updated")
     rows = []
@@ -245,6 +247,7 @@ def cmd_resource_list(client: RMClient, args: argparse.Namespace, out: TextIO) -
             fmt_resource(opt(r, "max_resource")),
             fmt_resource(opt(r, "used_resource")),
             fmt_resource(opt(r, "locked_resource")),
+            fmt_resource(opt(r, "reserved_resource")),
             fmt_resource(opt(r, "left_resource")),
             str(r.live_tickets),
         )
@@ -268,6 +271,7 @@ def cmd_resource_show(client: RMClient, args: argparse.Namespace, out: TextIO) -
         ("protected", fmt_resource(opt(r, "protected_resource"))),
         ("used", fmt_resource(opt(r, "used_resource"))),
         ("locked", fmt_resource(opt(r, "locked_resource"))),
+        ("reserved", fmt_resource(opt(r, "reserved_resource"))),
         ("left", fmt_resource(opt(r, "left_resource"))),
         ("tickets", str(r.live_tickets)),
         ("updated", fmt_time(r.update_time)),

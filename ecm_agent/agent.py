@@ -199,6 +199,10 @@ class Agent:
     async def _heartbeat_loop(self) -> None:
         interval = self.settings.heartbeat_interval
         while not self._stop.is_set():
+            # Cleared before the beat is built, not after it is answered: a process event
+            # from now on (a launch carried out while this beat is in flight, or from its
+            # answer's commands) wakes the next beat at once instead of an interval later.
+            self._wake.clear()
             self._sequence += 1
             done = sorted(self._done)
             request = rm_pb.HeartbeatRequest(
@@ -225,7 +229,6 @@ class Agent:
             for command in response.commands:
                 await self._execute(command)
             delay = next_beat_delay(interval, time.monotonic() - sent_at, random.random())
-            self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=delay)
 

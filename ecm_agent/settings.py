@@ -6,9 +6,10 @@ import argparse
 import json
 import os
 import socket
+import stat
 import sys
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,10 @@ class AgentSettings:
     tls_ca: str = ""
     tls_cert: str = ""
     tls_key: str = ""
-    token: str = ""
+    # The token comes from the config file, LABELRM_AGENT_TOKEN or token_file (owner
+    # only), never from a flag: the command line shows in `ps` to every local user.
+    token: str = field(default="", repr=False)
+    token_file: str = ""
 
 
 HELP: dict[str, str] = {
@@ -70,7 +74,8 @@ HELP: dict[str, str] = {
     "tls_ca": "PEM CA bundle verifying the RM; turns TLS on",
     "tls_cert": "this agent's certificate (PEM); its CN or a DNS SAN is agent_id",
     "tls_key": "this agent's private key (PEM)",
-    "token": "bearer token with the agent role (instead of a certificate)",
+    "token": "bearer token with the agent role (config file or environment only, never a flag)",
+    "token_file": "file holding the token (the agent's user only may read or write it)",
 }
 """One line per setting: the flag's --help text, --print-config's comment and the table of
 docs/configuration.md (a test checks that every setting has one)."""
@@ -153,6 +158,11 @@ def load_agent_config(
     (one line) for an unreadable file, an unknown key or a value of the wrong type."""
     env = os.environ if environ is None else environ
     args = build_parser().parse_args(argv)
+    if args.token is not None:
+        raise SettingsError(
+            "--token would show the token to every local user (ps): set LABELRM_AGENT_TOKEN,"
+            " token in the config file, or --token-file"
+        )
     kinds = {f.name: f.type for f in fields(AgentSettings)}
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
@@ -183,6 +193,11 @@ def load_agent_config(
             put(name, getattr(args, name), "flag", "--" + name.replace("_", "-"))
     if not values.get("agent_id"):
         values["agent_id"] = socket.gethostname().split(".")[0]
+    if values.get("token_file"):
+        try:
+            values["token"] = read_token_file(Path(values["token_file"]))
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
     level = str(values.get("log_level", "INFO")).upper()
     if level not in LOG_LEVELS:
         raise SettingsError(f"log_level must be one of {', '.join(LOG_LEVELS)}, not {level!r}")
@@ -227,6 +242,26 @@ def check_files(s: AgentSettings) -> None:
         parse_labels(s.labels)
     except ValueError as exc:
         raise SettingsError(f"labels: {exc}") from None
+
+
+def read_token_file(path: Path) -> str:
+    """The token in `path`, which must be a regular file of the agent's user that no
+    one else may read or write (ValueError otherwise)."""
+    try:
+        info = path.stat()
+        text = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read token_file {path}: {exc}") from exc
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+        raise ValueError(f"token_file {path} must be a regular file of the agent's user")
+    if info.st_mode & 0o077:
+        raise ValueError(
+            f"token_file {path} is open to group or others (mode"
+            f" {stat.S_IMODE(info.st_mode):04o}): chmod 600 it"
+        )
+    if not text or "\n" in text:
+        raise ValueError(f"token_file {path} must hold one token")
+    return text
 
 
 def parse_labels(text: str) -> list[tuple[str, str]]:

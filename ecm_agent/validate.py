@@ -32,6 +32,9 @@ __all__ = [
     "MAX_EXEC_BYTES",
     "MAX_MATERIAL_BYTES",
     "RESERVED_WORK_DIR_NAMES",
+    "SECRET_ENV",
+    "SECRET_FILE",
+    "SECRET_FILE_ENV",
     "AgentPolicy",
     "LaunchRefused",
     "LaunchSpec",
@@ -75,12 +78,17 @@ DENIED_ENV_NAMES: frozenset[str] = frozenset(
 #: Prefixes a request may not set: LD_* (LD_PRELOAD, LD_LIBRARY_PATH, ...) and
 #: BASH_* (BASH_ENV, BASH_FUNC_name%% exported functions, BASH_XTRACEFD, ...).
 DENIED_ENV_PREFIXES: tuple[str, ...] = ("LD_", "BASH_")
+#: The executor's bearer token, chosen by the RM. The agent never writes it into the
+#: launch script (root's, mode 0644, and readable by whoever can enter the directory,
+#: such as the members of the user's group) nor into an environment a `ps e` shows: it
+#: goes into SECRET_FILE (the user's, 0600) and the EngineConn gets that file's path.
+SECRET_ENV = "LABELRM_EC_SECRET"
+SECRET_FILE_ENV = "LABELRM_EC_SECRET_FILE"
+SECRET_FILE = "labelrm-ec.secret"
 #: Set by the agent itself in every launch script; a request may not override them.
-#: LABELRM_EC_SECRET is deliberately not among them: the RM chooses it (the executor's
-#: bearer token) and the agent passes it on like any other request variable.
-AGENT_ENV_NAMES: frozenset[str] = frozenset({"LABELRM_EC_ID", "TMPDIR"})
+AGENT_ENV_NAMES: frozenset[str] = frozenset({"LABELRM_EC_ID", "TMPDIR", SECRET_FILE_ENV})
 #: Names in the work directory the agent creates itself; material files may not take them.
-RESERVED_WORK_DIR_NAMES: frozenset[str] = frozenset({"launch.sh", "logs", "tmp"})
+RESERVED_WORK_DIR_NAMES: frozenset[str] = frozenset({"launch.sh", "logs", "tmp", SECRET_FILE})
 
 MAX_ENV = 256
 MAX_ENV_NAME_BYTES = 256

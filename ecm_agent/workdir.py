@@ -17,7 +17,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from ecm_agent.validate import ENV_NAME_RE, AgentPolicy, LaunchRefused, LaunchSpec, ValidatedLaunch
+from ecm_agent.validate import (
+    ENV_NAME_RE,
+    SECRET_ENV,
+    SECRET_FILE,
+    SECRET_FILE_ENV,
+    AgentPolicy,
+    LaunchRefused,
+    LaunchSpec,
+    ValidatedLaunch,
+)
 
 LAUNCH_SCRIPT = "launch.sh"
 LOG_TAIL_BYTES = 4096
@@ -40,8 +49,11 @@ def work_dir_for(policy: AgentPolicy, spec: LaunchSpec, today: dt.date) -> Path:
 
 def launch_environment(validated: ValidatedLaunch, work_dir: Path) -> dict[str, str]:
     """The variables the launch script exports: the request's and the required
-    local ones (already validated) plus the agent's own."""
+    local ones (already validated) plus the agent's own. The executor's secret is not
+    among them: only the path of the file that holds it (`prepare_work_dir`)."""
     env = dict(validated.environment)
+    if env.pop(SECRET_ENV, None) is not None:
+        env[SECRET_FILE_ENV] = str(work_dir / SECRET_FILE)
     env["LABELRM_EC_ID"] = validated.spec.ec_id
     env["TMPDIR"] = str(work_dir / "tmp")
     return env
@@ -134,7 +146,8 @@ def prepare_work_dir(
 
     Parents are root-owned 0755 except ``<work_root>/<user>`` (the user's, 0750);
     the EngineConn directory and its contents belong to the user, except
-    ``launch.sh`` (root, 0644). Raises :class:`LaunchRefused` on symlink tricks or
+    ``launch.sh`` (root, 0644); material files and the executor's secret file are the
+    user's alone (0600, 0700 if executable). Raises :class:`LaunchRefused` on symlink tricks or
     an EngineConn directory that already exists; on failure nothing is left behind.
     """
     spec = validated.spec
@@ -173,8 +186,12 @@ def prepare_work_dir(
             logs_fd = hold(_open_dir(ec_fd, "logs"))
             tmp_fd = hold(_open_dir(ec_fd, "tmp"))
             for material in spec.material_files:
-                mode = 0o750 if material.executable else 0o640
+                # The user's alone: they include the EngineConn's private key.
+                mode = 0o700 if material.executable else 0o600
                 _write_new(ec_fd, material.name, material.content, mode, uid, gid)
+            secret = validated.environment.get(SECRET_ENV)
+            if secret is not None:
+                _write_new(ec_fd, SECRET_FILE, secret.encode("utf-8"), 0o600, uid, gid)
             _write_new(ec_fd, LAUNCH_SCRIPT, script.encode("utf-8"), 0o644, 0, 0)
             log_fd = os.open("launcher.log", _NEW_FILE_FLAGS | os.O_APPEND, 0o600, dir_fd=logs_fd)
             try:

@@ -2,8 +2,10 @@
 
 The executor listens on a local port, which every user of the host can reach, and runs
 code as the EngineConn's user. So every call must carry ``authorization: Bearer
-<secret>``: the secret the RM generates for each EngineConn at CreateEngineConn, puts
-into its launch environment (``LABELRM_EC_SECRET``) and hands back only to its owner
+<secret>``: the secret the RM generates for each EngineConn at CreateEngineConn, sends
+the agent with the launch, which writes it to a file only the EngineConn's user can read
+(``LABELRM_EC_SECRET_FILE`` names it; never into the launch script or the environment),
+and hands back only to its owner
 (proxy users and admins too) in the Create / Ask / Get responses. Anything else is
 UNAUTHENTICATED before the executor sees the request. Neither the secret nor a token a
 caller sent is ever logged.
@@ -21,6 +23,7 @@ import grpc
 log = logging.getLogger(__name__)
 
 SECRET_ENV = "LABELRM_EC_SECRET"
+SECRET_FILE_ENV = "LABELRM_EC_SECRET_FILE"
 AUTH_HEADER = "authorization"
 
 Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]]

@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -27,7 +28,7 @@ import grpc
 from labelrm.v1 import engine_conn_pb2, engine_conn_pb2_grpc, executor_pb2_grpc
 
 from engineconn import __version__
-from engineconn.auth import SECRET_ENV, SecretAuth
+from engineconn.auth import SECRET_ENV, SECRET_FILE_ENV, SecretAuth
 from engineconn.engines import ENGINES, load_engine
 from engineconn.executor import Executor
 
@@ -198,10 +199,16 @@ def parse_args(
     )
     args = parser.parse_args(argv)
     secret = env.get(SECRET_ENV, "")
+    if not secret and env.get(SECRET_FILE_ENV):
+        try:
+            secret = Path(env[SECRET_FILE_ENV]).read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            parser.error(f"cannot read {SECRET_FILE_ENV}: {exc}")
     if not secret and not args.insecure_executor:
         parser.error(
-            f"{SECRET_ENV} is not set: the executor would run anyone's code as this user "
-            "(launches by the RM set it; --insecure-executor runs without authentication)"
+            f"neither {SECRET_FILE_ENV} nor {SECRET_ENV} is set: the executor would run"
+            " anyone's code as this user (launches by the RM set the file; --insecure-executor"
+            " runs without authentication)"
         )
     if bool(args.tls_cert) != bool(args.tls_key):
         parser.error("--tls-cert and --tls-key go together")
@@ -449,6 +456,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Executions inherit this process's environment: the secret is the executor's, not
     # something user code (which may print its environment anywhere) needs to see.
     os.environ.pop(SECRET_ENV, None)
+    os.environ.pop(SECRET_FILE_ENV, None)
     log.info("%s", context.log_line())
     try:
         return asyncio.run(Runtime(context, settings).run())

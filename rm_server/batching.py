@@ -1,5 +1,5 @@
 """Group concurrent requests into shared transactions: Apply / ReportUsed / Release
-(rm_server/store/batch.py) and agent heartbeats (rm_server/store/heartbeats.py).
+(rm_server/store/tickets.py) and agent heartbeats (rm_server/store/heartbeats.py).
 
 Requests queue in arrival order. When fewer than `max_inflight` groups are running,
 everything queued (up to `max_batch`) leaves as one group at once: a request that

@@ -74,8 +74,16 @@ class Settings:
     token_file: str = ""  # bearer tokens: SHA-256 -> user, roles (rmctl token add)
     proxy_users: str = ""  # comma-separated users who may act on behalf of others
     insecure: bool = False  # allow a non-loopback listener without TLS
+    # Take client certificates without a labelrm://agent/ identity (host certificates of
+    # the operator's CA) as agents named by their CN / DNS names (docs/security.md)
+    allow_host_certificates: bool = False
     apply_rate: float = 50.0  # apply-like calls per second and user (0: unlimited)
     apply_burst: int = 100
+    call_rate: float = 200.0  # calls of any user RPC per second and user (0: unlimited)
+    call_burst: int = 400
+    # Largest request of a user RPC (agents' RPCs take up to max_message_bytes)
+    user_max_message_bytes: int = 256 * 1024
+    max_watch_streams: int = 16  # open health Watch streams per peer address (0: unlimited)
     max_waiting_applies: int = 32  # per user (0: unlimited)
     auth_failure_limit: int = 10  # failed authentications per peer within the window
     auth_failure_window: float = 60.0

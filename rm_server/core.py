@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -23,22 +23,20 @@ from rm_server.domain.model import (
     ConsistencyReport,
     Ecm,
     LabelResource,
-    Refusal,
     StoredLimit,
     Ticket,
 )
 from rm_server.domain.resources import Resource
-from rm_server.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
+from rm_server.errors import DeadlineExceeded, InvalidArgument
 from rm_server.store import admin as admin_store
-from rm_server.store import batch as batch_store
 from rm_server.store import tickets as ticket_store
 from rm_server.store.admin import Registration
-from rm_server.store.db import Conn, Database, Idempotency, OutcomeEncoder, Replay
+from rm_server.store.db import Database, Idempotency, OutcomeEncoder, Replay
 from rm_server.store.notify import LabelNotifier
 
 log = logging.getLogger(__name__)
 
-AfterApply = Callable[[Conn, Ticket], Awaitable[None]]
+AfterApply = ticket_store.AfterApply
 
 
 @dataclass(frozen=True)
@@ -70,7 +68,7 @@ class RMCore:
     clock: Clock = field(default_factory=SystemClock)
     new_id: IdFactory = random_ids
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
-    _combiner: Combiner[batch_store.Op] | None = None
+    _combiner: Combiner[ticket_store.Op] | None = None
     _retention_checked_at: datetime | None = None
     _keys_cache: dict[tuple[Label, ...], tuple[str, ...]] = field(default_factory=dict)
     _keys_rules: tuple[TransformRule, ...] | None = None
@@ -155,6 +153,7 @@ class RMCore:
         wait_seconds: float,
         encoder: OutcomeEncoder[Ticket],
         after: AfterApply | None = None,
+        engine_conn_id: str = "",
     ) -> Ticket | Replay:
         """Lock `resource` on every resource-carrying label, or wait for it (FIFO).
 
@@ -164,7 +163,16 @@ class RMCore:
         ticket_id = self.new_id("t")
         if wait_seconds <= 0:
             return await self._apply_once(
-                idem, encoder, ticket_id, user, labels, keys, resource, None, after=after
+                idem,
+                encoder,
+                ticket_id,
+                user,
+                labels,
+                keys,
+                resource,
+                None,
+                after=after,
+                engine_conn_id=engine_conn_id,
             )
         deadline = time.monotonic() + wait_seconds
         waiter: int | None = None
@@ -224,54 +232,27 @@ class RMCore:
         *,
         may_wait: bool = False,
         after: AfterApply | None = None,
+        engine_conn_id: str = "",
     ) -> Ticket | Replay:
-        combiner = self._grouping() if after is None else None
+        op = ticket_store.ApplyOp(
+            idem,
+            encoder,
+            ticket_id,
+            user,
+            labels,
+            keys,
+            resource,
+            self.settings.lock_timeout,
+            waiter,
+            may_wait,
+            after,
+            engine_conn_id,
+        )
         while True:
-            now = self.clock.now()
-            if combiner is not None:
-                op = batch_store.ApplyOp(
-                    idem,
-                    encoder,
-                    ticket_id,
-                    user,
-                    labels,
-                    keys,
-                    resource,
-                    self.settings.lock_timeout,
-                    waiter,
-                    may_wait,
-                )
-                try:
-                    outcome: Ticket | Replay = await combiner.submit(op)
-                    return outcome
-                except ticket_store.NeedLimitRows as need:
-                    await self.db.run(
-                        lambda c, n=need, at=now: admin_store.ensure_limit_rows(c, n.labels, at)  # type: ignore[misc]
-                    )
-                    continue
-            cmd = ticket_store.ApplyCommand(
-                ticket_id=ticket_id,
-                user=user,
-                labels=labels,
-                keys=keys,
-                resource=resource,
-                now=now,
-                lock_expires_at=now + self.settings.lock_timeout,
-                waiter_seq=waiter,
-                may_wait=may_wait,
-            )
-
-            async def body(conn: Conn, cmd: ticket_store.ApplyCommand = cmd) -> Ticket:
-                outcome = await ticket_store.apply(conn, cmd)
-                if isinstance(outcome, Refusal):
-                    raise _refused(outcome)
-                if after is not None:
-                    await after(conn, outcome)
-                return outcome
-
             try:
-                return await self.db.run_idempotent(idem, now, body, encoder)
+                return await self._submit(op)
             except ticket_store.NeedLimitRows as need:
+                now = self.clock.now()
                 await self.db.run(
                     lambda c, n=need, at=now: admin_store.ensure_limit_rows(c, n.labels, at)  # type: ignore[misc]
                 )
@@ -283,32 +264,30 @@ class RMCore:
         used: Resource | None,
         encoder: OutcomeEncoder[Ticket],
     ) -> Ticket | Replay:
-        combiner = self._grouping()
-        if combiner is not None:
-            outcome: Ticket | Replay = await combiner.submit(
-                batch_store.ReportOp(idem, encoder, ticket_id, used)
-            )
-            return outcome
-        now = self.clock.now()
-        return await self.db.run_idempotent(
-            idem, now, lambda c: ticket_store.report_used(c, ticket_id, used, now), encoder
-        )
+        """A user's ReportUsed (refused on a ticket an EngineConn owns)."""
+        op = ticket_store.ReportOp(idem, encoder, ticket_id, used, from_user=True)
+        return await self._submit(op)
 
     async def release(
         self, idem: Idempotency, ticket_id: str, encoder: OutcomeEncoder[Ticket]
     ) -> Ticket | Replay:
+        """A user's Release (refused on a ticket an EngineConn owns)."""
+        op = ticket_store.ReleaseOp(idem, encoder, ticket_id, from_user=True)
+        return await self._submit(op)
+
+    async def _submit(self, op: ticket_store.Op) -> Ticket | Replay:
+        """Run `op` in the next group (grouping on), or in a group of its own."""
         combiner = self._grouping()
         if combiner is not None:
-            outcome: Ticket | Replay = await combiner.submit(
-                batch_store.ReleaseOp(idem, encoder, ticket_id)
-            )
+            outcome: Ticket | Replay = await combiner.submit(op)
             return outcome
-        now = self.clock.now()
-        return await self.db.run_idempotent(
-            idem, now, lambda c: ticket_store.release(c, ticket_id, now), encoder
-        )
+        (alone,) = await self._run_group([op])
+        if isinstance(alone, BaseException):
+            raise alone
+        assert alone is not None  # only expiry answers None
+        return alone
 
-    def _grouping(self) -> Combiner[batch_store.Op] | None:
+    def _grouping(self) -> Combiner[ticket_store.Op] | None:
         """The request combiner, or None when grouping is off (CoreSettings.batch_max)."""
         if self.settings.batch_max <= 0:
             return None
@@ -320,14 +299,16 @@ class RMCore:
             )
         return self._combiner
 
-    async def _run_group(self, ops: Sequence[batch_store.Op]) -> list[batch_store.Outcome]:
+    async def _run_group(self, ops: Sequence[ticket_store.Op]) -> list[ticket_store.Outcome]:
         """One transaction for `ops` (each alone should the group fail as a whole)."""
         return await each_alone_on_failure(self._group_transaction, ops, "requests")
 
-    async def _group_transaction(self, ops: Sequence[batch_store.Op]) -> list[batch_store.Outcome]:
+    async def _group_transaction(
+        self, ops: Sequence[ticket_store.Op]
+    ) -> list[ticket_store.Outcome]:
         now = self.clock.now()
         return await self.db.run(
-            lambda c: batch_store.run(c, ops, now), pipeline=True, retry_unique=True
+            lambda c: ticket_store.run(c, ops, now), pipeline=True, retry_unique=True
         )
 
     async def get_ticket(self, ticket_id: str) -> Ticket:
@@ -412,7 +393,3 @@ class RMCore:
 
     async def check_consistency(self) -> ConsistencyReport:
         return await self.db.run(admin_store.check_consistency, read_only=True)
-
-
-def _refused(refusal: Refusal) -> ResourceExhausted:
-    return batch_store.refusal_error(refusal)

@@ -229,6 +229,7 @@ class DemandManager:
 
         async def body(conn: Conn) -> Demand:
             d = await _locked(conn, demand_id)
+            now = self.clock.now()  # decided once the demand is held, not before the wait
             if d.state is S.FAILED:
                 return d  # cancelling twice is not an error
             if d.state is S.FINISHED:
@@ -246,6 +247,7 @@ class DemandManager:
 
         async def body(conn: Conn) -> Claimed:
             d = await _locked(conn, demand_id)
+            now = self.clock.now()  # decided once the demand is held, not before the wait
             if d.state is S.ALLOCATED and d.claim_expires_at and now >= d.claim_expires_at:
                 raise FailedPrecondition(
                     f"demand {demand_id} was not claimed within the claim timeout",
@@ -288,48 +290,63 @@ class DemandManager:
             await asyncio.sleep(self.settings.interval)
 
     async def tick(self) -> int:
-        """One pass: a round for every due demand (at most ``batch``); returns how many."""
-        now = self.clock.now()
+        """One pass: a round for every due demand (at most ``batch``); returns how many.
+
+        Each round reads the clock itself, and each decision in it again (a pass over
+        many demands takes a while): a window is judged, and a transition dated, by the
+        time at which it is decided, never by the start of the pass.
+        """
         done = 0
         while done < self.settings.batch:
-            if not await self.db.run(lambda c: self._round(c, now)):
+            if not await self.db.run(self._round):
                 break
             done += 1
         return done
 
-    async def _round(self, conn: Conn, now: datetime) -> bool:
-        d = await store.claim_due(conn, now)
+    async def _round(self, conn: Conn) -> bool:
+        d = await store.claim_due(conn, self.clock.now())
         if d is None:
             return False
         before = d
         try:
             async with conn.transaction():  # a savepoint: an error undoes the half-done round
-                d = await self._decide_and_act(conn, d, now)
+                d = await self._decide_and_act(conn, d)
         except LabelrmError as err:  # e.g. its resource no longer matches a label
             log.warning("demand %s failed: %s", before.demand_id, err.message)
-            d = await self._fail(conn, before, f"planner: {err.message}", now)
+            d = await self._fail(conn, before, f"planner: {err.message}", self.clock.now())
         except Exception as exc:
             if store.is_transient(exc):
                 raise  # the whole transaction is retried
             # A bug must not stall every other demand: log it, look again next round.
             log.exception("planner round of demand %s failed", before.demand_id)
+            now = self.clock.now()
             soon = now + self.planner.round_length
             d = await store.update(conn, before, now, next_check_at=soon)
         if d.state.active:
+            now = self.clock.now()
             start, end = plan.occupation(d.view(), now, self.planner)
             if (start, end) != (d.plan_start, d.plan_end):
                 await store.lock_plan(conn, d.charged_labels)
                 d = await store.update(conn, d, now, plan_start=start, plan_end=end)
         return True
 
-    async def _decide_and_act(self, conn: Conn, d: Demand, now: datetime) -> Demand:
+    async def _decide_and_act(self, conn: Conn, d: Demand) -> Demand:
         for _ in range(MAX_STEPS):
             finished = await store.finished_map(conn, order_ids(d.conditions.order_by))
             ticket = await store.ticket_status(conn, d.ticket_id) if d.ticket_id else None
+            now = self.clock.now()
             decision = plan.decide(d.view(), now, self.planner, finished, ticket)
+            if decision.action is plan.Action.ALLOCATE:
+                # Take the labels first (waiting out any release under way), then decide
+                # again: an allocation is judged and dated at the time it holds them,
+                # never before the release that made room for it.
+                await store.lock_labels(conn, d.charged_labels, now)
+                now = self.clock.now()
+                decision = plan.decide(d.view(), now, self.planner, finished, ticket)
             d, again = await self._act(conn, d, decision, now)
             if not again:
                 return d
+        now = self.clock.now()
         return await store.update(conn, d, now, next_check_at=now + self.planner.round_length)
 
     async def _act(

@@ -136,8 +136,13 @@ class EngineConnManager:
             )
         return creator.user, engine_type.engine, engine_type.version
 
-    async def create(self, req: CreateRequest) -> EngineConn:
-        """Start a new EngineConn and wait until it is ready; see the module docstring."""
+    async def create(self, req: CreateRequest, hold: timedelta | None = None) -> EngineConn:
+        """Start a new EngineConn and wait until it is ready; see the module docstring.
+
+        With ``hold`` (AskEngineConn), the EngineConn is held for the request from its
+        creation (so no other Ask can take it once it turns IDLE) until ``hold`` after it
+        is ready, exactly like an EngineConn that Ask reused.
+        """
         user, engine, version = self._validate(req)
         try:
             plugin = plugin_for(engine)
@@ -160,23 +165,32 @@ class EngineConnManager:
             # 32 random bytes: its ExecutorService serves only callers that present it.
             secret=secrets.token_urlsafe(32),
         )
+        if hold is not None:  # held while it starts; the hold counts from when it is ready
+            start_limit = timedelta(seconds=req.timeout) + self.settings.start_timeout
+            fresh = replace(fresh, holder=req.request_id, hold_expires_at=now + start_limit + hold)
         # A retry of the same request gets the first claim's row, secret included.
         ec = await self.db.run(lambda c: ec_store.claim_ec(c, fresh, req.request_id))
         deadline = time.monotonic() + req.timeout
         if ec.ec_id != fresh.ec_id:  # a retry of a request already under way
             return await self._outcome_of(ec.ec_id, deadline)
         try:
-            return await self._launch_attempts(ec, user, engine, version, resource, deadline)
+            ready = await self._launch_attempts(ec, user, engine, version, resource, deadline)
         except BaseException as exc:
             reason = exc.message if isinstance(exc, LabelrmError) else "cancelled"
             await self._fail_if_starting(ec.ec_id, reason)
             raise
+        if hold is None:
+            return ready
+        until = self.core.clock.now() + hold
+        await self.db.run(lambda c: ec_store.set_hold(c, ec.ec_id, req.request_id, until))
+        return replace(ready, holder=req.request_id, hold_expires_at=until)
 
     async def ask(self, req: CreateRequest, hold: float) -> tuple[EngineConn, bool]:
         """Reuse an IDLE EngineConn of the same user and labels (held for the caller)."""
         user, _, _ = self._validate(req)
         now = self.core.clock.now()
-        until = now + (timedelta(seconds=hold) if hold > 0 else self.settings.hold)
+        length = timedelta(seconds=hold) if hold > 0 else self.settings.hold
+        until = now + length
         reused = await self.db.run(
             lambda c: ec_store.take_reusable(
                 c, user, label_set(req.labels), req.request_id, until, now
@@ -184,7 +198,7 @@ class EngineConnManager:
         )
         if reused is not None:
             return replace(reused, holder=req.request_id, hold_expires_at=until), True
-        return await self.create(req), False
+        return await self.create(req, hold=length), False
 
     async def _launch_attempts(
         self,
@@ -335,18 +349,31 @@ class EngineConnManager:
         labels = (*[lb for lb in ec.labels if lb.key != EM_INSTANCE], Label(EM_INSTANCE, ecm))
         idem = Idempotency.of("CreateEngineConn.Apply", f"{ec.ec_id}/{attempt}", b"")
         outcome = await self.core.apply(
-            idem, user, labels, resource, 0.0, _TicketIdEncoder(), after=queue_launch
+            idem,
+            user,
+            labels,
+            resource,
+            0.0,
+            _TicketIdEncoder(),
+            after=queue_launch,
+            engine_conn_id=ec.ec_id,
         )
         if isinstance(outcome, Replay):  # pragma: no cover - attempt ids are unique
             raise FailedPrecondition("launch attempt already made", state="STARTING")
 
     async def _await_ready(self, ec_id: str, deadline: float) -> EngineConn:
-        """Wait for the EngineConn to leave STARTING (woken by NOTIFY ec:<id>)."""
+        """Wait for the EngineConn to leave STARTING (woken by NOTIFY ec:<id>).
+
+        Ready takes two reports: the EngineConn's own (IDLE, with its address) and its
+        agent's heartbeat with the process (pid, work dir). Either may come first: a fork
+        from a warm fork server reports IDLE before the agent's next heartbeat.
+        """
         with self.core.notifier.subscribe([ec_key(ec_id)]) as changed:
             while True:
                 changed.clear()
                 ec = await self.db.run(lambda c: ec_store.get_ec(c, ec_id))
-                if ec.state is not EcState.STARTING:
+                up = ec.state in (EcState.IDLE, EcState.BUSY)
+                if ec.state is not EcState.STARTING and (ec.pid or not up):
                     return ec
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:

@@ -11,6 +11,7 @@ from typing import Any
 
 from rm_server.config import load_config
 from rm_server.dev import run_dev
+from rm_server.embedded import EmbeddedDatabaseError
 from rm_server.observability.logging import setup_logging
 from rm_server.security.setup import SecurityConfigError
 from rm_server.server import RMServer
@@ -52,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     except SecurityConfigError as exc:
         print(f"rm-server: {exc}", file=sys.stderr)
         return 2
+    except EmbeddedDatabaseError as exc:
+        print(f"rm-server: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

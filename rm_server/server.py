@@ -152,7 +152,12 @@ class RMServer:
         self._liveness = asyncio.create_task(self._liveness_forever(), name="liveness")
         # Every service is added to the interceptor, which wraps each method once with
         # logs, metrics, security and error statuses, then installs them (its module doc).
-        calls = Interceptor(auth=self.security.interceptor(self._db), metrics=self.metrics)
+        calls = Interceptor(
+            auth=self.security.interceptor(self._db),
+            metrics=self.metrics,
+            limits=self.security.limits,
+            user_max_message_bytes=self.settings.user_max_message_bytes,
+        )
         resource_manager_pb2_grpc.add_ResourceManagerServiceServicer_to_server(
             ResourceManagerServicer(self.core, self.hub), calls
         )

@@ -137,10 +137,32 @@ async def stop_in_process(rm: InProcessRM) -> None:
     await rm.server.stop(grace=0.5)
 
 
+# The two ways Apply / ReportUsed / Release run: grouped with concurrent requests in
+# shared transactions (the default), and one transaction per request (batch_max = 0).
+GROUPING = {"grouped": 256, "one-by-one": 0}
+
+
+@pytest.fixture(params=list(GROUPING.values()), ids=list(GROUPING))
+def grouping(request: pytest.FixtureRequest) -> int:
+    """A test module that uses this fixture (`pytestmark = BOTH_PATHS`) runs every
+    test twice: its RMs (`rm`, `rm_manual_clock`, `rm_process_factory`,
+    `grouping_overrides()`) group requests, then run each alone."""
+    return int(request.param)
+
+
+BOTH_PATHS = pytest.mark.usefixtures("grouping")
+
+
+def _grouping_of(request: pytest.FixtureRequest) -> dict[str, Any]:
+    if "grouping" not in request.fixturenames:
+        return {}
+    return {"batch_max": request.getfixturevalue("grouping")}
+
+
 @pytest.fixture
-async def rm(database_url: str) -> AsyncIterator[InProcessRM]:
+async def rm(database_url: str, request: pytest.FixtureRequest) -> AsyncIterator[InProcessRM]:
     """A fresh in-process RM on a fresh database, real gRPC over a real socket."""
-    server = await start_in_process(database_url)
+    server = await start_in_process(database_url, **_grouping_of(request))
     try:
         yield server
     finally:
@@ -148,10 +170,22 @@ async def rm(database_url: str) -> AsyncIterator[InProcessRM]:
 
 
 @pytest.fixture
-async def rm_manual_clock(database_url: str) -> AsyncIterator[InProcessRM]:
+def grouping_overrides(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """Settings overrides for RMs a test starts itself (start_in_process)."""
+    return _grouping_of(request)
+
+
+@pytest.fixture
+async def rm_manual_clock(
+    database_url: str, request: pytest.FixtureRequest
+) -> AsyncIterator[InProcessRM]:
     """Like `rm`, with a ManualClock and no background sweeper timing in the way."""
     server = await start_in_process(
-        database_url, clock=ManualClock(), lock_timeout=60.0, sweep_interval=3600.0
+        database_url,
+        clock=ManualClock(),
+        lock_timeout=60.0,
+        sweep_interval=3600.0,
+        **_grouping_of(request),
     )
     try:
         yield server
@@ -234,12 +268,18 @@ def wait_serving(target: str, timeout: float, process: RMProcess | None = None) 
 
 
 @pytest.fixture
-def rm_process_factory(database_url: str, tmp_path: Path) -> Iterator[Any]:
+def rm_process_factory(
+    database_url: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Any]:
     started: list[RMProcess] = []
+    grouping = tuple(f"--{k.replace('_', '-')}={v}" for k, v in _grouping_of(request).items())
 
     def make(*extra: str, url: str | None = None) -> RMProcess:
         proc = RMProcess(
-            url or database_url, free_port(), tmp_path / f"rm-{len(started)}.log", extra
+            url or database_url,
+            free_port(),
+            tmp_path / f"rm-{len(started)}.log",
+            (*grouping, *extra),
         )
         started.append(proc)
         return proc
@@ -415,3 +455,15 @@ async def cluster_rm(database_url: str) -> AsyncIterator[InProcessRM]:
         yield server
     finally:
         await stop_in_process(server)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `ha` bring their own Patroni cluster and ignore the database target:
+    they run in the embedded-database pass only (deselected, not skipped, when
+    LABELRM_TEST_DATABASE_URL names another server), so CI runs them once."""
+    if not os.environ.get("LABELRM_TEST_DATABASE_URL"):
+        return
+    kept = [item for item in items if item.get_closest_marker("ha") is None]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i not in kept])
+        items[:] = kept

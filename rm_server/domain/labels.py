@@ -11,8 +11,11 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from rm_server.domain.text import clip
+
 MAX_LABEL_LENGTH = 256
 MAX_LABELS = 32
+MAX_KEY_LENGTH = 64  # what KEY_RE allows
 
 USER_CREATOR = "userCreator"
 ENGINE_TYPE = "engineType"
@@ -51,7 +54,7 @@ def check_key(key: object, field: str = "key") -> str:
     # fullmatch, not match + '$': '$' would accept a trailing newline.
     if not KEY_RE.fullmatch(key):
         raise LabelError(
-            field, f"invalid label key {key!r}: expected [A-Za-z][A-Za-z0-9_.-]{{0,63}}"
+            field, f"invalid label key {clip(key)}: expected [A-Za-z][A-Za-z0-9_.-]{{0,63}}"
         )
     return key
 
@@ -62,20 +65,22 @@ def _check_known_value(key: str, value: str) -> None:
         user, sep, creator = value.rpartition("-")
         if not sep or not _USER_RE.fullmatch(user) or not _CREATOR_RE.fullmatch(creator):
             raise LabelError(
-                "value", f"invalid {key} {value!r}: expected 'user-creator' (e.g. 'alice-IDE')"
+                "value", f"invalid {key} {clip(value)}: expected 'user-creator' (e.g. 'alice-IDE')"
             )
     elif key == ENGINE_TYPE:
         engine, sep, version = value.partition("-")
         if not sep or not _ENGINE_RE.fullmatch(engine) or not _VERSION_RE.fullmatch(version):
             raise LabelError(
-                "value", f"invalid {key} {value!r}: expected 'type-version' (e.g. 'spark-3.2.1')"
+                "value",
+                f"invalid {key} {clip(value)}: expected 'type-version' (e.g. 'spark-3.2.1')",
             )
     elif key in (EM_INSTANCE, EC_INSTANCE):
         m = _INSTANCE_RE.fullmatch(value)
         port = m.group(1) if m else None
         if m is None or (port is not None and not 1 <= int(port) <= 65535):
             raise LabelError(
-                "value", f"invalid {key} {value!r}: expected 'host' or 'host:port' (port 1..65535)"
+                "value",
+                f"invalid {key} {clip(value)}: expected 'host' or 'host:port' (port 1..65535)",
             )
 
 
@@ -92,14 +97,14 @@ class Label:
             raise LabelError("value", f"must be a string, got {type(self.value).__name__}")
         if not self.value:
             raise LabelError("value", f"label {self.key!r} has an empty value")
+        if len(self.key) + 1 + len(self.value) > MAX_LABEL_LENGTH:  # before any regex
+            raise LabelError("", f"label {self.key!r} is longer than {MAX_LABEL_LENGTH} characters")
         if not _VALUE_RE.fullmatch(self.value):
             raise LabelError(
                 "value",
-                f"invalid value {self.value!r} for {self.key!r}: allowed characters are "
+                f"invalid value {clip(self.value)} for {self.key!r}: allowed characters are "
                 "A-Z a-z 0-9 _ . : @ / + -",
             )
-        if len(self.key) + 1 + len(self.value) > MAX_LABEL_LENGTH:
-            raise LabelError("", f"label {self.key!r} is longer than {MAX_LABEL_LENGTH} characters")
         _check_known_value(self.key, self.value)
 
     def __str__(self) -> str:
@@ -112,7 +117,7 @@ class Label:
             raise LabelError(field, f"label must be a string, got {type(text).__name__}")
         key, sep, value = text.partition("=")
         if not sep:
-            raise LabelError(field, f"label {text!r} is not of the form key=value")
+            raise LabelError(field, f"label {clip(text)} is not of the form key=value")
         return make_label(key, value, field)
 
     def _expect(self, key: str) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from rm_server.domain.labels import Label
-from rm_server.domain.resources import Resource, Shortfall
+from rm_server.domain.resources import Resource, Shortfall, headroom
 
 
 class TicketState(enum.StrEnum):
@@ -44,6 +44,8 @@ class Ticket:
     lock_expires_at: datetime | None = None
     ended_at: datetime | None = None
     end_reason: str = ""
+    # Set when the ticket was charged for an EngineConn: its lifecycle owns the ticket.
+    engine_conn_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,16 @@ class LabelResource:
     locked: Resource
     live_tickets: int
     updated_at: datetime
+    # Held for demands in their reservation window (an Apply counts it as in use).
+    reserved: Resource | None = None
+
+    def left(self) -> Resource | None:
+        """What an Apply may still take: ``max - used - locked - protected - reserved``,
+        clamped at 0 per dimension; None without a maximum."""
+        if self.max_resource is None:
+            return None
+        held = self.protected if self.reserved is None else self.protected + self.reserved
+        return headroom(self.max_resource, self.used, self.locked, held)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rm_server.domain.text import clip, short
+
 
 # str mixin (not StrEnum) as specified; kinds compare equal to their wire strings.
 class ResourceKind(str, enum.Enum):  # noqa: UP042
@@ -39,6 +41,10 @@ YARN_MEMORY = "yarn.memory_bytes"
 YARN_CPU = "yarn.cpu_millis"
 YARN_INSTANCES = "yarn.instances"
 SPECIAL_PREFIX = "special."
+# Special dimensions one request may name (each becomes a stored dimension of every
+# label record it touches), and the longest name (_SPECIAL_NAME_RE).
+MAX_SPECIAL_DIMENSIONS = 16
+MAX_SPECIAL_NAME_LENGTH = 64
 
 # Dimension names are globally unique across kinds, so converting a narrower kind to a wider one
 # is just "add the missing dimensions at zero". SPECIAL has no fixed dimensions.
@@ -122,26 +128,27 @@ def _check_quantity(dimension: str, value: object) -> int:
     # bool is an int subclass; True as "1 byte" is always a caller bug, so reject it.
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidResourceError(
-            f"quantity of {dimension!r} must be an integer, got {type(value).__name__}", dimension
+            f"quantity of {clip(dimension)} must be an integer, got {type(value).__name__}",
+            short(dimension),
         )
     if value < 0:
         raise InvalidResourceError(
-            f"quantity of {dimension!r} must be >= 0, got {value}", dimension
+            f"quantity of {clip(dimension)} must be >= 0, got {value}", short(dimension)
         )
     if value > MAX_QUANTITY:
         raise InvalidResourceError(
-            f"quantity of {dimension!r} exceeds the maximum {MAX_QUANTITY}", dimension
+            f"quantity of {clip(dimension)} exceeds the maximum {MAX_QUANTITY}", short(dimension)
         )
     return int(value)
 
 
 def _check_special_dimension(dimension: str) -> None:
     name = dimension[len(SPECIAL_PREFIX) :] if dimension.startswith(SPECIAL_PREFIX) else ""
-    if not _SPECIAL_NAME_RE.fullmatch(name):
+    if len(name) > MAX_SPECIAL_NAME_LENGTH or not _SPECIAL_NAME_RE.fullmatch(name):
         raise InvalidResourceError(
-            f"invalid special dimension {dimension!r}: expected 'special.<name>' with <name> "
-            "matching [A-Za-z][A-Za-z0-9_.-]{0,63}",
-            dimension,
+            f"invalid special dimension {clip(dimension)}: expected 'special.<name>' with"
+            " <name> matching [A-Za-z][A-Za-z0-9_.-]{0,63}",
+            short(dimension),
         )
 
 
@@ -182,10 +189,12 @@ class Resource:
         seen: dict[str, int] = {}
         for entry in self.quantities:
             if not isinstance(entry, tuple) or len(entry) != 2 or not isinstance(entry[0], str):
-                raise InvalidResourceError(f"quantity entry {entry!r} is not a (name, int) pair")
+                raise InvalidResourceError(
+                    f"quantity entry {clip(entry)} is not a (name, int) pair"
+                )
             name, value = entry
             if name in seen:
-                raise InvalidResourceError(f"duplicate dimension {name!r}", name)
+                raise InvalidResourceError(f"duplicate dimension {clip(name)}", short(name))
             seen[name] = _check_quantity(name, value)
         if self.kind is ResourceKind.SPECIAL:
             for name in seen:
@@ -196,7 +205,8 @@ class Resource:
             for name in seen:
                 if name not in expected:
                     raise InvalidResourceError(
-                        f"dimension {name!r} does not belong to kind {self.kind.value}", name
+                        f"dimension {clip(name)} does not belong to kind {self.kind.value}",
+                        short(name),
                     )
             for name in expected:
                 if name not in seen:
@@ -275,10 +285,14 @@ class Resource:
 
         Names already carrying the ``special.`` prefix are accepted as-is.
         """
+        if len(quantities) > MAX_SPECIAL_DIMENSIONS:  # counted before any is looked at
+            raise InvalidResourceError(
+                f"too many special dimensions: {len(quantities)} > {MAX_SPECIAL_DIMENSIONS}"
+            )
         entries: list[tuple[str, int]] = []
         for name, value in quantities.items():
             if not isinstance(name, str):
-                raise InvalidResourceError(f"special name must be a string, got {name!r}")
+                raise InvalidResourceError(f"special name must be a string, got {clip(name)}")
             dim = name if name.startswith(SPECIAL_PREFIX) else SPECIAL_PREFIX + name
             entries.append((dim, value))
         return cls(ResourceKind.SPECIAL, tuple(entries))

@@ -69,8 +69,14 @@ class RpcLog:
     @property
     def peer(self) -> str:
         if self._peer is None:
+            self.resolve_peer()
+        return self._peer or ""
+
+    def resolve_peer(self) -> None:
+        """Look the peer up now. Only while the call runs: grpc's context must not be
+        asked once the call has ended (its core call may be gone)."""
+        if self._peer is None:
             self._peer = str(self.context.peer() or "")
-        return self._peer
 
     def finish(self, level: int, code: str, reason: str, seconds: float) -> None:
         """Log the call's ``rpc`` event (with the caller the auth step found, if any),

@@ -47,7 +47,6 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from rm_server.domain.model import LabelResource
-from rm_server.domain.resources import headroom
 
 log = logging.getLogger(__name__)
 
@@ -295,9 +294,14 @@ class LabelResourceCollector(Collector):
         maximum = GaugeMetricFamily(
             "labelrm_label_max", "Maximum resource of an ECM or limit label.", labels=names
         )
+        reserved = GaugeMetricFamily(
+            "labelrm_label_reserved",
+            "Resource reserved for demands in their window (counted as in use).",
+            labels=names,
+        )
         left = GaugeMetricFamily(
             "labelrm_label_left",
-            "What is left: max - used - locked - protected, clamped at 0.",
+            "What is left: max - used - locked - protected - reserved, clamped at 0.",
             labels=names,
         )
         tickets = GaugeMetricFamily(
@@ -310,14 +314,14 @@ class LabelResourceCollector(Collector):
         for r in snap.records:
             source = r.source or "-"
             per_source[source] = per_source.get(source, 0) + 1
-            for family, resource in ((used, r.used), (locked, r.locked)):
-                for dim, qty in resource.quantities:
+            for family, held in ((used, r.used), (locked, r.locked), (reserved, r.reserved)):
+                for dim, qty in held.quantities if held is not None else ():
                     family.add_metric([r.label, source, dim], qty)
             if r.max_resource is not None:
                 for dim, qty in r.max_resource.quantities:
                     maximum.add_metric([r.label, source, dim], qty)
                 try:
-                    rest = headroom(r.max_resource, r.used, r.locked, r.protected)
+                    rest = r.left()
                 except ValueError:  # incompatible kinds: `check` reports it, skip here
                     rest = None
                 for dim, qty in rest.quantities if rest is not None else ():
@@ -325,7 +329,7 @@ class LabelResourceCollector(Collector):
             tickets.add_metric([r.label, source], r.live_tickets)
         for source, count in sorted(per_source.items()):
             records.add_metric([source], count)
-        yield from (used, locked, maximum, left, tickets, records)
+        yield from (used, locked, reserved, maximum, left, tickets, records)
         yield GaugeMetricFamily(
             "labelrm_label_records_truncated",
             "1 when more label records exist than the metrics cap exports.",

@@ -3,8 +3,10 @@ an ``authorization: Bearer <token>`` header.
 
 Certificates: the URI SAN ``labelrm://<kind>/<name>`` (what `rmctl pki` and the RM's
 EngineConn issuer write) names the kind and the identity. A certificate without one
-(issued by an operator's own CA for a host) is an agent certificate whose identities
-are its CN and its DNS names. gRPC has verified the chain before any RPC runs; this
+(issued by an operator's own CA for a host, which may also issue certificates for
+anything else) proves no labelrm identity and is refused, unless the operator allows
+named host certificates (setting ``allow_host_certificates``): then it is an agent
+whose identities are its CN and its DNS names. gRPC has verified the chain before any RPC runs; this
 module only reads what the handshake proved.
 """
 
@@ -48,6 +50,9 @@ class Principal:
     roles: frozenset[Role]
     names: frozenset[str] = field(default=frozenset())
     via: str = ""
+    # The hash of the bearer token it came with ("" for certificates): what an open
+    # stream re-checks against the token file, so a revoked token ends it.
+    credential: str = field(default="", repr=False, compare=False)
 
     @property
     def is_admin(self) -> bool:
@@ -85,11 +90,14 @@ def _text(values: Sequence[bytes] | None) -> list[str]:
     return [v.decode("utf-8", "replace") for v in values or ()]
 
 
-def from_auth_context(auth: Mapping[str, Sequence[bytes]]) -> Principal | None:
+def from_auth_context(
+    auth: Mapping[str, Sequence[bytes]], allow_host_certificates: bool = False
+) -> Principal | None:
     """The principal a verified client certificate proves; None without a certificate.
 
     BadCredentials when the certificate names no usable identity (a server
-    certificate, two labelrm URIs, an unknown kind)."""
+    certificate, two labelrm URIs, an unknown kind, no labelrm URI at all unless
+    `allow_host_certificates`)."""
     common = _text(auth.get("x509_common_name"))
     sans = _text(auth.get("x509_subject_alternative_name"))
     if not common and not sans:
@@ -105,20 +113,26 @@ def from_auth_context(auth: Mapping[str, Sequence[bytes]]) -> Principal | None:
             "user": (Kind.USER, Role.USER),
         }
         if kind_text not in roles or not name:
-            raise BadCredentials(f"certificate identity {uris[0]!r} is not a client identity")
+            raise BadCredentials(f"certificate identity {uris[0][:80]!r} is not a client identity")
         kind, role = roles[kind_text]
         return Principal(kind, name, frozenset({role}), via="certificate")
+    if not allow_host_certificates:
+        raise BadCredentials(
+            "the certificate has no labelrm:// identity (issue agents theirs with"
+            " `rmctl pki`, or set allow_host_certificates to take host certificates as agents)"
+        )
     # A host certificate from the operator's CA: an agent, known by its CN or DNS names.
     names = frozenset(n for n in (*common, *sans) if n)
     primary = common[0] if common else sorted(names)[0]
     return Principal(Kind.AGENT, primary, frozenset({Role.AGENT}), names, via="certificate")
 
 
-def from_token_entry(user: str, roles: Iterable[str]) -> Principal:
-    """The principal of a valid bearer token: an agent when it has the agent role."""
+def from_token_entry(user: str, roles: Iterable[str], credential: str = "") -> Principal:
+    """The principal of a valid bearer token: an agent when it has the agent role.
+    `credential`: the token's hash, re-checked by open streams."""
     held = frozenset(Role(r) for r in roles)
     kind = Kind.AGENT if Role.AGENT in held and Role.ADMIN not in held else Kind.USER
-    return Principal(kind, user, held, via="token")
+    return Principal(kind, user, held, via="token", credential=credential)
 
 
 def bearer_token(metadata: Iterable[tuple[str, str | bytes]] | None) -> str | None:

@@ -6,12 +6,18 @@ Order of checks (each refusal raises before the call's servicer runs, so it chan
 nothing; the interceptor turns the error into the call's status):
 
 1. public methods (health, reflection) pass untouched;
-2. a peer with too many recent failed authentications is refused (RESOURCE_EXHAUSTED)
-   when it presents a token again, before the token is even looked at;
-3. the principal: a bearer token (an invalid one is UNAUTHENTICATED and counts as a
-   failure of the peer), else the verified client certificate, else anonymous;
+2. the principal: a valid bearer token (always accepted), else the verified client
+   certificate, else anonymous. An invalid token is UNAUTHENTICATED and counts as a
+   failure of its peer; once a peer has too many recent failures, its further invalid
+   tokens are refused RESOURCE_EXHAUSTED (a valid token from the same address never is:
+   a guesser must not lock out the users and admins behind the same address);
+3. a user's rate of calls (every RPC; admins exempt): RESOURCE_EXHAUSTED, before the
+   policy, whose ownership checks read the database;
 4. the policy table (`policy.authorize`): UNAUTHENTICATED / PERMISSION_DENIED;
 5. the per-user limits of apply-like calls: RESOURCE_EXHAUSTED.
+
+Before all of these the server's interceptor has checked the request's counts and
+sizes (`service.bounds`) and, for user RPCs, its size on the wire.
 
 With authentication off (dev mode on loopback) the step is left out of every handler:
 every caller is an admin (`identity.DEV_ADMIN`) and nothing is checked.
@@ -30,6 +36,7 @@ from rm_server.security import policy
 from rm_server.security.identity import (
     ANONYMOUS,
     BadCredentials,
+    Kind,
     Principal,
     bearer_token,
     from_auth_context,
@@ -79,8 +86,10 @@ class AuthInterceptor:
         owners: policy.Owners,
         limits: Limits,
         proxy_users: Collection[str] = (),
+        allow_host_certificates: bool = False,
     ) -> None:
         self.enabled = enabled
+        self.allow_host_certificates = allow_host_certificates
         self.tokens = tokens
         self.owners = owners
         self.limits = limits
@@ -102,16 +111,19 @@ class AuthInterceptor:
     def _authenticate(self, context: grpc.aio.ServicerContext) -> Principal:
         token = bearer_token(context.invocation_metadata())
         if token is not None:
+            valid = self.tokens.find(token) if self.tokens is not None else None
+            if valid is not None:
+                # A valid token is always accepted, whatever else came from its address:
+                # only invalid attempts are throttled (a guesser cannot lock others out).
+                key, entry = valid
+                return from_token_entry(entry.user, entry.roles, credential=key)
             peer = peer_host(str(context.peer() or ""))
             self.limits.check_peer(peer)
-            entry = self.tokens.lookup(token) if self.tokens is not None else None
-            if entry is None:
-                self.limits.auth_failed(peer)
-                log.warning("invalid bearer token from %s", peer)
-                raise Unauthenticated("invalid bearer token", reason="INVALID_TOKEN")
-            return from_token_entry(entry.user, entry.roles)
+            self.limits.auth_failed(peer)
+            log.warning("invalid bearer token from %s", peer)
+            raise Unauthenticated("invalid bearer token", reason="INVALID_TOKEN")
         try:
-            found = from_auth_context(context.auth_context())
+            found = from_auth_context(context.auth_context(), self.allow_host_certificates)
         except BadCredentials as exc:
             raise Unauthenticated(str(exc), reason="BAD_CERTIFICATE") from exc
         return found if found is not None else ANONYMOUS
@@ -122,6 +134,9 @@ class AuthInterceptor:
         principal = self._authenticate(context)
         # Set before the checks: the access log names the caller of a refused call too.
         principal_var.set(principal)
+        if principal.kind is Kind.USER and not principal.is_admin:
+            # Before the policy, whose ownership checks read the database.
+            self.limits.admit_call(principal.name)
         rule = await self._authorize(method, principal, request)
         if rule is None or not rule.apply_like or principal.is_admin:
             return _nothing
@@ -130,11 +145,38 @@ class AuthInterceptor:
 
     async def admit_message(self, method: str, message: Any) -> None:
         """Check one message of a call whose client streams its requests, against the
-        rule of `method` (``per_message``), for the caller `admit` let in."""
+        rule of `method` (``per_message``), for the caller `admit` let in: its token
+        must still be valid, and the message its own."""
         principal = principal_var.get()
         if principal is None:  # admit runs first, in the same task: never here
             raise Unauthenticated(f"{method}: the call was not admitted")
+        self._recheck(principal)
         await self._authorize(method, principal, message)
+
+    def stream_check(self) -> Callable[[], None] | None:
+        """For the call `admit` just let in: what to call before each message it sends
+        (raises Unauthenticated once the caller's token is revoked), or None when the
+        caller holds no revocable credential (a certificate)."""
+        principal = principal_var.get()
+        if principal is None or not principal.credential or self.tokens is None:
+            return None
+        return lambda: self._recheck(principal)
+
+    # How often an idle stream re-checks its token, in seconds (a message to send is
+    # re-checked when it comes, whatever the time).
+    recheck_interval = 1.0
+
+    def _recheck(self, principal: Principal) -> None:
+        """Unauthenticated unless the token `principal` came with still stands as it did
+        (revoked, its roles changed, the file unusable: the stream ends)."""
+        if not principal.credential or self.tokens is None:
+            return
+        entry = self.tokens.current(principal.credential)
+        if entry is None or entry.user != principal.name or entry.roles != principal.roles:
+            log.warning("%s: token revoked, ending its stream", principal.describe())
+            raise Unauthenticated(
+                "the bearer token of this call was revoked", reason="TOKEN_REVOKED"
+            )
 
     async def _authorize(
         self, method: str, principal: Principal, request: Any

@@ -1,6 +1,8 @@
 """Abuse limits, checked before a request reaches its servicer (so a refusal changes
-nothing): a per-user rate on the apply-like RPCs (a token bucket), a per-user cap on
-Applies waiting for capacity, and a per-peer throttle on failed authentications.
+nothing): a per-user rate on every user RPC and a stricter one on the apply-like RPCs
+(token buckets), a per-user cap on Applies waiting for capacity, a per-peer throttle on
+failed authentications (invalid credentials only), and a per-peer cap on the open
+streams of the public health Watch.
 
 The counters live in each RM process: with N replicas behind a balancer a user gets
 up to N times the rate. They bound abuse, they are not a fair-share scheduler.
@@ -19,6 +21,7 @@ from rm_server.errors import ResourceExhausted
 RATE_LIMITED = "RATE_LIMITED"
 TOO_MANY_WAITING = "TOO_MANY_WAITING"
 TOO_MANY_AUTH_FAILURES = "TOO_MANY_AUTH_FAILURES"
+TOO_MANY_STREAMS = "TOO_MANY_STREAMS"
 
 # Bounds on the bookkeeping itself: an attacker rotating source addresses or users
 # must not grow these tables without end (the oldest entries are dropped).
@@ -30,6 +33,9 @@ MAX_TRACKED_USERS = 50_000
 class LimitSettings:
     apply_rate: float = 50.0  # apply-like calls per second and user; 0 = unlimited
     apply_burst: int = 100
+    call_rate: float = 200.0  # calls of any user RPC per second and user; 0 = unlimited
+    call_burst: int = 400
+    max_watch_streams: int = 16  # open health Watch streams per peer address; 0 = unlimited
     max_waiting_applies: int = 32  # per user; 0 = unlimited
     auth_failure_limit: int = 10  # failed authentications per peer within the window
     auth_failure_window: float = 60.0
@@ -49,7 +55,9 @@ class Limits:
     ) -> None:
         self.settings = settings
         self._clock = clock
-        self._buckets: OrderedDict[str, _Bucket] = OrderedDict()
+        self._buckets: OrderedDict[str, _Bucket] = OrderedDict()  # apply-like calls
+        self._calls: OrderedDict[str, _Bucket] = OrderedDict()  # every user RPC
+        self._streams: dict[str, int] = {}  # open health Watch streams per peer
         self._waiting: dict[str, int] = {}
         self._failures: OrderedDict[str, deque[float]] = OrderedDict()
 
@@ -122,27 +130,74 @@ class Limits:
 
     def _take(self, user: str) -> None:
         st = self.settings
-        now = self._clock()
-        bucket = self._buckets.get(user)
-        if bucket is None:
-            bucket = self._buckets[user] = _Bucket(float(st.apply_burst), now)
-            while len(self._buckets) > MAX_TRACKED_USERS:
-                self._buckets.popitem(last=False)
-        self._buckets.move_to_end(user)
-        refill = (now - bucket.stamp) * st.apply_rate
-        bucket.tokens = min(float(st.apply_burst), bucket.tokens + refill)
-        bucket.stamp = now
-        if bucket.tokens < 1.0:
-            wait = (1.0 - bucket.tokens) / st.apply_rate
+        _take(self._buckets, user, st.apply_rate, st.apply_burst, self._clock(), "applies")
+
+    def admit_call(self, user: str) -> None:
+        """Count one call of any user RPC by `user`, or raise ResourceExhausted: one user's
+        flood of cheap calls must not starve the others (nor the health checks)."""
+        st = self.settings
+        if st.call_rate > 0:
+            _take(self._calls, user, st.call_rate, st.call_burst, self._clock(), "calls")
+
+    def open_stream(self, peer: str) -> Callable[[], None]:
+        """Count one open public stream (health Watch) of `peer`, or raise
+        ResourceExhausted; the returned function closes it."""
+        limit = self.settings.max_watch_streams
+        if limit <= 0:
+            return _nothing
+        held = self._streams.get(peer, 0)
+        if held >= limit:
             raise ResourceExhausted(
-                f"user {user!r} exceeds {st.apply_rate:g} applies per second"
-                f" (apply_rate, burst {st.apply_burst}): retry in {wait:.2f} s",
-                reason=RATE_LIMITED,
+                f"{limit} health Watch streams already open from {peer} (max_watch_streams)",
+                reason=TOO_MANY_STREAMS,
             )
-        bucket.tokens -= 1.0
+        self._streams[peer] = held + 1
+        done = False
+
+        def close() -> None:
+            nonlocal done
+            if done:
+                return
+            done = True
+            left = self._streams.get(peer, 1) - 1
+            if left > 0:
+                self._streams[peer] = left
+            else:
+                self._streams.pop(peer, None)
+
+        return close
 
     def waiting(self, user: str) -> int:
         return self._waiting.get(user, 0)
+
+
+def _take(
+    buckets: OrderedDict[str, _Bucket],
+    user: str,
+    rate: float,
+    burst: int,
+    now: float,
+    what: str,
+) -> None:
+    """Take one token of `user`'s bucket (refilled at `rate` per second up to `burst`)."""
+    bucket = buckets.get(user)
+    if bucket is None:
+        bucket = buckets[user] = _Bucket(float(burst), now)
+        while len(buckets) > MAX_TRACKED_USERS:
+            buckets.popitem(last=False)
+    buckets.move_to_end(user)
+    refill = (now - bucket.stamp) * rate
+    bucket.tokens = min(float(burst), bucket.tokens + refill)
+    bucket.stamp = now
+    if bucket.tokens < 1.0:
+        wait = (1.0 - bucket.tokens) / rate
+        setting = "apply_rate" if what == "applies" else "call_rate"
+        raise ResourceExhausted(
+            f"user {user!r} exceeds {rate:g} {what} per second"
+            f" ({setting}, burst {burst}): retry in {wait:.2f} s",
+            reason=RATE_LIMITED,
+        )
+    bucket.tokens -= 1.0
 
 
 def _nothing() -> None:

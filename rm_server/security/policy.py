@@ -127,6 +127,13 @@ def rule_for(method: str) -> Rule | None:
     return POLICY.get(method)
 
 
+def serves_agents(method: str) -> bool:
+    """Whether agents or EngineConns call `method` (their requests, heartbeats with
+    thousands of EngineConns, may be large); every other method is a user RPC."""
+    rule = POLICY.get(method)
+    return rule is not None and bool(rule.roles & {Role.AGENT, Role.ENGINECONN})
+
+
 def acts_for_others(principal: Principal, proxy_users: Collection[str]) -> bool:
     """Admins, and the configured proxy users, may act on any user's behalf."""
     if principal.is_admin:

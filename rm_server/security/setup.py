@@ -133,6 +133,7 @@ class Security:
             owners=DbOwners(db),
             limits=self.limits,
             proxy_users=proxies,
+            allow_host_certificates=self.settings.allow_host_certificates,
         )
 
     @property
@@ -243,6 +244,9 @@ def build_security(st: Settings) -> Security:
             LimitSettings(
                 apply_rate=st.apply_rate,
                 apply_burst=st.apply_burst,
+                call_rate=st.call_rate,
+                call_burst=st.call_burst,
+                max_watch_streams=st.max_watch_streams,
                 max_waiting_applies=st.max_waiting_applies,
                 auth_failure_limit=st.auth_failure_limit,
                 auth_failure_window=st.auth_failure_window,

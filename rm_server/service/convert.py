@@ -31,7 +31,6 @@ from rm_server.domain.resources import (
     Resource,
     ResourceError,
     ResourceKind,
-    headroom,
 )
 from rm_server.errors import InvalidArgument
 
@@ -258,9 +257,7 @@ def fill_ticket(msg: resource_manager_pb2.Ticket, t: Ticket) -> None:
 
 
 def label_resource_to_pb(r: LabelResource) -> resource_manager_pb2.LabelResource:
-    left = None
-    if r.max_resource is not None:
-        left = resource_to_pb(headroom(r.max_resource, r.used, r.locked, r.protected))
+    left = r.left()
     return resource_manager_pb2.LabelResource(
         label=r.label,
         labels=label_text_to_pb(r.label),
@@ -269,9 +266,10 @@ def label_resource_to_pb(r: LabelResource) -> resource_manager_pb2.LabelResource
         protected_resource=resource_to_pb(r.protected),
         used_resource=resource_to_pb(r.used),
         locked_resource=resource_to_pb(r.locked),
-        left_resource=left,
+        left_resource=resource_to_pb(left) if left is not None else None,
         live_tickets=r.live_tickets,
         update_time=ts(r.updated_at),
+        reserved_resource=resource_to_pb(r.reserved) if r.reserved is not None else None,
     )
 
 

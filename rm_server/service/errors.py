@@ -75,7 +75,7 @@ def status_of(err: LabelrmError) -> status_pb2.Status:
             error_details_pb2.BadRequest(
                 field_violations=[
                     error_details_pb2.BadRequest.FieldViolation(
-                        field=err.field, description=err.description
+                        field=_capped(err.field), description=_capped(err.description)
                     )
                 ]
             )
@@ -118,10 +118,23 @@ def status_of(err: LabelrmError) -> status_pb2.Status:
                 ]
             )
         )
+    metadata = {k: _capped(v) for k, v in metadata.items()}
     info = error_details_pb2.ErrorInfo(reason=err.reason, domain=DOMAIN, metadata=metadata)
     return status_pb2.Status(
-        code=code, message=message, details=[_pack(info), *(_pack(d) for d in details)]
+        code=code, message=_capped(message), details=[_pack(info), *(_pack(d) for d in details)]
     )
+
+
+# The longest message (and ErrorInfo value) a status carries: errors quote what callers
+# sent cut short (domain.text.clip); this bounds whatever slips through, so a refusal
+# never becomes a trailer too big for the client to read.
+MAX_STATUS_TEXT = 1024
+
+
+def _capped(text: str) -> str:
+    if len(text) <= MAX_STATUS_TEXT:
+        return text
+    return text[:MAX_STATUS_TEXT] + f"... ({len(text)} characters)"
 
 
 def encode_error(err: LabelrmError) -> tuple[int, bytes]:

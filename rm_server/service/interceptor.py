@@ -26,24 +26,29 @@ registered that wait cost ~5 % of the RM's CPU at 5000 agents beating.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 import grpc
 from google.rpc import status_pb2
 
-from rm_server.errors import PermissionDenied
+from rm_server.errors import PermissionDenied, ResourceExhausted
 from rm_server.observability.logging import RpcLog, access_level
 from rm_server.observability.metrics import Metrics, RpcMetrics
+from rm_server.security import policy
+from rm_server.security.identity import peer_host
 from rm_server.security.interceptor import AuthInterceptor, Release
+from rm_server.security.limits import Limits
+from rm_server.service.bounds import check_bounds
 from rm_server.service.errors import abort_with, reason_of, status_for
 
 Unary = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
-Streaming = Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]]
+Streaming = Callable[[Any, grpc.aio.ServicerContext], AsyncGenerator[Any, None]]
 
 STATUS_DETAILS_KEY = "grpc-status-details-bin"
 # grpc.aio reports codes as StatusCode members; map raw ints (google.rpc codes) too.
@@ -63,16 +68,29 @@ HOT_METHODS = frozenset(
 )
 
 
+# Public streams anyone may hold open (no credentials needed): capped per peer address.
+CAPPED_STREAMS = frozenset({"grpc.health.v1.Health/Watch"})
+
+
 class Interceptor(grpc.GenericRpcHandler):
     """Serves every method of the servicers added to it, each composed once (module doc).
 
-    `auth` None: no authentication step at all (tests); `metrics` None: no metrics."""
+    `auth` None: no authentication step at all (tests); `metrics` None: no metrics;
+    `limits`: caps the public streams (health Watch) per peer; `user_max_message_bytes`:
+    the largest request of a user RPC (every method but the agents' and EngineConns')."""
 
     def __init__(
-        self, *, auth: AuthInterceptor | None = None, metrics: Metrics | None = None
+        self,
+        *,
+        auth: AuthInterceptor | None = None,
+        metrics: Metrics | None = None,
+        limits: Limits | None = None,
+        user_max_message_bytes: int = 0,
     ) -> None:
         self.auth = auth
         self.metrics = metrics
+        self.limits = limits  # the per-peer cap on public streams (None: no cap)
+        self.user_max_message_bytes = user_max_message_bytes  # 0: the server's limit only
         self._services: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}  # by "/service/method"
         self._generic: list[grpc.GenericRpcHandler] = []
@@ -128,7 +146,12 @@ class Interceptor(grpc.GenericRpcHandler):
             level=access_level(name),
             metrics=self.metrics.for_method(name) if self.metrics is not None else None,
             auth=self.auth if guarded else None,
+            bounded=not policy.is_public(name),
+            peer_streams=self.limits if name in CAPPED_STREAMS else None,
         )
+        limit = self.user_max_message_bytes
+        if limit > 0 and not policy.serves_agents(name) and handler.request_deserializer:
+            handler = _size_limited(handler, limit)
         # The auth step needs the request message: on guarded methods, the shapes where
         # the client streams its requests (and synchronous handlers) are refused, unless
         # the policy checks each message (HeartbeatStream).
@@ -153,6 +176,36 @@ class _Method:
     level: int  # of its access events
     metrics: RpcMetrics | None
     auth: AuthInterceptor | None  # None: not guarded
+    bounded: bool = False  # its requests' counts and sizes are checked (service.bounds)
+    peer_streams: Limits | None = None  # its open calls are capped per peer
+
+
+@dataclass(frozen=True)
+class Oversized:
+    """What a user RPC's request deserializes to when it is bigger than allowed: the
+    call is refused before protobuf parses a byte of it."""
+
+    size: int
+    limit: int
+
+    def error(self) -> ResourceExhausted:
+        return ResourceExhausted(
+            f"request of {self.size} bytes is larger than the {self.limit} bytes allowed for"
+            f" user calls (user_max_message_bytes): {self.size - self.limit} bytes too many",
+            reason="MESSAGE_TOO_LARGE",
+        )
+
+
+def _size_limited(handler: grpc.RpcMethodHandler, limit: int) -> grpc.RpcMethodHandler:
+    """`handler` whose requests above `limit` bytes become `Oversized` unparsed."""
+    parse = handler.request_deserializer
+
+    def deserialize(data: bytes) -> Any:
+        if len(data) > limit:
+            return Oversized(len(data), limit)
+        return parse(data)
+
+    return handler._replace(request_deserializer=deserialize)
 
 
 def _wrap(handler: grpc.RpcMethodHandler, method: _Method) -> grpc.RpcMethodHandler | None:
@@ -215,17 +268,14 @@ class _Call:
 
 
 def _unary(behavior: Unary, method: _Method, unary_request: bool) -> Unary:
-    auth = method.auth
-
     async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        state = _Call(method, request if unary_request else None, context)
+        state = _Call(method, _loggable(request, unary_request), context)
         try:
-            release, request = await _admit(auth, method.name, request, unary_request, context)
+            release, request = await _admit(method, request, unary_request, context)
             try:
                 return await behavior(request, context)
             finally:
-                if release is not None:
-                    release()
+                release()
         except BaseException as exc:
             await state.fail(exc)
             raise
@@ -235,25 +285,40 @@ def _unary(behavior: Unary, method: _Method, unary_request: bool) -> Unary:
     return call
 
 
-def _streaming(behavior: Streaming, method: _Method, unary_request: bool) -> Streaming:
+def _streaming(behavior: Streaming, method: _Method, unary_request: bool) -> Unary:
+    """A response-streaming handler as a coroutine that writes each response itself.
+
+    The servicer's generator is driven, each response written (context.write) and the
+    generator closed all inside the call's own handler task, so nothing of the call
+    runs after its handler returned. Handed to grpc as a generator instead, a client
+    that went away while a response was being sent left the generator suspended at its
+    `yield`; it was closed later by the garbage collector's finaliser in a task of its
+    own, after grpc had finished the call, and that touched the ended call (the peer
+    for the log line), killing the process with a segmentation fault inside grpc."""
     auth = method.auth
 
-    async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        state = _Call(method, request if unary_request else None, context)
+    async def stream(request: Any, context: grpc.aio.ServicerContext) -> None:
+        state = _Call(method, _loggable(request, unary_request), context)
+        state.log.resolve_peer()  # a stream lives long: one lookup, while surely live
         arrivals: deque[float] = deque()  # of the streamed requests not yet answered
         try:
             if not unary_request and method.metrics is not None:
                 request = _arrivals(request, arrivals)
-            release, request = await _admit(auth, method.name, request, unary_request, context)
+            release, request = await _admit(method, request, unary_request, context)
+            items = behavior(request, context)
+            check = auth.stream_check() if auth is not None else None
+            if auth is not None and check is not None:  # a revocable credential
+                items = _rechecked(items, check, auth.recheck_interval)
             try:
-                async for item in behavior(request, context):
-                    # Each response answers the oldest request (HeartbeatStream's contract).
-                    if arrivals and method.metrics is not None:
-                        method.metrics.message(time.perf_counter() - arrivals.popleft())
-                    yield item
+                # _rechecked closes the servicer's generator when it is closed itself.
+                async with contextlib.aclosing(items) as responses:
+                    async for item in responses:
+                        # Each response answers the oldest request (HeartbeatStream's contract).
+                        if arrivals and method.metrics is not None:
+                            method.metrics.message(time.perf_counter() - arrivals.popleft())
+                        await context.write(item)
             finally:
-                if release is not None:
-                    release()
+                release()
         except BaseException as exc:
             await state.fail(exc)
             raise
@@ -263,22 +328,89 @@ def _streaming(behavior: Streaming, method: _Method, unary_request: bool) -> Str
     return stream
 
 
+def _loggable(request: Any, unary_request: bool) -> Any:
+    """The request the call's log and metrics may read (None: none, or not parsed)."""
+    return request if unary_request and not isinstance(request, Oversized) else None
+
+
 async def _admit(
-    auth: AuthInterceptor | None,
-    name: str,
-    request: Any,
-    unary_request: bool,
-    context: grpc.aio.ServicerContext,
-) -> tuple[Release | None, Any]:
-    """Admit one call: on its request, or, when the client streams its requests, on the
-    caller's role now and on each message as the servicer reads it (the servicer sees
-    only messages that passed). Returns the limits' release and the request to serve."""
-    if auth is None:
-        return None, request
-    release = await auth.admit(name, request if unary_request else None, context)
-    if not unary_request:
-        request = _each_admitted(auth, name, request)
-    return release, request
+    method: _Method, request: Any, unary_request: bool, context: grpc.aio.ServicerContext
+) -> tuple[Release, Any]:
+    """Admit one call: its size and counts first (no per-item work before), then the
+    per-peer cap of a public stream, then the auth step on its request, or, when the
+    client streams its requests, on the caller's role now and on each message as the
+    servicer reads it (the servicer sees only messages that passed). Returns what to
+    call when the call ends and the request to serve."""
+    if unary_request:
+        if isinstance(request, Oversized):
+            raise request.error()
+        if method.bounded:
+            check_bounds(request)
+    else:
+        request = _each_checked(request, method.bounded)
+    releases: list[Release] = []
+    if method.peer_streams is not None:
+        releases.append(method.peer_streams.open_stream(peer_host(str(context.peer() or ""))))
+    auth = method.auth
+    if auth is not None:
+        try:
+            releases.append(
+                await auth.admit(method.name, request if unary_request else None, context)
+            )
+        except BaseException:
+            _release_all(releases)
+            raise
+        if not unary_request:
+            request = _each_admitted(auth, method.name, request)
+    return (lambda: _release_all(releases)), request
+
+
+def _release_all(releases: list[Release]) -> None:
+    for release in releases:
+        release()
+
+
+async def _each_checked(messages: AsyncIterator[Any], bounded: bool) -> AsyncIterator[Any]:
+    async for message in messages:
+        if isinstance(message, Oversized):
+            raise message.error()
+        if bounded:
+            check_bounds(message)
+        yield message
+
+
+async def _rechecked(
+    items: AsyncIterator[Any], check: Callable[[], None], interval: float
+) -> AsyncGenerator[Any, None]:
+    """`items`, with `check` (raises once the caller's credential is revoked) run before
+    each one is sent, and every `interval` seconds while none comes: a revoked caller's
+    stream ends even while it is idle, and never sends another message (an agent's
+    launch commands carry EngineConn secrets and keys)."""
+    source = aiter(items)
+    try:
+        while True:
+            following = asyncio.ensure_future(anext(source))
+            try:
+                while True:
+                    done, _ = await asyncio.wait((following,), timeout=interval)
+                    check()
+                    if done:
+                        break
+            except BaseException:
+                following.cancel()
+                with contextlib.suppress(BaseException):
+                    await following
+                raise
+            try:
+                item = following.result()
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        closing = getattr(source, "aclose", None)
+        if closing is not None:
+            with contextlib.suppress(Exception):
+                await closing()
 
 
 async def _arrivals(messages: AsyncIterator[Any], arrivals: deque[float]) -> AsyncIterator[Any]:

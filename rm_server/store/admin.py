@@ -19,7 +19,6 @@ from rm_server.domain.model import (
     Mismatch,
     StoredLimit,
     Ticket,
-    TicketState,
 )
 from rm_server.domain.resources import Resource, ResourceError, join_kind
 from rm_server.errors import FailedPrecondition, NotFound
@@ -36,19 +35,27 @@ from rm_server.store.db import LIMITS_LOCK_ID, Conn, RetryTransaction
 from rm_server.store.ecms import node_lists
 from rm_server.store.engineconns import LIVE
 from rm_server.store.notify import notify_freed
-from rm_server.store.tickets import end_ticket, key_names, load_limit_rules, lock_labels
+from rm_server.store.tickets import key_names, load_limit_rules, lock_labels, release_all
 
 log = logging.getLogger(__name__)
 
 LABEL_RESOURCE_COLUMNS = (
-    "label, source, max_resource, protected, used, locked, live_tickets, updated_at"
+    "label, source, max_resource, protected, used, locked, live_tickets, updated_at, reserved"
 )
 
 
 def _label_resource(row: tuple[Any, ...]) -> LabelResource:
-    label, source, maximum, protected, used, locked, live, updated = row
+    label, source, maximum, protected, used, locked, live, updated, reserved = row
     return LabelResource(
-        label, source, opt_res(maximum), res(protected), res(used), res(locked), live, updated
+        label,
+        source,
+        opt_res(maximum),
+        res(protected),
+        res(used),
+        res(locked),
+        live,
+        updated,
+        opt_res(reserved),
     )
 
 
@@ -145,17 +152,14 @@ async def unregister_ecm(conn: Conn, instance: str, now: datetime) -> list[str]:
     label: str = found[0]
     tickets = await _tickets_on(conn, label, lock=False)
     involved = sorted({label, *(lb for t in tickets for lb in t.charged_labels)})
-    rows = await lock_labels(conn, involved, now)
+    await lock_labels(conn, involved, now)
     locked_tickets = await _tickets_on(conn, label, lock=True)
     # A ticket that appeared before we held the ECM row may charge labels we have
     # not locked; locking them now would break the canonical order, so start over.
     if not {lb for t in locked_tickets for lb in t.charged_labels} <= set(involved):
         raise RetryTransaction("tickets changed while unregistering")
-    released = []
-    for ticket in locked_tickets:
-        await end_ticket(conn, ticket, rows, now, TicketState.RELEASED, "ECM unregistered")
-        rows = await lock_labels(conn, involved, now)
-        released.append(ticket.ticket_id)
+    released = [ticket.ticket_id for ticket in locked_tickets]
+    await release_all(conn, released, now, "ECM unregistered")
     await conn.execute("DELETE FROM label_resource WHERE label = %s", (label,))
     await conn.execute("DELETE FROM ecm WHERE instance = %s", (instance,))
     # Its EngineConns are released above; they learn it at their next report.

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from psycopg.types.json import Jsonb
 
 from rm_server.domain.labels import Label
+from rm_server.domain.ledger import LabelAccount
 from rm_server.domain.model import Ticket, TicketState
 from rm_server.domain.resources import Resource
 
@@ -32,41 +35,134 @@ def labels_of(value: Any) -> tuple[Label, ...]:
     return tuple(Label(str(k), str(v)) for k, v in value)
 
 
-TICKET_COLUMNS = (
-    "ticket_id, state, user_name, labels, charged_labels, requested, locked, used,"
-    " created_at, updated_at, lock_expires_at"
+def _at(value: Any) -> datetime:
+    """A timestamptz as psycopg gives it, or as PostgreSQL writes it in JSON."""
+    if isinstance(value, datetime):
+        return value
+    return datetime.fromisoformat(value).astimezone(UTC)
+
+
+def _opt_at(value: Any) -> datetime | None:
+    return None if value is None else _at(value)
+
+
+def _json_time(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+_LABELS: dict[tuple[str, str], Label] = {}
+
+
+def _label(key: str, value: str) -> Label:
+    """Labels read back from tickets, validated once per process (a bounded cache)."""
+    label = _LABELS.get((key, value))
+    if label is None:
+        if len(_LABELS) >= 65536:
+            _LABELS.clear()
+        label = _LABELS[(key, value)] = Label(key, value)
+    return label
+
+
+def _labels_json(labels: tuple[Label, ...]) -> list[list[str]]:
+    return [[label.key, label.value] for label in labels]
+
+
+# ----- label_resource ------------------------------------------------------------------------
+
+# What a LabelAccount reads of a label_resource row.
+LABEL_COLUMNS = (
+    "r.label, r.source, r.max_resource, r.protected, r.used, r.locked, r.live_tickets,"
+    " r.reserved"  # demands' reserved capacity (migration 0003)
 )
+LABEL_NAMES = tuple(c.strip().removeprefix("r.") for c in LABEL_COLUMNS.split(","))
 
 
-def ticket_from_row(row: tuple[Any, ...]) -> Ticket:
-    (
-        ticket_id,
-        state,
-        user,
-        labels,
-        charged,
-        requested,
-        locked,
-        used,
-        created,
-        updated,
-        expires,
-    ) = row
-    state_enum = TicketState(state)
-    return Ticket(
-        ticket_id=ticket_id,
-        state=state_enum,
-        user=user,
-        labels=labels_of(labels),
-        charged_labels=tuple(charged),
-        requested=res(requested),
-        locked=res(locked),
-        used=res(used) if state_enum is TicketState.USED else None,
-        created_at=created,
-        updated_at=updated,
-        lock_expires_at=expires,
+def account_from_row(record: Sequence[Any]) -> LabelAccount:
+    """A LabelAccount from the first columns of a record selected with LABEL_COLUMNS
+    (or the same values read from JSON)."""
+    label, source, maximum, protected, used, locked, live, reserved = record[:8]
+    return LabelAccount(
+        label,
+        source,
+        opt_res(maximum),
+        res(protected),
+        res(used),
+        res(locked),
+        live,
+        opt_res(reserved),
     )
 
+
+def accounts_json(accounts: Sequence[LabelAccount]) -> str:
+    """The changed accounts as one JSON text (WRITE_LABELS's document: far cheaper to
+    send from Python than five arrays)."""
+    return json.dumps(
+        [
+            {
+                "label": a.label,
+                "used": a.used.to_dict(),
+                "locked": a.locked.to_dict(),
+                "kind": a.locked.kind.value,
+                "live": a.live_tickets,
+            }
+            for a in accounts
+        ]
+    )
+
+
+# ----- ticket (live) -------------------------------------------------------------------------
+
+TICKET_COLUMNS = (
+    "ticket_id, state, user_name, labels, charged_labels, requested, locked, used,"
+    " created_at, updated_at, lock_expires_at, engine_conn_id"
+)
+TICKET_NAMES = tuple(c.strip() for c in TICKET_COLUMNS.split(","))
+
+
+def ticket_from_row(row: Sequence[Any]) -> Ticket:
+    """A live ticket from a record selected with TICKET_COLUMNS."""
+    return ticket_from_json(dict(zip(TICKET_NAMES, row, strict=True)))
+
+
+def ticket_from_json(obj: dict[str, Any]) -> Ticket:
+    """A live ticket from its row as a mapping of TICKET_COLUMNS (read as JSON or not)."""
+    state = TicketState(obj["state"])
+    return Ticket(
+        ticket_id=obj["ticket_id"],
+        state=state,
+        user=obj["user_name"],
+        labels=tuple(_label(str(k), str(v)) for k, v in obj["labels"]),
+        charged_labels=tuple(obj["charged_labels"]),
+        requested=res(obj["requested"]),
+        locked=res(obj["locked"]),
+        used=res(obj["used"]) if state is TicketState.USED else None,
+        created_at=_at(obj["created_at"]),
+        updated_at=_at(obj["updated_at"]),
+        lock_expires_at=_opt_at(obj["lock_expires_at"]),
+        engine_conn_id=obj.get("engine_conn_id") or "",
+    )
+
+
+def ticket_json(t: Ticket) -> dict[str, Any]:
+    """A live ticket as a row of TICKET_COLUMNS, in JSON."""
+    used = t.used if t.used is not None else Resource.zero(t.requested.kind, t.requested.queue)
+    return {
+        "ticket_id": t.ticket_id,
+        "state": t.state.value,
+        "user_name": t.user,
+        "labels": _labels_json(t.labels),
+        "charged_labels": list(t.charged_labels),
+        "requested": t.requested.to_dict(),
+        "locked": t.locked.to_dict(),
+        "used": used.to_dict(),
+        "created_at": _json_time(t.created_at),
+        "updated_at": _json_time(t.updated_at),
+        "lock_expires_at": _json_time(t.lock_expires_at),
+        "engine_conn_id": t.engine_conn_id or None,
+    }
+
+
+# ----- ticket_history (ended tickets) --------------------------------------------------------
 
 HISTORY_COLUMNS = (
     "ticket_id, final_state, reason, user_name, labels, charged_labels, requested, used,"
@@ -94,3 +190,20 @@ def ticket_from_history(row: tuple[Any, ...]) -> Ticket:
         ended_at=ended_at,
         end_reason=reason,
     )
+
+
+def history_json(live: Ticket, ended: Ticket) -> dict[str, Any]:
+    """An ended ticket as a row of HISTORY_COLUMNS, in JSON (`live`: as it was before)."""
+    return {
+        "ticket_id": live.ticket_id,
+        "final_state": ended.state.value,
+        "reason": ended.end_reason,
+        "user_name": live.user,
+        "labels": _labels_json(live.labels),
+        "charged_labels": list(live.charged_labels),
+        "requested": live.requested.to_dict(),
+        "used": None if live.used is None else live.used.to_dict(),
+        "created_at": _json_time(live.created_at),
+        "reported_at": _json_time(live.updated_at if live.used is not None else None),
+        "ended_at": _json_time(ended.ended_at),
+    }

@@ -23,6 +23,7 @@ from rm_server.domain.demands.planner import LabelCapacity, PlanEntry, TicketSta
 from rm_server.domain.demands.state import DemandState, Transition, step
 from rm_server.domain.demands.timelang import order_ids
 from rm_server.domain.labels import LabelKey
+from rm_server.domain.ledger import check_accounts
 from rm_server.domain.limits import best_limit
 from rm_server.domain.model import Refusal, Ticket
 from rm_server.domain.resources import Resource, ResourceError, headroom
@@ -376,7 +377,7 @@ async def reserve(conn: Conn, d: Demand, now: datetime) -> tuple[str, ...]:
             held = d.resource if row.reserved is None else row.reserved + d.resource
         except ResourceError as exc:
             raise InvalidArgument("resource", f"does not match label {label}: {exc}") from exc
-        ticket_store.check_rows([replace(row, reserved=held)], d.resource)  # kinds must match
+        check_accounts([replace(row, reserved=held)], d.resource)  # kinds must match
         await conn.execute(
             "UPDATE label_resource SET reserved = %s WHERE label = %s", (jres(held), label)
         )
@@ -402,6 +403,13 @@ async def unreserve(conn: Conn, d: Demand, now: datetime, *, handover: bool = Fa
         )
     if not handover:
         await notify_freed(conn, d.reserved_labels)
+
+
+async def lock_labels(conn: Conn, labels: Sequence[str], now: datetime) -> None:
+    """Lock the label rows an allocation will charge (creating the ones a limit covers),
+    in canonical order, so that the allocation can be decided once they are held."""
+    await admin_store.ensure_limit_rows(conn, labels, now)
+    await ticket_store.lock_labels(conn, labels, now)
 
 
 class _Refused(Exception):

@@ -72,8 +72,8 @@ async def claim_ec(conn: Conn, ec: EngineConn, request_id: str) -> EngineConn:
     """Insert a new STARTING EngineConn for `request_id`, or return the one that exists."""
     await conn.execute(
         "INSERT INTO engine_conn (ec_id, request_id, state, user_name, labels, label_set,"
-        " params, engine, resource, created_at, updated_at, secret)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+        " params, engine, resource, created_at, updated_at, secret, holder, hold_expires_at)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
         " ON CONFLICT (request_id) DO NOTHING",
         (
             ec.ec_id,
@@ -88,6 +88,8 @@ async def claim_ec(conn: Conn, ec: EngineConn, request_id: str) -> EngineConn:
             ec.created_at,
             ec.updated_at,
             ec.secret,
+            ec.holder,
+            ec.hold_expires_at,
         ),
     )
     cur = await conn.execute(
@@ -213,6 +215,14 @@ async def take_reusable(
         (holder, hold_until, now, ec.ec_id),
     )
     return ec
+
+
+async def set_hold(conn: Conn, ec_id: str, holder: str, hold_until: datetime) -> None:
+    """Move the end of ``holder``'s hold on an EngineConn (a hold another took is kept)."""
+    await conn.execute(
+        "UPDATE engine_conn SET hold_expires_at = %s WHERE ec_id = %s AND holder = %s",
+        (hold_until, ec_id, holder),
+    )
 
 
 # ----- agent commands -------------------------------------------------------------------

@@ -1,52 +1,85 @@
-"""Apply, ReportUsed, Release and lock expiry: each runs inside one transaction
-given by `Database.run*`, locking label rows sorted by label text first, then the
-ticket row."""
+"""Apply, ReportUsed, Release and lock expiry: one path for one request or many.
+
+`run(conn, ops, now)` runs a group of requests (rm_server/batching.py groups
+concurrent ones; a group of one is the single request) in the caller's transaction,
+in arrival order, as if each ran alone one after the other:
+
+1. READ, one statement: the outcomes already logged for the ops' request ids; every
+   label row the group touches, locked in canonical order (the labels the Apply
+   requests name and those the tickets are charged to), with the live waiters queued
+   on each; then the live tickets, locked;
+2. in memory, request by request, the ledger's rules (rm_server/domain/ledger.py): a
+   request sees the accounts as the requests before it left them, so each is
+   all-or-nothing, waiters keep their FIFO order, and a refusal or an error of one
+   request changes nothing for it and nothing for the others (its effects are rolled
+   back in memory);
+3. WRITE, one statement: the changed accounts, the new, changed and ended tickets,
+   their history, the outcome of every request in request_log (so a retry replays
+   it), the waiters served, the notifications. Each row type has one encoder
+   (rm_server/store/codec.py).
+
+A request id that another transaction committed meanwhile makes the request_log
+INSERT fail: the whole group is retried, and that request then replays the stored
+outcome. Ops without a request id (the EngineConn, agent, demand and ECM flows, which
+run them inside their own transactions) are not logged. pgbench runs the same
+statements: bench/pgbench/cycle.sql.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-from datetime import datetime
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
-from rm_server.domain.admission import label_shortfalls
 from rm_server.domain.labels import Label, LabelKey
+from rm_server.domain.ledger import (
+    ApplyCommand,
+    LabelAccount,
+    check_accounts,
+    check_user_may_end,
+    decide_apply,
+    decide_end,
+    decide_report,
+    lock_expired,
+    lock_expired_error,
+    not_live_error,
+)
 from rm_server.domain.limits import LabelPattern, LimitRule, best_limit
 from rm_server.domain.model import Refusal, Ticket, TicketState
-from rm_server.domain.resources import Resource, ResourceError, Shortfall
-from rm_server.errors import FailedPrecondition, InvalidArgument, NotFound
+from rm_server.domain.resources import Resource
+from rm_server.errors import InvalidArgument, NotFound, ResourceExhausted
 from rm_server.store.codec import (
     HISTORY_COLUMNS,
+    LABEL_COLUMNS,
+    LABEL_NAMES,
     TICKET_COLUMNS,
-    jlabels,
-    jres,
-    opt_res,
+    account_from_row,
+    accounts_json,
+    history_json,
     res,
     ticket_from_history,
+    ticket_from_json,
     ticket_from_row,
+    ticket_json,
 )
-from rm_server.store.db import Conn
-from rm_server.store.notify import notify_freed
+from rm_server.store.db import (
+    FINAL_ERRORS,
+    Conn,
+    Idempotency,
+    OutcomeEncoder,
+    Replay,
+    RetryTransaction,
+)
+from rm_server.store.notify import CHANNEL, notify_freed
+
+__all__ = ["ApplyCommand", "LabelAccount", "check_accounts", "run"]
 
 NO_WAITER = 2**63 - 1  # a new request ranks after every registered waiter
 
-
-@dataclass(frozen=True)
-class LabelRow:
-    """A label_resource row as locked by the current transaction."""
-
-    label: str
-    source: str
-    max_resource: Resource | None
-    protected: Resource
-    used: Resource
-    locked: Resource
-    live_tickets: int
-    queued: bool  # an earlier waiter is queued on this label
-    # Held for ALLOCATING time-aware demands (migration 0003, rm_server/store/demands.py):
-    # counted as in use by check_rows. None when nothing is reserved.
-    reserved: Resource | None = None
+Outcome = Ticket | Replay | BaseException | None
+AfterApply = Callable[[Conn, Ticket], Awaitable[None]]
 
 
 class NeedLimitRows(Exception):
@@ -65,56 +98,115 @@ class MustWait(Exception):
         self.refusal = refusal
 
 
-@dataclass(frozen=True)
-class ApplyCommand:
+class Refused(ResourceExhausted):
+    """An Apply that does not fit (the final answer to it); `refusal` says why."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        if refusal.shortfalls:
+            super().__init__("insufficient resource", refusal.shortfalls)
+        else:
+            super().__init__(
+                "queued behind earlier waiting applies on " + ", ".join(refusal.queued_behind),
+                reason="QUEUED_BEHIND_WAITERS",
+            )
+        self.refusal = refusal
+
+
+# ----- the operations ------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Op:
+    """One request. `idem` (and `encoder`) when its outcome is logged by request id."""
+
+    idem: Idempotency | None
+    encoder: OutcomeEncoder[Ticket] | None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        if self.idem is None:
+            return ("", str(id(self)))
+        return (self.idem.method, self.idem.request_id)
+
+
+@dataclass(eq=False)
+class ApplyOp(Op):
     ticket_id: str
     user: str
     labels: tuple[Label, ...]
-    keys: tuple[str, ...]  # resource-carrying labels, canonical (sorted) order
+    keys: tuple[str, ...]  # canonical order
     resource: Resource
-    now: datetime
-    lock_expires_at: datetime
+    lock_timeout: timedelta
     waiter_seq: int | None = None
     may_wait: bool = False
+    # Runs in the same transaction once the ticket is written (the EngineConn flow
+    # queues its launch command there, atomically).
+    after: AfterApply | None = None
+    engine_conn_id: str = ""  # the EngineConn the ticket is for: its lifecycle owns it
+
+    def command(self, now: datetime) -> ApplyCommand:
+        return ApplyCommand(
+            ticket_id=self.ticket_id,
+            user=self.user,
+            labels=self.labels,
+            keys=self.keys,
+            resource=self.resource,
+            now=now,
+            lock_expires_at=now + self.lock_timeout,
+            waiter_seq=self.waiter_seq,
+            may_wait=self.may_wait,
+            engine_conn_id=self.engine_conn_id,
+        )
 
 
-# What LabelRow reads of a label_resource row (`queued` is computed by each query).
-LABEL_COLUMNS = (
-    "r.label, r.source, r.max_resource, r.protected, r.used, r.locked, r.live_tickets,"
-    " r.reserved"  # demands' reserved capacity (migration 0003)
+@dataclass(eq=False)
+class ReportOp(Op):
+    ticket_id: str
+    used: Resource | None
+    from_user: bool = False  # a user's RPC: refused on EngineConn-owned tickets
+
+
+@dataclass(eq=False)
+class ReleaseOp(Op):
+    ticket_id: str
+    reason: str = "released"
+    from_user: bool = False  # a user's RPC: refused on EngineConn-owned tickets
+
+
+@dataclass(eq=False)
+class ExpireOp(Op):
+    """Reclaim a LOCKED ticket past its lock timeout; None if it no longer qualifies."""
+
+    ticket_id: str
+
+
+_TICKET_OPS = ReportOp | ReleaseOp | ExpireOp
+
+# ----- SQL (one statement each, whatever the number of requests) -----------------------------
+
+# READ: the outcomes already logged for these request ids; the labels named by Apply
+# requests plus those the tickets are charged to (charged labels never change, so
+# peeking at them in the same statement is safe), locked in canonical order, each with
+# its live waiters in queue order; then the live tickets, locked (the select list is
+# evaluated left to right: labels before tickets, as everywhere).
+READ = (
+    "SELECT"  # noqa: S608 - constant column lists
+    " (SELECT coalesce(json_agg(g), '[]') FROM ("
+    "   SELECT method, request_id, request_hash, status_code, response FROM request_log"
+    "   WHERE method = ANY(%s) AND request_id = ANY(%s)) g),"
+    " (SELECT coalesce(json_agg(x), '[]') FROM ("
+    f"   SELECT {LABEL_COLUMNS},"
+    "    ARRAY(SELECT w.seq FROM apply_waiter w WHERE w.label = r.label"
+    "          AND w.expires_at > %s ORDER BY w.seq) AS waiters"
+    "   FROM label_resource r WHERE r.label = ANY(%s::text[] || ARRAY("
+    "     SELECT unnest(t.charged_labels) FROM ticket t WHERE t.ticket_id = ANY(%s::text[])))"
+    "   ORDER BY r.label FOR UPDATE OF r) x),"
+    " (SELECT coalesce(json_agg(k), '[]') FROM ("
+    f"   SELECT {TICKET_COLUMNS} FROM ticket WHERE ticket_id = ANY(%s)"
+    "   ORDER BY ticket_id FOR UPDATE) k)"
 )
-
-
-def label_row(record: Sequence[Any], queued: bool) -> LabelRow:
-    """A LabelRow from the first columns of a record selected with LABEL_COLUMNS."""
-    label, source, maximum, protected, used, locked, live, reserved = record[:8]
-    return LabelRow(
-        label,
-        source,
-        opt_res(maximum),
-        res(protected),
-        res(used),
-        res(locked),
-        live,
-        queued,
-        opt_res(reserved),
-    )
-
-
-async def lock_labels(
-    conn: Conn, labels: Sequence[str], now: datetime, waiter_seq: int = NO_WAITER
-) -> dict[str, LabelRow]:
-    """Lock the rows of `labels` in canonical order; flag labels with an earlier waiter."""
-    cur = await conn.execute(
-        f"SELECT {LABEL_COLUMNS},"  # noqa: S608 - constant column list
-        " EXISTS (SELECT 1 FROM apply_waiter w WHERE w.label = r.label AND w.seq < %s"
-        "         AND w.expires_at > %s)"
-        " FROM label_resource r WHERE r.label = ANY(%s) ORDER BY r.label FOR UPDATE OF r",
-        (waiter_seq, now, list(labels)),
-    )
-    return {record[0]: label_row(record, record[8]) for record in await cur.fetchall()}
-
-
+SELECT_HISTORY = f"SELECT {HISTORY_COLUMNS} FROM ticket_history WHERE ticket_id = ANY(%s)"  # noqa: S608
+EXISTING_LABELS = "SELECT label FROM label_resource WHERE label = ANY(%s)"
 WRITE_LABELS = (
     "UPDATE label_resource r SET used = u.used, locked = u.locked, kind = u.kind,"
     " live_tickets = u.live, updated_at = %s"
@@ -122,30 +214,386 @@ WRITE_LABELS = (
     "   AS u(label text, used jsonb, locked jsonb, kind text, live bigint)"
     " WHERE r.label = u.label"
 )
+INSERT_TICKETS = (
+    f"INSERT INTO ticket ({TICKET_COLUMNS}) SELECT {TICKET_COLUMNS}"  # noqa: S608
+    " FROM json_to_recordset(%s::json) AS x(ticket_id text, state text, user_name text,"
+    " labels jsonb, charged_labels text[], requested jsonb, locked jsonb, used jsonb,"
+    " created_at timestamptz, updated_at timestamptz, lock_expires_at timestamptz,"
+    " engine_conn_id text)"
+)
+UPDATE_TICKETS = (
+    "UPDATE ticket t SET state = x.state, used = x.used, locked = x.locked,"
+    " lock_expires_at = x.lock_expires_at, updated_at = x.updated_at"
+    " FROM json_to_recordset(%s::json) AS x(ticket_id text, state text, used jsonb,"
+    " locked jsonb, lock_expires_at timestamptz, updated_at timestamptz)"
+    " WHERE t.ticket_id = x.ticket_id"
+)
+DELETE_TICKETS = "DELETE FROM ticket WHERE ticket_id = ANY(%s)"
+INSERT_HISTORY = (
+    f"INSERT INTO ticket_history ({HISTORY_COLUMNS}) SELECT {HISTORY_COLUMNS}"  # noqa: S608
+    " FROM json_to_recordset(%s::json) AS x(ticket_id text, final_state text, reason text,"
+    " user_name text, labels jsonb, charged_labels text[], requested jsonb, used jsonb,"
+    " created_at timestamptz, reported_at timestamptz, ended_at timestamptz)"
+)
+INSERT_LOG = (
+    "INSERT INTO request_log (method, request_id, request_hash, status_code, response,"
+    " created_at) SELECT method, request_id, request_hash, status_code, response, %s"
+    " FROM json_to_recordset(%s::json) AS x(method text, request_id text,"
+    " request_hash bytea, status_code int, response bytea)"
+)
+DELETE_WAITERS = "DELETE FROM apply_waiter WHERE seq = ANY(%s)"
+# WRITE, one statement: every write of the group. Each row is written by one part only
+# (a ticket is inserted, updated or deleted, by its final state), as data-modifying
+# WITH parts all see the same snapshot. A request id that another transaction
+# committed meanwhile fails the request_log INSERT: retried.
+WRITE = (
+    f"WITH l AS ({WRITE_LABELS}), ti AS ({INSERT_TICKETS}), tu AS ({UPDATE_TICKETS}),"  # noqa: S608
+    f" td AS ({DELETE_TICKETS}), th AS ({INSERT_HISTORY}), rl AS ({INSERT_LOG}),"
+    f" wd AS ({DELETE_WAITERS})"
+    " SELECT count(pg_notify(%s, x)) FROM unnest(%s::text[]) AS x"
+)
 
 
-async def write_labels(conn: Conn, rows: Sequence[LabelRow], now: datetime) -> None:
-    """Write back used, locked and live ticket counts of locked rows in one statement."""
-    if not rows:
-        return
-    await conn.execute(WRITE_LABELS, (now, labels_json(rows)))
+# ----- the state of one group, in memory -----------------------------------------------------
+
+_MISSING = object()
 
 
-def labels_json(rows: Sequence[LabelRow]) -> str:
-    """WRITE_LABELS's document: one JSON text rather than five arrays (far cheaper to
-    send from Python)."""
-    return json.dumps(
-        [
-            {
-                "label": r.label,
-                "used": r.used.to_dict(),
-                "locked": r.locked.to_dict(),
-                "kind": r.locked.kind.value,
-                "live": r.live_tickets,
-            }
-            for r in rows
-        ]
+@dataclass
+class _State:
+    """The accounts and tickets as the requests so far left them. Every change goes
+    through put() / notify_on(), which keep an undo log, so that a request that fails
+    without an answer to store is rolled back in memory (cost: its own changes)."""
+
+    rows: dict[str, LabelAccount]
+    waiters: dict[str, tuple[int, ...]]
+    tickets: dict[str, Ticket | None]  # live tickets; None once ended in this group
+    ended: dict[str, Ticket] = field(default_factory=dict)  # ended in this group
+    history: list[tuple[Ticket, Ticket]] = field(default_factory=list)  # (live, ended)
+    waiters_served: list[int] = field(default_factory=list)
+    notify: set[str] = field(default_factory=set)
+    _undo: list[tuple[Any, Any, Any]] = field(default_factory=list)
+
+    def put(self, mapping: dict[Any, Any], key: Any, value: Any) -> None:
+        self._undo.append((mapping, key, mapping.get(key, _MISSING)))
+        mapping[key] = value
+
+    def notify_on(self, labels: Sequence[str]) -> None:
+        for label in labels:
+            if label not in self.notify:
+                self._undo.append((self.notify, label, _MISSING))
+                self.notify.add(label)
+
+    def snapshot(self) -> tuple[int, int, int]:
+        return len(self._undo), len(self.history), len(self.waiters_served)
+
+    def restore(self, snap: tuple[int, int, int]) -> None:
+        mark, nh, nw = snap
+        while len(self._undo) > mark:
+            target, key, old = self._undo.pop()
+            if target is self.notify:
+                self.notify.discard(key)
+            elif old is _MISSING:
+                del target[key]
+            else:
+                target[key] = old
+        del self.history[nh:]
+        del self.waiters_served[nw:]
+
+    def end(self, ticket: Ticket, now: datetime, state: TicketState, reason: str) -> Ticket:
+        updated, ended = decide_end(ticket, self.rows, now, state, reason)
+        for row in updated:
+            self.put(self.rows, row.label, row)
+        self.put(self.tickets, ticket.ticket_id, None)
+        self.put(self.ended, ticket.ticket_id, ended)
+        self.history.append((ticket, ended))
+        self.notify_on([r.label for r in updated])
+        return ended
+
+
+def _bytea(value: str) -> bytes:
+    """A bytea as PostgreSQL writes it in JSON: "\\x" and hex digits."""
+    return bytes.fromhex(value[2:])
+
+
+# ----- the group transaction -----------------------------------------------------------------
+
+
+async def run(conn: Conn, ops: Sequence[Op], now: datetime) -> list[Outcome]:
+    """Run `ops` in arrival order in the caller's (pipelined or not) transaction;
+    returns one outcome per op: the result, the replay of an earlier call, or the
+    exception."""
+    applies = [op for op in ops if isinstance(op, ApplyOp)]
+    ticket_ids = sorted({op.ticket_id for op in ops if isinstance(op, _TICKET_OPS)})
+    apply_labels = sorted({k for op in applies for k in op.keys})
+    logged_ops = [op.idem for op in ops if op.idem is not None]
+
+    cur = await conn.execute(
+        READ,
+        (
+            sorted({i.method for i in logged_ops}),
+            sorted({i.request_id for i in logged_ops}),
+            now,
+            apply_labels,
+            ticket_ids,
+            ticket_ids,
+        ),
     )
+    found = await cur.fetchone()
+    assert found is not None
+    logged_json, rows_json, tickets_json = found
+    logged = {
+        (g["method"], g["request_id"]): (
+            _bytea(g["request_hash"]),
+            g["status_code"],
+            _bytea(g["response"] or "\\x"),
+        )
+        for g in logged_json
+    }
+    rows = {x["label"]: account_from_row([x[n] for n in LABEL_NAMES]) for x in rows_json}
+    waiters = {x["label"]: tuple(x["waiters"]) for x in rows_json if x["waiters"]}
+    live = [ticket_from_json(k) for k in tickets_json]
+    initial_rows = dict(rows)
+    initial_tickets = {t.ticket_id: t for t in live}
+
+    # Rarely needed: a locked ticket whose charged label has no locked row must have lost
+    # its record (ECM unregistered); otherwise the ticket appeared after the peek: retry.
+    unlocked = sorted({lb for t in live for lb in t.charged_labels if lb not in rows})
+    if unlocked:
+        cur = await conn.execute(EXISTING_LABELS, (unlocked,))
+        if await cur.fetchall():
+            raise RetryTransaction("a ticket appeared between peek and lock")
+    need = await _labels_needing_rows(conn, [k for k in apply_labels if k not in rows])
+    # Tickets that are not live: their history answers Release and explains ReportUsed.
+    gone = [t for t in ticket_ids if t not in initial_tickets]
+    history: dict[str, Ticket] = {}
+    if gone:
+        cur = await conn.execute(SELECT_HISTORY, (gone,))
+        history = {t.ticket_id: t for t in map(ticket_from_history, await cur.fetchall())}
+
+    state = _State(rows, waiters, dict(initial_tickets))
+    outcomes: list[Outcome] = []
+    log_rows: list[tuple[Idempotency, int, bytes]] = []
+    for op in ops:
+        earlier = logged.get(op.key) if op.idem is not None else None
+        if earlier is not None:
+            outcomes.append(_replay(op, earlier))
+            continue
+        snap = state.snapshot()
+        try:
+            result = _execute(op, state, now, need, history)
+        except FINAL_ERRORS as err:  # the answer to the request: stored, effects kept
+            if op.idem is not None and op.encoder is not None:
+                code, payload = op.encoder.error(err)
+                log_rows.append((op.idem, code, payload))
+            outcomes.append(err)
+            continue
+        except Exception as exc:  # not an answer (bad input, must wait, ...): undone
+            state.restore(snap)
+            outcomes.append(exc)
+            continue
+        if op.idem is not None and op.encoder is not None and result is not None:
+            log_rows.append((op.idem, 0, op.encoder.ok(result)))
+        outcomes.append(result)
+
+    await _write(conn, state, initial_rows, initial_tickets, log_rows, now)
+    for op, outcome in zip(ops, outcomes, strict=True):
+        if isinstance(op, ApplyOp) and op.after is not None and isinstance(outcome, Ticket):
+            await op.after(conn, outcome)
+    return outcomes
+
+
+async def _write(
+    conn: Conn,
+    state: _State,
+    initial_rows: dict[str, LabelAccount],
+    initial_tickets: dict[str, Ticket],
+    log_rows: list[tuple[Idempotency, int, bytes]],
+    now: datetime,
+) -> None:
+    changed = [row for label, row in state.rows.items() if row is not initial_rows[label]]
+    inserted = [
+        t for tid, t in state.tickets.items() if t is not None and tid not in initial_tickets
+    ]
+    updated = [
+        t
+        for tid, t in state.tickets.items()
+        if t is not None and tid in initial_tickets and t is not initial_tickets[tid]
+    ]
+    deleted = [tid for tid, t in state.tickets.items() if t is None and tid in initial_tickets]
+    if not (changed or inserted or updated or deleted or state.history or log_rows):
+        return
+    await conn.execute(
+        WRITE,
+        (
+            now,
+            accounts_json(changed),
+            json.dumps([ticket_json(t) for t in inserted]),
+            json.dumps([ticket_json(t) for t in updated]),
+            deleted,
+            json.dumps([history_json(a, b) for a, b in state.history]),
+            now,
+            json.dumps(
+                [
+                    {
+                        "method": idem.method,
+                        "request_id": idem.request_id,
+                        "request_hash": "\\x" + idem.request_hash.hex(),
+                        "status_code": code,
+                        "response": "\\x" + payload.hex(),
+                    }
+                    for idem, code, payload in log_rows
+                ]
+            ),
+            state.waiters_served,
+            CHANNEL,
+            sorted(state.notify),
+        ),
+    )
+
+
+def _replay(op: Op, found: tuple[bytes, int | None, Any]) -> Outcome:
+    request_hash, code, response = found
+    assert op.idem is not None
+    if request_hash != op.idem.request_hash:
+        return InvalidArgument(
+            "request_id", "reused with a different request", reason="REQUEST_ID_REUSED"
+        )
+    assert code is not None  # outcomes are committed with their request id
+    return Replay(status_code=code, response=response)
+
+
+def _execute(
+    op: Op, state: _State, now: datetime, need: set[str], history: dict[str, Ticket]
+) -> Ticket | None:
+    if isinstance(op, ApplyOp):
+        return _apply(op, state, now, need)
+    assert isinstance(op, _TICKET_OPS)
+    ticket = state.tickets.get(op.ticket_id)
+    if isinstance(op, ExpireOp):
+        if ticket is None or not lock_expired(ticket, now):
+            return None
+        return state.end(ticket, now, TicketState.EXPIRED, "lock timeout")
+    if ticket is not None and op.from_user:
+        check_user_may_end(ticket)
+    if isinstance(op, ReleaseOp):
+        if ticket is None:
+            ended = state.ended.get(op.ticket_id) or history.get(op.ticket_id)
+            if ended is None:
+                raise NotFound(f"ticket {op.ticket_id} not found")
+            return ended  # Release is idempotent: an ended ticket is returned as it is
+        return state.end(ticket, now, TicketState.RELEASED, op.reason)
+    if ticket is None:
+        ended = state.ended.get(op.ticket_id) or history.get(op.ticket_id)
+        raise not_live_error(op.ticket_id, ended)
+    if lock_expired(ticket, now):
+        state.end(ticket, now, TicketState.EXPIRED, "lock timeout")
+        raise lock_expired_error(op.ticket_id)
+    updated, reported, freed = decide_report(ticket, state.rows, op.used, now)
+    for row in updated:
+        state.put(state.rows, row.label, row)
+    state.put(state.tickets, op.ticket_id, reported)
+    if freed:
+        state.notify_on([r.label for r in updated])
+    return reported
+
+
+def _apply(op: ApplyOp, state: _State, now: datetime, need: set[str]) -> Ticket:
+    needed = [k for k in op.keys if k in need]
+    if needed:
+        raise NeedLimitRows(needed)
+    seq = NO_WAITER if op.waiter_seq is None else op.waiter_seq
+    queued = {k for k in op.keys if any(w < seq for w in state.waiters.get(k, ()))}
+    outcome = decide_apply(op.command(now), state.rows, queued)
+    if isinstance(outcome, Refusal):
+        if op.may_wait:
+            raise MustWait(outcome)
+        raise Refused(outcome)
+    charged, ticket = outcome
+    for row in charged:
+        state.put(state.rows, row.label, row)
+    state.put(state.tickets, ticket.ticket_id, ticket)
+    if op.waiter_seq is not None:
+        for k in op.keys:
+            if k in state.waiters:
+                left = tuple(w for w in state.waiters[k] if w != op.waiter_seq)
+                state.put(state.waiters, k, left)
+        state.waiters_served.append(op.waiter_seq)
+    return ticket
+
+
+# ----- one request inside another transaction (EngineConns, agents, demands, ECMs) -----------
+
+
+def _only(outcomes: list[Outcome]) -> Ticket | None:
+    (outcome,) = outcomes
+    if isinstance(outcome, BaseException):
+        raise outcome
+    assert not isinstance(outcome, Replay)  # ops without a request id are never replayed
+    return outcome
+
+
+async def apply(conn: Conn, cmd: ApplyCommand) -> Ticket | Refusal:
+    """Lock every label, check every one, then charge all or none (MustWait when the
+    command may wait and does not fit)."""
+    op = ApplyOp(
+        None,
+        None,
+        cmd.ticket_id,
+        cmd.user,
+        cmd.labels,
+        cmd.keys,
+        cmd.resource,
+        cmd.lock_expires_at - cmd.now,
+        cmd.waiter_seq,
+        cmd.may_wait,
+        engine_conn_id=cmd.engine_conn_id,
+    )
+    try:
+        ticket = _only(await run(conn, [op], cmd.now))
+    except Refused as refused:
+        return refused.refusal
+    assert ticket is not None
+    return ticket
+
+
+async def report_used(conn: Conn, ticket_id: str, used: Resource | None, now: datetime) -> Ticket:
+    """LOCKED -> USED: the locked resource moves to used; any unused part is freed."""
+    ticket = _only(await run(conn, [ReportOp(None, None, ticket_id, used)], now))
+    assert ticket is not None
+    return ticket
+
+
+async def release(conn: Conn, ticket_id: str, now: datetime, reason: str = "released") -> Ticket:
+    """End a live ticket; an ended one is returned as it is (Release is idempotent)."""
+    ticket = _only(await run(conn, [ReleaseOp(None, None, ticket_id, reason)], now))
+    assert ticket is not None
+    return ticket
+
+
+async def release_all(conn: Conn, ticket_ids: Sequence[str], now: datetime, reason: str) -> None:
+    """End several live tickets in one group (an ECM leaving)."""
+    for outcome in await run(conn, [ReleaseOp(None, None, t, reason) for t in ticket_ids], now):
+        if isinstance(outcome, BaseException):
+            raise outcome
+
+
+async def expire_ticket(conn: Conn, ticket_id: str, now: datetime) -> bool:
+    """Reclaim one LOCKED ticket past its lock timeout; False if it no longer qualifies."""
+    return _only(await run(conn, [ExpireOp(None, None, ticket_id)], now)) is not None
+
+
+# ----- label rows, limits, waiters, queries ---------------------------------------------------
+
+
+async def lock_labels(conn: Conn, labels: Sequence[str], now: datetime) -> dict[str, LabelAccount]:
+    """Lock the rows of `labels` in canonical order (for ECM and demand changes)."""
+    cur = await conn.execute(
+        f"SELECT {LABEL_COLUMNS}"  # noqa: S608 - constant column list
+        " FROM label_resource r WHERE r.label = ANY(%s) ORDER BY r.label FOR UPDATE OF r",
+        (list(labels),),
+    )
+    return {record[0]: account_from_row(record) for record in await cur.fetchall()}
 
 
 async def load_limit_rules(conn: Conn, key_names: Sequence[str]) -> list[LimitRule]:
@@ -160,103 +608,12 @@ def key_names(label: str) -> str:
     return ",".join(LabelKey.parse(label).keys())
 
 
-async def _labels_needing_rows(conn: Conn, missing: Sequence[str]) -> list[str]:
+async def _labels_needing_rows(conn: Conn, missing: Sequence[str]) -> set[str]:
+    """Of labels without a record, those a configured limit applies to."""
+    if not missing:
+        return set()
     rules = await load_limit_rules(conn, sorted({key_names(m) for m in missing}))
-    return [m for m in missing if best_limit(LabelKey.parse(m), rules) is not None]
-
-
-def _charge(row: LabelRow, resource: Resource) -> LabelRow:
-    try:
-        return replace(row, locked=row.locked + resource, live_tickets=row.live_tickets + 1)
-    except ResourceError as exc:
-        raise InvalidArgument("resource", f"does not match label {row.label}: {exc}") from exc
-
-
-def check_rows(rows: Sequence[LabelRow], resource: Resource) -> Refusal | None:
-    """Every shortfall over the rows with a maximum, or the labels queued behind waiters."""
-    shortfalls: list[Shortfall] = []
-    for row in rows:
-        if row.max_resource is None:
-            continue
-        try:
-            # Capacity reserved for demands in their window is not handed to others: it
-            # counts like protected capacity. A demand's own allocation hands its
-            # reservation over first, in the same transaction (store/demands.py).
-            held = row.protected if row.reserved is None else row.protected + row.reserved
-            shortfalls.extend(
-                label_shortfalls(row.label, row.max_resource, row.used, row.locked, held, resource)
-            )
-        except ResourceError as exc:
-            raise InvalidArgument("resource", f"does not match label {row.label}: {exc}") from exc
-    queued = tuple(row.label for row in rows if row.queued)
-    if shortfalls or queued:
-        return Refusal(tuple(shortfalls), queued)
-    return None
-
-
-def decide_apply(
-    cmd: ApplyCommand, rows: Mapping[str, LabelRow]
-) -> tuple[list[LabelRow], Ticket] | Refusal:
-    """Check every locked row, then charge all or none (in memory): the charged rows and
-    the new ticket, or the refusal (MustWait when the command may wait). Labels without
-    a row must already be known to need none."""
-    ordered = [rows[k] for k in cmd.keys if k in rows]
-    charged = [_charge(row, cmd.resource) for row in ordered]  # validates kinds first
-    refusal = check_rows(ordered, cmd.resource)
-    if refusal is not None:
-        if cmd.may_wait:
-            raise MustWait(refusal)
-        return refusal
-    ticket = Ticket(
-        ticket_id=cmd.ticket_id,
-        state=TicketState.LOCKED,
-        user=cmd.user,
-        labels=cmd.labels,
-        charged_labels=tuple(r.label for r in ordered),
-        requested=cmd.resource,
-        locked=cmd.resource,
-        used=None,
-        created_at=cmd.now,
-        updated_at=cmd.now,
-        lock_expires_at=cmd.lock_expires_at,
-    )
-    return charged, ticket
-
-
-async def apply(conn: Conn, cmd: ApplyCommand) -> Ticket | Refusal:
-    """Lock every label, check every one, then charge all or none."""
-    seq = NO_WAITER if cmd.waiter_seq is None else cmd.waiter_seq
-    rows = await lock_labels(conn, cmd.keys, cmd.now, seq)
-    missing = [k for k in cmd.keys if k not in rows]
-    if missing:
-        need = await _labels_needing_rows(conn, missing)
-        if need:
-            raise NeedLimitRows(need)
-    outcome = decide_apply(cmd, rows)
-    if isinstance(outcome, Refusal):
-        return outcome
-    charged, ticket = outcome
-    await write_labels(conn, charged, cmd.now)
-    await conn.execute(
-        f"INSERT INTO ticket ({TICKET_COLUMNS}) VALUES"  # noqa: S608 - constant column list
-        " (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-        (
-            ticket.ticket_id,
-            ticket.state.value,
-            ticket.user,
-            jlabels(ticket.labels),
-            list(ticket.charged_labels),
-            jres(ticket.requested),
-            jres(ticket.locked),
-            jres(Resource.zero(cmd.resource.kind, cmd.resource.queue)),
-            ticket.created_at,
-            ticket.updated_at,
-            ticket.lock_expires_at,
-        ),
-    )
-    if cmd.waiter_seq is not None:
-        await conn.execute("DELETE FROM apply_waiter WHERE seq = %s", (cmd.waiter_seq,))
-    return ticket
+    return {m for m in missing if best_limit(LabelKey.parse(m), rules) is not None}
 
 
 async def register_waiter(
@@ -291,13 +648,6 @@ async def purge_waiters(conn: Conn, now: datetime) -> int:
     return len(labels)
 
 
-async def _read_ticket(conn: Conn, ticket_id: str, *, lock: bool) -> Ticket | None:
-    sql = f"SELECT {TICKET_COLUMNS} FROM ticket WHERE ticket_id = %s"  # noqa: S608
-    cur = await conn.execute(sql + (" FOR UPDATE" if lock else ""), (ticket_id,))
-    row = await cur.fetchone()
-    return None if row is None else ticket_from_row(row)
-
-
 async def read_history(conn: Conn, ticket_id: str) -> Ticket | None:
     cur = await conn.execute(
         f"SELECT {HISTORY_COLUMNS} FROM ticket_history WHERE ticket_id = %s",  # noqa: S608
@@ -308,196 +658,17 @@ async def read_history(conn: Conn, ticket_id: str) -> Ticket | None:
 
 
 async def get_ticket(conn: Conn, ticket_id: str) -> Ticket:
-    ticket = await _read_ticket(conn, ticket_id, lock=False)
+    cur = await conn.execute(
+        f"SELECT {TICKET_COLUMNS} FROM ticket WHERE ticket_id = %s",  # noqa: S608
+        (ticket_id,),
+    )
+    row = await cur.fetchone()
+    ticket = None if row is None else ticket_from_row(row)
     if ticket is None:
         ticket = await read_history(conn, ticket_id)
     if ticket is None:
         raise NotFound(f"ticket {ticket_id} not found")
     return ticket
-
-
-async def _lock_live_ticket(
-    conn: Conn, ticket_id: str, now: datetime
-) -> tuple[Ticket | None, dict[str, LabelRow]]:
-    """Lock a live ticket's labels (canonical order) and then the ticket itself.
-
-    Charged labels never change, so reading them before taking the locks is safe.
-    Returns (None, {}) when the ticket is not live (ended, or never existed).
-    """
-    peek = await _read_ticket(conn, ticket_id, lock=False)
-    if peek is None:
-        return None, {}
-    rows = await lock_labels(conn, peek.charged_labels, now)
-    ticket = await _read_ticket(conn, ticket_id, lock=True)
-    return ticket, rows
-
-
-async def end_ticket(
-    conn: Conn,
-    ticket: Ticket,
-    rows: dict[str, LabelRow],
-    now: datetime,
-    final_state: TicketState,
-    reason: str,
-) -> Ticket:
-    """Return a live ticket's resource to its labels and move it to the history."""
-    updated, ended = decide_end(ticket, rows, now, final_state, reason)
-    await write_labels(conn, updated, now)
-    await conn.execute("DELETE FROM ticket WHERE ticket_id = %s", (ticket.ticket_id,))
-    await conn.execute(
-        f"INSERT INTO ticket_history ({HISTORY_COLUMNS}) VALUES"  # noqa: S608
-        " (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-        (
-            ticket.ticket_id,
-            final_state.value,
-            reason,
-            ticket.user,
-            jlabels(ticket.labels),
-            list(ticket.charged_labels),
-            jres(ticket.requested),
-            jres(ticket.used),
-            ticket.created_at,
-            ticket.updated_at if ticket.used is not None else None,
-            now,
-        ),
-    )
-    await notify_freed(conn, [r.label for r in updated])
-    return ended
-
-
-def decide_end(
-    ticket: Ticket,
-    rows: Mapping[str, LabelRow],
-    now: datetime,
-    final_state: TicketState,
-    reason: str,
-) -> tuple[list[LabelRow], Ticket]:
-    """A live ticket's resource returned to its locked rows (in memory): the updated
-    rows and the ended ticket."""
-    updated = []
-    for label in ticket.charged_labels:
-        row = rows.get(label)
-        if row is None:  # the label's record was removed (ECM unregistered)
-            continue
-        used = row.used - ticket.used if ticket.used is not None else row.used
-        updated.append(
-            replace(
-                row, used=used, locked=row.locked - ticket.locked, live_tickets=row.live_tickets - 1
-            )
-        )
-    ended = replace(
-        ticket,
-        state=final_state,
-        locked=Resource.zero(ticket.locked.kind, ticket.locked.queue),
-        ended_at=now,
-        end_reason=reason,
-        lock_expires_at=None,
-    )
-    return updated, ended
-
-
-async def _not_live(conn: Conn, ticket_id: str) -> FailedPrecondition | NotFound:
-    return not_live_error(ticket_id, await read_history(conn, ticket_id))
-
-
-def not_live_error(ticket_id: str, ended: Ticket | None) -> FailedPrecondition | NotFound:
-    """Why a ticket that is not live cannot be reported: ended (`ended`), or unknown."""
-    if ended is None:
-        return NotFound(f"ticket {ticket_id} not found")
-    return FailedPrecondition(
-        f"ticket {ticket_id} is {ended.state.value} ({ended.end_reason})",
-        state=ended.state.value,
-        reason="TICKET_ENDED",
-    )
-
-
-async def report_used(conn: Conn, ticket_id: str, used: Resource | None, now: datetime) -> Ticket:
-    """LOCKED -> USED: the locked resource moves to used; any unused part is freed."""
-    ticket, rows = await _lock_live_ticket(conn, ticket_id, now)
-    if ticket is None:
-        raise await _not_live(conn, ticket_id)
-    if lock_expired(ticket, now):
-        await end_ticket(conn, ticket, rows, now, TicketState.EXPIRED, "lock timeout")
-        raise lock_expired_error(ticket_id)
-    updated, reported, freed = decide_report(ticket, rows, used, now)
-    await write_labels(conn, updated, now)
-    await conn.execute(
-        "UPDATE ticket SET state = 'USED', used = %s, locked = %s, lock_expires_at = NULL,"
-        " updated_at = %s WHERE ticket_id = %s",
-        (jres(reported.used), jres(reported.locked), now, ticket_id),
-    )
-    if freed:
-        await notify_freed(conn, [r.label for r in updated])
-    return reported
-
-
-def lock_expired(ticket: Ticket, now: datetime) -> bool:
-    """A LOCKED ticket past its lock timeout: ReportUsed expires it (and fails)."""
-    return (
-        ticket.state is TicketState.LOCKED
-        and ticket.lock_expires_at is not None
-        and now >= ticket.lock_expires_at
-    )
-
-
-def lock_expired_error(ticket_id: str) -> FailedPrecondition:
-    return FailedPrecondition(
-        f"ticket {ticket_id} was not reported within the lock timeout",
-        state="EXPIRED",
-        reason="LOCK_EXPIRED",
-    )
-
-
-def decide_report(
-    ticket: Ticket, rows: Mapping[str, LabelRow], used: Resource | None, now: datetime
-) -> tuple[list[LabelRow], Ticket, bool]:
-    """LOCKED -> USED in memory (the lock is not expired): the updated rows, the USED
-    ticket, and whether part of the lock was freed."""
-    ticket_id = ticket.ticket_id
-    if ticket.state is not TicketState.LOCKED:
-        raise FailedPrecondition(
-            f"ticket {ticket_id} is {ticket.state.value}, not LOCKED",
-            state=ticket.state.value,
-            reason="TICKET_NOT_LOCKED",
-        )
-    actual = ticket.locked if used is None else used
-    try:
-        within = ticket.locked.ge(actual)
-        remainder = ticket.locked - actual if within else None
-    except ResourceError as exc:
-        raise InvalidArgument("used_resource", str(exc)) from exc
-    if remainder is None:
-        raise FailedPrecondition(
-            f"used_resource exceeds what ticket {ticket_id} locked",
-            state="LOCKED",
-            reason="USED_EXCEEDS_LOCKED",
-        )
-    updated = [
-        replace(row, locked=row.locked - ticket.locked, used=row.used + actual)
-        for label in ticket.charged_labels
-        if (row := rows.get(label)) is not None
-    ]
-    zero = Resource.zero(ticket.locked.kind, ticket.locked.queue)
-    reported = replace(
-        ticket,
-        state=TicketState.USED,
-        used=actual,
-        locked=zero,
-        updated_at=now,
-        lock_expires_at=None,
-    )
-    return updated, reported, not remainder.is_zero()
-
-
-async def release(conn: Conn, ticket_id: str, now: datetime, reason: str = "released") -> Ticket:
-    """End a live ticket; an ended one is returned as it is (Release is idempotent)."""
-    ticket, rows = await _lock_live_ticket(conn, ticket_id, now)
-    if ticket is None:
-        ended = await read_history(conn, ticket_id)
-        if ended is None:
-            raise NotFound(f"ticket {ticket_id} not found")
-        return ended
-    return await end_ticket(conn, ticket, rows, now, TicketState.RELEASED, reason)
 
 
 async def expired_ticket_ids(conn: Conn, now: datetime, limit: int) -> list[str]:
@@ -507,20 +678,6 @@ async def expired_ticket_ids(conn: Conn, now: datetime, limit: int) -> list[str]
         (now, limit),
     )
     return [r[0] for r in await cur.fetchall()]
-
-
-async def expire_ticket(conn: Conn, ticket_id: str, now: datetime) -> bool:
-    """Reclaim one LOCKED ticket past its lock timeout; False if it no longer qualifies."""
-    ticket, rows = await _lock_live_ticket(conn, ticket_id, now)
-    if (
-        ticket is None
-        or ticket.state is not TicketState.LOCKED
-        or ticket.lock_expires_at is None
-        or ticket.lock_expires_at > now
-    ):
-        return False
-    await end_ticket(conn, ticket, rows, now, TicketState.EXPIRED, "lock timeout")
-    return True
 
 
 async def list_tickets(conn: Conn, after: str, limit: int, label: str, state: str) -> list[Ticket]:

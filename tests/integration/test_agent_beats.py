@@ -5,6 +5,7 @@ stream after one ended under it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 
 import grpc
@@ -162,3 +163,59 @@ async def _until_answered(
         except grpc.aio.AioRpcError as err:
             assert err.code() in RETRYABLE, err
             await asyncio.sleep(0.05)
+
+
+async def test_a_process_reported_while_a_beat_is_in_flight_goes_out_at_once(tmp_path):
+    """A launch carried out while a heartbeat is under way (its process report not in
+    that beat) is reported by the next beat at once, not an interval (here 600 s) later:
+    until then the RM knows no pid or work dir for it."""
+    from google.protobuf.duration_pb2 import Duration
+    from labelrm.v1 import engine_conn_pb2 as ec_pb
+
+    from ecm_agent.agent import Agent, _Process
+    from ecm_agent.settings import AgentSettings
+    from ecm_agent.validate import AgentPolicy
+
+    beats: asyncio.Queue[pb.HeartbeatRequest] = asyncio.Queue()
+    first_answered = asyncio.Event()
+
+    async def heartbeat(request: pb.HeartbeatRequest, context: object) -> pb.HeartbeatResponse:
+        await beats.put(request)
+        if request.sequence == 1:
+            await first_answered.wait()
+        return pb.HeartbeatResponse(
+            action=CONTINUE, sequence=request.sequence, heartbeat_interval=Duration(seconds=600)
+        )
+
+    handler = grpc.unary_unary_rpc_method_handler(
+        heartbeat,
+        request_deserializer=pb.HeartbeatRequest.FromString,
+        response_serializer=pb.HeartbeatResponse.SerializeToString,
+    )
+    server, port = await _fake_rm({"Heartbeat": handler})
+    settings = AgentSettings(rm=f"127.0.0.1:{port}", agent_id="beats3", fork_servers=0)
+    policy = AgentPolicy(tmp_path / "work", tmp_path / "state", frozenset(), {})
+    agent = Agent(settings, policy)
+    loop = asyncio.ensure_future(agent._heartbeat_loop())
+    try:
+        first = await asyncio.wait_for(beats.get(), 30)
+        assert list(first.engine_conns) == []
+        # The launch is carried out while that beat waits for its answer (as `_launch` does).
+        report = ec_pb.EngineConnProcess(
+            engine_conn_id="ec-1", state=ec_pb.PROCESS_STATE_RUNNING, pid=4242, work_dir="/w"
+        )
+        agent._processes["ec-1"] = _Process(report)
+        agent._report_now()
+        first_answered.set()
+        second = await asyncio.wait_for(beats.get(), 30)
+        assert [(p.engine_conn_id, p.pid, p.work_dir) for p in second.engine_conns] == [
+            ("ec-1", 4242, "/w")
+        ]
+    finally:
+        agent.stop()
+        loop.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await loop
+        agent.beats.close()
+        await agent.channel.close()
+        await server.stop(None)

@@ -278,8 +278,8 @@ async def test_material_files_and_environment(make_launcher, test_users):
     assert read(proc.work_dir / "logs" / "stdout.log") == "from-material hello world\nk=v\n"
     uid = test_users[USER_A]
     st_run, st_conf = (proc.work_dir / "run.sh").stat(), (proc.work_dir / "conf.txt").stat()
-    assert (st_run.st_uid, st_run.st_mode & 0o777) == (uid, 0o750)
-    assert (st_conf.st_uid, st_conf.st_mode & 0o777) == (uid, 0o640)
+    assert (st_run.st_uid, st_run.st_mode & 0o777) == (uid, 0o700)
+    assert (st_conf.st_uid, st_conf.st_mode & 0o777) == (uid, 0o600)
 
 
 # ----- refusals and injection ----------------------------------------------------------

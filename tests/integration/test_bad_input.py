@@ -64,7 +64,7 @@ INVALID_APPLIES = [
     ("malformed userCreator", apply_req("userCreator=root;rm,engineType=spark-3.2.1", load(1, 1)), "labels[0].value"),
     ("bad key", apply_req("9key=x", load(1, 1)), "labels[0].key"),
     ("duplicate key", apply_req("cluster=a,cluster=b", load(1, 1)), "labels[1].key"),
-    ("too long", apply_req("cluster=" + "x" * 300, load(1, 1)), "labels[0]"),
+    ("too long", apply_req("cluster=" + "x" * 300, load(1, 1)), "labels[0].value"),
     ("too many", apply_req(",".join(f"k{i}=v" for i in range(40)), load(1, 1)), "labels"),
     ("negative wait", pb.ApplyRequest(labels=lbl(USER), resource=load(1, 1), wait_timeout={"seconds": -1}), "wait_timeout"),
 ]  # fmt: skip

@@ -1,5 +1,5 @@
 """Concurrent Apply / ReportUsed / Release share transactions (rm_server/batching.py,
-rm_server/store/batch.py): each request stays all-or-nothing, in arrival order, FIFO
+rm_server/store/tickets.py): each request stays all-or-nothing, in arrival order, FIFO
 behind waiters, idempotent, and every invariant holds.
 
 Some tests compose groups by hand (core._run_group) to pin down the order inside one
@@ -26,11 +26,12 @@ from rm_server.errors import (
     ResourceExhausted,
 )
 from rm_server.service.resource_manager import _TICKET_ENCODERS
-from rm_server.store import batch as batch_store
 from rm_server.store import tickets as ticket_store
 from rm_server.store.db import Idempotency, Replay
-from tests.conftest import start_in_process, stop_in_process
+from tests.conftest import BOTH_PATHS, start_in_process, stop_in_process
 from tests.helpers import GiB, apply_req, assert_consistent, label_state, limit_req, load
+
+pytestmark = BOTH_PATHS
 
 USER = "userCreator=alice-IDE,engineType=spark-3.2.1"
 BOB = "userCreator=bob-IDE,engineType=spark-3.2.1"
@@ -43,7 +44,7 @@ def _labels(text: str) -> tuple[Label, ...]:
 def apply_op(rm, labels: str, resource: Resource, *, rid: str = "", seq=None, may_wait=False):
     lbls = _labels(labels)
     rid = rid or uuid.uuid4().hex
-    return batch_store.ApplyOp(
+    return ticket_store.ApplyOp(
         Idempotency.of("Apply", rid, f"{labels}|{resource}".encode()),
         _TICKET_ENCODERS["Apply"],
         f"t-{uuid.uuid4().hex}",
@@ -59,7 +60,7 @@ def apply_op(rm, labels: str, resource: Resource, *, rid: str = "", seq=None, ma
 
 def report_op(ticket_id: str, used: Resource | None = None, rid: str = ""):
     rid = rid or uuid.uuid4().hex
-    return batch_store.ReportOp(
+    return ticket_store.ReportOp(
         Idempotency.of("ReportUsed", rid, f"{ticket_id}|{used}".encode()),
         _TICKET_ENCODERS["ReportUsed"],
         ticket_id,
@@ -69,7 +70,7 @@ def report_op(ticket_id: str, used: Resource | None = None, rid: str = ""):
 
 def release_op(ticket_id: str, rid: str = ""):
     rid = rid or uuid.uuid4().hex
-    return batch_store.ReleaseOp(
+    return ticket_store.ReleaseOp(
         Idempotency.of("Release", rid, ticket_id.encode()),
         _TICKET_ENCODERS["Release"],
         ticket_id,
@@ -216,9 +217,9 @@ async def test_labels_with_a_limit_but_no_record_get_one_first(rm):
     await assert_consistent(rm)
 
 
-async def test_hot_label_under_concurrency_is_shared_exactly(rm):
+async def test_hot_label_under_concurrency_is_shared_exactly(rm, grouping):
     """Every request names the same label with room for exactly 20: 20 granted, the
-    rest refused, in far fewer transactions than requests."""
+    rest refused (grouped: in far fewer transactions than requests)."""
     await rm.admin.SetLabelLimit(limit_req("userCreator=*,engineType=*", load(20 * GiB, 100000)))
     results = await asyncio.gather(
         *(rm.rm.Apply(apply_req(USER, load(GiB, 1))) for _ in range(60)), return_exceptions=True
@@ -228,7 +229,10 @@ async def test_hot_label_under_concurrency_is_shared_exactly(rm):
     assert len(granted) == 20 and len(refused) == 40
     assert all(e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED for e in refused)
     combiner = rm.core._combiner
-    assert combiner is not None and combiner.groups < combiner.requests
+    if grouping:
+        assert combiner is not None and combiner.groups < combiner.requests
+    else:
+        assert combiner is None
     # Report and release all of them concurrently too.
     await asyncio.gather(
         *(rm.rm.ReportUsed(pb.ReportUsedRequest(ticket_id=g.ticket.ticket_id)) for g in granted)
@@ -257,14 +261,14 @@ async def test_a_group_that_fails_as_a_whole_runs_its_requests_one_by_one(rm, mo
     await rm.rm.Apply(apply_req(USER, load(1, 1)))
     bad = apply_op(rm, USER, Resource.load(GiB, 1))
     good = apply_op(rm, USER, Resource.load(GiB, 1))
-    original = batch_store.run
+    original = ticket_store.run
 
     async def run(conn, ops, now):
         if any(op is bad for op in ops):
             raise RuntimeError("the database refused something")
         return await original(conn, ops, now)
 
-    monkeypatch.setattr(batch_store, "run", run)
+    monkeypatch.setattr(ticket_store, "run", run)
     out = await rm.core._run_group([good, bad])
     assert isinstance(out[0], Ticket)
     assert isinstance(out[1], RuntimeError)
@@ -293,11 +297,11 @@ async def test_grouping_off_uses_one_transaction_per_request(database_url):
         await stop_in_process(rm)
 
 
-async def test_same_request_id_on_two_replicas_charges_once(rm):
+async def test_same_request_id_on_two_replicas_charges_once(rm, grouping_overrides):
     """Two replicas group the same request id in their own transactions: the second
     to commit hits the request_log key, retries, and replays the first's outcome."""
     await rm.admin.SetLabelLimit(limit_req("userCreator=*,engineType=*", load(64 * GiB, 4000)))
-    other = await start_in_process(rm.database_url)
+    other = await start_in_process(rm.database_url, **grouping_overrides)
     try:
         for n in range(5):
             reqs = [apply_req(USER, load(GiB, 1), request_id=f"twice-{n}")] * 6

@@ -252,7 +252,16 @@ async def test_rmctl_limits_roundtrip(client: Any, rm: Any, capsys: Any) -> None
 async def test_rmctl_table_header(client: Any, rm: Any, capsys: Any) -> None:
     assert await ctl(rm, "resource", "list", "--source", "ecm") == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["LABEL", "SOURCE", "MAX", "USED", "LOCKED", "LEFT", "TICKETS"]
+    assert lines[0].split() == [
+        "LABEL",
+        "SOURCE",
+        "MAX",
+        "USED",
+        "LOCKED",
+        "RESERVED",
+        "LEFT",
+        "TICKETS",
+    ]
     assert lines[1].split()[:2] == [ECM_LABEL, "ecm"]
 
     assert await ctl(rm, "ticket", "list", "--state", "used") == 0

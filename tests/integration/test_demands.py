@@ -3,6 +3,8 @@ planner's rounds are driven by the test (``tick``), so nothing waits in real tim
 
 from __future__ import annotations
 
+import contextlib
+import io
 import random
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -19,7 +21,7 @@ from labelrm.v1 import resource_manager_pb2 as rpb
 from rm_server.clock import ManualClock
 from rm_server.demands import DemandManager
 from rm_server.domain.demands.timelang import Span, holds, parse, resolve
-from tests.conftest import InProcessRM, start_in_process, stop_in_process
+from tests.conftest import InProcessRM, start_in_process, stop_in_process, wait_until
 from tests.helpers import GiB, apply_req, assert_consistent, label_state, lbl, limit_req, load
 
 USER = "userCreator=alice-IDE,engineType=spark-3.2.1"
@@ -177,6 +179,46 @@ async def test_window_honoured_reserved_allocated_claimed_finished(drm):
     await drm.consistent()
 
 
+async def test_reserved_capacity_is_shown_by_the_api_rmctl_and_metrics(drm):
+    import asyncio
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from clients import rmctl
+
+    await drm.submit("shown", 3, "{Start: {Time: [+2m, +10m], Strategy: strict}}")
+    await drm.tick(60)  # one lead time before its start: reserved
+    assert await drm.state("shown") == S.DEMAND_STATE_ALLOCATING
+    label = await label_state(drm.rm, USER)
+    assert label.reserved_resource.load.memory_bytes == 3 * GiB
+    assert label.left_resource.load.memory_bytes == 1 * GiB  # what an Apply can still take
+    assert await plain_apply(drm, 2) is None and await plain_apply(drm, 1) is not None
+    listed = await drm.rm.rm.ListLabelResources(rpb.ListLabelResourcesRequest())
+    (record,) = [r for r in listed.label_resources if r.label == label.label]
+    assert record.reserved_resource == label.reserved_resource
+    text = (await drm.rm.server.metrics.exposition()).decode()
+    reserved = {
+        sample.labels["dimension"]: sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "labelrm_label_reserved"
+        for sample in family.samples
+        if sample.labels["label"] == label.label
+    }
+    assert reserved["memory_bytes"] == 3 * GiB
+    for argv in (("resource", "show", USER), ("resource", "list")):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            code = await asyncio.to_thread(rmctl.main, ["--rm", drm.rm.target, *argv])
+        assert code == 0
+        assert "reserved" in out.getvalue().lower() and "mem=3Gi" in out.getvalue()
+    await drm.tick(60)  # allocated: the reservation became the ticket's
+    assert await drm.state("shown") == S.DEMAND_STATE_ALLOCATED
+    label = await label_state(drm.rm, USER)
+    assert not label.HasField("reserved_resource")
+    assert label.locked_resource.load.memory_bytes == 4 * GiB
+    await drm.consistent()
+
+
 async def test_strict_demand_fails_when_its_window_closes(drm):
     hog = await plain_apply(drm, 3)
     assert hog is not None
@@ -191,6 +233,103 @@ async def test_strict_demand_fails_when_its_window_closes(drm):
     await drm.consistent()
     label = await label_state(drm.rm, USER)
     assert label.locked_resource.load.memory_bytes == 3 * GiB
+
+
+async def test_a_demand_is_allocated_at_its_planned_start_or_refused_at_submit(drm):
+    t0 = drm.clock.now()
+    tz = t0.tzinfo
+    await drm.submit("first", 3, "{Start: [NOW, +1h], Duration: +4m}")
+    await drm.tick(3)
+    first = await drm.get("first")
+    assert first.state == S.DEMAND_STATE_ALLOCATED
+    await drm.claim("first")
+    # Next to `first` the plan has room from the end of its occupation plus a lead time:
+    # a start there falls 5 ms before the first window closes, a round before the second.
+    edge = first.plan_end_time.ToDatetime(tzinfo=tz) + timedelta(seconds=LEAD)
+    opens = (t0 + timedelta(minutes=1)).isoformat()
+    accepted, refused = [], []
+    for name, slack in (("edge", timedelta(milliseconds=5)), ("margin", timedelta(seconds=ROUND))):
+        text = f'{{Start: ["{opens}", "{(edge + slack).isoformat()}"], Duration: +1m}}'
+        try:
+            resp = await drm.submit(name, 3, text)
+        except grpc.aio.AioRpcError as err:
+            assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.details()
+            refused.append(name)
+            continue
+        accepted.append((name, resp.demand.planned_start_time.ToDatetime(tzinfo=tz)))
+    # Rounds come when they come (here every 7 s, a round being 10 s): every admitted
+    # demand is allocated within one round of its planned start.
+    released = False
+    for _ in range(60):
+        await drm.tick(7)
+        if not released and drm.clock.now() >= t0 + timedelta(minutes=4):
+            await drm.release(first.ticket_id)  # `first` is done before its planned end
+            released = True
+    for name, planned in accepted:
+        d = await drm.get(name)
+        assert d.state == S.DEMAND_STATE_ALLOCATED, (name, d.reason)
+        allocated = d.allocate_time.ToDatetime(tzinfo=tz)
+        assert planned <= allocated < planned + timedelta(seconds=ROUND)
+    assert refused == ["edge"] and [name for name, _ in accepted] == ["margin"]
+    await drm.consistent()
+
+
+async def _lock_waiters(conn) -> int:
+    cur = await conn.execute(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
+    row = await cur.fetchone()
+    return int(row[0])
+
+
+async def test_a_pass_decides_each_round_at_its_own_time(drm):
+    """A pass over many blocked demands takes time; a release during it makes room. The
+    demands allocated after that release are allocated (and dated) after it."""
+    import asyncio
+
+    import psycopg
+
+    hog = await plain_apply(drm, 4)
+    assert hog is not None
+    names = [f"blocked-{i:02}" for i in range(20)]
+    for name in names:
+        await drm.submit(name, 0.1, "{Start: [NOW, +1h]}")
+    await drm.tick()  # each reserved and passed over once
+    assert {(await drm.get(n)).passed_over_rounds for n in names} == {1}
+    label = (await label_state(drm.rm, USER)).label
+    drm.clock.advance(ROUND)  # all of them due again
+    async with await psycopg.AsyncConnection.connect(drm.rm.database_url) as holder:
+        async with holder.transaction():
+            # Hold the label row: the pass stops at its first demand's allocation.
+            await holder.execute(
+                "SELECT 1 FROM label_resource WHERE label = %s FOR UPDATE", (label,)
+            )
+            async with await psycopg.AsyncConnection.connect(
+                drm.rm.database_url, autocommit=True
+            ) as watcher:
+                passing = asyncio.ensure_future(drm.manager.tick())
+                await wait_until(lambda: _at_least(_lock_waiters(watcher), 1), timeout=30)
+                released_at = drm.clock.advance(5)  # the pass goes on while time passes
+                release = asyncio.ensure_future(drm.release(hog.ticket_id))
+                await wait_until(lambda: _at_least(_lock_waiters(watcher), 2), timeout=30)
+        await release
+        await passing
+    allocated = []
+    for name in names:
+        d = await drm.get(name)
+        if d.state == S.DEMAND_STATE_ALLOCATED:
+            at = d.allocate_time.ToDatetime(tzinfo=released_at.tzinfo)
+            assert at >= released_at, (name, at, released_at)
+            allocated.append(name)
+        times = [e.time.ToDatetime(tzinfo=released_at.tzinfo) for e in d.events]
+        assert times == sorted(times)
+    assert allocated  # the pass went on after the release and used its room
+    await drm.consistent()
+
+
+async def _at_least(count, n: int) -> bool:
+    return await count >= n
 
 
 async def test_loose_demand_slips_within_the_bound(drm):

@@ -391,7 +391,7 @@ async def test_execute_and_cancel_need_the_secret(start_ec, fake_rm):
 async def test_without_a_secret_it_refuses_to_start(start_ec, fake_rm):
     ec = await start_ec("shell", ready=False, secret=None)
     assert await ec.wait_exit() == 2
-    assert "LABELRM_EC_SECRET is not set" in ec.log()
+    assert "nor LABELRM_EC_SECRET is set" in ec.log()
     assert fake_rm.reports.empty()  # it never served anything nor told the RM it was ready
 
 

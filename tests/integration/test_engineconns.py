@@ -16,7 +16,7 @@ from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as rm_pb
 
 from tests.conftest import wait_until
-from tests.helpers import assert_consistent, lbl
+from tests.helpers import GiB, assert_consistent, label_state, lbl, load_instance, register
 
 SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"
 LIVE = {
@@ -223,6 +223,7 @@ async def test_idle_engineconns_of_two_users_exit_by_themselves(cluster_rm, agen
         ),
     )
     assert {e.user for e in made} == {"lrmtest_a", "lrmtest_b"}
+    assert all(e.pid and e.work_dir for e in made)  # the agent's report is part of ready
     for ec in made:
         final = await wait_until(lambda e=ec: ended(rm, e.engine_conn_id), timeout=30)
         assert final.state == ec_pb.ENGINE_CONN_STATE_SUCCEEDED, final
@@ -255,6 +256,81 @@ async def test_ask_reuses_an_idle_engineconn_but_not_a_held_one(cluster_rm, agen
     )
     assert third.engine_conn.engine_conn_id not in (first.engine_conn_id, busy.engine_conn_id)
     assert (await running)[0].strip() == "done"
+    await assert_consistent(rm)
+
+
+async def test_an_engineconn_ask_created_is_held_for_its_caller(cluster_rm, agent_factory):
+    rm = cluster_rm
+    await start_agent(rm, agent_factory)
+    ask = ec_pb.AskEngineConnRequest(
+        user="lrmtest_a", labels=lbl(SHELL_A), timeout=Duration(seconds=30)
+    )
+    made = await ecs(rm).AskEngineConn(replace_request_id(ask, "ask-1"))
+    assert not made.reused
+    assert made.engine_conn.holder == "ask-1" and made.engine_conn.HasField("hold_expire_time")
+    stored = await get_ec(rm, made.engine_conn.engine_conn_id)
+    assert stored.holder == "ask-1"
+    assert stored.hold_expire_time == made.engine_conn.hold_expire_time
+    # Held like a reused one: the next Ask does not get it, it gets its own.
+    other = await ecs(rm).AskEngineConn(replace_request_id(ask, "ask-2"))
+    assert not other.reused
+    assert other.engine_conn.engine_conn_id != made.engine_conn.engine_conn_id
+    assert other.engine_conn.holder == "ask-2"
+    # A retry of the first Ask answers the same EngineConn, still held by it.
+    again = await ecs(rm).AskEngineConn(replace_request_id(ask, "ask-1"))
+    assert again.engine_conn.engine_conn_id == made.engine_conn.engine_conn_id
+    assert (await get_ec(rm, made.engine_conn.engine_conn_id)).holder == "ask-1"
+    await assert_consistent(rm)
+
+
+def replace_request_id(request, request_id: str):
+    copy = type(request)()
+    copy.CopyFrom(request)
+    copy.request_id = request_id
+    return copy
+
+
+async def test_create_answers_with_the_process_its_agent_reported(rm):
+    """A forked EngineConn (from a warm fork server) can report itself ready before its
+    agent's next heartbeat carries its process. Create answers with the pid and work dir
+    all the same: an EngineConn is ready once both have reported. (A stand-in agent over
+    the real wire, so that the order is the bad one every time.)"""
+    await rm.rm.RegisterEcm(register("fake1", load_instance(4 * GiB, 4000, 4)))
+    await rm.rm.Heartbeat(rm_pb.HeartbeatRequest(agent_id="fake1", sequence=1))
+    stream = ecs(rm).StreamAgentCommands(ec_pb.StreamAgentCommandsRequest(agent_id="fake1"))
+    try:
+        creating = asyncio.ensure_future(create(rm))
+        command = (await stream.read()).command
+        ec_id = command.launch.engine_conn_id
+        assert command.WhichOneof("command") == "launch" and ec_id
+        # The EngineConn first ...
+        await ecs(rm).ReportEngineConnState(
+            ec_pb.ReportEngineConnStateRequest(
+                engine_conn_id=ec_id, state=ec_pb.ENGINE_CONN_STATE_IDLE, address="127.0.0.1:9"
+            )
+        )
+        # (long enough for a Create that answers now to have answered)
+        await asyncio.wait([creating], timeout=2)
+        # ... then the agent's heartbeat with the process.
+        process = ec_pb.EngineConnProcess(
+            engine_conn_id=ec_id,
+            state=ec_pb.PROCESS_STATE_RUNNING,
+            pid=4242,
+            work_dir="/var/lib/labelrm/work/x",
+        )
+        await rm.rm.Heartbeat(
+            rm_pb.HeartbeatRequest(
+                agent_id="fake1",
+                sequence=2,
+                engine_conns=[process],
+                done_command_ids=[command.command_id],
+            )
+        )
+        ec = await creating
+    finally:
+        stream.cancel()
+    assert ec.state == ec_pb.ENGINE_CONN_STATE_IDLE and ec.address == "127.0.0.1:9"
+    assert (ec.pid, ec.work_dir) == (4242, "/var/lib/labelrm/work/x")
     await assert_consistent(rm)
 
 
@@ -360,4 +436,33 @@ async def test_excluded_host_refused_refresh_and_decommission(cluster_rm, agent_
     await wait_until(lambda: _async(bad.proc.poll() is not None), timeout=30)  # it left
     with pytest.raises(grpc.aio.AioRpcError):
         await rm.rm.GetEcm(rm_pb.GetEcmRequest(instance="agent2"))
+    await assert_consistent(rm)
+
+
+async def test_users_cannot_report_or_release_an_engineconns_ticket(cluster_rm, agent_factory):
+    """The EngineConn's lifecycle owns its ticket: a user's Release (or ReportUsed) of
+    it would hand out capacity the running EngineConn still uses. Refused
+    FAILED_PRECONDITION naming KillEngineConn; nothing changes; KillEngineConn works."""
+    rm = cluster_rm
+    await start_agent(rm, agent_factory)
+    ec = await create(rm)
+    assert await ticket_state(rm, ec.ticket_id) == rm_pb.TICKET_STATE_USED
+    before = await label_state(rm, "emInstance=agent1")
+    for call in (
+        rm.rm.Release(rm_pb.ReleaseRequest(ticket_id=ec.ticket_id)),
+        rm.rm.ReportUsed(rm_pb.ReportUsedRequest(ticket_id=ec.ticket_id)),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            await call
+        assert exc.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "KillEngineConn" in exc.value.details()
+    assert await label_state(rm, "emInstance=agent1") == before
+    assert await ticket_state(rm, ec.ticket_id) == rm_pb.TICKET_STATE_USED
+    running = await get_ec(rm, ec.engine_conn_id)
+    assert running.state == ec_pb.ENGINE_CONN_STATE_IDLE
+    out, _, code = await execute(running, "echo still-here")
+    assert (out.strip(), code) == ("still-here", 0)
+    await ecs(rm).KillEngineConn(ec_pb.KillEngineConnRequest(engine_conn_id=ec.engine_conn_id))
+    await wait_until(lambda: ended(rm, ec.engine_conn_id), timeout=20)
+    assert await ticket_state(rm, ec.ticket_id) == rm_pb.TICKET_STATE_RELEASED
     await assert_consistent(rm)

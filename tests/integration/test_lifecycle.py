@@ -7,6 +7,7 @@ import pytest
 from google.protobuf import json_format
 from labelrm.v1 import admin_pb2, resource_manager_pb2, resource_pb2
 
+from tests.conftest import BOTH_PATHS
 from tests.helpers import (
     GiB,
     apply_req,
@@ -18,6 +19,8 @@ from tests.helpers import (
     load_instance,
     register,
 )
+
+pytestmark = BOTH_PATHS
 
 R = resource_pb2
 USER = "userCreator=alice-IDE,engineType=spark-3.2.1"

@@ -22,7 +22,7 @@ from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as pb
 
 from rm_server.domain.engineconn import EcState, EngineConn
-from rm_server.security.limits import RATE_LIMITED, TOO_MANY_AUTH_FAILURES, TOO_MANY_WAITING
+from rm_server.security.limits import RATE_LIMITED, TOO_MANY_WAITING
 from rm_server.store import engineconns as ec_store
 from tests.conftest import ROOT, free_port
 from tests.helpers import GiB, apply_req, beat_on_stream, lbl, load, load_instance, register
@@ -342,27 +342,6 @@ async def test_engineconns_run_as_the_authenticated_user(srm):
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await gateway.ecs.CreateEngineConn(as_bob, timeout=10)
     assert err.value.code() not in DENIED
-
-
-async def test_token_guessing_is_throttled(database_url, keys):
-    srm = await start_secure(database_url, keys, auth_failure_limit=5)
-    try:
-        for i in range(5):
-            stub = srm.stubs(srm.channel(token=f"lrm_guess{i}")).rm
-            with pytest.raises(grpc.aio.AioRpcError) as err:
-                await stub.ListEcms(pb.ListEcmsRequest())
-            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        # From now on even the right token is refused without being looked at.
-        good = srm.stubs(srm.channel("alice")).rm
-        with pytest.raises(grpc.aio.AioRpcError) as err:
-            await good.ListEcms(pb.ListEcmsRequest())
-        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert reason_of(err.value) == TOO_MANY_AUTH_FAILURES
-        # Certificate holders (agents, EngineConns) are not affected.
-        agent = srm.stubs(srm.channel(cert=keys.cert("agent", "agent1"), agent_port=True)).rm
-        await agent.Heartbeat(pb.HeartbeatRequest(agent_id="agent1", sequence=1))
-    finally:
-        await stop_secure(srm)
 
 
 async def test_apply_rate_and_waiting_limits(database_url, keys):

@@ -16,6 +16,8 @@ from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as pb
 
 from clients import AsyncRMClient, ExecOutput, ExecResult, Unauthenticated
+from ecm_agent.validate import SECRET_FILE
+from ecm_agent.workdir import LAUNCH_SCRIPT
 from rm_server.security import tokens
 from rm_server.security.ec_certs import CERT_FILE, KEY_FILE
 from tests.conftest import wait_until
@@ -77,9 +79,14 @@ async def test_engineconn_reports_with_the_certificate_the_rm_issued(cluster, ag
     # Ready means its IDLE report got through: mutual TLS with the certificate for its id.
     assert ec.state == ec_pb.ENGINE_CONN_STATE_IDLE and ec.user == "lrmtest_a"
     uid = pwd.getpwnam("lrmtest_a").pw_uid
-    for name in (CERT_FILE, KEY_FILE):
+    for name in (CERT_FILE, KEY_FILE, SECRET_FILE):
         st = os.stat(Path(ec.work_dir) / name)
-        assert st.st_uid == uid and stat.S_IMODE(st.st_mode) == 0o640, name
+        assert st.st_uid == uid and stat.S_IMODE(st.st_mode) == 0o600, name
+    # The executor's secret is in that file only: not in the launch script (root's, 0644:
+    # readable by the members of the user's group), nor in any process's environment.
+    assert (Path(ec.work_dir) / SECRET_FILE).read_text() == ec.secret
+    assert ec.secret not in (Path(ec.work_dir) / LAUNCH_SCRIPT).read_text()
+    assert _environs_holding(ec.secret.encode()) == []
     # Another user can neither see nor stop it; its owner can.
     for rpc, req in (
         (other.ecs.GetEngineConn, ec_pb.GetEngineConnRequest(engine_conn_id=ec.engine_conn_id)),
@@ -115,3 +122,15 @@ async def test_engineconn_reports_with_the_certificate_the_rm_issued(cluster, ag
         return got.engine_conn.state == ec_pb.ENGINE_CONN_STATE_SUCCEEDED
 
     await wait_until(ended, timeout=30)
+
+
+def _environs_holding(secret: bytes) -> list[Path]:
+    """The /proc/PID/environ files that contain `secret` (processes gone meanwhile skipped)."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if secret in environ.read_bytes():
+                found.append(environ)
+        except OSError:
+            continue
+    return found

@@ -4,20 +4,50 @@ together, and a multi-host database URL."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import psutil
+import pytest
+from google.protobuf.duration_pb2 import Duration
+from labelrm.v1 import admin_pb2, admin_pb2_grpc, engine_conn_pb2_grpc, resource_manager_pb2_grpc
+from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as pb
-from labelrm.v1 import resource_manager_pb2_grpc
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from tests.conftest import ROOT, free_port, start_in_process, stop_in_process, wait_serving
-from tests.helpers import GiB, apply_req, assert_consistent, load, load_instance, register
+from tests.conftest import (
+    ROOT,
+    free_port,
+    shared_tmp,
+    start_in_process,
+    stop_in_process,
+    wait_serving,
+)
+from tests.helpers import (
+    GiB,
+    apply_req,
+    assert_consistent,
+    lbl,
+    load,
+    load_instance,
+    register,
+)
+
+
+@pytest.fixture
+def reachable_tmp() -> Iterator[Path]:
+    """A directory the embedded database's own OS user can reach: run by root, the
+    database runs as another user, and pytest's tmp_path sits in a 0700 directory."""
+    path = shared_tmp("lrm-data-")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def postgres_processes_for(pgdata) -> list[psutil.Process]:
@@ -29,9 +59,9 @@ def postgres_processes_for(pgdata) -> list[psutil.Process]:
     return found
 
 
-def test_embedded_database_and_graceful_sigterm(tmp_path):
+def test_embedded_database_and_graceful_sigterm(tmp_path, reachable_tmp):
     port = free_port()
-    data_dir = tmp_path / "data"
+    data_dir = reachable_tmp / "data"
     log = (tmp_path / "rm.log").open("wb")
     proc = subprocess.Popen(
         [
@@ -114,7 +144,7 @@ async def test_multi_host_url_with_target_session_attrs(database_url):
         await stop_in_process(rm)
 
 
-def test_rmctl_dev_starts_rm_and_local_agent(tmp_path):
+def test_rmctl_dev_starts_rm_and_local_agent(tmp_path, reachable_tmp):
     """`rmctl dev` = RM on the embedded database + one local agent, in the foreground."""
     port = free_port()
     env = dict(os.environ, LABELRM_DEV_USERS="lrmtest_a")
@@ -126,7 +156,7 @@ def test_rmctl_dev_starts_rm_and_local_agent(tmp_path):
             "from clients.rmctl import main; raise SystemExit(main())",
             "dev",
             "--data-dir",
-            str(tmp_path / "data"),
+            str(reachable_tmp / "data"),
             "--listen",
             f"127.0.0.1:{port}",
         ],
@@ -150,3 +180,53 @@ def test_rmctl_dev_starts_rm_and_local_agent(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def _agent_running(stub, agent_id: str) -> bool:
+    try:
+        ecm = stub.GetEcm(pb.GetEcmRequest(instance=agent_id), timeout=5).ecm
+    except grpc.RpcError:
+        return False
+    return ecm.state == pb.ECM_STATE_RUNNING and ecm.HasField("last_heartbeat_time")
+
+
+def test_agent_stopping_right_after_a_kill_never_crashes_the_server(
+    rm_process_factory, agent_factory
+):
+    """Create an EngineConn, kill it, and at once stop the agent, many times over: the
+    kill command is on its way down the agent's command stream as the agent goes away.
+    The server once died of a segmentation fault there (within 1 to 12 rounds)."""
+    server = rm_process_factory()
+    server.start()
+    assert server.proc is not None
+    with grpc.insecure_channel(server.target) as channel:
+        rm = resource_manager_pb2_grpc.ResourceManagerServiceStub(channel)
+        ecs = engine_conn_pb2_grpc.EngineConnServiceStub(channel)
+        for round_ in range(30):
+            agent = agent_factory(server.target, "agent1")
+            agent.start()
+            deadline = time.monotonic() + 30
+            while not _agent_running(rm, "agent1"):
+                assert time.monotonic() < deadline, agent.log_text()[-2000:]
+                time.sleep(0.05)
+            request = ec_pb.CreateEngineConnRequest(
+                user="lrmtest_a",
+                labels=lbl("userCreator=lrmtest_a-IDE,engineType=shell-1"),
+                timeout=Duration(seconds=30),
+            )
+            ec = ecs.CreateEngineConn(request, timeout=60).engine_conn
+            ecs.KillEngineConn(
+                ec_pb.KillEngineConnRequest(engine_conn_id=ec.engine_conn_id), timeout=10
+            )
+            assert agent.proc is not None
+            agent.proc.send_signal(signal.SIGTERM)
+            agent.proc.wait(30)
+            assert server.proc.poll() is None, (
+                f"rm-server died (exit {server.proc.returncode}) in round {round_}:\n"
+                + server.log_path.read_text()[-3000:]
+            )
+        report = admin_pb2_grpc.AdminServiceStub(channel).CheckConsistency(
+            admin_pb2.CheckConsistencyRequest(), timeout=30
+        )
+        assert report.consistent, [str(m) for m in report.mismatches]
+    assert server.proc.poll() is None

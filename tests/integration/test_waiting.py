@@ -10,8 +10,10 @@ from grpc_status import rpc_status
 from labelrm.v1 import resource_manager_pb2 as pb
 from labelrm.v1 import resource_pb2
 
-from tests.conftest import wait_until
+from tests.conftest import BOTH_PATHS, wait_until
 from tests.helpers import GiB, apply_req, assert_consistent, limit_req, load
+
+pytestmark = BOTH_PATHS
 
 USER = "userCreator=alice-IDE,engineType=spark-3.2.1"
 

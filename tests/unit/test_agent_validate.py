@@ -176,10 +176,13 @@ def test_issue_denied_names_are_in_the_set():
 
 def test_the_rms_executor_secret_is_passed_on_but_agent_names_stay_reserved():
     # The RM sets LABELRM_EC_SECRET in every launch; the agent must not refuse it, and
-    # allowing it must not open the names the agent sets itself.
+    # allowing it must not open the names the agent sets itself. It is passed on as a
+    # file of the user's: the launch script exports only that file's path.
     env = {"LABELRM_EC_SECRET": "s3cr3t-_A"}
     v = validate_launch(spec(environment=env), POLICY, lookup)
-    assert launch_environment(v, Path("/w"))["LABELRM_EC_SECRET"] == "s3cr3t-_A"
+    exported = launch_environment(v, Path("/w"))
+    assert "LABELRM_EC_SECRET" not in exported
+    assert exported["LABELRM_EC_SECRET_FILE"] == "/w/labelrm-ec.secret"
     assert "LABELRM_EC_SECRET" not in AGENT_ENV_NAMES
     for name in AGENT_ENV_NAMES:
         assert refused(spec(environment={**env, name: "x"})).reason == "is set by the agent"

@@ -4,14 +4,14 @@ pgbench script from rm_server/store): it must keep up with the store's statement
 from __future__ import annotations
 
 from bench.ceiling import CYCLE, cycle_script
-from rm_server.store import batch
+from rm_server.store import tickets
 
 
 def test_the_pgbench_script_is_built_from_the_store_sql():
     script = cycle_script()
     assert script.count("\\startpipeline") == script.count("\\endpipeline") == 6
     assert script.count("BEGIN;") == script.count("COMMIT;") == 3
-    for sql in (batch.READ, batch.WRITE):
+    for sql in (tickets.READ, tickets.WRITE):
         head = " ".join(sql.split("%s")[0].split())
         assert head in script
     if CYCLE.read_text() != script:  # pragma: no cover - a reminder, not a failure

@@ -31,9 +31,17 @@ class Context:
     status: object = None
     details: str = ""
     trailing: tuple = field(default_factory=tuple)
+    written: list = field(default_factory=list)
+    stalled: asyncio.Event | None = None  # set: each write waits forever (a stalled peer)
 
     def peer(self) -> str:
         return "ipv4:127.0.0.1:50000"
+
+    async def write(self, message) -> None:
+        self.written.append(message)
+        if self.stalled is not None:
+            self.stalled.set()
+            await asyncio.Event().wait()
 
     def invocation_metadata(self) -> tuple:
         return self.metadata
@@ -66,8 +74,10 @@ class Details:
 
 
 class Tokens:
-    def lookup(self, token: str) -> TokenEntry | None:
-        return TokenEntry("alice", frozenset({Role.USER})) if token == "alice-token" else None
+    def find(self, token: str) -> tuple[str, TokenEntry] | None:
+        if token != "alice-token":
+            return None
+        return "sha256:alice", TokenEntry("alice", frozenset({Role.USER}))
 
 
 class Owners:
@@ -239,10 +249,34 @@ async def test_streaming_calls_get_the_same_treatment():
 
     add(calls, method, grpc.unary_stream_rpc_method_handler(stream))
     context = Context()
-    got = []
     with pytest.raises(grpc.aio.AbortError):
-        async for item in calls.service(Details(method)).unary_stream(None, context):
-            got.append(item)
-    assert got == [1, 2]
+        await calls.service(Details(method)).unary_stream(None, context)
+    assert context.written == [1, 2]
     assert context.status == grpc.StatusCode.NOT_FOUND and context.reason() == "NOT_FOUND"
     assert sample(metrics, "labelrm_rpc_total", method=method, code="NOT_FOUND") == 1
+
+
+async def test_a_stream_ends_inside_its_handler_task():
+    """A client gone while a response is being written: the handler task is cancelled
+    there, and the servicer's generator is closed and the call logged in that task, not
+    later by the garbage collector after grpc has finished the call."""
+    calls = interceptor()
+    method = "labelrm.v1.EngineConnService/StreamAgentCommands"
+    closed = []
+
+    async def stream(request, context):
+        try:
+            yield 1
+            yield 2
+        finally:
+            closed.append("closed")
+
+    add(calls, method, grpc.unary_stream_rpc_method_handler(stream))
+    context = Context(stalled=asyncio.Event())
+    handler = calls.service(Details(method)).unary_stream
+    task = asyncio.create_task(handler(None, context))
+    await asyncio.wait_for(context.stalled.wait(), 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert closed == ["closed"] and context.written == [1]

@@ -207,3 +207,11 @@ def test_transform_output_sorted_and_unique(labels: list[Label]) -> None:
     assert strs == sorted(strs)
     assert len(set(strs)) == len(strs)
     assert len(out) == len(rules)
+
+
+def test_errors_quote_offending_values_cut_short():
+    from rm_server.domain.labels import LabelError, check_key
+
+    with pytest.raises(LabelError) as err:
+        check_key("k" * 1_000_000)
+    assert len(str(err.value)) < 300 and "1000000 characters" in str(err.value)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from rm_server.domain.demands.planner import (
@@ -293,3 +293,57 @@ def test_never_allocates_outside_the_window_or_the_slip(start, length, probe, ro
             assert now <= m(start + length) + SET.loose_slip
         else:
             assert holds(window, now, rounds)
+
+
+# ----- an admitted demand is allocated, never planned too close to its window's end --------
+
+
+def _run_rounds(c: Candidate, p: Placement, latencies: list[int]) -> tuple[Action, datetime]:
+    """Drive :func:`decide` from the submission as the background planner would: each round
+    looks at the demand when it is due, late by up to (not including) one round. The
+    labels have room whenever it tries. Returns the last action and its instant."""
+    d = DemandView(S.ACCEPTED, c.window, c.strategy, c.submitted, p.start, hold=c.hold, rounds=0)
+    now = c.submitted
+    lateness = iter(latencies)
+    for _ in range(10_000):
+        decision = decide(d, now, SET)
+        match decision.action:
+            case Action.RESERVE:
+                d = replace(d, state=S.ALLOCATING)
+            case Action.CLOSE:
+                d = replace(d, closed_at=decision.closed_at)
+            case Action.WAIT:
+                assert decision.next_check is not None and decision.next_check > now
+                now = decision.next_check + timedelta(microseconds=next(lateness, 0))
+            case _:
+                return decision.action, now
+    raise AssertionError("no decision within 10 000 rounds")
+
+
+ROUND_US = int(SET.round_length.total_seconds() * 1_000_000)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(0, 3600),  # window start (seconds after submission)
+    st.integers(0, 600),  # window length (seconds)
+    st.integers(0, 3600 * 1000),  # the blocker's end (milliseconds after submission)
+    st.booleans(),  # loose
+    st.lists(st.integers(0, ROUND_US - 1), max_size=50),  # lateness (microseconds)
+)
+@example(60, 300, 301_995, False, [9_000_000] * 50)  # a start planned 5 ms before T2
+@example(0, 0, 0, False, [])  # a window shorter than a round
+@example(60, 60, 1_079_990, True, [5_000_000] * 50)  # loose, 10 ms before the slip bound
+def test_an_admitted_demand_is_allocated_at_its_planned_start(
+    start, length, blocker_end_ms, loose, latencies
+):
+    window = Span(T + timedelta(seconds=start), T + timedelta(seconds=start + length))
+    c = cand("a", 3, window, strategy=Strategy.LOOSE if loose else Strategy.STRICT)
+    blocker_end = T + timedelta(milliseconds=blocker_end_ms)
+    blocker = PlanEntry("x", (L,), Resource.load(3, 1), T - SET.lead_time, blocker_end)
+    p = place(c, [blocker], CAP, SET)
+    if isinstance(p, PlanRefusal):
+        return  # refused at submission: nothing promised
+    action, at = _run_rounds(c, p, latencies)
+    assert action is Action.ALLOCATE, (action, at, p)
+    assert p.start <= at < p.start + SET.round_length

@@ -8,6 +8,7 @@ from rm_server.errors import ResourceExhausted
 from rm_server.security.limits import (
     RATE_LIMITED,
     TOO_MANY_AUTH_FAILURES,
+    TOO_MANY_STREAMS,
     TOO_MANY_WAITING,
     Limits,
     LimitSettings,
@@ -85,3 +86,32 @@ def test_failed_authentications_throttle_the_peer_for_the_window():
     limits.check_peer("ipv4:10.0.0.10")  # other peers are not affected
     clock.now += 61
     limits.check_peer("ipv4:10.0.0.9")  # the window passed
+
+
+def test_every_user_rpc_counts_against_a_per_user_call_rate():
+    clock = Clock()
+    limits = Limits(LimitSettings(call_rate=1, call_burst=2), clock)
+    limits.admit_call("bob")
+    limits.admit_call("bob")
+    with pytest.raises(ResourceExhausted) as err:
+        limits.admit_call("bob")
+    assert err.value.reason == RATE_LIMITED and "call_rate" in err.value.message
+    limits.admit_call("alice")  # bob's flood is bob's alone
+    clock.now += 1
+    limits.admit_call("bob")
+    Limits(LimitSettings(call_rate=0), clock).admit_call("bob")  # 0: unlimited
+
+
+def test_public_streams_are_capped_per_peer():
+    limits = Limits(LimitSettings(max_watch_streams=2), Clock())
+    first = limits.open_stream("ipv4:10.0.0.1")
+    limits.open_stream("ipv4:10.0.0.1")
+    with pytest.raises(ResourceExhausted) as err:
+        limits.open_stream("ipv4:10.0.0.1")
+    assert err.value.reason == TOO_MANY_STREAMS
+    limits.open_stream("ipv4:10.0.0.2")  # another address has its own places
+    first()
+    first()  # closing twice frees one place only
+    limits.open_stream("ipv4:10.0.0.1")
+    with pytest.raises(ResourceExhausted):
+        limits.open_stream("ipv4:10.0.0.1")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+from pathlib import Path
 
 import pytest
 
@@ -53,14 +54,45 @@ def test_revoke_by_hash_prefix(tmp_path):
     assert len(tokens.TokenFile(path)) == 0
 
 
-def test_a_broken_file_keeps_the_previous_tokens(tmp_path):
+@pytest.mark.parametrize("damage", ["unparsable", "deleted", "group-writable"])
+def test_a_broken_file_fails_closed(tmp_path, damage):
     path = tmp_path / "t.toml"
     token = tokens.add_token(path, "bob", ["user"])
     table = tokens.TokenFile(path, check_interval=0)
-    path.write_text("this is [ not toml")
-    assert table.lookup(token) is not None
+    key, _ = table.find(token)
+    if damage == "unparsable":
+        path.write_text("this is [ not toml")
+    elif damage == "deleted":
+        path.unlink()
+    else:
+        path.chmod(0o620)
+    # No stale token stays valid: neither on a new call nor on an open stream's re-check.
+    assert table.lookup(token) is None
+    assert table.current(key) is None
     with pytest.raises(tokens.TokenFileError):
         tokens.TokenFile(path)  # at start-up a broken file stops the RM
+
+
+@pytest.mark.parametrize("mode", [0o602, 0o620, 0o666])
+def test_a_token_file_others_can_write_is_refused_at_start(tmp_path, mode):
+    path = tmp_path / "t.toml"
+    tokens.add_token(path, "bob", ["user"])
+    path.chmod(mode)
+    with pytest.raises(tokens.TokenFileError, match="writable by group or others"):
+        tokens.TokenFile(path)
+    path.chmod(0o640)  # readable by the group is fine: it holds hashes only
+    assert len(tokens.TokenFile(path)) == 1
+
+
+def test_a_token_file_of_another_user_is_refused_at_start(tmp_path):
+    path = tmp_path / "t.toml"
+    tokens.add_token(path, "bob", ["user"])
+    if os.geteuid() == 0:
+        os.chown(path, 65534, 65534)  # nobody's now
+    else:
+        path = Path("/etc/passwd")  # root's, and we are not root
+    with pytest.raises(tokens.TokenFileError, match="not to the RM's user"):
+        tokens.TokenFile(path)
 
 
 @pytest.mark.parametrize(
@@ -100,12 +132,15 @@ def test_bearer_header():
 
 
 def test_identities_from_certificates():
-    agent = from_auth_context(
-        {
-            "x509_common_name": [b"host1"],
-            "x509_subject_alternative_name": [b"host1.example", b"10.0.0.1"],
-        }
-    )
+    host_cert = {
+        "x509_common_name": [b"host1"],
+        "x509_subject_alternative_name": [b"host1.example", b"10.0.0.1"],
+    }
+    # Without a labelrm:// identity a certificate is nobody, unless the operator allows
+    # named host certificates: then it is an agent known by its names.
+    with pytest.raises(BadCredentials, match="allow_host_certificates"):
+        from_auth_context(host_cert)
+    agent = from_auth_context(host_cert, allow_host_certificates=True)
     assert agent.kind is Kind.AGENT and agent.roles == {Role.AGENT}
     assert agent.claims("host1") and agent.claims("host1.example") and not agent.claims("host2")
     ec = from_auth_context(

@@ -126,7 +126,13 @@ class PlanError(ValueError):
 def window_segments(
     c: Candidate, settings: PlannerSettings
 ) -> list[tuple[datetime, datetime | None]]:
-    """The instants at which ``c`` may be planned to start, loose slip included."""
+    """The instants at which ``c`` may be planned to start, loose slip included.
+
+    Each segment ends one round before the instant by which the demand must be allocated
+    (the window's end, plus the slip bound when loose, or the latest start a strict
+    deadline allows): the planner looks at a demand once per round, so a start planned
+    closer to that end could be looked at only after it, and never be allocated.
+    """
     since = max(c.submitted, c.not_before or c.submitted)
     timed = estimate_rounds(c.window, c.submitted, settings.round_length)
     segs = segments(timed, since)
@@ -144,7 +150,8 @@ def window_segments(
     latest = c.hold.latest_start()
     if latest is not None:
         segs = [(a, b if b is not None and b < latest else latest) for a, b in segs if a <= latest]
-    return segs
+    margin = settings.round_length
+    return [(a, None if b is None else b - margin) for a, b in segs if b is None or b - margin >= a]
 
 
 def _in_use(entries: Sequence[PlanEntry], label: str, at: datetime, like: Resource) -> Resource:
@@ -195,7 +202,10 @@ def place(
     """The earliest start at which the plan has room for ``c``, or why there is none."""
     segs = window_segments(c, settings)
     if not segs:
-        return PlanRefusal("its start window has already closed (or never opens)")
+        return PlanRefusal(
+            "its start window has already closed, never opens, or leaves less than one"
+            f" scheduling round ({settings.round_length}) to allocate it"
+        )
     others = [e for e in entries if e.demand_id != c.demand_id]
     ends = sorted({e.end + settings.lead_time for e in others if e.end is not None})
     first_shortfalls: list[Shortfall] | None = None
@@ -370,10 +380,12 @@ def _before_allocation(
         if now >= reserve_at:
             return Decision(Action.RESERVE, "lead time before its planned start")
         if d.order is not None:  # placed after its predecessors' *planned* ends; they are done
-            return Decision(Action.REPLAN, "OrderBy satisfied", next_check=max(soon, reserve_at))
-        return Decision(Action.WAIT, next_check=max(soon, reserve_at))
+            return Decision(Action.REPLAN, "OrderBy satisfied", next_check=min(soon, reserve_at))
+        return Decision(Action.WAIT, next_check=reserve_at)
     if (open_now or slipping) and now >= d.planned_start:
         return Decision(Action.ALLOCATE, "slipping (loose)" if slipping else "window open")
+    if now < d.planned_start:  # its first try is at its planned start, not a round after
+        return Decision(Action.WAIT, next_check=min(soon, d.planned_start))
     return Decision(Action.WAIT, next_check=soon)
 
 

@@ -1,0 +1,194 @@
+#!/usr/bin/env bash
+# A local high-availability PostgreSQL for labelrm: one etcd member and three Patroni
+# members with synchronous replication, all on loopback (the layout a production cluster
+# spreads over three hosts; docs/operations.md, "High availability").
+#
+#   deploy/ha/ha.sh up       start etcd and the three members, wait for a primary
+#   deploy/ha/ha.sh down     stop everything and delete the state directory
+#   deploy/ha/ha.sh status   patronictl list
+#   deploy/ha/ha.sh url      the multi-host URL rm-server replicas use
+#
+# Environment: HA_DIR (state, default /tmp/labelrm-ha), HA_PG_BASE_PORT (members listen on
+# BASE+1..BASE+3, default 5440), HA_REST_BASE_PORT (Patroni REST, default 8010),
+# HA_ETCD_PORT (default 23790), HA_SYNC (1 = synchronous_mode, the default; 0 = async),
+# HA_TTL / HA_LOOP_WAIT / HA_RETRY_TIMEOUT (Patroni timing, defaults 20 / 2 / 4).
+# PostgreSQL refuses to run as root: as root the members run as the `postgres` user.
+set -euo pipefail
+
+HA_DIR=${HA_DIR:-/tmp/labelrm-ha}
+PG_BASE=${HA_PG_BASE_PORT:-5440}
+REST_BASE=${HA_REST_BASE_PORT:-8010}
+ETCD_PORT=${HA_ETCD_PORT:-23790}
+ETCD_PEER_PORT=$((ETCD_PORT + 10))
+SYNC=${HA_SYNC:-1}
+TTL=${HA_TTL:-20}
+LOOP_WAIT=${HA_LOOP_WAIT:-2}
+RETRY_TIMEOUT=${HA_RETRY_TIMEOUT:-4}
+SCOPE=labelrm
+MEMBERS=(pg1 pg2 pg3)
+PG_BIN=${HA_PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)}
+
+if [ "$(id -u)" -eq 0 ]; then RUN_AS=(runuser -u postgres --); OWNER=postgres; else RUN_AS=(); OWNER=$(id -un); fi
+
+member_port() { echo $((PG_BASE + $1)); }
+rest_port() { echo $((REST_BASE + $1)); }
+
+url() {
+    local hosts=() i
+    for i in 1 2 3; do hosts+=("127.0.0.1:$(member_port "$i")"); done
+    local IFS=,
+    echo "postgresql://postgres@${hosts[*]}/postgres?target_session_attrs=read-write&connect_timeout=2"
+}
+
+write_member_config() {  # name index
+    local name=$1 i=$2
+    cat > "$HA_DIR/$name.yml" <<YAML
+scope: $SCOPE
+name: $name
+log:
+  level: WARNING
+restapi:
+  listen: 127.0.0.1:$(rest_port "$i")
+  connect_address: 127.0.0.1:$(rest_port "$i")
+etcd3:
+  hosts: 127.0.0.1:$ETCD_PORT
+bootstrap:
+  dcs:
+    ttl: $TTL
+    loop_wait: $LOOP_WAIT
+    retry_timeout: $RETRY_TIMEOUT
+    maximum_lag_on_failover: 1048576
+    synchronous_mode: $([ "$SYNC" = 1 ] && echo true || echo false)
+    postgresql:
+      use_pg_rewind: true
+      parameters:
+        max_connections: 200
+        wal_level: replica
+        hot_standby: "on"
+        wal_log_hints: "on"
+        max_wal_senders: 10
+        max_replication_slots: 10
+        fsync: "on"
+  initdb:
+    - encoding: UTF8
+    - data-checksums
+  pg_hba:
+    - local all all trust
+    - host all all 127.0.0.1/32 trust
+    - host replication replicator 127.0.0.1/32 trust
+postgresql:
+  listen: 127.0.0.1:$(member_port "$i")
+  connect_address: 127.0.0.1:$(member_port "$i")
+  data_dir: $HA_DIR/$name/data
+  bin_dir: $PG_BIN
+  pgpass: $HA_DIR/$name/pgpass
+  authentication:
+    superuser:
+      username: postgres
+      password: labelrm-ha
+    replication:
+      username: replicator
+      password: labelrm-ha
+  parameters:
+    unix_socket_directories: $HA_DIR/$name
+tags:
+  nofailover: false
+  noloadbalance: false
+  clonefrom: false
+YAML
+}
+
+wait_for() {  # description seconds command...
+    local what=$1 secs=$2
+    shift 2
+    local deadline=$((SECONDS + secs))
+    until "$@" >/dev/null 2>&1; do
+        if ((SECONDS >= deadline)); then
+            echo "ha.sh: timed out after ${secs}s waiting for $what" >&2
+            return 1
+        fi
+        sleep 0.5
+    done
+}
+
+primary_ready() {
+    local i
+    for i in 1 2 3; do
+        if curl -fsS "http://127.0.0.1:$(rest_port "$i")/primary" >/dev/null 2>&1; then return 0; fi
+    done
+    return 1
+}
+
+replicas_streaming() {
+    local n=0 i
+    for i in 1 2 3; do
+        curl -fsS "http://127.0.0.1:$(rest_port "$i")/replica" >/dev/null 2>&1 && n=$((n + 1))
+    done
+    ((n == 2))
+}
+
+up() {
+    for tool in etcd patroni patronictl curl; do
+        command -v "$tool" >/dev/null || { echo "ha.sh: $tool not found (apt-get install patroni etcd-server etcd-client python3-etcd curl)" >&2; exit 2; }
+    done
+    if [ -d "$HA_DIR" ]; then down >/dev/null 2>&1 || true; fi
+    mkdir -p "$HA_DIR"
+    chmod 0755 "$HA_DIR"
+    etcd --name etcd1 --data-dir "$HA_DIR/etcd" \
+        --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+        --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
+        --initial-cluster "etcd1=http://127.0.0.1:$ETCD_PEER_PORT" --enable-v2=true \
+        >"$HA_DIR/etcd.log" 2>&1 &
+    echo $! >"$HA_DIR/etcd.pid"
+    wait_for "etcd" 30 curl -fsS "http://127.0.0.1:$ETCD_PORT/health"
+    local i name
+    for i in 1 2 3; do
+        name=${MEMBERS[$((i - 1))]}
+        mkdir -p "$HA_DIR/$name"
+        write_member_config "$name" "$i"
+        [ -n "${RUN_AS[*]}" ] && chown -R "$OWNER" "$HA_DIR/$name" "$HA_DIR/$name.yml"
+        chmod 0700 "$HA_DIR/$name"
+        # setsid: a member is its own process group, so a test can kill -9 one member whole.
+        setsid "${RUN_AS[@]}" patroni "$HA_DIR/$name.yml" >"$HA_DIR/$name.log" 2>&1 &
+        echo $! >"$HA_DIR/$name.pid"
+        if ((i == 1)); then wait_for "the first primary" 90 primary_ready; fi
+    done
+    wait_for "two streaming replicas" 120 replicas_streaming
+    echo "HA cluster up: $(url)"
+}
+
+down() {
+    local f pid
+    for f in "$HA_DIR"/pg*.pid "$HA_DIR"/etcd.pid; do
+        [ -f "$f" ] || continue
+        pid=$(cat "$f")
+        kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+    done
+    local deadline=$((SECONDS + 30))
+    for f in "$HA_DIR"/pg*.pid "$HA_DIR"/etcd.pid; do
+        [ -f "$f" ] || continue
+        pid=$(cat "$f")
+        while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.2; done
+        kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+    done
+    # postmasters that outlived their Patroni (a kill -9 of Patroni leaves them running)
+    for f in "$HA_DIR"/pg*/data/postmaster.pid; do
+        [ -f "$f" ] || continue
+        pid=$(head -n 1 "$f")
+        kill -KILL "$pid" 2>/dev/null || true
+    done
+    rm -rf "$HA_DIR"
+    echo "HA cluster down"
+}
+
+status() {
+    patronictl -c "$HA_DIR/pg1.yml" list
+}
+
+case "${1:-}" in
+    up) up ;;
+    down) down ;;
+    status) status ;;
+    url) url ;;
+    *) echo "usage: $0 up|down|status|url" >&2; exit 2 ;;
+esac

@@ -1,0 +1,244 @@
+"""The ticket ledger's rules: Apply, ReportUsed and Release (or expiry) over label
+accounts, in memory, without I/O.
+
+The store (rm_server/store/tickets.py) reads and locks the accounts a group of
+requests needs, runs these rules request by request, and writes back what changed.
+Every rule is all-or-nothing: it returns the accounts it changed and the new state
+of the ticket, or raises / returns a refusal and changes nothing.
+
+Per label account, at all times: ``used`` and ``locked`` never go negative; the
+sum of ``locked`` over the live LOCKED tickets charged to the label equals the
+account's ``locked``, and likewise ``used`` for USED tickets and ``live_tickets``
+for all live ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+from rm_server.domain.admission import label_shortfalls
+from rm_server.domain.labels import Label
+from rm_server.domain.model import Refusal, Ticket, TicketState
+from rm_server.domain.resources import Resource, ResourceError, Shortfall
+from rm_server.errors import FailedPrecondition, InvalidArgument, NotFound
+
+
+@dataclass(frozen=True)
+class LabelAccount:
+    """One label's record: its maximum (None: unlimited) and what is held on it."""
+
+    label: str
+    source: str
+    max_resource: Resource | None
+    protected: Resource
+    used: Resource
+    locked: Resource
+    live_tickets: int
+    # Held for ALLOCATING time-aware demands: counted as in use by check_accounts.
+    reserved: Resource | None = None
+
+
+@dataclass(frozen=True)
+class ApplyCommand:
+    """An Apply to decide: charge `resource` on every account of `keys`, or refuse."""
+
+    ticket_id: str
+    user: str
+    labels: tuple[Label, ...]
+    keys: tuple[str, ...]  # resource-carrying labels, canonical (sorted) order
+    resource: Resource
+    now: datetime
+    lock_expires_at: datetime
+    waiter_seq: int | None = None
+    may_wait: bool = False
+    engine_conn_id: str = ""  # the EngineConn the ticket is charged for, if any
+
+
+def _charge(account: LabelAccount, resource: Resource) -> LabelAccount:
+    try:
+        return replace(
+            account, locked=account.locked + resource, live_tickets=account.live_tickets + 1
+        )
+    except ResourceError as exc:
+        raise InvalidArgument("resource", f"does not match label {account.label}: {exc}") from exc
+
+
+def shortfalls_of(
+    accounts: Sequence[LabelAccount],
+    resource: Resource,
+    held: Mapping[str, Resource] | None = None,
+) -> list[Shortfall]:
+    """Every dimension of `resource` that an account with a maximum cannot cover.
+    Protected capacity, demand reservations and `held` (per label) are not handed out."""
+    shortfalls: list[Shortfall] = []
+    for account in accounts:
+        maximum = account.max_resource
+        if maximum is None:
+            continue
+        try:
+            kept = account.protected
+            if account.reserved is not None:
+                kept = kept + account.reserved
+            extra = None if held is None else held.get(account.label)
+            if extra is not None:
+                kept = kept + extra
+            a = account
+            shortfalls.extend(label_shortfalls(a.label, maximum, a.used, a.locked, kept, resource))
+        except ResourceError as exc:
+            raise InvalidArgument(
+                "resource", f"does not match label {account.label}: {exc}"
+            ) from exc
+    return shortfalls
+
+
+def check_accounts(
+    accounts: Sequence[LabelAccount], resource: Resource, queued: Collection[str] = ()
+) -> Refusal | None:
+    """Every shortfall over the accounts, or the labels queued behind waiters; None
+    when `resource` fits on all of them."""
+    shortfalls = shortfalls_of(accounts, resource)
+    behind = tuple(a.label for a in accounts if a.label in queued)
+    if shortfalls or behind:
+        return Refusal(tuple(shortfalls), behind)
+    return None
+
+
+def decide_apply(
+    cmd: ApplyCommand, accounts: Mapping[str, LabelAccount], queued: Collection[str] = ()
+) -> tuple[list[LabelAccount], Ticket] | Refusal:
+    """Check every account of the command's keys, then charge all or none: the charged
+    accounts and the new LOCKED ticket, or the refusal. Keys without an account are
+    labels that need none (no record and no limit)."""
+    ordered = [accounts[k] for k in cmd.keys if k in accounts]
+    charged = [_charge(a, cmd.resource) for a in ordered]  # validates kinds first
+    refusal = check_accounts(ordered, cmd.resource, queued)
+    if refusal is not None:
+        return refusal
+    ticket = Ticket(
+        ticket_id=cmd.ticket_id,
+        state=TicketState.LOCKED,
+        user=cmd.user,
+        labels=cmd.labels,
+        charged_labels=tuple(a.label for a in ordered),
+        requested=cmd.resource,
+        locked=cmd.resource,
+        used=None,
+        created_at=cmd.now,
+        updated_at=cmd.now,
+        lock_expires_at=cmd.lock_expires_at,
+        engine_conn_id=cmd.engine_conn_id,
+    )
+    return charged, ticket
+
+
+def lock_expired(ticket: Ticket, now: datetime) -> bool:
+    """A LOCKED ticket past its lock timeout: ReportUsed expires it (and fails)."""
+    return (
+        ticket.state is TicketState.LOCKED
+        and ticket.lock_expires_at is not None
+        and now >= ticket.lock_expires_at
+    )
+
+
+def lock_expired_error(ticket_id: str) -> FailedPrecondition:
+    return FailedPrecondition(
+        f"ticket {ticket_id} was not reported within the lock timeout",
+        state="EXPIRED",
+        reason="LOCK_EXPIRED",
+    )
+
+
+def not_live_error(ticket_id: str, ended: Ticket | None) -> FailedPrecondition | NotFound:
+    """Why a ticket that is not live cannot be reported: ended (`ended`), or unknown."""
+    if ended is None:
+        return NotFound(f"ticket {ticket_id} not found")
+    return FailedPrecondition(
+        f"ticket {ticket_id} is {ended.state.value} ({ended.end_reason})",
+        state=ended.state.value,
+        reason="TICKET_ENDED",
+    )
+
+
+def check_user_may_end(ticket: Ticket) -> None:
+    """A user's ReportUsed / Release: refused on a ticket an EngineConn owns (its
+    lifecycle reports and releases it; ending it under a running EngineConn would hand
+    out capacity the EngineConn still uses)."""
+    if ticket.engine_conn_id:
+        raise FailedPrecondition(
+            f"ticket {ticket.ticket_id} belongs to EngineConn {ticket.engine_conn_id}:"
+            " end it with KillEngineConn",
+            state=ticket.state.value,
+            reason="TICKET_OWNED_BY_ENGINECONN",
+        )
+
+
+def decide_report(
+    ticket: Ticket, accounts: Mapping[str, LabelAccount], used: Resource | None, now: datetime
+) -> tuple[list[LabelAccount], Ticket, bool]:
+    """LOCKED -> USED (the lock is not expired): the updated accounts, the USED ticket,
+    and whether part of the lock was freed. `used` None means all of the lock."""
+    ticket_id = ticket.ticket_id
+    if ticket.state is not TicketState.LOCKED:
+        raise FailedPrecondition(
+            f"ticket {ticket_id} is {ticket.state.value}, not LOCKED",
+            state=ticket.state.value,
+            reason="TICKET_NOT_LOCKED",
+        )
+    actual = ticket.locked if used is None else used
+    try:
+        within = ticket.locked.ge(actual)
+        remainder = ticket.locked - actual if within else None
+    except ResourceError as exc:
+        raise InvalidArgument("used_resource", str(exc)) from exc
+    if remainder is None:
+        raise FailedPrecondition(
+            f"used_resource exceeds what ticket {ticket_id} locked",
+            state="LOCKED",
+            reason="USED_EXCEEDS_LOCKED",
+        )
+    updated = [
+        replace(a, locked=a.locked - ticket.locked, used=a.used + actual)
+        for label in ticket.charged_labels
+        if (a := accounts.get(label)) is not None
+    ]
+    zero = Resource.zero(ticket.locked.kind, ticket.locked.queue)
+    reported = replace(
+        ticket,
+        state=TicketState.USED,
+        used=actual,
+        locked=zero,
+        updated_at=now,
+        lock_expires_at=None,
+    )
+    return updated, reported, not remainder.is_zero()
+
+
+def decide_end(
+    ticket: Ticket,
+    accounts: Mapping[str, LabelAccount],
+    now: datetime,
+    final_state: TicketState,
+    reason: str,
+) -> tuple[list[LabelAccount], Ticket]:
+    """A live ticket's resource returned to its accounts: the updated accounts and the
+    ended ticket. An account that is gone (its ECM unregistered) is skipped."""
+    updated = []
+    for label in ticket.charged_labels:
+        a = accounts.get(label)
+        if a is None:
+            continue
+        used = a.used - ticket.used if ticket.used is not None else a.used
+        updated.append(
+            replace(a, used=used, locked=a.locked - ticket.locked, live_tickets=a.live_tickets - 1)
+        )
+    ended = replace(
+        ticket,
+        state=final_state,
+        locked=Resource.zero(ticket.locked.kind, ticket.locked.queue),
+        ended_at=now,
+        end_reason=reason,
+        lock_expires_at=None,
+    )
+    return updated, ended

