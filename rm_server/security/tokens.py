@@ -22,6 +22,7 @@ import argparse
 import hashlib
 import json
 import logging
+import os
 import re
 import secrets
 import stat
