@@ -34,7 +34,7 @@ TEST_ENV := $(if $(LABELRM_TEST_DATABASE_URL),env LABELRM_TEST_DATABASE_URL='$(L
 
 TYPED := rm_server clients ecm_agent engineconn bench
 
-.PHONY: ha-up ha-down ha-status help venv run test test-setup test-all-dbs format lint typecheck protos protos-check bench bench-native clean distclean
+.PHONY: ha-up ha-down ha-status help venv run docs test test-setup test-all-dbs format lint typecheck protos protos-check bench bench-native clean distclean
 
 help: ## list the targets
 	@echo "labelrm make targets:"
@@ -84,6 +84,9 @@ lint: $(STAMP) ## ruff check + ruff format --check + buf lint (protos)
 
 typecheck: $(STAMP) ## mypy (strict) on rm_server, clients, ecm_agent, engineconn and bench
 	$(BIN)/mypy $(TYPED)
+
+docs: $(STAMP) ## regenerate the settings tables of docs/configuration.md from the settings definitions
+	$(PY) -m rm_server.settings_doc --write docs/configuration.md
 
 protos: $(STAMP) ## regenerate protos/labelrm/v1/*_pb2*.py(i) from the .proto files, then buf lint
 	$(PY) scripts/gen_protos.py

@@ -100,8 +100,9 @@ def _coerce(kind: Any, raw: Any) -> Any:
 def build_parser() -> argparse.ArgumentParser:
     """ecm-agent's command line: one flag per setting, with its description."""
     from ecm_agent import __version__
+    from rm_server.config import OneLineErrorParser
 
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="ecm-agent",
         description="labelrm ECM agent: registers this host with the RM and launches "
         "EngineConns as their users. Settings: defaults < --config TOML < "
