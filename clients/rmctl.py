@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import io
 import os
-import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
@@ -56,11 +55,8 @@ from clients.rmctl_security import (
     client_kwargs,
     run_local,
 )
+from rm_server.domain.quantity import parse_cpu, parse_memory
 from rm_server.version import VERSION
-
-_SIZE_RE = re.compile(r"(\d+)\s*([kmgtp]?)(?:i?b?)", re.IGNORECASE)
-_UNITS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
-
 
 # --- arguments -------------------------------------------------------------------------------
 
@@ -76,11 +72,19 @@ def _labels_arg(text: str) -> list[Any]:
 
 
 def parse_size(text: str) -> int:
-    """Bytes from "4294967296", "4G", "4Gi" or "512MiB" (suffixes are binary)."""
-    m = _SIZE_RE.fullmatch(text.strip())
-    if m is None:
-        raise argparse.ArgumentTypeError(f"invalid size {text!r}: expected e.g. 1073741824 or 1Gi")
-    return int(m.group(1)) << (10 * _UNITS[m.group(2).lower()])
+    """Bytes from "536870912", "512Mi", "2Gi" (binary) or "1G" (decimal), Kubernetes style."""
+    try:
+        return parse_memory(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def parse_cores(text: str) -> int:
+    """Millicores from "500m" or "2" / "0.5" (cores), Kubernetes style."""
+    try:
+        return parse_cpu(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _non_negative(text: str) -> int:
@@ -160,8 +164,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c = lim.add_parser("set", help="create or replace a limit")
     c.add_argument("pattern", type=_labels_arg, metavar="PATTERN", help='"k=v,k2=*"')
-    c.add_argument("--memory", type=parse_size, required=True, metavar="BYTES")
-    c.add_argument("--cpu", type=_non_negative, required=True, metavar="MILLIS")
+    c.add_argument(
+        "--memory",
+        type=parse_size,
+        required=True,
+        metavar="QUANTITY",
+        help="512Mi, 2Gi (binary), 1G (decimal) or bytes",
+    )
+    c.add_argument("--cpu", type=parse_cores, required=True, metavar="QUANTITY",
+                   help="cores (2, 0.5) or millicores (500m)")  # fmt: skip
     c.add_argument("--instances", type=_non_negative, default=None, metavar="N")
     c.set_defaults(func=cmd_limit_set)
     c = lim.add_parser("list", help="list limits")
@@ -355,7 +366,7 @@ def cmd_ticket_show(client: RMClient, args: argparse.Namespace, out: TextIO) -> 
 
 
 def cmd_limit_set(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
-    """`rmctl limit set PATTERN --memory BYTES --cpu MILLIS [--instances N]`."""
+    """`rmctl limit set PATTERN --memory QUANTITY --cpu QUANTITY [--instances N]`."""
     if args.instances is None:
         maximum = load(args.memory, args.cpu)
     else:

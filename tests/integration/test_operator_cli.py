@@ -9,7 +9,9 @@ import os
 import sys
 from typing import Any
 
-from clients import AsyncRMClient, load, load_instance
+import pytest
+
+from clients import AsyncRMClient, ResourceExhausted, load, load_instance
 from tests.conftest import ROOT, wait_until
 
 SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"
@@ -141,3 +143,33 @@ async def test_watch_json_streams_one_object_per_change(rm: Any) -> None:
         finally:
             proc.kill()
             await proc.wait()
+
+
+async def test_quantities_in_and_out(rm: Any) -> None:
+    """--cpu 500m / 2, --memory 512Mi / 2Gi / 1G in; human units in tables and refusals."""
+    rc, out, err = await rmctl_run(
+        rm, "-o", "json", "limit", "set", "userCreator=alice-IDE,engineType=*", "--memory", "512Mi",
+        "--cpu", "500m",
+    )  # fmt: skip
+    assert rc == 0, err
+    got = json.loads(out)["max_resource"]["load"]
+    assert (int(got["memory_bytes"]), int(got["cpu_millis"])) == (512 << 20, 500)
+    rc, out, err = await rmctl_run(
+        rm, "-o", "json", "limit", "set", "userCreator=bob-IDE", "--memory", "1G", "--cpu", "2"
+    )
+    got = json.loads(out)["max_resource"]["load"]
+    assert (int(got["memory_bytes"]), int(got["cpu_millis"])) == (10**9, 2000)
+    rc, out, err = await rmctl_run(rm, "limit", "set", "a=b", "--memory", "lots", "--cpu", "1")
+    assert rc == 2 and "invalid memory quantity 'lots'" in err
+
+    async with AsyncRMClient(rm.target, timeout=10.0) as client:
+        # A host's MemTotal is rarely a whole number of GiB: 24684096 KiB.
+        await client.register_ecm("node-a", load_instance(24684096 * 1024, 2000, 8))
+        rc, out, _ = await rmctl_run(rm, "node", "list")
+        assert "mem=23.5Gi cpu=2 inst=8" in out and "Ki" not in out
+        with pytest.raises(ResourceExhausted) as refused:
+            await client.apply("userCreator=alice-IDE,engineType=spark-3", load(1 << 30, 100))
+    assert "memory_bytes: requested 1Gi, available 512Mi" in str(refused.value)
+    assert "memory_bytes: requested 1Gi, available 512Mi" in [
+        str(s).split(" ", 1)[1] for s in refused.value.shortfalls
+    ]
