@@ -141,6 +141,7 @@ def cycle_script() -> str:
     def log_entry(method: str) -> list[dict[str, Any]]:
         return [
             {
+                "caller": "user:bench",
                 "method": method,
                 "request_id": "@R@",
                 "request_hash": HASH,
@@ -210,6 +211,7 @@ def cycle_script() -> str:
             "BEGIN;",
             _fill(
                 ticket_sql.READ,
+                "ARRAY['user:bench']",
                 f"ARRAY['{method}']",
                 f"ARRAY[{rid[method]}]",
                 "now()",

@@ -265,6 +265,7 @@ class StormLog:
     cycles: int = 0
     retries: int = 0
     errors: list[str] = field(default_factory=list)  # any status other than a retryable one
+    vanished: set[str] = field(default_factory=set)  # acked, then NOT_FOUND on report/release
 
 
 async def setup_cluster(target: str) -> None:
@@ -325,22 +326,30 @@ async def storm(
                     )
                 ).ticket
                 log.acked_apply.add(ticket.ticket_id)
-                await _call(
-                    log,
-                    rm.ReportUsed,
-                    pb.ReportUsedRequest(
-                        ticket_id=ticket.ticket_id,
-                        used_resource=_resource(1),
-                        request_id=f"{base}-u",
-                    ),
-                    give_up,
-                )
-                await _call(
-                    log,
-                    rm.Release,
-                    pb.ReleaseRequest(ticket_id=ticket.ticket_id, request_id=f"{base}-r"),
-                    give_up,
-                )
+                try:
+                    await _call(
+                        log,
+                        rm.ReportUsed,
+                        pb.ReportUsedRequest(
+                            ticket_id=ticket.ticket_id,
+                            used_resource=_resource(1),
+                            request_id=f"{base}-u",
+                        ),
+                        give_up,
+                    )
+                    await _call(
+                        log,
+                        rm.Release,
+                        pb.ReleaseRequest(ticket_id=ticket.ticket_id, request_id=f"{base}-r"),
+                        give_up,
+                    )
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() != grpc.StatusCode.NOT_FOUND:
+                        raise
+                    # An acknowledged ticket the database no longer has (asynchronous
+                    # replication lost it with the old primary): counted, the storm goes on.
+                    log.vanished.add(ticket.ticket_id)
+                    continue
                 log.acked_release.add(ticket.ticket_id)
                 log.cycles += 1
 
@@ -458,6 +467,7 @@ def main(argv: list[str] | None = None) -> int:
                 "cycles": log.cycles,
                 "retries": log.retries,
                 "lost_acked": len(found.lost_acked),
+                "vanished_mid_cycle": len(log.vanished),
                 "unacked": len(found.unacked),
                 "errors": len(log.errors),
             }
@@ -468,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{window:.1f} s" if window is not None else "never",
                     str(log.cycles),
                     str(len(found.lost_acked)),
+                    str(len(log.vanished)),
                     str(len(found.unacked)),
                     str(len(log.errors)),
                 ]
@@ -494,7 +505,16 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(
         table(
-            ["replication", "fault", "unavailable", "cycles", "acked lost", "unacked", "errors"],
+            [
+                "replication",
+                "fault",
+                "unavailable",
+                "cycles",
+                "acked lost",
+                "vanished",
+                "unacked",
+                "errors",
+            ],
             rows,
         )
     )

@@ -76,15 +76,18 @@ def add_demand_commands(cmds: Any) -> None:
 
     c = dem.add_parser("show", help="show one demand and its history")
     c.add_argument("demand_id", metavar="ID")
+    c.add_argument("--user", default="", help="whose demand (ids are per user; admins only)")
     c.set_defaults(func=cmd_demand_show)
 
     c = dem.add_parser("cancel", help="cancel a demand (it becomes FAILED)")
     c.add_argument("demand_id", metavar="ID")
     c.add_argument("--reason", default="", help="recorded in the demand's history")
+    c.add_argument("--user", default="", help="whose demand (ids are per user; admins only)")
     c.set_defaults(func=cmd_demand_cancel)
 
     c = dem.add_parser("claim", help="claim an ALLOCATED demand; prints its ticket")
     c.add_argument("demand_id", metavar="ID")
+    c.add_argument("--user", default="", help="whose demand (ids are per user; admins only)")
     c.set_defaults(func=cmd_demand_claim)
 
 
@@ -204,7 +207,10 @@ def cmd_demand_list(client: RMClient, args: argparse.Namespace, out: TextIO) -> 
 
 def cmd_demand_show(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     """`rmctl demand show ID`: the demand and every transition with its time and reason."""
-    d = client._call(_stub(client).GetDemand, demand_pb2.GetDemandRequest(demand_id=args.demand_id))
+    d = client._call(
+        _stub(client).GetDemand,
+        demand_pb2.GetDemandRequest(demand_id=args.demand_id, user=args.user),
+    )
     if args.output == "json":
         print(_to_json(d.demand), file=out)
         return 0
@@ -215,7 +221,10 @@ def cmd_demand_show(client: RMClient, args: argparse.Namespace, out: TextIO) -> 
 def cmd_demand_cancel(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     """`rmctl demand cancel ID [--reason TEXT]`."""
     req = demand_pb2.CancelDemandRequest(
-        request_id=str(uuid.uuid4()), demand_id=args.demand_id, reason=args.reason
+        request_id=str(uuid.uuid4()),
+        demand_id=args.demand_id,
+        reason=args.reason,
+        user=args.user,
     )
     resp = client._call(_stub(client).CancelDemand, req)
     if args.output == "json":
@@ -229,7 +238,9 @@ def cmd_demand_cancel(client: RMClient, args: argparse.Namespace, out: TextIO) -
 
 def cmd_demand_claim(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     """`rmctl demand claim ID`: the demand moves to MONITORING; prints its ticket."""
-    req = demand_pb2.ClaimDemandRequest(request_id=str(uuid.uuid4()), demand_id=args.demand_id)
+    req = demand_pb2.ClaimDemandRequest(
+        request_id=str(uuid.uuid4()), demand_id=args.demand_id, user=args.user
+    )
     resp = client._call(_stub(client).ClaimDemand, req)
     if args.output == "json":
         print(_to_json(resp), file=out)

@@ -96,12 +96,12 @@ class Agent:
     async def run(self) -> None:
         """Run until told to shut down (by the RM, or by `stop()`)."""
         for proc in self.launcher.reattach():
-            log.info("re-attached EngineConn %s (pid %d)", proc.ec_id, proc.pid)
+            log.info("re-attached EngineConn %s (pid %d)", proc.ec_id, proc.engine_conn_pid)
             self._processes[proc.ec_id] = _Process(
                 ec_pb.EngineConnProcess(
                     engine_conn_id=proc.ec_id,
                     state=ec_pb.PROCESS_STATE_RUNNING,
-                    pid=proc.pid,
+                    pid=proc.engine_conn_pid,
                     work_dir=str(proc.work_dir),
                 )
             )
@@ -303,10 +303,12 @@ class Agent:
             self._processes[spec.ec_id] = _Process(report, ended=True)
             return
         report.state = ec_pb.PROCESS_STATE_RUNNING
-        report.pid = proc.pid
+        report.pid = proc.engine_conn_pid
         report.work_dir = str(proc.work_dir)
         self._processes[spec.ec_id] = _Process(report)
-        log.info("launched EngineConn %s as %s (pid %d)", spec.ec_id, spec.user, proc.pid)
+        log.info(
+            "launched EngineConn %s as %s (pid %d)", spec.ec_id, spec.user, proc.engine_conn_pid
+        )
         self._spawn(self._watch(spec.ec_id))
 
     async def _watch(self, ec_id: str) -> None:

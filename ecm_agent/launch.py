@@ -24,7 +24,7 @@ import logging
 import os
 import signal
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +84,14 @@ class RunningProcess:
     start_ticks: int
     user: str
     work_dir: Path
+    # The EngineConn's own process when `pid` is sudo's (0: `pid` is the EngineConn).
+    main_pid: int = 0
+
+    @property
+    def engine_conn_pid(self) -> int:
+        """The pid the EngineConn runs as (what the RM reports); `pid` stays the one
+        the agent waits on and whose group it signals."""
+        return self.main_pid or self.pid
 
 
 @dataclass(frozen=True)
@@ -122,6 +130,48 @@ def _proc_stat(pid: int) -> tuple[str, int, int, int] | None:
             return _parse_stat(f.read())
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _ppid_and_uid(pid: int) -> tuple[int, int] | None:
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8", errors="replace") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        return int(fields["PPid"]), int(fields["Uid"].split()[0])
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
+
+
+def _first_descendant_of_user(root: int, uid: int) -> int | None:
+    """The highest process under `root` running as `uid`: below sudo (and its pty
+    monitor, which runs the command in a session of its own), the EngineConn."""
+    children: dict[int, list[int]] = {}
+    owners: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            found = _ppid_and_uid(int(entry))
+            if found is not None:
+                children.setdefault(found[0], []).append(int(entry))
+                owners[int(entry)] = found[1]
+    level = sorted(children.get(root, []))
+    while level:
+        for pid in level:
+            if owners.get(pid) == uid:
+                return pid
+        level = sorted(c for pid in level for c in children.get(pid, []))
+    return None
+
+
+async def find_main_pid(proc: RunningProcess, uid: int, within: float = 5.0) -> int:
+    """The EngineConn's own pid under sudo, once sudo has started it as its user (0 if
+    sudo ended first or took longer than `within`)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while _is_alive(proc.pid, proc.start_ticks) and loop.time() < deadline:
+        found = await asyncio.to_thread(_first_descendant_of_user, proc.pid, uid)
+        if found is not None:
+            return found
+        await asyncio.sleep(0.01)
+    return 0
 
 
 def read_start_ticks(pid: int) -> int | None:
@@ -244,6 +294,7 @@ class Launcher:
             "pid": proc.pid,
             "pgid": proc.pgid,
             "start_ticks": proc.start_ticks,
+            "main_pid": proc.main_pid,
             "user": proc.user,
             "uid": tracked.uid,
             "work_dir": str(proc.work_dir),
@@ -304,8 +355,9 @@ class Launcher:
             log.info("forked %s as %s: pid %d in %s", spec.ec_id, spec.user, pid, work_dir)
             return proc
         try:
+            argv = launch_argv(spec.user, validated.uid, work_dir / LAUNCH_SCRIPT)
             child = await asyncio.create_subprocess_exec(
-                *launch_argv(spec.user, validated.uid, work_dir / LAUNCH_SCRIPT),
+                *argv,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=prepared.launcher_log_fd,
                 stderr=prepared.launcher_log_fd,
@@ -325,10 +377,15 @@ class Launcher:
             user=spec.user,
             work_dir=work_dir,
         )
+        if argv[0] == "sudo":
+            proc = replace(proc, main_pid=await find_main_pid(proc, validated.uid))
         tracked = _Tracked(proc=proc, uid=validated.uid, engine=spec.engine, child=child)
         self._tracked[spec.ec_id] = tracked
         self._write_state(tracked)
-        log.info("launched %s as %s: pid %d in %s", spec.ec_id, spec.user, child.pid, work_dir)
+        log.info(
+            "launched %s as %s: pid %d (sudo %d) in %s",
+            spec.ec_id, spec.user, proc.engine_conn_pid, child.pid, work_dir,
+        )  # fmt: skip
         return proc
 
     async def wait_exit(self, ec_id: str) -> ExitInfo:
@@ -407,6 +464,7 @@ class Launcher:
                     start_ticks=int(data["start_ticks"]),
                     user=str(data["user"]),
                     work_dir=Path(data["work_dir"]),
+                    main_pid=int(data.get("main_pid", 0)),
                 )
                 uid, engine = int(data["uid"]), str(data["engine"])
             except (OSError, ValueError, KeyError, TypeError) as e:

@@ -106,21 +106,30 @@ def _open_dir(parent_fd: int, name: str) -> int:
 
 
 def _ensure_dir(parent_fd: int, name: str, mode: int, uid: int, gid: int) -> int:
-    """Open (creating if missing) a directory that root or the user may own."""
+    """Open (creating if missing) a directory that the agent or the user may own. One
+    this call created and could not set up is removed again: a failed launch leaves
+    nothing that later launches would trip over."""
     try:
         os.mkdir(name, 0o700, dir_fd=parent_fd)
         created = True
     except FileExistsError:
         created = False
-    fd = _open_dir(parent_fd, name)
+    try:
+        fd = _open_dir(parent_fd, name)
+    except BaseException:
+        if created:
+            os.rmdir(name, dir_fd=parent_fd)
+        raise
     try:
         if created:
             os.fchown(fd, uid, gid)
             os.fchmod(fd, mode)
-        elif os.fstat(fd).st_uid not in (0, uid):
+        elif os.fstat(fd).st_uid not in (os.geteuid(), uid):
             raise LaunchRefused("work_dir", f"{name!r} exists and belongs to another user")
     except BaseException:
         os.close(fd)
+        if created:
+            os.rmdir(name, dir_fd=parent_fd)
         raise
     return fd
 
@@ -144,11 +153,12 @@ def prepare_work_dir(
     """Create the work directory with ``logs/``, ``tmp/``, the material files and
     ``launch.sh``; return its real path and an open fd on ``logs/launcher.log``.
 
-    Parents are root-owned 0755 except ``<work_root>/<user>`` (the user's, 0750);
-    the EngineConn directory and its contents belong to the user, except
-    ``launch.sh`` (root, 0644); material files and the executor's secret file are the
-    user's alone (0600, 0700 if executable). Raises :class:`LaunchRefused` on symlink tricks or
-    an EngineConn directory that already exists; on failure nothing is left behind.
+    Parents are the agent's (root's), 0755, except ``<work_root>/<user>`` (the
+    user's, 0750); the EngineConn directory and its contents belong to the user,
+    except ``launch.sh`` (the agent's, 0644); material files and the executor's secret
+    file are the user's alone (0600, 0700 if executable). Raises :class:`LaunchRefused`
+    on symlink tricks or an EngineConn directory that already exists; on failure
+    nothing is left behind.
     """
     spec = validated.spec
     uid, gid = validated.uid, validated.gid
@@ -169,10 +179,13 @@ def prepare_work_dir(
             fds.callback(os.close, fd)
             return fd
 
+        # The agent's own: root's, or, for an agent run by a user for themselves (dev
+        # mode), that user's (who cannot hand anything to root).
+        me, my_group = os.geteuid(), os.getegid()
         root_fd = hold(os.open(root, _DIR_FLAGS))
         user_fd = hold(_ensure_dir(root_fd, spec.user, 0o750, uid, gid))
-        day_fd = hold(_ensure_dir(user_fd, day, 0o755, 0, 0))
-        engine_fd = hold(_ensure_dir(day_fd, spec.engine, 0o755, 0, 0))
+        day_fd = hold(_ensure_dir(user_fd, day, 0o755, me, my_group))
+        engine_fd = hold(_ensure_dir(day_fd, spec.engine, 0o755, me, my_group))
         try:
             os.mkdir(spec.ec_id, 0o700, dir_fd=engine_fd)
         except FileExistsError:
@@ -192,7 +205,7 @@ def prepare_work_dir(
             secret = validated.environment.get(SECRET_ENV)
             if secret is not None:
                 _write_new(ec_fd, SECRET_FILE, secret.encode("utf-8"), 0o600, uid, gid)
-            _write_new(ec_fd, LAUNCH_SCRIPT, script.encode("utf-8"), 0o644, 0, 0)
+            _write_new(ec_fd, LAUNCH_SCRIPT, script.encode("utf-8"), 0o644, me, my_group)
             log_fd = os.open("launcher.log", _NEW_FILE_FLAGS | os.O_APPEND, 0o600, dir_fd=logs_fd)
             try:
                 os.fchown(log_fd, uid, gid)

@@ -376,8 +376,8 @@ class _Beat:
     encode: Callable[[HeartbeatOutcome], bytes]
 
     @property
-    def key(self) -> tuple[str, str]:
-        return ("Heartbeat", self.agent_id)
+    def key(self) -> tuple[str, str, str]:
+        return ("", "Heartbeat", self.agent_id)
 
 
 @dataclass(frozen=True)

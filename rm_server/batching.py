@@ -32,11 +32,15 @@ from rm_server.errors import Unavailable
 log = logging.getLogger(__name__)
 
 
+# A request's identity in a group: (caller, method, request id).
+Key = tuple[str, str, str]
+
+
 class Keyed(Protocol):
     """A request a combiner can group: requests with the same key never share a group."""
 
     @property
-    def key(self) -> tuple[str, str]: ...
+    def key(self) -> Key: ...
 
 
 OpT = TypeVar("OpT", bound=Keyed)
@@ -63,7 +67,7 @@ class Combiner(Generic[OpT]):
         # (op, its caller's future, when it arrived on the loop's clock)
         self._queue: deque[tuple[OpT, asyncio.Future[Any], float]] = deque()
         self._inflight = 0
-        self._busy_keys: set[tuple[str, str]] = set()
+        self._busy_keys: set[Key] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         # For tests and the benchmarks' curiosity: groups run, requests in them, and the
         # seconds spent running groups (summed over groups in flight at once).
@@ -101,7 +105,7 @@ class Combiner(Generic[OpT]):
         while self._queue and self._inflight < self.max_inflight:
             group: list[tuple[OpT, asyncio.Future[Any], float]] = []
             later: list[tuple[OpT, asyncio.Future[Any], float]] = []
-            keys: set[tuple[str, str]] = set()
+            keys: set[Key] = set()
             while self._queue and len(group) < self.max_batch:
                 item = self._queue.popleft()
                 if item[1].done():  # its caller went away before it started: drop it
@@ -122,7 +126,7 @@ class Combiner(Generic[OpT]):
             task.add_done_callback(self._tasks.discard)
 
     async def _run(
-        self, group: list[tuple[OpT, asyncio.Future[Any], float]], keys: set[tuple[str, str]]
+        self, group: list[tuple[OpT, asyncio.Future[Any], float]], keys: set[Key]
     ) -> None:
         outcomes: list[Any]
         started = time.monotonic()

@@ -44,6 +44,8 @@ class Settings:
     # Concurrent Apply / ReportUsed / Release share transactions (0: one per request)
     batch_max: int = 256
     batch_inflight: int = 1
+    # Seconds a waiting Apply may hold capacity back from later requests (fairness).
+    waiter_hold: float = 30.0
     # Ended tickets, EngineConns and demands are deleted this many days after they ended
     history_retention_days: float = 30.0
     # Agent heartbeats wait up to this many seconds to share a transaction

@@ -15,9 +15,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from rm_server.background import Lease, run_periodically
 from rm_server.batching import Combiner, each_alone_on_failure
 from rm_server.clock import Clock, IdFactory, SystemClock, random_ids
-from rm_server.domain.labels import DEFAULT_RULES, EM_INSTANCE, Label, TransformRule, transform
+from rm_server.domain.labels import (
+    DEFAULT_RULES,
+    EM_INSTANCE,
+    USER_CREATOR,
+    Label,
+    TransformRule,
+    transform,
+)
+from rm_server.domain.ledger import blocked_by_own_quota
 from rm_server.domain.limits import LabelPattern
 from rm_server.domain.model import (
     ConsistencyReport,
@@ -29,6 +38,7 @@ from rm_server.domain.model import (
 from rm_server.domain.resources import Resource
 from rm_server.errors import DeadlineExceeded, InvalidArgument
 from rm_server.store import admin as admin_store
+from rm_server.store import replicas as replicas_store
 from rm_server.store import tickets as ticket_store
 from rm_server.store.admin import Registration
 from rm_server.store.db import Database, Idempotency, OutcomeEncoder, Replay
@@ -58,6 +68,9 @@ class CoreSettings:
     # Agent heartbeats (rm_server/agents.py) are grouped the same way, each group leaving
     # at most `heartbeat_linger` seconds after its first beat.
     heartbeat_linger: float = 0.005
+    # A waiting Apply holds capacity back from later requests for at most this long
+    # (docs/architecture.md, "Waiting applies and fairness").
+    waiter_hold: timedelta = timedelta(seconds=30)
 
 
 @dataclass
@@ -72,11 +85,37 @@ class RMCore:
     _retention_checked_at: datetime | None = None
     _keys_cache: dict[tuple[Label, ...], tuple[str, ...]] = field(default_factory=dict)
     _keys_rules: tuple[TransformRule, ...] | None = None
+    _presence: replicas_store.Presence | None = None
+    replica_id: str = ""
+
+    async def _keep_presence(self) -> None:
+        presence = self._presence
+        if presence is None or await presence.alive():
+            return
+        log.warning("replica %s lost its database session: joining again", self.replica_id)
+        with contextlib.suppress(Exception):
+            await presence.session.close()
+        self._presence = await replicas_store.join(
+            self.db.conninfo, self.replica_id, self.clock.now()
+        )
+
+    async def join_replicas(self) -> None:
+        """Record this replica, holding its session advisory lock while it lives: its
+        waiting applies count only as long as that lock is held."""
+        self.replica_id = self.new_id("rm")
+        self._presence = await replicas_store.join(
+            self.db.conninfo, self.replica_id, self.clock.now()
+        )
 
     # ----- background work ---------------------------------------------------------------
 
-    def start_background(self) -> None:
-        self._tasks.append(asyncio.create_task(self._sweep_forever(), name="rm-sweeper"))
+    def start_background(self, lease: Lease | None = None) -> None:
+        """Start the ticket sweep (with a lease: only while this replica holds it)."""
+        # A lambda, not the bound method: metrics wrap `self.sweep` after construction.
+        sweeper = run_periodically(
+            "ticket-sweep", self.settings.sweep_interval, lambda: self.sweep(), lease
+        )
+        self._tasks.append(asyncio.create_task(sweeper, name="rm-sweeper"))
 
     async def stop_background(self) -> None:
         if self._combiner is not None:
@@ -87,16 +126,9 @@ class RMCore:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
-
-    async def _sweep_forever(self) -> None:
-        while True:
-            try:
-                await self.sweep()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("background sweep failed")
-            await asyncio.sleep(self.settings.sweep_interval)
+        if self._presence is not None:
+            await self._presence.leave()
+            self._presence = None
 
     async def sweep(self) -> int:
         """Reclaim LOCKED tickets past their lock timeout; drop stale waiters and old
@@ -115,6 +147,9 @@ class RMCore:
                 reclaimed += 1
                 log.info("reclaimed ticket %s: lock not reported in time", ticket_id)
         await self.db.run(lambda c: ticket_store.purge_waiters(c, now))
+        await self._keep_presence()
+        for dead in await self.db.run(replicas_store.reap_dead):
+            log.warning("replica %s is gone: its waiting applies no longer count", dead)
         await self.db.purge_request_ids(now - self.settings.request_id_retention)
         await self._apply_retention(now)
         return reclaimed
@@ -176,6 +211,10 @@ class RMCore:
             )
         deadline = time.monotonic() + wait_seconds
         waiter: int | None = None
+        # How long this waiter may hold capacity back from later requests; it holds
+        # nothing while it is over its own quota (no other user's release can help).
+        hold_ends = self.clock.now() + self.settings.waiter_hold
+        holding = True
         with self.notifier.subscribe(keys) as freed:
             try:
                 while True:
@@ -199,25 +238,59 @@ class RMCore:
                         raise DeadlineExceeded(
                             f"no capacity within {wait_seconds:g}s", refusal.shortfalls
                         )
+                    wanted = not blocked_by_own_quota(refusal)
                     if waiter is None:
                         # Join the queue, then try again before sleeping: a release that
                         # happened before we subscribed must not be missed.
-                        waiter = await self._join_queue(ticket_id, keys, remaining)
+                        holding = wanted
+                        waiter = await self._join_queue(
+                            ticket_id,
+                            keys,
+                            remaining,
+                            _owner(user, labels),
+                            resource,
+                            hold_ends if holding else self.clock.now(),
+                        )
                         continue
+                    if wanted != holding:
+                        holding = wanted
+                        await self._set_hold(waiter, hold_ends if holding else self.clock.now())
+                    # Also look again when holds may have lapsed (no release wakes us then).
+                    nap = min(remaining, max(1.0, self.settings.waiter_hold.total_seconds() / 4))
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(freed.wait(), timeout=remaining)
+                        await asyncio.wait_for(freed.wait(), timeout=nap)
             except BaseException:
                 if waiter is not None:
                     seq = waiter
                     await asyncio.shield(self.db.run(lambda c: ticket_store.remove_waiter(c, seq)))
                 raise
 
-    async def _join_queue(self, waiter_id: str, keys: tuple[str, ...], wait: float) -> int:
-        # The row outlives a crashed replica by at most the wait (+ slack); the sweep drops it.
-        expires = self.clock.now() + timedelta(seconds=wait + 5)
-        return await self.db.run(
-            lambda c: ticket_store.register_waiter(c, waiter_id, keys, expires)
+    async def _join_queue(
+        self,
+        waiter_id: str,
+        keys: tuple[str, ...],
+        wait: float,
+        user: str = "",
+        resource: Resource | None = None,
+        hold_until: datetime | None = None,
+    ) -> int:
+        """Queue a waiting apply (`resource` None: one that holds everything back)."""
+        # A crashed replica's rows stop counting when the sweep finds its lock free
+        # (store/replicas.py); the deadline (+ slack) is the backstop.
+        now = self.clock.now()
+        entry = ticket_store.WaiterEntry(
+            waiter_id,
+            keys,
+            now + timedelta(seconds=wait + 5),
+            user,
+            resource,
+            self.replica_id,
+            hold_until,
         )
+        return await self.db.run(lambda c: ticket_store.register_waiter(c, entry))
+
+    async def _set_hold(self, seq: int, hold_until: datetime) -> None:
+        await self.db.run(lambda c: ticket_store.set_waiter_hold(c, seq, hold_until))
 
     async def _apply_once(
         self,
@@ -393,3 +466,12 @@ class RMCore:
 
     async def check_consistency(self) -> ConsistencyReport:
         return await self.db.run(admin_store.check_consistency, read_only=True)
+
+
+def _owner(user: str, labels: tuple[Label, ...]) -> str:
+    """Whose waiter this is, for "one hold per user": the caller, else the user part
+    of its userCreator label."""
+    if user:
+        return user
+    creator = next((lb.value for lb in labels if lb.key == USER_CREATOR), "")
+    return creator.split("-", 1)[0]

@@ -18,6 +18,7 @@ import logging
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
+from rm_server.background import Lease, run_periodically
 from rm_server.clock import Clock
 from rm_server.core import RMCore
 from rm_server.domain.demands import codec
@@ -47,6 +48,7 @@ log = logging.getLogger(__name__)
 
 S = DemandState
 MAX_STEPS = 6  # decisions per demand per round (e.g. RESERVE, then ALLOCATE)
+MAX_BLOCKED = 100_000  # refused allocations remembered (a cache: forgetting costs a retry)
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,10 @@ class DemandManager:
     core: RMCore
     settings: DemandSettings = field(default_factory=DemandSettings)
     _task: asyncio.Task[None] | None = None
+    # Per demand, the capacity of its labels when its last allocation was refused: while
+    # it is unchanged a round passes the demand over without trying again (the same
+    # rows refuse the same allocation). Per replica, in memory: a miss is a full try.
+    _blocked: dict[str, tuple[object, ...]] = field(default_factory=dict)
 
     # ----- submission --------------------------------------------------------------------------
 
@@ -97,12 +103,12 @@ class DemandManager:
         now = self.clock.now()
 
         async def body(conn: Conn) -> tuple[Demand, bool]:
-            existing = await store.get(conn, spec.demand_id)
+            existing = await store.get(conn, spec.user, spec.demand_id)
             if existing is not None:
                 return _same(existing, digest), False
             demand = await self._admit(conn, spec, charged, digest, now)
             if not await store.insert(conn, demand):
-                existing = await store.get(conn, spec.demand_id)
+                existing = await store.get(conn, spec.user, spec.demand_id)
                 assert existing is not None
                 return _same(existing, digest), False
             demand = await store.move(
@@ -124,8 +130,8 @@ class DemandManager:
         ends: dict[str, datetime | None] = {}
         if order is not None:
             await store.lock_order_graph(conn)
-            await self._refuse_cycles(conn, spec.demand_id, order_ids(order))
-            finished = await store.finished_map(conn, order_ids(order))
+            await self._refuse_cycles(conn, spec.user, spec.demand_id, order_ids(order))
+            finished = await store.finished_map(conn, spec.user, order_ids(order))
             if order_value(order, finished) is False:
                 failed = ", ".join(i for i, v in finished.items() if v is False)
                 raise FailedPrecondition(
@@ -133,7 +139,7 @@ class DemandManager:
                     state="FAILED",
                     reason="ORDER_BY_FAILED",
                 )
-            ends = await store.planned_ends(conn, order_ids(order))
+            ends = await store.planned_ends(conn, spec.user, order_ids(order))
         await store.lock_plan(conn, charged)
         cand = candidate(spec, charged, now, not_before(order, ends))
         entries = await store.plan_entries(conn, charged, now)
@@ -177,14 +183,17 @@ class DemandManager:
             definition_hash=digest,
         )
 
-    async def _refuse_cycles(self, conn: Conn, demand_id: str, first: tuple[str, ...]) -> None:
-        """Follow OrderBy edges from the named demands; reaching this one is a cycle."""
+    async def _refuse_cycles(
+        self, conn: Conn, user: str, demand_id: str, first: tuple[str, ...]
+    ) -> None:
+        """Follow OrderBy edges from the named demands (the user's own: OrderBy never
+        names another user's); reaching this one is a cycle."""
         parent: dict[str, str] = {i: demand_id for i in first}
         frontier = list(first)
         while frontier:
             if demand_id in parent and demand_id in frontier:
                 break
-            edges = await store.order_edges(conn, frontier)
+            edges = await store.order_edges(conn, user, frontier)
             frontier = []
             for source, targets in edges.items():
                 for target in targets:
@@ -211,24 +220,33 @@ class DemandManager:
 
     # ----- queries -----------------------------------------------------------------------------
 
-    async def get(self, demand_id: str) -> Demand:
-        d = await self.db.run(lambda c: store.get(c, demand_id, with_events=True))
+    async def get(self, user: str | None, demand_id: str) -> Demand:
+        """`user`'s demand (None: an operator's look-up by id alone, see `store.get`);
+        another user's demand of the same id is NOT_FOUND, as if there were none."""
+        d = await self.db.run(lambda c: store.get(c, user, demand_id, with_events=True))
         if d is None:
             raise NotFound(f"demand {demand_id} not found")
         return d
 
-    async def list_demands(self, after: str, limit: int, state: str, user: str) -> list[Demand]:
+    async def list_demands(
+        self, after: tuple[str, str], limit: int, state: str, user: str
+    ) -> list[Demand]:
         return await self.db.run(lambda c: store.list_demands(c, after, limit, state, user))
 
     # ----- cancel and claim --------------------------------------------------------------------
 
     async def cancel(
-        self, idem: Idempotency, demand_id: str, reason: str, encoder: OutcomeEncoder[Demand]
+        self,
+        idem: Idempotency,
+        user: str | None,
+        demand_id: str,
+        reason: str,
+        encoder: OutcomeEncoder[Demand],
     ) -> Demand | Replay:
         now = self.clock.now()
 
         async def body(conn: Conn) -> Demand:
-            d = await _locked(conn, demand_id)
+            d = await _locked(conn, user, demand_id)
             now = self.clock.now()  # decided once the demand is held, not before the wait
             if d.state is S.FAILED:
                 return d  # cancelling twice is not an error
@@ -241,12 +259,16 @@ class DemandManager:
         return await self.db.run_idempotent(idem, now, body, encoder)
 
     async def claim(
-        self, idem: Idempotency, demand_id: str, encoder: OutcomeEncoder[Claimed]
+        self,
+        idem: Idempotency,
+        user: str | None,
+        demand_id: str,
+        encoder: OutcomeEncoder[Claimed],
     ) -> Claimed | Replay:
         now = self.clock.now()
 
         async def body(conn: Conn) -> Claimed:
-            d = await _locked(conn, demand_id)
+            d = await _locked(conn, user, demand_id)
             now = self.clock.now()  # decided once the demand is held, not before the wait
             if d.state is S.ALLOCATED and d.claim_expires_at and now >= d.claim_expires_at:
                 raise FailedPrecondition(
@@ -269,8 +291,10 @@ class DemandManager:
 
     # ----- the planner -------------------------------------------------------------------------
 
-    def start_background(self) -> None:
-        self._task = asyncio.create_task(self._run_forever(), name="demand-planner")
+    def start_background(self, lease: Lease | None = None) -> None:
+        """Start the planner (with a lease: only while this replica holds it)."""
+        planner = run_periodically("demand-planner", self.settings.interval, self.tick, lease)
+        self._task = asyncio.create_task(planner, name="demand-planner")
 
     async def stop_background(self) -> None:
         if self._task is not None:
@@ -278,16 +302,6 @@ class DemandManager:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-
-    async def _run_forever(self) -> None:
-        while True:
-            try:
-                await self.tick()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("demand planner pass failed")
-            await asyncio.sleep(self.settings.interval)
 
     async def tick(self) -> int:
         """One pass: a round for every due demand (at most ``batch``); returns how many.
@@ -332,7 +346,7 @@ class DemandManager:
 
     async def _decide_and_act(self, conn: Conn, d: Demand) -> Demand:
         for _ in range(MAX_STEPS):
-            finished = await store.finished_map(conn, order_ids(d.conditions.order_by))
+            finished = await store.finished_map(conn, d.user, order_ids(d.conditions.order_by))
             ticket = await store.ticket_status(conn, d.ticket_id) if d.ticket_id else None
             now = self.clock.now()
             decision = plan.decide(d.view(), now, self.planner, finished, ticket)
@@ -340,9 +354,11 @@ class DemandManager:
                 # Take the labels first (waiting out any release under way), then decide
                 # again: an allocation is judged and dated at the time it holds them,
                 # never before the release that made room for it.
-                await store.lock_labels(conn, d.charged_labels, now)
+                capacity = await store.lock_labels(conn, d.charged_labels, now)
                 now = self.clock.now()
                 decision = plan.decide(d.view(), now, self.planner, finished, ticket)
+                if decision.action is plan.Action.ALLOCATE:
+                    return await self._allocate(conn, d, decision, now, capacity)
             d, again = await self._act(conn, d, decision, now)
             if not again:
                 return d
@@ -364,8 +380,8 @@ class DemandManager:
                 reason += f" ({decision.reason})"
                 d = await store.move(conn, d, S.ALLOCATING, reason, now, reserved_labels=labels)
                 return d, True
-            case A.ALLOCATE:
-                return await self._allocate(conn, d, decision, now), False
+            case A.ALLOCATE:  # pragma: no cover - decided under the label locks, above
+                raise AssertionError("an allocation is carried out by _decide_and_act")
             case A.REPLAN:
                 moved = await self._replan(conn, d, now)
                 if moved is None:
@@ -403,7 +419,14 @@ class DemandManager:
         await store.lock_plan(conn, d.charged_labels)
         view = d.view()
         cand = plan.Candidate(
-            d.demand_id, d.charged_labels, d.resource, view.window, view.strategy, now, view.hold
+            d.demand_id,
+            d.charged_labels,
+            d.resource,
+            view.window,
+            view.strategy,
+            now,
+            view.hold,
+            user=d.user,
         )
         entries = await store.plan_entries(conn, d.charged_labels, now)
         capacity = await store.capacities(conn, d.charged_labels)
@@ -422,8 +445,17 @@ class DemandManager:
         )
 
     async def _allocate(
-        self, conn: Conn, d: Demand, decision: plan.Decision, now: datetime
+        self,
+        conn: Conn,
+        d: Demand,
+        decision: plan.Decision,
+        now: datetime,
+        capacity: tuple[object, ...],
     ) -> Demand:
+        """Allocate under the label locks (``capacity``: what they hold), or pass it over."""
+        soon = now + self.planner.round_length
+        if self._blocked.get(d.demand_id) == capacity:  # nothing changed since its refusal
+            return await store.update(conn, d, now, rounds=d.rounds + 1, next_check_at=soon)
         core = self.core
         # The ticket must outlive the claim window: LOCKED tickets are reclaimed after the
         # lock timeout, counted here from the end of the claim timeout.
@@ -442,6 +474,7 @@ class DemandManager:
         )
         outcome = await store.allocate(conn, d, cmd)
         if isinstance(outcome, Ticket):
+            self._blocked.pop(d.demand_id, None)
             return await store.move(
                 conn,
                 d,
@@ -454,12 +487,14 @@ class DemandManager:
                 reserved_labels=(),
                 next_check_at=now + self.planner.round_length,
             )
-        return await store.update(
-            conn, d, now, rounds=d.rounds + 1, next_check_at=now + self.planner.round_length
-        )
+        if len(self._blocked) >= MAX_BLOCKED:
+            self._blocked.clear()
+        self._blocked[d.demand_id] = capacity
+        return await store.update(conn, d, now, rounds=d.rounds + 1, next_check_at=soon)
 
     async def _fail(self, conn: Conn, d: Demand, reason: str, now: datetime) -> Demand:
         """FAILED, returning what it holds: its reservation, or its ticket."""
+        self._blocked.pop(d.demand_id, None)
         if d.state is S.ALLOCATING:
             await store.unreserve(conn, d, now)
         if d.ticket_id is not None:
@@ -472,8 +507,8 @@ class DemandManager:
         return await self.db.run(store.check_reservations, read_only=True)
 
 
-async def _locked(conn: Conn, demand_id: str) -> Demand:
-    d = await store.get(conn, demand_id, lock=True)
+async def _locked(conn: Conn, user: str | None, demand_id: str) -> Demand:
+    d = await store.get(conn, user, demand_id, lock=True)
     if d is None:
         raise NotFound(f"demand {demand_id} not found")
     return d

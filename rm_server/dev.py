@@ -8,6 +8,7 @@ import asyncio
 import getpass
 import logging
 import os
+import pwd
 import sys
 from pathlib import Path
 
@@ -28,6 +29,35 @@ def dev_users() -> str:
     if os.geteuid() != 0:
         return getpass.getuser()
     return os.environ.get("SUDO_USER", "")
+
+
+class DevUsersError(Exception):
+    """$LABELRM_DEV_USERS names an account this machine does not have (one line)."""
+
+
+NO_DEV_USER = (
+    "labelrm dev: running as root with no EngineConn user, so no local agent: "
+    "run it as yourself, or as LABELRM_DEV_USERS=user1,user2 with existing users"
+)
+
+
+def checked_dev_users() -> str:
+    """`dev_users()`, each of them an existing account (refused at start otherwise)."""
+    users = dev_users()
+    missing = []
+    for user in (u.strip() for u in users.split(",")):
+        if not user:
+            continue
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            missing.append(user)
+    if missing:
+        raise DevUsersError(
+            f"LABELRM_DEV_USERS names {', '.join(missing)}: no such user on this machine "
+            "(create the account or name an existing one)"
+        )
+    return users
 
 
 def ec_python() -> str:
@@ -67,11 +97,11 @@ def agent_command(settings: Settings, port: int, extra: tuple[str, ...] = ()) ->
 
 
 async def run_dev(settings: Settings, tls: bool = False) -> None:
+    users = checked_dev_users()  # before anything starts
     secured = devtls.prepare(settings) if tls else None
     server = RMServer(secured.settings if secured else settings)
     await server.start()
     freeze_startup_heap()
-    users = dev_users()
     agent = None
     if users:
         # With --dev-tls the agent dials the mutual-TLS listener with its certificate.
@@ -81,6 +111,7 @@ async def run_dev(settings: Settings, tls: bool = False) -> None:
         log.info("local agent started (pid %d) for users %s", agent.pid, users)
     else:
         log.warning("no EngineConn user: running as root, set LABELRM_DEV_USERS=user1,user2")
+        print(NO_DEV_USER, file=sys.stderr, flush=True)
     target = f"127.0.0.1:{server.port}"
     if secured is None:
         hints = f"  rmctl --rm {target} node list\n  grpcurl -plaintext {target} list"

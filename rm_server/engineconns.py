@@ -90,11 +90,15 @@ class _TicketIdEncoder:
 
 @dataclass(frozen=True)
 class CreateRequest:
-    request_id: str
+    idem: Idempotency  # the caller's key: a retry gets its own EngineConn, nobody else's
     user: str
     labels: tuple[Label, ...]
     params: Mapping[str, str]
     timeout: float
+
+    @property
+    def request_id(self) -> str:
+        return self.idem.request_id
 
 
 class LaunchCredentials(Protocol):
@@ -168,8 +172,9 @@ class EngineConnManager:
         if hold is not None:  # held while it starts; the hold counts from when it is ready
             start_limit = timedelta(seconds=req.timeout) + self.settings.start_timeout
             fresh = replace(fresh, holder=req.request_id, hold_expires_at=now + start_limit + hold)
-        # A retry of the same request gets the first claim's row, secret included.
-        ec = await self.db.run(lambda c: ec_store.claim_ec(c, fresh, req.request_id))
+        # A retry of the same request (same caller, method and id) gets the first claim's
+        # row, secret included; another caller's id is another request.
+        ec = await self.db.run(lambda c: ec_store.claim_ec(c, fresh, req.idem))
         deadline = time.monotonic() + req.timeout
         if ec.ec_id != fresh.ec_id:  # a retry of a request already under way
             return await self._outcome_of(ec.ec_id, deadline)

@@ -10,7 +10,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from rm_server.config import load_config
-from rm_server.dev import run_dev
+from rm_server.dev import DevUsersError, run_dev
 from rm_server.embedded import EmbeddedDatabaseError
 from rm_server.observability.logging import setup_logging
 from rm_server.security.setup import SecurityConfigError
@@ -51,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 run_on_loop(RMServer(settings).run_until_signalled(), settings.event_loop)
     except SecurityConfigError as exc:
+        print(f"rm-server: {exc}", file=sys.stderr)
+        return 2
+    except DevUsersError as exc:
         print(f"rm-server: {exc}", file=sys.stderr)
         return 2
     except EmbeddedDatabaseError as exc:

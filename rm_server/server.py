@@ -26,6 +26,7 @@ from labelrm.v1 import (
 )
 
 from rm_server.agents import AgentHub
+from rm_server.background import Lease, run_periodically
 from rm_server.clock import Clock, IdFactory, SystemClock, random_ids
 from rm_server.config import Settings
 from rm_server.core import CoreSettings, RMCore
@@ -124,11 +125,20 @@ class RMServer:
             batch_inflight=self.settings.batch_inflight,
             heartbeat_linger=self.settings.heartbeat_linger,
             history_retention=timedelta(days=self.settings.history_retention_days),
+            waiter_hold=timedelta(seconds=self.settings.waiter_hold),
         )
         self.core = RMCore(self._db, self._notifier, core_settings, self.clock, self.new_id)
         self.metrics = Metrics(label_cap=self.settings.metrics_label_cap)
         self.metrics.attach(self.core)  # before start_background: it counts the sweeps
-        self.core.start_background()
+        await self.core.join_replicas()
+        # Each background job runs on the one replica that holds its lease (background.py).
+        lease = Lease(
+            self._db,
+            self.core.replica_id,
+            self.clock,
+            ttl=timedelta(seconds=max(5.0, 3 * self.settings.sweep_interval)),
+        )
+        self.core.start_background(lease)
 
         limit = self.settings.max_message_bytes
         self._server = grpc.aio.server(
@@ -149,7 +159,10 @@ class RMServer:
         )
         self.hub = AgentHub(self.engine_conns)
         self.metrics.attach_states(self.hub)
-        self._liveness = asyncio.create_task(self._liveness_forever(), name="liveness")
+        self._liveness = asyncio.create_task(
+            run_periodically("liveness", self.settings.sweep_interval, self.hub.sweep, lease),
+            name="liveness",
+        )
         # Every service is added to the interceptor, which wraps each method once with
         # logs, metrics, security and error statuses, then installs them (its module doc).
         calls = Interceptor(
@@ -168,7 +181,7 @@ class RMServer:
         self.demands = DemandManager(
             self._db, self._notifier, self.clock, self.core, self._demand_settings()
         )
-        self.demands.start_background()
+        self.demands.start_background(lease)
         demand_pb2_grpc.add_DemandServiceServicer_to_server(DemandServicer(self.demands), calls)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, calls)
@@ -217,18 +230,6 @@ class RMServer:
             default_duration=timedelta(seconds=st.demand_default_duration),
         )
         return DemandSettings(planner=planner, interval=st.demand_interval)
-
-    async def _liveness_forever(self) -> None:
-        """ECM and EngineConn liveness; on every replica (row locks make it safe)."""
-        assert self.hub is not None
-        while True:
-            try:
-                await self.hub.sweep()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("liveness sweep failed")
-            await asyncio.sleep(self.settings.sweep_interval)
 
     async def stop(self, grace: float | None = None) -> None:
         """Graceful stop: health NOT_SERVING, finish in-flight calls, then close."""

@@ -42,6 +42,8 @@ RM_HELP: dict[str, str] = {
     "batch_max": "concurrent Apply / ReportUsed / Release requests grouped into one "
     "transaction (0: one transaction per request)",
     "batch_inflight": "grouped transactions in flight per process",
+    "waiter_hold": "seconds a waiting Apply may hold capacity back from later requests "
+    "(architecture.md, Waiting applies and fairness)",
     "history_retention_days": "ended tickets, EngineConns and demands are deleted this many "
     "days after they ended",
     "heartbeat_linger": "seconds an agent heartbeat may wait for others to share its transaction",

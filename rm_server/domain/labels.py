@@ -274,3 +274,21 @@ def transform(
         if all(k in by_key for k in rule.keys):
             keys.add(LabelKey(tuple(by_key[k] for k in rule.keys)))
     return tuple(sorted(keys, key=str))
+
+
+def charges_user(
+    labels: Sequence[Label], user: str, rules: Sequence[TransformRule] = DEFAULT_RULES
+) -> bool:
+    """True when one of the request's resource-carrying keys is `user`'s own (carries
+    their userCreator label), so that the limits set for that user apply to it. A request
+    on infrastructure labels alone (emInstance) charges no user at all."""
+    return any(
+        label.key == USER_CREATOR and label.user == user
+        for key in transform(labels, rules)
+        for label in key.labels
+    )
+
+
+def user_rule_keys(rules: Sequence[TransformRule] = DEFAULT_RULES) -> list[str]:
+    """The label combinations that charge a user ("userCreator+engineType"), for messages."""
+    return ["+".join(rule.keys) for rule in rules if USER_CREATOR in rule.keys]

@@ -14,12 +14,12 @@ for all live ones.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
 from rm_server.domain.admission import label_shortfalls
-from rm_server.domain.labels import Label
+from rm_server.domain.labels import USER_CREATOR, Label
 from rm_server.domain.model import Refusal, Ticket, TicketState
 from rm_server.domain.resources import Resource, ResourceError, Shortfall
 from rm_server.errors import FailedPrecondition, InvalidArgument, NotFound
@@ -54,6 +54,68 @@ class ApplyCommand:
     waiter_seq: int | None = None
     may_wait: bool = False
     engine_conn_id: str = ""  # the EngineConn the ticket is charged for, if any
+
+
+@dataclass(frozen=True)
+class Waiter:
+    """A waiting Apply queued on a label: who, for what, holding back until when."""
+
+    seq: int
+    user: str
+    resource: Resource | None
+    hold_until: datetime | None
+
+
+def is_user_label(label: str) -> bool:
+    """A label a userCreator is part of: one user's quota, charged by no one else.
+    (Charged labels are "key=value" parts joined by commas, values already valid.)"""
+    return any(part.split("=", 1)[0] == USER_CREATOR for part in label.split(","))
+
+
+def blocked_by_own_quota(refusal: Refusal) -> bool:
+    """The refusal names a user label: the request is over its own user's quota, which
+    no other user's release can cure."""
+    return any(is_user_label(s.label) for s in refusal.shortfalls)
+
+
+def held_back(
+    account: LabelAccount, waiters: Sequence[Waiter], seq: int, now: datetime
+) -> Resource | None:
+    """What the waiters ahead of `seq` hold back on `account` (None: nothing).
+
+    A waiter holds its request on a label only while its hold lasts (`hold_until`;
+    the RM ends it early for a waiter over its own quota), never on a user label (its
+    own quota), and only where its request could fit the label's maximum at all (one
+    that can never be satisfied holds nothing); only the earliest waiter of each user
+    counts, so one user cannot stack holds. (It holds where it already fits too: it is about
+    to be granted there, and a newcomer must not take that capacity first.)"""
+    if account.max_resource is None:
+        return None
+    quota = is_user_label(account.label)
+    users: set[str] = set()
+    held: Resource | None = None
+    for w in sorted(waiters, key=lambda w: w.seq):
+        if w.seq >= seq:
+            break
+        if w.user in users:
+            continue
+        users.add(w.user)
+        if w.hold_until is not None and w.hold_until <= now:
+            continue
+        if w.resource is None:  # what it waits for is unknown: it holds everything
+            held = account.max_resource if held is None else held + account.max_resource
+            continue
+        if quota:
+            continue  # a user's own quota: their later requests are not held back
+        try:
+            zero = Resource.zero(w.resource.kind, w.resource.queue)
+            capacity = replace(account, used=zero, locked=zero, reserved=None)
+            if shortfalls_of([capacity], w.resource):
+                continue  # can never fit this label
+            held = w.resource if held is None else held + w.resource
+        except (ResourceError, InvalidArgument):
+            continue
+    return held
 
 
 def _charge(account: LabelAccount, resource: Resource) -> LabelAccount:
@@ -94,26 +156,35 @@ def shortfalls_of(
 
 
 def check_accounts(
-    accounts: Sequence[LabelAccount], resource: Resource, queued: Collection[str] = ()
+    accounts: Sequence[LabelAccount],
+    resource: Resource,
+    held: Mapping[str, Resource] | None = None,
 ) -> Refusal | None:
-    """Every shortfall over the accounts, or the labels queued behind waiters; None
-    when `resource` fits on all of them."""
+    """Every shortfall over the accounts; else the labels where `resource` does not
+    fit in what waiters ahead hold back (`held`); None when it fits."""
     shortfalls = shortfalls_of(accounts, resource)
-    behind = tuple(a.label for a in accounts if a.label in queued)
-    if shortfalls or behind:
-        return Refusal(tuple(shortfalls), behind)
+    if shortfalls:
+        return Refusal(tuple(shortfalls))
+    if held:
+        behind = tuple(
+            a.label for a in accounts if a.label in held and shortfalls_of([a], resource, held)
+        )
+        if behind:
+            return Refusal((), behind)
     return None
 
 
 def decide_apply(
-    cmd: ApplyCommand, accounts: Mapping[str, LabelAccount], queued: Collection[str] = ()
+    cmd: ApplyCommand,
+    accounts: Mapping[str, LabelAccount],
+    held: Mapping[str, Resource] | None = None,
 ) -> tuple[list[LabelAccount], Ticket] | Refusal:
     """Check every account of the command's keys, then charge all or none: the charged
     accounts and the new LOCKED ticket, or the refusal. Keys without an account are
     labels that need none (no record and no limit)."""
     ordered = [accounts[k] for k in cmd.keys if k in accounts]
     charged = [_charge(a, cmd.resource) for a in ordered]  # validates kinds first
-    refusal = check_accounts(ordered, cmd.resource, queued)
+    refusal = check_accounts(ordered, cmd.resource, held)
     if refusal is not None:
         return refusal
     ticket = Ticket(

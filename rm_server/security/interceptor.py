@@ -26,12 +26,13 @@ every caller is an admin (`identity.DEV_ADMIN`) and nothing is checked.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import grpc
 
-from rm_server.errors import LabelrmError, Unauthenticated
+from rm_server.domain.labels import DEFAULT_RULES, TransformRule
+from rm_server.errors import LabelrmError, PermissionDenied, Unauthenticated
 from rm_server.security import policy
 from rm_server.security.identity import (
     ANONYMOUS,
@@ -66,9 +67,6 @@ class DbOwners:
     async def engine_conn_owner(self, ec_id: str) -> str | None:
         return await self.db.run(lambda c: owners.engine_conn_owner(c, ec_id), read_only=True)
 
-    async def demand_owner(self, demand_id: str) -> str | None:
-        return await self.db.run(lambda c: owners.demand_owner(c, demand_id), read_only=True)
-
 
 def _waits(request: Any) -> bool:
     wait = getattr(request, "wait_timeout", None)
@@ -87,6 +85,7 @@ class AuthInterceptor:
         limits: Limits,
         proxy_users: Collection[str] = (),
         allow_host_certificates: bool = False,
+        rules: Sequence[TransformRule] = DEFAULT_RULES,
     ) -> None:
         self.enabled = enabled
         self.allow_host_certificates = allow_host_certificates
@@ -94,6 +93,7 @@ class AuthInterceptor:
         self.owners = owners
         self.limits = limits
         self.proxy_users = frozenset(proxy_users)
+        self.rules = tuple(rules)  # which label combinations charge a user
 
     def guards(self, method: str) -> bool:
         """Whether calls of `method` go through `admit` (not with authentication off, nor
@@ -183,9 +183,11 @@ class AuthInterceptor:
     ) -> policy.Rule | None:
         """The policy's verdict on `request` (a refusal is logged, then raised)."""
         try:
-            return await policy.authorize(method, principal, request, self.owners, self.proxy_users)
+            return await policy.authorize(
+                method, principal, request, self.owners, self.proxy_users, self.rules
+            )
         except LabelrmError as err:
-            if err.reason == "PERMISSION_DENIED":
+            if isinstance(err, PermissionDenied):
                 log.info("refused: %s", err.message)
             raise
 

@@ -13,20 +13,38 @@ itself is admitted on the role alone):
 
 - SELF: the request's agent id / EngineConn id must be one of the caller's identities.
 - ACT_AS: the request's ``user`` and the user of every ``userCreator`` label must be the
-  caller; an empty ``user`` is filled in with the caller.
+  caller; an empty ``user`` is filled in with the caller. With ``own_labels`` (Apply,
+  SubmitDemand) the labels must also charge the acting user's own label (a
+  ``userCreator`` combination of the label rules), so that their limits apply: a user
+  may not apply on infrastructure labels (``emInstance``) alone (OWN_LABELS_REQUIRED).
 - OWN_LIST: a list's ``user`` filter is forced to the caller.
-- OWN_TICKET / OWN_ENGINE_CONN / OWN_DEMAND: the named object must belong to the
-  caller. An unknown id passes through, so the servicer answers NOT_FOUND as usual.
+- OWN_TICKET / OWN_ENGINE_CONN: the named object must belong to the caller. An unknown
+  id passes through, so the servicer answers NOT_FOUND as usual.
+
+Demand ids are chosen by clients and are per user, so the demand RPCs are ACT_AS on the
+request's ``user``: a user only ever looks among their own demands, and another user's
+demand of the same id is NOT_FOUND (it does not exist for them).
+
+A refusal names the caller and what they asked for, never another user.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
-from rm_server.domain.labels import USER_CREATOR, Label, LabelError
+from rm_server.domain.labels import (
+    DEFAULT_RULES,
+    MAX_LABELS,
+    USER_CREATOR,
+    Label,
+    LabelError,
+    TransformRule,
+    charges_user,
+    user_rule_keys,
+)
 from rm_server.errors import PermissionDenied, Unauthenticated
 from rm_server.security.identity import Kind, Principal, Role
 
@@ -46,7 +64,6 @@ class Check(StrEnum):
     OWN_LIST = "own_list"
     OWN_TICKET = "own_ticket"
     OWN_ENGINE_CONN = "own_engine_conn"
-    OWN_DEMAND = "own_demand"
 
 
 @dataclass(frozen=True)
@@ -54,13 +71,15 @@ class Rule:
     """Who may call one RPC. `roles` never needs to list admin (admins may call all);
     `field` is the request field the check reads (a dotted path into a nested message);
     `apply_like` RPCs count against the per-user Apply rate (limits.py); `per_message`:
-    the client streams requests, and the check runs on each of them."""
+    the client streams requests, and the check runs on each of them; `own_labels`: the
+    request's labels must charge the acting user (ACT_AS only)."""
 
     roles: frozenset[Role]
     check: Check = Check.NONE
     field: str = ""
     apply_like: bool = False
     per_message: bool = False
+    own_labels: bool = False
 
 
 _USER = frozenset({Role.USER})
@@ -78,7 +97,7 @@ POLICY: Mapping[str, Rule] = {
     # EngineConns: report only their own state.
     EC + "ReportEngineConnState": Rule(_ENGINECONN, Check.SELF, "engine_conn_id"),
     # Users: their own tickets, EngineConns and demands.
-    RM + "Apply": Rule(_USER, Check.ACT_AS, "user", apply_like=True),
+    RM + "Apply": Rule(_USER, Check.ACT_AS, "user", apply_like=True, own_labels=True),
     RM + "ReportUsed": Rule(_USER, Check.OWN_TICKET, "ticket_id"),
     RM + "Release": Rule(_USER, Check.OWN_TICKET, "ticket_id"),
     RM + "GetTicket": Rule(_USER, Check.OWN_TICKET, "ticket_id"),
@@ -88,11 +107,11 @@ POLICY: Mapping[str, Rule] = {
     EC + "GetEngineConn": Rule(_USER, Check.OWN_ENGINE_CONN, "engine_conn_id"),
     EC + "ListEngineConns": Rule(_USER, Check.OWN_LIST, "user"),
     EC + "KillEngineConn": Rule(_USER, Check.OWN_ENGINE_CONN, "engine_conn_id"),
-    DEMAND + "SubmitDemand": Rule(_USER, Check.ACT_AS, "user", apply_like=True),
-    DEMAND + "GetDemand": Rule(_USER, Check.OWN_DEMAND, "demand_id"),
+    DEMAND + "SubmitDemand": Rule(_USER, Check.ACT_AS, "user", apply_like=True, own_labels=True),
+    DEMAND + "GetDemand": Rule(_USER, Check.ACT_AS, "user"),
     DEMAND + "ListDemands": Rule(_USER, Check.OWN_LIST, "user"),
-    DEMAND + "CancelDemand": Rule(_USER, Check.OWN_DEMAND, "demand_id"),
-    DEMAND + "ClaimDemand": Rule(_USER, Check.OWN_DEMAND, "demand_id"),
+    DEMAND + "CancelDemand": Rule(_USER, Check.ACT_AS, "user"),
+    DEMAND + "ClaimDemand": Rule(_USER, Check.ACT_AS, "user"),
     # The cluster's shape is visible to every user (like YARN's node and queue views):
     # capacity and usage per label and per ECM, no tickets and no EngineConns.
     RM + "GetLabelResource": Rule(_USER),
@@ -115,8 +134,6 @@ class Owners(Protocol):
     async def ticket_owner(self, ticket_id: str) -> str | None: ...
 
     async def engine_conn_owner(self, ec_id: str) -> str | None: ...
-
-    async def demand_owner(self, demand_id: str) -> str | None: ...
 
 
 def is_public(method: str) -> bool:
@@ -165,6 +182,7 @@ async def authorize(
     request: Any,
     owners: Owners,
     proxy_users: Collection[str] = (),
+    rules: Sequence[TransformRule] = DEFAULT_RULES,
 ) -> Rule | None:
     """Allow the call or raise Unauthenticated / PermissionDenied.
 
@@ -201,22 +219,52 @@ async def authorize(
     others = acts_for_others(principal, proxy_users)
     if rule.check in (Check.ACT_AS, Check.OWN_LIST):
         if value and value != principal.name and not others:
-            raise _denied(principal, f"act as user {value!r}")
+            raise _denied(principal, f"act as another user (field {rule.field})")
         if not value and not others:
             setattr(request, rule.field, principal.name)
         if rule.check is Check.ACT_AS and not others:
             for user in _creator_users(request):
                 if user != principal.name:
-                    raise _denied(principal, f"use the userCreator label of user {user!r}")
+                    raise _denied(principal, "use the userCreator label of another user")
+        if rule.own_labels:
+            # A proxy user that names no user acts for the user of the labels.
+            creators = _creator_users(request) if others and not value else []
+            acting = value or (creators[0] if creators else principal.name)
+            _require_own_labels(principal, request, acting, rules)
         return rule
     if others or not value:
         return rule
     lookup = {
         Check.OWN_TICKET: (owners.ticket_owner, "ticket"),
         Check.OWN_ENGINE_CONN: (owners.engine_conn_owner, "EngineConn"),
-        Check.OWN_DEMAND: (owners.demand_owner, "demand"),
     }[rule.check]
     owner = await lookup[0](value)
     if owner is not None and owner != principal.name:
-        raise _denied(principal, f"act on {lookup[1]} {value} of user {owner!r}")
+        # Never the owner's name: a refusal tells nothing about other tenants.
+        raise _denied(principal, f"act on {lookup[1]} {value} (not yours)")
     return rule
+
+
+def _require_own_labels(
+    principal: Principal, request: Any, user: str, rules: Sequence[TransformRule]
+) -> None:
+    """The request must charge `user`'s own label, and name no other user's (a proxy
+    user acts for one user per request). Malformed labels, none or too many, are left
+    to the servicer (INVALID_ARGUMENT there, before any is charged)."""
+    if not request.labels or len(request.labels) > MAX_LABELS:
+        return
+    try:
+        labels = [Label(lb.key, lb.value) for lb in request.labels]
+        if any(u != user for u in _creator_users(request)):
+            raise _denied(principal, "mix the userCreator labels of several users")
+        if charges_user(labels, user, rules):
+            return
+    except LabelError:
+        return
+    keys = " or ".join(user_rule_keys(rules)) or "userCreator"
+    raise PermissionDenied(
+        f"{principal.describe()} may not apply on labels that charge no user: add"
+        f" userCreator={user}-<creator> with its combination ({keys}) so that the"
+        " user's limits apply",
+        reason="OWN_LABELS_REQUIRED",
+    )

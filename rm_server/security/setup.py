@@ -28,6 +28,7 @@ from pathlib import Path
 import grpc
 
 from rm_server.config import Settings
+from rm_server.domain.labels import parse_rules
 from rm_server.security import pki
 from rm_server.security.ec_certs import EcCredentials, EngineConnIssuer
 from rm_server.security.interceptor import AuthInterceptor, DbOwners
@@ -134,6 +135,7 @@ class Security:
             limits=self.limits,
             proxy_users=proxies,
             allow_host_certificates=self.settings.allow_host_certificates,
+            rules=parse_rules(self.settings.label_rules),
         )
 
     @property

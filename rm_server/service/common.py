@@ -11,6 +11,7 @@ from typing import Any, Generic, TypeVar
 from google.protobuf.message import Message
 
 from rm_server.errors import InvalidArgument, LabelrmError
+from rm_server.security import identity
 from rm_server.service.errors import ReplayedError, encode_error
 from rm_server.store.db import Idempotency, Replay
 
@@ -23,16 +24,26 @@ MAX_PAGE_SIZE = 1000
 _TOKEN_PREFIX = "after:"  # page tokens are opaque to clients; this marks ours
 
 
+def caller_key() -> str:
+    """Whose request ids these are: the authenticated principal of the call being served
+    ("user:alice"); "" with authentication off (every caller is the same dev admin)."""
+    principal = identity.current()
+    if principal is None or not principal.name:
+        return ""
+    return f"{principal.kind.value}:{principal.name}"
+
+
 def idempotency(method: str, request: Message) -> Idempotency:
-    """The idempotency key of a mutating request; an empty request_id gets a fresh one
-    (the call is then only protected against the server's own retries)."""
+    """The idempotency key of a mutating request, scoped to its caller; an empty
+    request_id gets a fresh one (the call is then only protected against the server's
+    own retries)."""
     request_id: str = getattr(request, "request_id", "")
     if len(request_id) > MAX_REQUEST_ID:
         raise InvalidArgument("request_id", f"must be at most {MAX_REQUEST_ID} characters")
     if not request_id:
         request_id = f"server-{uuid.uuid4().hex}"
     payload = request.SerializeToString(deterministic=True)
-    return Idempotency.of(method, request_id, payload)
+    return Idempotency.of(method, request_id, payload, caller_key())
 
 
 @dataclass

@@ -7,6 +7,7 @@ labels and tickets go through ``convert``.
 
 from __future__ import annotations
 
+import json
 from datetime import UTC
 
 import grpc
@@ -56,6 +57,28 @@ _STATE_NAMES = {v: k for k, v in _STATES.items()}
 _STRATEGIES = {Strategy.STRICT: pb.DEMAND_STRATEGY_STRICT, Strategy.LOOSE: pb.DEMAND_STRATEGY_LOOSE}
 
 # ----- protobuf -> domain ---------------------------------------------------------------------
+
+
+def _owner(user: str) -> str | None:
+    """Whose demand a request names: its ``user`` (the policy has filled in the caller for
+    users, and refused another user's name but for admins and proxy users); None when an
+    admin (or the dev-mode caller) names nobody: any user's demand of that id."""
+    if len(user) > 64:
+        raise InvalidArgument("user", "must be at most 64 characters")
+    return user or None
+
+
+def _after(token: str) -> tuple[str, str]:
+    """The (user, demand id) a page token continues after (ids are per user)."""
+    if not token:
+        return "", ""
+    try:
+        after = json.loads(token)
+    except ValueError:
+        after = None
+    if not (isinstance(after, list) and len(after) == 2 and all(isinstance(a, str) for a in after)):
+        raise InvalidArgument("page_token", "is not a token this server issued")
+    return after[0], after[1]
 
 
 def demand_id_of(value: str, field: str = "demand_id") -> str:
@@ -320,7 +343,7 @@ class DemandServicer(pb_grpc.DemandServiceServicer):
     async def GetDemand(
         self, request: pb.GetDemandRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetDemandResponse:
-        demand = await self.demands.get(demand_id_of(request.demand_id))
+        demand = await self.demands.get(_owner(request.user), demand_id_of(request.demand_id))
         return pb.GetDemandResponse(demand=demand_to_pb(demand))
 
     async def ListDemands(
@@ -334,10 +357,12 @@ class DemandServicer(pb_grpc.DemandServiceServicer):
             state = _STATE_NAMES[request.state].value
         if len(request.user) > 64:
             raise InvalidArgument("user", "must be at most 64 characters")
-        found = await self.demands.list_demands(page.after, page.size + 1, state, request.user)
+        found = await self.demands.list_demands(
+            _after(page.after), page.size + 1, state, request.user
+        )
         return pb.ListDemandsResponse(
             demands=[demand_to_pb(d) for d in found[: page.size]],
-            next_page_token=next_token(found, page, lambda d: d.demand_id),
+            next_page_token=next_token(found, page, lambda d: json.dumps([d.user, d.demand_id])),
         )
 
     async def CancelDemand(
@@ -347,7 +372,11 @@ class DemandServicer(pb_grpc.DemandServiceServicer):
         if len(request.reason) > 512:
             raise InvalidArgument("reason", "must be at most 512 characters")
         outcome = await self.demands.cancel(
-            idempotency("CancelDemand", request), demand_id, request.reason, _CANCEL
+            idempotency("CancelDemand", request),
+            _owner(request.user),
+            demand_id,
+            request.reason,
+            _CANCEL,
         )
         return respond(outcome, _CANCEL, pb.CancelDemandResponse)
 
@@ -355,5 +384,7 @@ class DemandServicer(pb_grpc.DemandServiceServicer):
         self, request: pb.ClaimDemandRequest, context: grpc.aio.ServicerContext
     ) -> pb.ClaimDemandResponse:
         demand_id = demand_id_of(request.demand_id)
-        outcome = await self.demands.claim(idempotency("ClaimDemand", request), demand_id, _CLAIM)
+        outcome = await self.demands.claim(
+            idempotency("ClaimDemand", request), _owner(request.user), demand_id, _CLAIM
+        )
         return respond(outcome, _CLAIM, pb.ClaimDemandResponse)

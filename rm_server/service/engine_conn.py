@@ -49,7 +49,7 @@ def _create_request(
 ) -> CreateRequest:
     idem = idempotency(method, request)
     return CreateRequest(
-        request_id=idem.request_id,
+        idem=idem,
         user=request.user,
         labels=convert.labels_from_pb(request.labels),
         params=_params(dict(request.params)),

@@ -48,15 +48,26 @@ FINAL_ERRORS = (NotFound, FailedPrecondition, ResourceExhausted)
 
 @dataclass(frozen=True)
 class Idempotency:
-    """What a mutating call carries so that its retries replay the first outcome."""
+    """What a mutating call carries so that its retries replay the first outcome.
+
+    The key is (caller, method, request_id): request ids are chosen by clients, so one
+    caller's id never names another caller's request (nor replays its outcome)."""
 
     method: str
     request_id: str
     request_hash: bytes
+    caller: str = ""  # the authenticated principal; "" for the server's own calls
 
     @staticmethod
-    def of(method: str, request_id: str, payload: bytes) -> Idempotency:
-        return Idempotency(method, request_id, hashlib.sha256(payload).digest())
+    def of(method: str, request_id: str, payload: bytes, caller: str = "") -> Idempotency:
+        return Idempotency(method, request_id, hashlib.sha256(payload).digest(), caller)
+
+    def check_same(self, stored_hash: bytes) -> None:
+        """Refuse a request id reused by its caller for a different request."""
+        if stored_hash != self.request_hash:
+            raise InvalidArgument(
+                "request_id", "reused with a different request", reason="REQUEST_ID_REUSED"
+            )
 
 
 @dataclass(frozen=True)
@@ -294,30 +305,27 @@ async def _rowcount(conn: Conn, statement: sql.Composed, params: tuple[Any, ...]
 
 async def claim_request(conn: Conn, idem: Idempotency, now: datetime) -> Replay | None:
     cur = await conn.execute(
-        "INSERT INTO request_log (method, request_id, request_hash, created_at)"
-        " VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING 1",
-        (idem.method, idem.request_id, idem.request_hash, now),
+        "INSERT INTO request_log (caller, method, request_id, request_hash, created_at)"
+        " VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING 1",
+        (idem.caller, idem.method, idem.request_id, idem.request_hash, now),
     )
     if await cur.fetchone() is not None:
         return None
     cur = await conn.execute(
         "SELECT request_hash, status_code, response FROM request_log"
-        " WHERE method = %s AND request_id = %s",
-        (idem.method, idem.request_id),
+        " WHERE caller = %s AND method = %s AND request_id = %s",
+        (idem.caller, idem.method, idem.request_id),
     )
     row = await cur.fetchone()
     if row is None or row[1] is None:  # pragma: no cover - the claim is committed with an outcome
         raise FailedPrecondition("request id is still being processed", state="IN_FLIGHT")
-    if bytes(row[0]) != idem.request_hash:
-        raise InvalidArgument(
-            "request_id", "reused with a different request", reason="REQUEST_ID_REUSED"
-        )
+    idem.check_same(bytes(row[0]))
     return Replay(status_code=row[1], response=bytes(row[2]))
 
 
 async def finish_request(conn: Conn, idem: Idempotency, code: int, payload: bytes) -> None:
     await conn.execute(
         "UPDATE request_log SET status_code = %s, response = %s"
-        " WHERE method = %s AND request_id = %s",
-        (code, payload, idem.method, idem.request_id),
+        " WHERE caller = %s AND method = %s AND request_id = %s",
+        (code, payload, idem.caller, idem.method, idem.request_id),
     )

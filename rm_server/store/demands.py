@@ -131,11 +131,11 @@ def is_transient(exc: BaseException) -> bool:
 # ----- reading ---------------------------------------------------------------------------------
 
 
-async def events_of(conn: Conn, demand_id: str) -> tuple[Transition, ...]:
+async def events_of(conn: Conn, user: str, demand_id: str) -> tuple[Transition, ...]:
     cur = await conn.execute(
-        "SELECT from_state, to_state, at, reason FROM demand_event WHERE demand_id = %s"
-        " ORDER BY id",
-        (demand_id,),
+        "SELECT from_state, to_state, at, reason FROM demand_event"
+        " WHERE user_name = %s AND demand_id = %s ORDER BY id",
+        (user, demand_id),
     )
     return tuple(
         Transition(DemandState(f) if f else None, DemandState(t), at, reason)
@@ -144,22 +144,35 @@ async def events_of(conn: Conn, demand_id: str) -> tuple[Transition, ...]:
 
 
 async def get(
-    conn: Conn, demand_id: str, *, lock: bool = False, with_events: bool = False
+    conn: Conn, user: str | None, demand_id: str, *, lock: bool = False, with_events: bool = False
 ) -> Demand | None:
+    """`user`'s demand `demand_id`. `user` None (an operator naming no user): the one
+    demand of that id, whoever's; InvalidArgument when several users have one."""
     sql = f"SELECT {COLUMNS} FROM demand WHERE demand_id = %s"  # noqa: S608 - constant columns
-    cur = await conn.execute(sql + (" FOR UPDATE" if lock else ""), (demand_id,))
-    row = await cur.fetchone()
-    if row is None:
-        return None
-    return _from_row(row, await events_of(conn, demand_id) if with_events else ())
-
-
-async def list_demands(conn: Conn, after: str, limit: int, state: str, user: str) -> list[Demand]:
+    if user is not None:
+        sql += " AND user_name = %s"
     cur = await conn.execute(
-        f"SELECT {COLUMNS} FROM demand WHERE demand_id > %s"  # noqa: S608
+        sql + " LIMIT 2" + (" FOR UPDATE" if lock else ""),
+        (demand_id,) if user is None else (demand_id, user),
+    )
+    rows = await cur.fetchall()
+    if not rows:
+        return None
+    if len(rows) > 1:
+        raise InvalidArgument("user", f"several users have a demand {demand_id}: name the user")
+    d = _from_row(rows[0])
+    return replace(d, events=await events_of(conn, d.user, demand_id)) if with_events else d
+
+
+async def list_demands(
+    conn: Conn, after: tuple[str, str], limit: int, state: str, user: str
+) -> list[Demand]:
+    """A page in (user, demand id) order, after the (user, demand id) `after`."""
+    cur = await conn.execute(
+        f"SELECT {COLUMNS} FROM demand WHERE (user_name, demand_id) > (%s, %s)"  # noqa: S608
         " AND (%s = '' OR state = %s) AND (%s = '' OR user_name = %s)"
-        " ORDER BY demand_id LIMIT %s",
-        (after, state, state, user, user, limit),
+        " ORDER BY user_name, demand_id LIMIT %s",
+        (*after, state, state, user, user, limit),
     )
     return [_from_row(r) for r in await cur.fetchall()]
 
@@ -175,12 +188,14 @@ async def claim_due(conn: Conn, now: datetime) -> Demand | None:
     return None if row is None else _from_row(row)
 
 
-async def finished_map(conn: Conn, ids: Sequence[str]) -> dict[str, bool | None]:
-    """For OrderBy: True when FINISHED, False when FAILED, None otherwise (or unknown)."""
+async def finished_map(conn: Conn, user: str, ids: Sequence[str]) -> dict[str, bool | None]:
+    """For OrderBy, among `user`'s own demands: True when FINISHED, False when FAILED,
+    None otherwise (or unknown: another user's demand of that id is not seen)."""
     if not ids:
         return {}
     cur = await conn.execute(
-        "SELECT demand_id, state FROM demand WHERE demand_id = ANY(%s)", (list(ids),)
+        "SELECT demand_id, state FROM demand WHERE user_name = %s AND demand_id = ANY(%s)",
+        (user, list(ids)),
     )
     out: dict[str, bool | None] = dict.fromkeys(ids)
     for demand_id, state in await cur.fetchall():
@@ -188,18 +203,21 @@ async def finished_map(conn: Conn, ids: Sequence[str]) -> dict[str, bool | None]
     return out
 
 
-async def planned_ends(conn: Conn, ids: Sequence[str]) -> dict[str, datetime | None]:
-    """The plan ends of the named demands that are still active."""
+async def planned_ends(conn: Conn, user: str, ids: Sequence[str]) -> dict[str, datetime | None]:
+    """The plan ends of `user`'s named demands that are still active."""
     cur = await conn.execute(
-        "SELECT demand_id, plan_end FROM demand WHERE demand_id = ANY(%s) AND state = ANY(%s)",
-        (list(ids), ACTIVE),
+        "SELECT demand_id, plan_end FROM demand"
+        " WHERE user_name = %s AND demand_id = ANY(%s) AND state = ANY(%s)",
+        (user, list(ids), ACTIVE),
     )
     return {demand_id: end for demand_id, end in await cur.fetchall()}
 
 
-async def order_edges(conn: Conn, ids: Sequence[str]) -> dict[str, tuple[str, ...]]:
+async def order_edges(conn: Conn, user: str, ids: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """The OrderBy edges of `user`'s named demands (OrderBy names the user's own only)."""
     cur = await conn.execute(
-        "SELECT demand_id, order_by_ids FROM demand WHERE demand_id = ANY(%s)", (list(ids),)
+        "SELECT demand_id, order_by_ids FROM demand WHERE user_name = %s AND demand_id = ANY(%s)",
+        (user, list(ids)),
     )
     return {demand_id: tuple(edges) for demand_id, edges in await cur.fetchall()}
 
@@ -230,14 +248,14 @@ async def lock_order_graph(conn: Conn) -> None:
 async def plan_entries(conn: Conn, labels: Sequence[str], since: datetime) -> list[PlanEntry]:
     """Active demands on any of ``labels`` whose occupation has not ended by ``since``."""
     cur = await conn.execute(
-        "SELECT demand_id, charged_labels, resource, plan_start, plan_end FROM demand"
+        "SELECT demand_id, charged_labels, resource, plan_start, plan_end, user_name FROM demand"
         " WHERE charged_labels && %s::text[] AND state = ANY(%s)"
         " AND (plan_end IS NULL OR plan_end > %s)",
         (list(labels), ACTIVE, since),
     )
     return [
-        PlanEntry(demand_id, tuple(charged), res(resource), start, end)
-        for demand_id, charged, resource, start, end in await cur.fetchall()
+        PlanEntry(demand_id, tuple(charged), res(resource), start, end, user)
+        for demand_id, charged, resource, start, end, user in await cur.fetchall()
     ]
 
 
@@ -267,11 +285,18 @@ async def capacities(conn: Conn, labels: Sequence[str]) -> dict[str, LabelCapaci
 # ----- writing ----------------------------------------------------------------------------------
 
 
-async def _event(conn: Conn, demand_id: str, t: Transition) -> None:
+async def _event(conn: Conn, d: Demand, t: Transition) -> None:
     await conn.execute(
-        "INSERT INTO demand_event (demand_id, from_state, to_state, at, reason)"
-        " VALUES (%s, %s, %s, %s, %s)",
-        (demand_id, t.from_state.value if t.from_state else None, t.to_state.value, t.at, t.reason),
+        "INSERT INTO demand_event (user_name, demand_id, from_state, to_state, at, reason)"
+        " VALUES (%s, %s, %s, %s, %s, %s)",
+        (
+            d.user,
+            d.demand_id,
+            t.from_state.value if t.from_state else None,
+            t.to_state.value,
+            t.at,
+            t.reason,
+        ),
     )
 
 
@@ -281,7 +306,8 @@ async def insert(conn: Conn, d: Demand) -> bool:
     cur = await conn.execute(
         f"INSERT INTO demand ({COLUMNS}, order_by_ids) VALUES"  # noqa: S608
         " (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
-        "  %s, %s, %s, %s, %s, %s) ON CONFLICT (demand_id) DO NOTHING RETURNING 1",
+        "  %s, %s, %s, %s, %s, %s) ON CONFLICT (user_name, demand_id) DO NOTHING"
+        " RETURNING 1",
         (
             d.demand_id,
             d.state.value,
@@ -313,7 +339,7 @@ async def insert(conn: Conn, d: Demand) -> bool:
     )
     if await cur.fetchone() is None:
         return False
-    await _event(conn, d.demand_id, Transition(None, d.state, d.submitted_at, d.reason))
+    await _event(conn, d, Transition(None, d.state, d.submitted_at, d.reason))
     return True
 
 
@@ -328,8 +354,9 @@ async def update(conn: Conn, d: Demand, now: datetime, **changes: Any) -> Demand
     assignments = ", ".join(f"{n} = %s" for n in names)
     values = [_sql_value(changes[n]) for n in names]
     await conn.execute(
-        f"UPDATE demand SET {assignments}, updated_at = %s WHERE demand_id = %s",  # noqa: S608
-        (*values, now, d.demand_id),
+        f"UPDATE demand SET {assignments}, updated_at = %s"  # noqa: S608
+        " WHERE user_name = %s AND demand_id = %s",
+        (*values, now, d.user, d.demand_id),
     )
     return replace(d, updated_at=now, **changes)
 
@@ -346,18 +373,25 @@ async def move(
     record = step(d.state, target, now, reason)
     d = await update(conn, d, now, **changes)
     cur = await conn.execute(
-        "UPDATE demand SET state = %s, reason = %s WHERE demand_id = %s AND state = %s",
-        (target.value, reason, d.demand_id, record.from_state.value if record.from_state else ""),
+        "UPDATE demand SET state = %s, reason = %s"
+        " WHERE user_name = %s AND demand_id = %s AND state = %s",
+        (
+            target.value,
+            reason,
+            d.user,
+            d.demand_id,
+            record.from_state.value if record.from_state else "",
+        ),
     )
     if cur.rowcount != 1:  # pragma: no cover - the row is locked by this transaction
         raise RuntimeError(f"demand {d.demand_id} changed state under its lock")
-    await _event(conn, d.demand_id, record)
+    await _event(conn, d, record)
     return replace(d, state=target, reason=reason)
 
 
 async def note(conn: Conn, d: Demand, reason: str, now: datetime) -> None:
     """Record something that is not a transition (from_state = to_state)."""
-    await _event(conn, d.demand_id, Transition(d.state, d.state, now, reason))
+    await _event(conn, d, Transition(d.state, d.state, now, reason))
 
 
 # ----- reservations and allocation ---------------------------------------------------------------
@@ -405,11 +439,23 @@ async def unreserve(conn: Conn, d: Demand, now: datetime, *, handover: bool = Fa
         await notify_freed(conn, d.reserved_labels)
 
 
-async def lock_labels(conn: Conn, labels: Sequence[str], now: datetime) -> None:
+async def lock_labels(conn: Conn, labels: Sequence[str], now: datetime) -> tuple[Any, ...]:
     """Lock the label rows an allocation will charge (creating the ones a limit covers),
-    in canonical order, so that the allocation can be decided once they are held."""
-    await admin_store.ensure_limit_rows(conn, labels, now)
-    await ticket_store.lock_labels(conn, labels, now)
+    in canonical order, so that the allocation can be decided once they are held.
+
+    Returns what decides whether an allocation fits: each row's capacity columns (equal
+    values: an allocation refused under one is refused under the other)."""
+    cur = await conn.execute(
+        "SELECT count(*) FROM label_resource WHERE label = ANY(%s)", (list(labels),)
+    )
+    row = await cur.fetchone()
+    if row is None or row[0] < len(set(labels)):  # some record is still to be created
+        await admin_store.ensure_limit_rows(conn, labels, now)
+    rows = await ticket_store.lock_labels(conn, labels, now)
+    return tuple(
+        (r.label, r.max_resource, r.protected, r.used, r.locked, r.reserved)
+        for _, r in sorted(rows.items())
+    )
 
 
 class _Refused(Exception):

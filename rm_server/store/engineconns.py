@@ -22,7 +22,7 @@ from rm_server.domain.engineconn import (
 )
 from rm_server.errors import NotFound
 from rm_server.store.codec import jlabels, jres, labels_of, res
-from rm_server.store.db import Conn
+from rm_server.store.db import Conn, Idempotency
 from rm_server.store.notify import agent_key, ec_key, notify_freed
 
 EC_COLUMNS = (
@@ -68,16 +68,22 @@ def ec_from_row(row: tuple[Any, ...]) -> EngineConn:
     )
 
 
-async def claim_ec(conn: Conn, ec: EngineConn, request_id: str) -> EngineConn:
-    """Insert a new STARTING EngineConn for `request_id`, or return the one that exists."""
+async def claim_ec(conn: Conn, ec: EngineConn, idem: Idempotency) -> EngineConn:
+    """Insert a new STARTING EngineConn for the request `idem`, or return the one that
+    exists for it (the same caller, method and request id; InvalidArgument
+    REQUEST_ID_REUSED when that caller sent a different request under the id)."""
     await conn.execute(
-        "INSERT INTO engine_conn (ec_id, request_id, state, user_name, labels, label_set,"
-        " params, engine, resource, created_at, updated_at, secret, holder, hold_expires_at)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
-        " ON CONFLICT (request_id) DO NOTHING",
+        "INSERT INTO engine_conn (ec_id, caller, request_method, request_id, request_hash,"
+        " state, user_name, labels, label_set, params, engine, resource, created_at,"
+        " updated_at, secret, holder, hold_expires_at)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+        " ON CONFLICT (caller, request_method, request_id) DO NOTHING",
         (
             ec.ec_id,
-            request_id,
+            idem.caller,
+            idem.method,
+            idem.request_id,
+            idem.request_hash,
             ec.state.value,
             ec.user,
             jlabels(ec.labels),
@@ -93,12 +99,16 @@ async def claim_ec(conn: Conn, ec: EngineConn, request_id: str) -> EngineConn:
         ),
     )
     cur = await conn.execute(
-        f"SELECT {EC_COLUMNS} FROM engine_conn WHERE request_id = %s",  # noqa: S608
-        (request_id,),
+        f"SELECT {EC_COLUMNS}, request_hash FROM engine_conn"  # noqa: S608
+        " WHERE caller = %s AND request_method = %s AND request_id = %s",
+        (idem.caller, idem.method, idem.request_id),
     )
     row = await cur.fetchone()
     assert row is not None
-    return ec_from_row(row)
+    found = ec_from_row(row[:-1])
+    if found.ec_id != ec.ec_id:
+        idem.check_same(bytes(row[-1]))
+    return found
 
 
 async def get_ec(conn: Conn, ec_id: str, *, lock: bool = False) -> EngineConn:

@@ -30,10 +30,6 @@ async def engine_conn_owner(conn: Conn, ec_id: str) -> str | None:
     return await _one(conn, "SELECT user_name FROM engine_conn WHERE ec_id = %s", ec_id)
 
 
-async def demand_owner(conn: Conn, demand_id: str) -> str | None:
-    return await _one(conn, "SELECT user_name FROM demand WHERE demand_id = %s", demand_id)
-
-
 async def list_user_tickets(
     conn: Conn, user: str, after: str, limit: int, label: str, state: str
 ) -> list[Ticket]:

@@ -30,18 +30,20 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from rm_server.domain.labels import Label, LabelKey
 from rm_server.domain.ledger import (
     ApplyCommand,
     LabelAccount,
+    Waiter,
     check_accounts,
     check_user_may_end,
     decide_apply,
     decide_end,
     decide_report,
+    held_back,
     lock_expired,
     lock_expired_error,
     not_live_error,
@@ -58,6 +60,8 @@ from rm_server.store.codec import (
     account_from_row,
     accounts_json,
     history_json,
+    jres,
+    opt_res,
     res,
     ticket_from_history,
     ticket_from_json,
@@ -123,10 +127,11 @@ class Op:
     encoder: OutcomeEncoder[Ticket] | None
 
     @property
-    def key(self) -> tuple[str, str]:
+    def key(self) -> tuple[str, str, str]:
+        """(caller, method, request id): request ids are the caller's own."""
         if self.idem is None:
-            return ("", str(id(self)))
-        return (self.idem.method, self.idem.request_id)
+            return ("", "", str(id(self)))
+        return (self.idem.caller, self.idem.method, self.idem.request_id)
 
 
 @dataclass(eq=False)
@@ -192,12 +197,14 @@ _TICKET_OPS = ReportOp | ReleaseOp | ExpireOp
 READ = (
     "SELECT"  # noqa: S608 - constant column lists
     " (SELECT coalesce(json_agg(g), '[]') FROM ("
-    "   SELECT method, request_id, request_hash, status_code, response FROM request_log"
-    "   WHERE method = ANY(%s) AND request_id = ANY(%s)) g),"
+    "   SELECT caller, method, request_id, request_hash, status_code, response"
+    "   FROM request_log WHERE caller = ANY(%s) AND method = ANY(%s)"
+    "   AND request_id = ANY(%s)) g),"
     " (SELECT coalesce(json_agg(x), '[]') FROM ("
     f"   SELECT {LABEL_COLUMNS},"
-    "    ARRAY(SELECT w.seq FROM apply_waiter w WHERE w.label = r.label"
-    "          AND w.expires_at > %s ORDER BY w.seq) AS waiters"
+    "    (SELECT coalesce(json_agg(json_build_array(w.seq, w.user_name, w.resource,"
+    "       w.hold_until) ORDER BY w.seq), '[]') FROM apply_waiter w"
+    "     WHERE w.label = r.label AND w.expires_at > %s) AS waiters"
     "   FROM label_resource r WHERE r.label = ANY(%s::text[] || ARRAY("
     "     SELECT unnest(t.charged_labels) FROM ticket t WHERE t.ticket_id = ANY(%s::text[])))"
     "   ORDER BY r.label FOR UPDATE OF r) x),"
@@ -236,9 +243,10 @@ INSERT_HISTORY = (
     " created_at timestamptz, reported_at timestamptz, ended_at timestamptz)"
 )
 INSERT_LOG = (
-    "INSERT INTO request_log (method, request_id, request_hash, status_code, response,"
-    " created_at) SELECT method, request_id, request_hash, status_code, response, %s"
-    " FROM json_to_recordset(%s::json) AS x(method text, request_id text,"
+    "INSERT INTO request_log (caller, method, request_id, request_hash, status_code,"
+    " response, created_at)"
+    " SELECT caller, method, request_id, request_hash, status_code, response, %s"
+    " FROM json_to_recordset(%s::json) AS x(caller text, method text, request_id text,"
     " request_hash bytea, status_code int, response bytea)"
 )
 DELETE_WAITERS = "DELETE FROM apply_waiter WHERE seq = ANY(%s)"
@@ -266,7 +274,7 @@ class _State:
     without an answer to store is rolled back in memory (cost: its own changes)."""
 
     rows: dict[str, LabelAccount]
-    waiters: dict[str, tuple[int, ...]]
+    waiters: dict[str, tuple[Waiter, ...]]
     tickets: dict[str, Ticket | None]  # live tickets; None once ended in this group
     ended: dict[str, Ticket] = field(default_factory=dict)  # ended in this group
     history: list[tuple[Ticket, Ticket]] = field(default_factory=list)  # (live, ended)
@@ -331,6 +339,7 @@ async def run(conn: Conn, ops: Sequence[Op], now: datetime) -> list[Outcome]:
     cur = await conn.execute(
         READ,
         (
+            sorted({i.caller for i in logged_ops}),
             sorted({i.method for i in logged_ops}),
             sorted({i.request_id for i in logged_ops}),
             now,
@@ -343,7 +352,7 @@ async def run(conn: Conn, ops: Sequence[Op], now: datetime) -> list[Outcome]:
     assert found is not None
     logged_json, rows_json, tickets_json = found
     logged = {
-        (g["method"], g["request_id"]): (
+        (g["caller"], g["method"], g["request_id"]): (
             _bytea(g["request_hash"]),
             g["status_code"],
             _bytea(g["response"] or "\\x"),
@@ -351,7 +360,7 @@ async def run(conn: Conn, ops: Sequence[Op], now: datetime) -> list[Outcome]:
         for g in logged_json
     }
     rows = {x["label"]: account_from_row([x[n] for n in LABEL_NAMES]) for x in rows_json}
-    waiters = {x["label"]: tuple(x["waiters"]) for x in rows_json if x["waiters"]}
+    waiters = {x["label"]: tuple(map(waiter_from_json, x["waiters"])) for x in rows_json}
     live = [ticket_from_json(k) for k in tickets_json]
     initial_rows = dict(rows)
     initial_tickets = {t.ticket_id: t for t in live}
@@ -436,6 +445,7 @@ async def _write(
             json.dumps(
                 [
                     {
+                        "caller": idem.caller,
                         "method": idem.method,
                         "request_id": idem.request_id,
                         "request_hash": "\\x" + idem.request_hash.hex(),
@@ -455,10 +465,10 @@ async def _write(
 def _replay(op: Op, found: tuple[bytes, int | None, Any]) -> Outcome:
     request_hash, code, response = found
     assert op.idem is not None
-    if request_hash != op.idem.request_hash:
-        return InvalidArgument(
-            "request_id", "reused with a different request", reason="REQUEST_ID_REUSED"
-        )
+    try:
+        op.idem.check_same(request_hash)
+    except InvalidArgument as err:
+        return err
     assert code is not None  # outcomes are committed with their request id
     return Replay(status_code=code, response=response)
 
@@ -503,8 +513,14 @@ def _apply(op: ApplyOp, state: _State, now: datetime, need: set[str]) -> Ticket:
     if needed:
         raise NeedLimitRows(needed)
     seq = NO_WAITER if op.waiter_seq is None else op.waiter_seq
-    queued = {k for k in op.keys if any(w < seq for w in state.waiters.get(k, ()))}
-    outcome = decide_apply(op.command(now), state.rows, queued)
+    held = {
+        k: h
+        for k in op.keys
+        if (waiters := state.waiters.get(k))
+        and (account := state.rows.get(k)) is not None
+        and (h := held_back(account, waiters, seq, now)) is not None
+    }
+    outcome = decide_apply(op.command(now), state.rows, held)
     if isinstance(outcome, Refusal):
         if op.may_wait:
             raise MustWait(outcome)
@@ -516,7 +532,7 @@ def _apply(op: ApplyOp, state: _State, now: datetime, need: set[str]) -> Ticket:
     if op.waiter_seq is not None:
         for k in op.keys:
             if k in state.waiters:
-                left = tuple(w for w in state.waiters[k] if w != op.waiter_seq)
+                left = tuple(w for w in state.waiters[k] if w.seq != op.waiter_seq)
                 state.put(state.waiters, k, left)
         state.waiters_served.append(op.waiter_seq)
     return ticket
@@ -616,20 +632,55 @@ async def _labels_needing_rows(conn: Conn, missing: Sequence[str]) -> set[str]:
     return {m for m in missing if best_limit(LabelKey.parse(m), rules) is not None}
 
 
-async def register_waiter(
-    conn: Conn, waiter_id: str, labels: Sequence[str], expires_at: datetime
-) -> int:
+def waiter_from_json(item: list[Any]) -> Waiter:
+    """A waiter as READ gives it: [seq, user_name, resource, hold_until]."""
+    seq, user, resource, hold_until = item
+    return Waiter(int(seq), user, opt_res(resource), _opt_time(hold_until))
+
+
+def _opt_time(value: str | None) -> datetime | None:
+    return None if value is None else datetime.fromisoformat(value).astimezone(UTC)
+
+
+@dataclass(frozen=True)
+class WaiterEntry:
+    """A waiting apply to queue: who, for what, for which replica, holding until when."""
+
+    waiter_id: str
+    labels: tuple[str, ...]
+    expires_at: datetime
+    user: str = ""
+    resource: Resource | None = None
+    replica_id: str = ""
+    hold_until: datetime | None = None
+
+
+async def register_waiter(conn: Conn, entry: WaiterEntry) -> int:
     """Queue a waiting apply on each of its labels; returns its global sequence number."""
     cur = await conn.execute("SELECT nextval('apply_waiter_seq')")
     row = await cur.fetchone()
     assert row is not None
     seq = int(row[0])
     await conn.execute(
-        "INSERT INTO apply_waiter (label, seq, waiter_id, expires_at)"
-        " SELECT unnest(%s::text[]), %s, %s, %s",
-        (list(labels), seq, waiter_id, expires_at),
+        "INSERT INTO apply_waiter (label, seq, waiter_id, expires_at, user_name, resource,"
+        " replica_id, hold_until) SELECT unnest(%s::text[]), %s, %s, %s, %s, %s, %s, %s",
+        (
+            list(entry.labels),
+            seq,
+            entry.waiter_id,
+            entry.expires_at,
+            entry.user,
+            jres(entry.resource),
+            entry.replica_id,
+            entry.hold_until,
+        ),
     )
     return seq
+
+
+async def set_waiter_hold(conn: Conn, seq: int, hold_until: datetime) -> None:
+    """Move the end of a waiter's hold (to now: it holds nothing from here)."""
+    await conn.execute("UPDATE apply_waiter SET hold_until = %s WHERE seq = %s", (hold_until, seq))
 
 
 async def remove_waiter(conn: Conn, seq: int) -> None:

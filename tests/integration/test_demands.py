@@ -332,6 +332,39 @@ async def _at_least(count, n: int) -> bool:
     return await count >= n
 
 
+async def test_blocked_demands_are_not_tried_again_until_their_labels_change(drm, monkeypatch):
+    """Each round passes a blocked demand over; while nothing on its labels changed, it
+    does so without trying the allocation again (the same rows would refuse it)."""
+    from rm_server.store import demands as demand_store
+
+    tries: list[str] = []
+    allocate = demand_store.allocate
+
+    async def counted(conn, d, cmd):
+        tries.append(d.demand_id)
+        return await allocate(conn, d, cmd)
+
+    monkeypatch.setattr(demand_store, "allocate", counted)
+    hog = await plain_apply(drm, 4)
+    assert hog is not None
+    names = [f"blocked-{i:02}" for i in range(10)]
+    for name in names:
+        await drm.submit(name, 0.1, "{Start: [NOW, ^10]}")
+    await drm.tick()
+    assert sorted(tries) == names  # each reserved, tried and refused
+    await drm.tick()  # tried again: the others' reservations changed the label since
+    tries.clear()
+    for _ in range(3):
+        await drm.tick()
+    assert tries == []  # nothing changed: not tried again ...
+    assert {(await drm.get(n)).passed_over_rounds for n in names} == {5}  # ... but counted
+    await drm.release(hog.ticket_id)
+    await drm.tick()
+    assert sorted(tries) == names  # room: each tried, and allocated
+    assert {await drm.state(n) for n in names} == {S.DEMAND_STATE_ALLOCATED}
+    await drm.consistent()
+
+
 async def test_loose_demand_slips_within_the_bound(drm):
     t0 = drm.clock.now()
     hog = await plain_apply(drm, 3)

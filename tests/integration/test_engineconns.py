@@ -141,14 +141,18 @@ async def test_shell_engineconn_runs_as_the_user_and_kill_releases(cluster_rm, a
     assert gauges[("labelrm_engine_conns", "IDLE")] + gauges[("labelrm_engine_conns", "BUSY")] == 1
     assert gauges[("labelrm_engine_conns", "FAILED")] == 0
     fresh = await get_ec(rm, ec.engine_conn_id)
-    members = group_members(fresh.pid)
     uid_a = pwd.getpwnam("lrmtest_a").pw_uid
-    assert members and any(uid_of(p) == uid_a for p in members)
-    assert all(uid_of(p) in (0, uid_a) for p in members)  # sudo itself, then the user's
+    # The reported pid is the EngineConn's own process, not the root-owned sudo above it.
+    assert uid_of(fresh.pid) == uid_a
+    assert not cmdline(fresh.pid).startswith(b"sudo\0")
+    pgid = os.getpgid(fresh.pid)
+    members = group_members(pgid)
+    assert fresh.pid in members
+    assert all(uid_of(p) in (0, uid_a) for p in members)  # sudo's side, then the user's
     await ecs(rm).KillEngineConn(ec_pb.KillEngineConnRequest(engine_conn_id=ec.engine_conn_id))
     final = await wait_until(lambda: ended(rm, ec.engine_conn_id), timeout=20)
     assert final.state in (ec_pb.ENGINE_CONN_STATE_SUCCEEDED, ec_pb.ENGINE_CONN_STATE_FAILED)
-    await wait_until(lambda: _async(not group_members(fresh.pid)), timeout=20)
+    await wait_until(lambda: _async(not group_members(pgid)), timeout=20)
     assert await ticket_state(rm, ec.ticket_id) == rm_pb.TICKET_STATE_RELEASED
     await assert_consistent(rm)
 
@@ -191,7 +195,7 @@ async def test_executor_needs_the_secret_only_its_owner_gets(cluster_rm, agent_f
     logs = "".join(p.read_text() for p in (work / "logs").iterdir())
     assert ec.engine_conn_id in logs and secret not in logs
     assert secret not in agent.log_text()
-    pgid = (await get_ec(rm, ec.engine_conn_id)).pid
+    pgid = os.getpgid((await get_ec(rm, ec.engine_conn_id)).pid)
     assert all(secret.encode() not in cmdline(p) for p in group_members(pgid))
     await assert_consistent(rm)
 
@@ -380,7 +384,7 @@ async def test_kill_9_engineconn_is_reported_and_released(cluster_rm, agent_fact
     await start_agent(rm, agent_factory)
     ec = await create(rm)
     fresh = await get_ec(rm, ec.engine_conn_id)
-    for pid in group_members(fresh.pid):
+    for pid in group_members(os.getpgid(fresh.pid)):
         os.kill(pid, 9)
     final = await wait_until(lambda: ended(rm, ec.engine_conn_id), timeout=20)
     assert final.state in (ec_pb.ENGINE_CONN_STATE_FAILED, ec_pb.ENGINE_CONN_STATE_LOST)
@@ -398,7 +402,7 @@ async def test_agent_kill_9_lost_then_fenced(cluster_rm, agent_factory):
     await wait_until(lambda: agent_registered(rm, "agent1"), timeout=30)
     await asyncio.sleep(0)  # let a heartbeat carry the re-attached report
     assert (await get_ec(rm, kept.engine_conn_id)).state == ec_pb.ENGINE_CONN_STATE_IDLE
-    pid = (await get_ec(rm, kept.engine_conn_id)).pid
+    pid = os.getpgid((await get_ec(rm, kept.engine_conn_id)).pid)
     # Now stay away past the expiry: LOST, released; on return the process is killed.
     agent.kill()
     lost = await wait_until(lambda: ended(rm, kept.engine_conn_id), timeout=20)

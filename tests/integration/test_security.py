@@ -24,6 +24,7 @@ from labelrm.v1 import resource_manager_pb2 as pb
 from rm_server.domain.engineconn import EcState, EngineConn
 from rm_server.security.limits import RATE_LIMITED, TOO_MANY_WAITING
 from rm_server.store import engineconns as ec_store
+from rm_server.store.db import Idempotency
 from tests.conftest import ROOT, free_port
 from tests.helpers import GiB, apply_req, beat_on_stream, lbl, load, load_instance, register
 from tests.integration.security_fixtures import Pki, make_pki, start_secure, stop_secure
@@ -266,7 +267,8 @@ async def test_heartbeat_reports_of_engineconns_on_another_ecm_are_ignored(srm):
         ec_id="ec-on-agent2", state=EcState.IDLE, user="bob", labels=tuple(), params={},
         engine="shell", resource=load_resource(), created_at=now, updated_at=now,
     )  # fmt: skip
-    await db.run(lambda c: ec_store.claim_ec(c, ec, "req-ec-on-agent2"))
+    idem = Idempotency.of("CreateEngineConn", "req-ec-on-agent2", b"")
+    await db.run(lambda c: ec_store.claim_ec(c, ec, idem))
     await db.run(
         lambda c: ec_store.update_ec(
             c, "ec-on-agent2", now, state=EcState.IDLE, ecm_instance="agent2"
@@ -337,7 +339,7 @@ async def test_engineconns_run_as_the_authenticated_user(srm):
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await alice.ecs.CreateEngineConn(request, timeout=10)
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
-        assert "bob" in err.value.details()
+        assert "another user" in err.value.details()
     # A proxy user may: the policy lets it through (there is no ECM to run it on).
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await gateway.ecs.CreateEngineConn(as_bob, timeout=10)

@@ -11,11 +11,23 @@ from labelrm.v1 import resource_manager_pb2 as pb
 from labelrm.v1 import resource_pb2
 
 from tests.conftest import BOTH_PATHS, wait_until
-from tests.helpers import GiB, apply_req, assert_consistent, limit_req, load
+from tests.helpers import (
+    GiB,
+    apply_req,
+    assert_consistent,
+    limit_req,
+    load,
+    load_instance,
+    register,
+)
 
 pytestmark = BOTH_PATHS
 
 USER = "userCreator=alice-IDE,engineType=spark-3.2.1"
+ECM = "host1:9000"
+ALICE = f"{USER},emInstance={ECM}"
+BOB = f"userCreator=bob-IDE,engineType=spark-3.2.1,emInstance={ECM}"
+ONE = load_instance(GiB, 100, 1)
 
 
 async def waiters(rm) -> int:
@@ -52,17 +64,22 @@ async def test_waiting_apply_times_out_with_deadline_exceeded(rm):
 
 
 async def test_large_waiter_is_not_overtaken_by_later_small_requests(rm):
-    await rm.admin.SetLabelLimit(limit_req("userCreator=*,engineType=*", load(4 * GiB, 4000)))
-    small = [(await rm.rm.Apply(apply_req(USER, load(GiB, 100)))).ticket for _ in range(3)]
-    big = asyncio.ensure_future(rm.rm.Apply(apply_req(USER, load(3 * GiB, 100), wait=60)))
+    """On a shared label (an ECM), a waiter holds what it waits for back from later
+    requests of other users, waiting or not (docs/architecture.md, "Waiting applies
+    and fairness")."""
+    await rm.rm.RegisterEcm(register(ECM, load_instance(4 * GiB, 4000, 8)))
+    small = [(await rm.rm.Apply(apply_req(ALICE, ONE))).ticket for _ in range(3)]
+    big = asyncio.ensure_future(
+        rm.rm.Apply(apply_req(BOB, load_instance(3 * GiB, 100, 1), wait=60))
+    )
     await wait_until(lambda: waiters(rm), timeout=10)
     # One GiB is free, but the big waiter is first in line: a new small request must
     # not take it, neither at once nor by waiting.
     with pytest.raises(grpc.aio.AioRpcError) as exc:
-        await rm.rm.Apply(apply_req(USER, load(GiB, 100)))
+        await rm.rm.Apply(apply_req(ALICE, ONE))
     assert exc.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "queued behind" in exc.value.details()
-    late_small = asyncio.ensure_future(rm.rm.Apply(apply_req(USER, load(GiB, 100), wait=60)))
+    late_small = asyncio.ensure_future(rm.rm.Apply(apply_req(ALICE, ONE, wait=60)))
     await wait_until(lambda: _eq(waiters(rm), 2), timeout=10)
     await rm.rm.Release(pb.ReleaseRequest(ticket_id=small[0].ticket_id))
     await rm.rm.Release(pb.ReleaseRequest(ticket_id=small[1].ticket_id))
@@ -75,6 +92,22 @@ async def test_large_waiter_is_not_overtaken_by_later_small_requests(rm):
         granted_small.ticket.create_time.ToNanoseconds()
         >= granted_big.ticket.create_time.ToNanoseconds()
     )
+    await assert_consistent(rm)
+
+
+async def test_a_users_waiter_does_not_hold_back_their_own_quota(rm):
+    """Within one user's own quota label nobody else is held back, so no hold: the
+    user's later request that fits is granted (their big waiter keeps waiting)."""
+    await rm.admin.SetLabelLimit(limit_req("userCreator=*,engineType=*", load(4 * GiB, 4000)))
+    await rm.rm.Apply(apply_req(USER, load(3 * GiB, 100)))
+    big = asyncio.ensure_future(rm.rm.Apply(apply_req(USER, load(3 * GiB, 100), wait=60)))
+    await wait_until(lambda: waiters(rm), timeout=10)
+    fits = await rm.rm.Apply(apply_req(USER, load(GiB, 100)))
+    assert fits.ticket.state == pb.TICKET_STATE_LOCKED
+    assert not big.done()
+    big.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await big
     await assert_consistent(rm)
 
 

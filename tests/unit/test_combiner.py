@@ -16,8 +16,8 @@ class FakeOp:
     rid: str
 
     @property
-    def key(self) -> tuple[str, str]:
-        return ("Apply", self.rid)
+    def key(self) -> tuple[str, str, str]:
+        return ("user:alice", "Apply", self.rid)
 
 
 async def settle() -> None:

@@ -212,6 +212,8 @@ async def test_the_auth_step_runs_before_the_servicer_and_releases_after_it():
     assert anonymous.status == grpc.StatusCode.UNAUTHENTICATED and ran == []
     alice = (("authorization", "Bearer alice-token"),)
     waiting = pb.ApplyRequest()
+    waiting.labels.add(key="userCreator", value="alice-IDE")
+    waiting.labels.add(key="engineType", value="spark-3")
     waiting.wait_timeout.seconds = 5
     # max_waiting_applies=1: the second waiting Apply passes only if the first released.
     for _ in range(2):

@@ -16,9 +16,11 @@ from rm_server.domain.labels import Label
 from rm_server.domain.ledger import (
     ApplyCommand,
     LabelAccount,
+    Waiter,
     decide_apply,
     decide_end,
     decide_report,
+    held_back,
     lock_expired,
 )
 from rm_server.domain.model import Refusal, Ticket, TicketState
@@ -67,10 +69,31 @@ def test_protected_capacity_and_reservations_are_not_handed_out() -> None:
     assert not isinstance(decide_apply(command(3, Resource.load(6, 1)), {ECM: reserved}), Refusal)
 
 
-def test_queued_labels_refuse_with_their_names() -> None:
+def test_what_waiters_hold_back_refuses_with_the_label_names() -> None:
     accounts = {ECM: account(ECM, 10, 10)}
-    refusal = decide_apply(command(1, Resource.load(1, 1)), accounts, queued={ECM})
+    refusal = decide_apply(command(1, Resource.load(1, 1)), accounts, {ECM: Resource.load(10, 0)})
     assert refusal == Refusal((), (ECM,))
+    assert not isinstance(
+        decide_apply(command(2, Resource.load(1, 1)), accounts, {ECM: Resource.load(9, 0)}),
+        Refusal,
+    )
+
+
+def test_a_waiter_holds_only_what_it_could_ever_get_for_a_bounded_time() -> None:
+    busy = replace(account(ECM, 10, 10), locked=Resource.load(6, 0), live_tickets=1)
+    later = T0 + timedelta(seconds=30)
+    big = Waiter(1, "bob", Resource.load(8, 1), later)
+    assert held_back(busy, [big], 99, T0) == Resource.load(8, 1)  # short, could fit
+    assert held_back(busy, [big], 99, later) is None  # its hold lapsed
+    assert held_back(busy, [big], 1, T0) is None  # not ahead of itself
+    impossible = Waiter(1, "bob", Resource.load(16, 1), later)
+    assert held_back(busy, [impossible], 99, T0) is None  # can never fit: holds nothing
+    fits_now = Waiter(1, "bob", Resource.load(2, 1), later)
+    assert held_back(busy, [fits_now], 99, T0) == Resource.load(2, 1)  # about to be granted
+    quota = replace(busy, label=USER)
+    assert held_back(quota, [big], 99, T0) is None  # a user's own quota: no hold
+    second = Waiter(2, "bob", Resource.load(9, 1), later)
+    assert held_back(busy, [big, second], 99, T0) == Resource.load(8, 1)  # one per user
 
 
 def test_report_beyond_the_lock_is_refused() -> None:

@@ -47,11 +47,8 @@ class FakeOwners:
     async def engine_conn_owner(self, ec_id: str) -> str | None:
         return self.owners.get(ec_id)
 
-    async def demand_owner(self, demand_id: str) -> str | None:
-        return self.owners.get(demand_id)
 
-
-OWNERS = FakeOwners(**{"t-bob": "bob", "t-alice": "alice", "ec-bob": "bob", "d-bob": "bob"})
+OWNERS = FakeOwners(**{"t-bob": "bob", "t-alice": "alice", "ec-bob": "bob"})
 
 
 def test_every_rpc_has_exactly_one_rule():
@@ -151,6 +148,35 @@ async def test_apply_is_forced_to_the_caller():
     await policy.authorize(policy.RM + "Apply", ALICE, odd, OWNERS)
 
 
+@pytest.mark.parametrize("method", [policy.RM + "Apply", policy.DEMAND + "SubmitDemand"])
+async def test_users_apply_only_on_labels_that_charge_them(method):
+    request_type = (
+        resource_manager_pb2.ApplyRequest
+        if method.endswith("Apply")
+        else demand_pb2.SubmitDemandRequest
+    )
+    for labels in ("emInstance=agent1", "userCreator=alice-IDE,emInstance=agent1"):
+        with pytest.raises(PermissionDenied) as err:
+            await policy.authorize(method, ALICE, request_type(labels=_labels(labels)), OWNERS)
+        assert err.value.reason == "OWN_LABELS_REQUIRED"
+    own = "userCreator=alice-IDE,engineType=x-1,emInstance=agent1"
+    await policy.authorize(method, ALICE, request_type(labels=_labels(own)), OWNERS)
+    # A proxy user acts for the one user of the labels; admins may apply on anything.
+    bobs = "userCreator=bob-IDE,engineType=x-1"
+    for labels, ok in (
+        (bobs, True),
+        ("emInstance=agent1", False),
+        (bobs + ",userCreator=x-y", False),
+    ):
+        request = request_type(labels=_labels(labels))
+        if ok:
+            await policy.authorize(method, GATEWAY, request, OWNERS, proxy_users={"gateway"})
+            continue
+        with pytest.raises(PermissionDenied):
+            await policy.authorize(method, GATEWAY, request, OWNERS, proxy_users={"gateway"})
+    await policy.authorize(method, ADMIN, request_type(labels=_labels("emInstance=a")), OWNERS)
+
+
 async def test_engineconn_creation_as_another_user_needs_admin_or_proxy():
     def req(user: str = "", creator: str = "bob") -> engine_conn_pb2.CreateEngineConnRequest:
         return engine_conn_pb2.CreateEngineConnRequest(
@@ -202,14 +228,12 @@ async def test_lists_are_filtered_to_the_caller():
             "engine_conn_id",
             "ec-bob",
         ),
-        (policy.DEMAND + "GetDemand", demand_pb2.GetDemandRequest, "demand_id", "d-bob"),
-        (policy.DEMAND + "CancelDemand", demand_pb2.CancelDemandRequest, "demand_id", "d-bob"),
-        (policy.DEMAND + "ClaimDemand", demand_pb2.ClaimDemandRequest, "demand_id", "d-bob"),
     ],
 )
 async def test_objects_of_another_user_are_off_limits(method, request_type, field, foreign):
-    with pytest.raises(PermissionDenied, match="of user 'bob'"):
+    with pytest.raises(PermissionDenied, match="not yours") as err:
         await policy.authorize(method, ALICE, request_type(**{field: foreign}), OWNERS)
+    assert "user 'bob'" not in err.value.message  # never names another tenant
     # Unknown ids pass (the servicer answers NOT_FOUND); owners, admins and proxies pass.
     await policy.authorize(method, ALICE, request_type(**{field: "nope"}), OWNERS)
     await policy.authorize(
@@ -218,6 +242,27 @@ async def test_objects_of_another_user_are_off_limits(method, request_type, fiel
     await policy.authorize(method, ADMIN, request_type(**{field: foreign}), OWNERS)
     proxied = request_type(**{field: foreign})
     await policy.authorize(method, GATEWAY, proxied, OWNERS, proxy_users={"gateway"})
+
+
+@pytest.mark.parametrize(
+    "request_type",
+    [demand_pb2.GetDemandRequest, demand_pb2.CancelDemandRequest, demand_pb2.ClaimDemandRequest],
+)
+async def test_demands_are_looked_up_among_the_callers_own(request_type):
+    """Demand ids are per user: the request is scoped to the caller (another user's demand
+    of that id is then NOT_FOUND at the servicer); naming another user needs admin/proxy."""
+    method = policy.DEMAND + request_type.DESCRIPTOR.name.removesuffix("Request")
+    mine = request_type(demand_id="d1")
+    await policy.authorize(method, ALICE, mine, OWNERS)
+    assert mine.user == "alice"
+    with pytest.raises(PermissionDenied) as err:
+        await policy.authorize(method, ALICE, request_type(demand_id="d1", user="bob"), OWNERS)
+    assert "bob" not in err.value.message
+    proxied = request_type(demand_id="d1", user="bob")
+    await policy.authorize(method, GATEWAY, proxied, OWNERS, proxy_users={"gateway"})
+    anyone = request_type(demand_id="d1")
+    await policy.authorize(method, ADMIN, anyone, OWNERS)
+    assert anyone.user == ""  # an admin's look-up by id alone
 
 
 async def test_apply_like_rules_are_the_ones_that_allocate():

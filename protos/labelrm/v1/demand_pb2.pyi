@@ -218,10 +218,12 @@ class SubmitDemandResponse(_message.Message):
     def __init__(self, demand: _Optional[_Union[Demand, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
 
 class GetDemandRequest(_message.Message):
-    __slots__ = ("demand_id",)
+    __slots__ = ("demand_id", "user")
     DEMAND_ID_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
     demand_id: str
-    def __init__(self, demand_id: _Optional[str] = ...) -> None: ...
+    user: str
+    def __init__(self, demand_id: _Optional[str] = ..., user: _Optional[str] = ...) -> None: ...
 
 class GetDemandResponse(_message.Message):
     __slots__ = ("demand",)
@@ -250,14 +252,16 @@ class ListDemandsResponse(_message.Message):
     def __init__(self, demands: _Optional[_Iterable[_Union[Demand, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class CancelDemandRequest(_message.Message):
-    __slots__ = ("request_id", "demand_id", "reason")
+    __slots__ = ("request_id", "demand_id", "reason", "user")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     DEMAND_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     demand_id: str
     reason: str
-    def __init__(self, request_id: _Optional[str] = ..., demand_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    user: str
+    def __init__(self, request_id: _Optional[str] = ..., demand_id: _Optional[str] = ..., reason: _Optional[str] = ..., user: _Optional[str] = ...) -> None: ...
 
 class CancelDemandResponse(_message.Message):
     __slots__ = ("demand",)
@@ -266,12 +270,14 @@ class CancelDemandResponse(_message.Message):
     def __init__(self, demand: _Optional[_Union[Demand, _Mapping]] = ...) -> None: ...
 
 class ClaimDemandRequest(_message.Message):
-    __slots__ = ("request_id", "demand_id")
+    __slots__ = ("request_id", "demand_id", "user")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     DEMAND_ID_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     demand_id: str
-    def __init__(self, request_id: _Optional[str] = ..., demand_id: _Optional[str] = ...) -> None: ...
+    user: str
+    def __init__(self, request_id: _Optional[str] = ..., demand_id: _Optional[str] = ..., user: _Optional[str] = ...) -> None: ...
 
 class ClaimDemandResponse(_message.Message):
     __slots__ = ("demand", "ticket")

@@ -69,6 +69,7 @@ def candidate(
         submitted,
         hold_of(c, submitted),
         not_before,
+        spec.user,
     )
 
 

@@ -60,6 +60,7 @@ class PlanEntry:
     resource: Resource
     start: datetime
     end: datetime | None
+    user: str = ""  # demand ids are per user: (user, demand_id) names one demand
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,7 @@ class Candidate:
     submitted: datetime
     hold: Hold = field(default_factory=Hold)
     not_before: datetime | None = None  # the planned end of what it is ordered after
+    user: str = ""  # whose demand (ids are per user)
 
 
 @dataclass(frozen=True)
@@ -206,7 +208,7 @@ def place(
             "its start window has already closed, never opens, or leaves less than one"
             f" scheduling round ({settings.round_length}) to allocate it"
         )
-    others = [e for e in entries if e.demand_id != c.demand_id]
+    others = [e for e in entries if (e.user, e.demand_id) != (c.user, c.demand_id)]
     ends = sorted({e.end + settings.lead_time for e in others if e.end is not None})
     first_shortfalls: list[Shortfall] | None = None
     for a, b in segs:

@@ -1,0 +1,75 @@
+"""Periodic background jobs, and the lease that runs each on one replica at a time.
+
+Every replica starts the same jobs (the ticket sweep, the ECM and EngineConn liveness
+sweep, the demand planner). Each is safe on several replicas at once (row locks), but
+running it everywhere multiplies its cost by the replica count and makes "which replica
+acted" unpredictable. A job therefore runs only on the replica that holds its lease, a
+row renewed by every pass; when that replica dies (or loses the database, as in a
+failover) its lease runs out after `ttl` and the next replica to try takes it over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+
+from rm_server.clock import Clock
+from rm_server.errors import Unavailable
+from rm_server.store import lease as lease_store
+from rm_server.store.db import Database
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Lease:
+    """This replica's claim on background jobs: `holder` is its replica id."""
+
+    db: Database
+    holder: str
+    clock: Clock
+    ttl: timedelta = timedelta(seconds=5)
+
+    async def hold(self, job: str) -> bool:
+        """Take or renew the lease of `job`; True if this replica may run it now."""
+        now = self.clock.now()
+        return await self.db.run(
+            lambda conn: lease_store.hold(conn, job, self.holder, now, now + self.ttl)
+        )
+
+
+async def run_periodically(
+    job: str,
+    interval: float,
+    run_once: Callable[[], Awaitable[object]],
+    lease: Lease | None = None,
+) -> None:
+    """Run `run_once` every `interval` seconds until cancelled (with a lease, only while
+    this replica holds the lease of `job`). A failed pass is logged and the next one runs:
+    an unreachable database in one line, anything else with its traceback (a bug).
+
+    The interval counts from the start of a pass: a pass that took the whole interval
+    (a planner round over many due demands) is followed by the next at once."""
+    loop = asyncio.get_running_loop()
+    running = False
+    while True:
+        started = loop.time()
+        try:
+            if lease is None or await lease.hold(job):
+                if not running and lease is not None:
+                    log.info("background job %s: this replica (%s) runs it", job, lease.holder)
+                running = True
+                await run_once()
+            elif running:
+                log.info("background job %s: another replica took it over", job)
+                running = False
+        except asyncio.CancelledError:
+            raise
+        except Unavailable as exc:
+            log.warning("background job %s: %s", job, exc)
+        except Exception:
+            log.exception("background job %s failed", job)
+        await asyncio.sleep(max(0.0, started + interval - loop.time()))

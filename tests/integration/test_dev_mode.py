@@ -1,0 +1,189 @@
+"""`make run` (`rm-server --dev`) as the README has it: as a normal user with a bare
+environment, and as root, each driven as the operator does."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from google.protobuf.duration_pb2 import Duration
+from labelrm.v1 import engine_conn_pb2 as ec_pb
+from labelrm.v1 import (
+    engine_conn_pb2_grpc,
+    executor_pb2,
+    executor_pb2_grpc,
+    resource_manager_pb2_grpc,
+)
+from labelrm.v1 import resource_manager_pb2 as pb
+
+from rm_server.dev import NO_DEV_USER
+from tests.conftest import ROOT, free_port, shared_tmp, wait_serving
+from tests.helpers import lbl
+
+USER = "lrmtest_a"
+
+
+@pytest.fixture
+def data_root() -> Iterator[Path]:
+    path = shared_tmp("lrm-dev-root-")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def user_home(sudo_users) -> Iterator[Path]:
+    """A directory of the test user's own, where they run `make run` from."""
+    path = shared_tmp("lrm-dev-")
+    entry = pwd.getpwnam(USER)
+    os.chown(path, entry.pw_uid, entry.pw_gid)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def run_as_user(home: Path, port: int, python: str) -> subprocess.Popen[bytes]:
+    """`make run` as the user: their login environment only (no XDG_RUNTIME_DIR). The
+    installation is the runtime installed for EngineConn users (this checkout's virtual
+    environment may sit where they cannot reach)."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "USER": USER, "LOGNAME": USER}
+    return subprocess.Popen(
+        ["sudo", "-n", "-u", USER, "--", "/usr/bin/env", "-i",
+         *(f"{k}={v}" for k, v in env.items()),
+         str(Path(python).parent / "rm-server"), "--dev",
+         "--data-dir", str(home / "labelrm-data"), "--listen", f"127.0.0.1:{port}"],
+        stdout=(home / "dev.log").open("ab"), stderr=subprocess.STDOUT, cwd=home,
+    )  # fmt: skip
+
+
+def execute(ec: ec_pb.EngineConn, code: str) -> str:
+    with grpc.insecure_channel(ec.address) as channel:
+        stub = executor_pb2_grpc.ExecutorServiceStub(channel)
+        out = []
+        metadata = (("authorization", f"Bearer {ec.secret}"),)
+        request = executor_pb2.ExecuteRequest(code=code)
+        for event in stub.Execute(request, timeout=60, metadata=metadata):
+            if event.HasField("output"):
+                out.append(event.output.text)
+        return "".join(out)
+
+
+def test_make_run_as_a_normal_user_launches_engineconns(user_home, ec_python):
+    """No XDG_RUNTIME_DIR, no sudo rule: the embedded database starts privately, the
+    local agent launches EngineConns as the user, twice (a first launch leaves nothing
+    that breaks the next), and they run code and are killed."""
+    port = free_port()
+    proc = run_as_user(user_home, port, ec_python)
+    target = f"127.0.0.1:{port}"
+    log = user_home / "dev.log"
+    try:
+        try:
+            wait_serving(target, 90)
+        except TimeoutError:
+            raise AssertionError(log.read_text()[-3000:]) from None
+        with grpc.insecure_channel(target) as channel:
+            rm = resource_manager_pb2_grpc.ResourceManagerServiceStub(channel)
+            ecs = engine_conn_pb2_grpc.EngineConnServiceStub(channel)
+            deadline = time.monotonic() + 30
+            while True:
+                states = {e.instance: e.state for e in rm.ListEcms(pb.ListEcmsRequest()).ecms}
+                if states.get("local-agent") == pb.ECM_STATE_RUNNING:
+                    break
+                assert time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.1)
+            for round_ in range(2):
+                request = ec_pb.CreateEngineConnRequest(
+                    user=USER,
+                    labels=lbl(f"userCreator={USER}-IDE,engineType=python-3"),
+                    timeout=Duration(seconds=60),
+                )
+                try:
+                    ec = ecs.CreateEngineConn(request, timeout=90).engine_conn
+                except grpc.RpcError as exc:
+                    raise AssertionError(f"{exc}\n{log.read_text()[-3000:]}") from None
+                assert execute(ec, "print(6 * 7)") == "42\n"
+                uid = int(Path(f"/proc/{ec.pid}/status").read_text().split("Uid:")[1].split()[0])
+                assert uid == pwd.getpwnam(USER).pw_uid, round_
+                ecs.KillEngineConn(
+                    ec_pb.KillEngineConnRequest(engine_conn_id=ec.engine_conn_id), timeout=10
+                )
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    assert proc.returncode == 0, log.read_text()[-3000:]
+
+
+def test_a_work_directory_that_cannot_be_set_up_is_not_left_behind(user_home, ec_python):
+    """An agent run by a user that cannot hand a new directory to another owner (here:
+    root) gets the error, and the directory it made is gone again, so the next launch
+    does not find a stray directory of the wrong owner."""
+    script = (
+        "import errno, os, sys\n"
+        "from ecm_agent.workdir import _ensure_dir\n"
+        "parent = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)\n"
+        "try:\n"
+        "    _ensure_dir(parent, 'day', 0o755, 0, 0)\n"
+        "except PermissionError:\n"
+        "    print('refused', os.path.exists(os.path.join(sys.argv[1], 'day')))\n"
+    )
+    done = subprocess.run(
+        ["sudo", "-n", "-u", USER, "--", ec_python, "-c", script, str(user_home)],
+        capture_output=True, text=True, timeout=60, cwd="/",
+    )  # fmt: skip
+    assert done.stdout.strip() == "refused False", done.stderr
+
+
+def dev_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("LABELRM_DEV_USERS", "SUDO_USER")}
+    env.update(extra)
+    return env
+
+
+def test_make_run_as_root_without_a_dev_user_says_what_to_do(data_root):
+    if os.geteuid() != 0:
+        pytest.skip("the root path of make run")
+    port = free_port()
+    err = data_root / "stderr"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rm_server", "--dev", "--data-dir", str(data_root / "data"),
+         "--listen", f"127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL, stderr=err.open("wb"), cwd=ROOT, env=dev_env(),
+    )  # fmt: skip
+    try:
+        wait_serving(f"127.0.0.1:{port}", 90)
+        deadline = time.monotonic() + 10
+        while NO_DEV_USER not in err.read_text():
+            assert time.monotonic() < deadline, err.read_text()[-2000:]
+            time.sleep(0.05)
+        said = [line for line in err.read_text().splitlines() if "LABELRM_DEV_USERS" in line]
+        assert said == [NO_DEV_USER] or said[-1] == NO_DEV_USER, said
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+
+
+def test_a_dev_user_that_does_not_exist_is_refused_at_start(data_root):
+    done = subprocess.run(
+        [sys.executable, "-m", "rm_server", "--dev", "--data-dir", str(data_root / "data"),
+         "--listen", f"127.0.0.1:{free_port()}"],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+        env=dev_env(LABELRM_DEV_USERS=f"{USER},lrm_no_such_user"),
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "rm-server: LABELRM_DEV_USERS names lrm_no_such_user: no such user on this machine "
+        "(create the account or name an existing one)"
+    )
+    assert "Traceback" not in done.stderr
+    assert not (data_root / "data").exists()  # nothing started
