@@ -26,6 +26,7 @@ from labelrm.v1 import admin_pb2, resource_manager_pb2
 
 from clients import load, load_instance
 from clients._errors import NotFound, RMError
+from clients._filters import add_selector, matches, state_arg
 from clients._format import (
     STATE_NAMES,
     fmt_labels,
@@ -141,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c = res.add_parser("list", help="list resource records")
     c.add_argument("--source", choices=("ecm", "limit"), default="")
+    add_selector(c)
     _watchable(c)
     c.set_defaults(func=cmd_resource_list)
     c = res.add_parser("show", help="show one resource record")
@@ -152,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c = tk.add_parser("list", help="list live tickets")
     c.add_argument("--label", default="", help="only tickets charged to this label")
-    c.add_argument("--state", choices=("locked", "used"), default=None)
+    c.add_argument("--state", type=state_arg(("locked", "used")), default=None)
+    add_selector(c)
     _watchable(c)
     c.set_defaults(func=cmd_ticket_list)
     c = tk.add_parser("show", help="show one ticket")
@@ -239,7 +242,11 @@ def cmd_check(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_resource_list(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     """`rmctl resource list`."""
-    records = list(client.list_label_resources(source=args.source))
+    records = [
+        r
+        for r in client.list_label_resources(source=args.source)
+        if matches(parse_labels(r.label), args.selector)
+    ]
     if args.output == "json":
         resp = resource_manager_pb2.ListLabelResourcesResponse(label_resources=records)
         print(to_json(resp), file=out)
@@ -330,7 +337,11 @@ def resolve_ticket(client: RMClient, given: str) -> Any:
 
 def cmd_ticket_list(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     """`rmctl ticket list`."""
-    tickets = list(client.list_tickets(label=args.label, state=args.state))
+    tickets = [
+        t
+        for t in client.list_tickets(label=args.label, state=args.state)
+        if matches(t.labels, args.selector)
+    ]
     if args.output == "json":
         print(to_json(resource_manager_pb2.ListTicketsResponse(tickets=tickets)), file=out)
         return 0

@@ -10,6 +10,8 @@ import sys
 from typing import Any
 
 import pytest
+from labelrm.v1 import engine_conn_pb2 as ec_pb
+from labelrm.v1 import resource_manager_pb2 as rm_pb
 
 from clients import AsyncRMClient, ResourceExhausted, load, load_instance
 from tests.conftest import ROOT, wait_until
@@ -173,3 +175,88 @@ async def test_quantities_in_and_out(rm: Any) -> None:
     assert "memory_bytes: requested 1Gi, available 512Mi" in [
         str(s).split(" ", 1)[1] for s in refused.value.shortfalls
     ]
+
+
+async def test_node_list_filters_lost_age_out_and_rm(rm_manual_clock: Any) -> None:
+    """-l on labels in any order; a node LOST for over an hour leaves the default list (-A
+    shows it); `node rm` removes a LOST node and refuses a running one."""
+    rm = rm_manual_clock  # its clock is months behind: what it records is long past
+    async with AsyncRMClient(rm.target, timeout=10.0) as client:
+        for name, labels in (("gpu-1", "zone=a,kind=gpu"), ("cpu-1", "zone=a,kind=cpu")):
+            await client.register_ecm(name, load_instance(8 << 30, 4000, 8), labels=labels)
+        rc, out, err = await rmctl_run(rm, "node", "list", "-l", "kind=gpu,zone=a", "--no-headers")
+        assert rc == 0 and [line.split()[0] for line in out.splitlines()] == ["gpu-1"], err
+        rc, out, _ = await rmctl_run(rm, "node", "list", "--selector", "zone=b")
+        assert rc == 0 and len(out.splitlines()) == 1  # the header: a valid, empty match
+        rc, out, err = await rmctl_run(rm, "node", "list", "-l", "zone")
+        assert rc == 2 and "selector 'zone' is not key=value" in err
+        rc, out, err = await rmctl_run(rm, "node", "rm", "gpu")
+        assert rc == 1 and "RUNNING" in err and "node drain gpu-1" in err
+
+        # gpu-1 goes silent past the expiry: LOST, its last heartbeat months ago.
+        rm.clock.advance(rm.server.hub.settings.ecm_expiry.total_seconds() + 1)
+        await client.register_ecm("cpu-1", load_instance(8 << 30, 4000, 8), labels="zone=a")
+        await rm.server.hub.sweep()
+        assert (await client.get_ecm("gpu-1")).state == rm_pb.ECM_STATE_LOST
+    rc, out, _ = await rmctl_run(rm, "node", "list", "--no-headers")
+    assert [line.split()[0] for line in out.splitlines()] == ["cpu-1"]
+    rc, out, _ = await rmctl_run(rm, "node", "list", "-A", "--no-headers", "--sort-by", "instance")
+    assert [line.split()[:2] for line in out.splitlines()] == [
+        ["cpu-1", "RUNNING"],
+        ["gpu-1", "LOST"],
+    ]
+    rc, out, err = await rmctl_run(rm, "node", "rm", "gpu")
+    assert (rc, out) == (0, "removed gpu-1 (0 tickets released)\n"), err
+    rc, out, _ = await rmctl_run(rm, "node", "list", "-A", "-o", "name")
+    assert out == "node/cpu-1\n"
+
+
+async def test_engineconn_list_live_by_default_and_filters(
+    cluster_rm: Any, agent_factory: Any
+) -> None:
+    """Live EngineConns by default, -A for ended ones; states in any case and repeatable;
+    --ecm by prefix; -l; an unknown filter value is an error, not an empty list."""
+    rm = cluster_rm
+    await start_agent(rm, agent_factory, "agent1")
+    ids = []
+    for engine in ("shell-1", "python-3"):
+        labels = f"userCreator=lrmtest_a-IDE,engineType={engine}"
+        rc, out, err = await rmctl_run(
+            rm, "engineconn", "create", "--labels", labels, "-q", deadline=60
+        )
+        assert rc == 0, err
+        ids.append(out.strip())
+    shell, python = ids
+    rc, out, err = await rmctl_run(rm, "engineconn", "kill", shell)
+    assert rc == 0, err
+    async with AsyncRMClient(rm.target, timeout=10.0) as client:
+
+        async def ended() -> bool:
+            return (await client.get_engine_conn(shell)).state in (
+                ec_pb.ENGINE_CONN_STATE_SUCCEEDED,
+                ec_pb.ENGINE_CONN_STATE_FAILED,
+            )
+
+        await wait_until(ended, timeout=30)
+
+    async def listed(*argv: str) -> list[str]:
+        rc, out, err = await rmctl_run(rm, "engineconn", "list", "--no-headers", *argv)
+        assert rc == 0, err
+        return [line.split()[0] for line in out.splitlines()]
+
+    rc, out, _ = await rmctl_run(rm, "engineconn", "list")
+    assert out.splitlines()[0].split()[-1] == "AGE"
+    assert await listed() == [python]
+    assert sorted(await listed("-A")) == sorted(ids)
+    assert await listed("--state", "IDLE", "--state", "succeeded", "--state", "Failed") in (
+        [python, shell],
+        [shell, python],
+    )
+    assert await listed("-A", "-l", "engineType=shell-1,userCreator=lrmtest_a-IDE") == [shell]
+    assert await listed("--ecm", "agent") == [python]
+    assert await listed("-A", "--sort-by", "age") == [python, shell]  # youngest first
+    rc, _, err = await rmctl_run(rm, "engineconn", "list", "--state", "sleepy")
+    assert rc == 2 and "unknown state 'sleepy'" in err and "usage: rmctl engineconn list" in err
+    rc, _, err = await rmctl_run(rm, "engineconn", "list", "--ecm", "nowhere")
+    assert rc == 1 and "NOT_FOUND" in err
+    await rmctl_run(rm, "engineconn", "kill", python)
