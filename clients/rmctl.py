@@ -278,7 +278,19 @@ def cmd_resource_list(client: RMClient, args: argparse.Namespace, out: TextIO) -
 
 def cmd_resource_show(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     """`rmctl resource show LABELS`."""
-    r = client.get_label_resource(args.labels)
+    try:
+        r = client.get_label_resource(args.labels)
+    except NotFound:
+        # The record's name orders the labels as its rule does; the caller may not have.
+        wanted = {(lb.key, lb.value) for lb in args.labels}
+        found = [
+            rec
+            for rec in client.list_label_resources()
+            if {(lb.key, lb.value) for lb in parse_labels(rec.label)} == wanted
+        ]
+        if len(found) != 1:
+            raise
+        r = found[0]
     if args.output == "json":
         print(to_json(r), file=out)
         return 0

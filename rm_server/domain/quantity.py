@@ -64,8 +64,8 @@ def format_bytes(n: int) -> str:
 
 
 def format_cpu(millis: int) -> str:
-    """ "2" for whole cores, "500m" otherwise."""
-    if millis and millis % 1000 == 0:
+    """ "2" for whole cores (and "0"), "500m" otherwise."""
+    if millis % 1000 == 0:
         return str(millis // 1000)
     return f"{millis}m"
 

@@ -172,6 +172,15 @@ async def test_quantities_in_and_out(rm: Any) -> None:
         with pytest.raises(ResourceExhausted) as refused:
             await client.apply("userCreator=alice-IDE,engineType=spark-3", load(1 << 30, 100))
     assert "memory_bytes: requested 1Gi, available 512Mi" in str(refused.value)
+    # resource show takes the labels in any order.
+    shown = [
+        (await rmctl_run(rm, "resource", "show", labels))[1]
+        for labels in (
+            "userCreator=alice-IDE,engineType=spark-3",
+            "engineType=spark-3,userCreator=alice-IDE",
+        )
+    ]
+    assert shown[0] == shown[1] and "mem=512Mi cpu=500m" in shown[0]
     assert "memory_bytes: requested 1Gi, available 512Mi" in [
         str(s).split(" ", 1)[1] for s in refused.value.shortfalls
     ]

@@ -46,7 +46,7 @@ def test_bad_cpu(text: str) -> None:
 def test_formats() -> None:
     assert format_bytes(24684096 * 1024) == "23.5Gi"  # a 24 GiB node, never 24684096Ki
     assert format_bytes(256 * 2**20) == "256Mi" and format_bytes(512) == "512"
-    assert format_cpu(2000) == "2" and format_cpu(500) == "500m" and format_cpu(0) == "0m"
+    assert format_cpu(2000) == "2" and format_cpu(500) == "500m" and format_cpu(0) == "0"
     assert format_quantity("yarn.memory_bytes", 2**30) == "1Gi"
     assert format_quantity("instances", 3) == "3" and format_quantity("cpu_millis", 3000) == "3000m"
 
