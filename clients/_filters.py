@@ -74,6 +74,7 @@ def state_arg(names: Iterable[str]) -> Callable[[str], str]:
             )
         return name
 
+    parse.names = known  # type: ignore[attr-defined]  # for shell completion
     return parse
 
 

@@ -25,6 +25,7 @@ from typing import Any, TextIO
 from labelrm.v1 import admin_pb2, resource_manager_pb2
 
 from clients import load, load_instance
+from clients._completion import SCRIPTS, candidates
 from clients._errors import NotFound, RMError
 from clients._filters import add_selector, matches, state_arg
 from clients._format import (
@@ -126,6 +127,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--watch-rounds", type=int, default=None, help=argparse.SUPPRESS)
     add_connection_flags(p)
     cmds = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    c = cmds.add_parser(
+        "completion",
+        help="print the shell completion script: source <(rmctl completion bash|zsh)",
+    )
+    c.add_argument("shell", choices=sorted(SCRIPTS))
+    c.set_defaults(func=None)  # handled in main(): needs no RM
 
     c = cmds.add_parser("check", help="check used/locked against live tickets (exit 1 if not)")
     c.set_defaults(func=cmd_check)
@@ -497,6 +505,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return rm_server_main(["--dev", *words[at + 1 :]])
     parser = build_parser()
+    if words[:1] == ["__complete"] and len(words) > 2 and words[1].isdigit():
+        print("\n".join(candidates(parser, words[2:], int(words[1]))))
+        return 0
+    if words[:1] == ["completion"] and len(words) == 2 and words[1] in SCRIPTS:
+        sys.stdout.write(SCRIPTS[words[1]])
+        return 0
     try:
         args, extra = parser.parse_known_args(argv)
         if extra:  # the subcommand's usage, not rmctl's
