@@ -332,6 +332,10 @@ class RMClient(EngineConnCalls, _Base):
         """Recompute every label's used and locked; returns the CheckConsistencyResponse."""
         return self._call(self._admin.CheckConsistency, admin_pb2.CheckConsistencyRequest())
 
+    def get_cluster_info(self) -> Any:
+        """The RM's version, replicas, database and waiting applies (GetClusterInfoResponse)."""
+        return self._call(self._admin.GetClusterInfo, admin_pb2.GetClusterInfoRequest())
+
 
 class AsyncRMClient(AsyncEngineConnCalls, _Base):
     """grpc.aio client with the same methods as RMClient, as coroutines.

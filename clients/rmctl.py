@@ -57,6 +57,7 @@ from clients.rmctl_security import (
     client_kwargs,
     run_local,
 )
+from clients.rmctl_status import add_status_commands
 from rm_server.domain.quantity import parse_cpu, parse_memory
 from rm_server.version import VERSION
 
@@ -196,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_node_commands(cmds)
     add_engineconn_commands(cmds)
     add_demand_commands(cmds)
+    add_status_commands(cmds)
     add_local_commands(cmds)
     accept_globals_anywhere(p, GLOBAL_DESTS)
     return p

@@ -174,7 +174,9 @@ class RMServer:
         resource_manager_pb2_grpc.add_ResourceManagerServiceServicer_to_server(
             ResourceManagerServicer(self.core, self.hub), calls
         )
-        admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(self.core, self.hub), calls)
+        admin_pb2_grpc.add_AdminServiceServicer_to_server(
+            AdminServicer(self.core, self.hub, self.settings.database_url), calls
+        )
         engine_conn_pb2_grpc.add_EngineConnServiceServicer_to_server(
             EngineConnServicer(self.engine_conns, self.hub), calls
         )

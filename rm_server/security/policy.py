@@ -125,6 +125,7 @@ POLICY: Mapping[str, Rule] = {
     ADMIN + "CheckConsistency": Rule(_ADMIN_ONLY),
     ADMIN + "RefreshNodes": Rule(_ADMIN_ONLY),
     ADMIN + "DecommissionEcm": Rule(_ADMIN_ONLY),
+    ADMIN + "GetClusterInfo": Rule(_ADMIN_ONLY),
 }
 
 

@@ -14,6 +14,8 @@ from rm_server.domain.model import StoredLimit
 from rm_server.errors import InvalidArgument
 from rm_server.service import convert
 from rm_server.service.common import ProtoEncoder, idempotency, next_token, page_of, respond
+from rm_server.store.cluster import cluster_info
+from rm_server.version import VERSION
 
 _SET = ProtoEncoder[tuple[StoredLimit, int]](
     lambda r: pb.SetLabelLimitResponse(limit=convert.limit_to_pb(r[0]), affected_labels=r[1])
@@ -22,9 +24,10 @@ _DELETE = ProtoEncoder[int](lambda n: pb.DeleteLabelLimitResponse(affected_label
 
 
 class AdminServicer(pb_grpc.AdminServiceServicer):
-    def __init__(self, core: RMCore, hub: AgentHub) -> None:
+    def __init__(self, core: RMCore, hub: AgentHub, database_url: str = "") -> None:
         self.core = core
         self.hub = hub
+        self.database_url = database_url  # empty: the embedded PostgreSQL
 
     async def SetLabelLimit(
         self, request: pb.SetLabelLimitRequest, context: grpc.aio.ServicerContext
@@ -77,6 +80,31 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
             raise InvalidArgument("instance", "must be an ECM instance")
         live = await self.hub.decommission(request.instance)
         return pb.DecommissionEcmResponse(live_engine_conns=live)
+
+    async def GetClusterInfo(
+        self, request: pb.GetClusterInfoRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetClusterInfoResponse:
+        row = await self.core.db.run(cluster_info, read_only=True)
+        out = pb.GetClusterInfoResponse(
+            version=VERSION,
+            database=_database(self.database_url, row.server_version),
+            waiting_applies=row.waiting_applies,
+        )
+        out.time.FromDatetime(self.core.clock.now())
+        for r in row.replicas:
+            replica = out.replicas.add(replica_id=r.replica_id, host=r.host, pid=r.pid)
+            replica.start_time.FromDatetime(r.started_at)
+        return out
+
+
+def _database(url: str, version: str) -> str:
+    """ "embedded PostgreSQL 16.4", or "external PostgreSQL 15.8 (db1:5432,db2:5432)": the
+    hosts only, never a user or password."""
+    if not url:
+        return f"embedded PostgreSQL {version}"
+    hosts = re.search(r"@([^/?]+)", url) or re.search(r"host=([^\s]+)", url)
+    where = f" ({hosts.group(1)})" if hosts else ""
+    return f"external PostgreSQL {version}{where}"
 
 
 _NODE_RE = re.compile(r"[A-Za-z0-9_.-]{1,253}(:[0-9]{1,5})?")

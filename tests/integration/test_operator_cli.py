@@ -269,3 +269,41 @@ async def test_engineconn_list_live_by_default_and_filters(
     rc, _, err = await rmctl_run(rm, "engineconn", "list", "--ecm", "nowhere")
     assert rc == 1 and "NOT_FOUND" in err
     await rmctl_run(rm, "engineconn", "kill", python)
+
+
+async def test_status_and_top(rm: Any) -> None:
+    """`rmctl status`: the cluster on one screen; `rmctl top`: usage by user and label."""
+    async with AsyncRMClient(rm.target, timeout=10.0) as client:
+        await client.register_ecm("node-a", load_instance(8 << 30, 4000, 8))
+        await client.register_ecm("node-b", load_instance(8 << 30, 4000, 8))
+        await client.set_label_limit("userCreator=alice-IDE,engineType=*", load(4 << 30, 2000))
+        for user, size in (("alice", 3 << 30), ("bob", 1 << 30)):
+            await client.apply(
+                f"userCreator={user}-IDE,engineType=spark-3,emInstance=node-a",
+                load_instance(size, 1000, 1),
+            )
+    rc, out, err = await rmctl_run(rm, "status")
+    assert rc == 0, err
+    view = dict(line.split(" = ", 1) for line in out.split("\n\n")[0].splitlines())
+    view = {k.strip(): v for k, v in view.items()}
+    assert view["rm"].startswith(f"{rm.target} version ")
+    assert view["replicas"].startswith("1: ")
+    assert "PostgreSQL" in view["database"]
+    assert view["nodes"] == "2: 2 RUNNING"
+    assert view["engineconns"] == "0 live: none"
+    assert view["total"] == "mem=16Gi cpu=8 inst=16"
+    assert view["locked"] == "mem=4Gi cpu=2 inst=2"
+    assert view["left"] == "mem=12Gi cpu=6 inst=14"
+    assert view["waiting_applies"] == "0" and view["demands"] == "0: none"
+    labels = out.split("most loaded labels:\n", 1)[1].splitlines()
+    assert labels[0].split()[:2] == ["LABEL", "LOAD"]
+    assert labels[1].split()[:2] == ["userCreator=alice-IDE,engineType=spark-3", "75%"]
+
+    rc, out, _ = await rmctl_run(rm, "top")
+    rows = [line.split() for line in out.splitlines()]
+    assert rows[0] == ["USER", "MEMORY", "CPU", "INSTANCES", "TICKETS"]
+    assert [r[:2] for r in rows[1:]] == [["alice", "3Gi"], ["bob", "1Gi"]]
+    rc, out, _ = await rmctl_run(rm, "top", "--by", "label")
+    assert out.splitlines()[1].split()[:2] == ["userCreator=alice-IDE,engineType=spark-3", "75%"]
+    rc, out, _ = await rmctl_run(rm, "--version")
+    assert rc == 0 and out.startswith("rmctl ")

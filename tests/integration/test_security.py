@@ -61,6 +61,7 @@ EXPECTED = {
     "AdminService/CheckConsistency": set(),
     "AdminService/RefreshNodes": set(),
     "AdminService/DecommissionEcm": set(),
+    "AdminService/GetClusterInfo": set(),
     "EngineConnService/CreateEngineConn": {"user"},
     "EngineConnService/AskEngineConn": {"user"},
     "EngineConnService/GetEngineConn": {"user"},

@@ -65,6 +65,11 @@ class AdminServiceStub:
                 request_serializer=labelrm_dot_v1_dot_admin__pb2.DecommissionEcmRequest.SerializeToString,
                 response_deserializer=labelrm_dot_v1_dot_admin__pb2.DecommissionEcmResponse.FromString,
                 _registered_method=True)
+        self.GetClusterInfo = channel.unary_unary(
+                '/labelrm.v1.AdminService/GetClusterInfo',
+                request_serializer=labelrm_dot_v1_dot_admin__pb2.GetClusterInfoRequest.SerializeToString,
+                response_deserializer=labelrm_dot_v1_dot_admin__pb2.GetClusterInfoResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -114,6 +119,15 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetClusterInfo(self, request, context):
+        """GetClusterInfo tells what only the RM knows of itself: its version, the replicas
+        serving on its database, the database, the applies waiting for capacity (`rmctl status`
+        adds the nodes, EngineConns, resources and demands from their list calls).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -146,6 +160,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.DecommissionEcm,
                     request_deserializer=labelrm_dot_v1_dot_admin__pb2.DecommissionEcmRequest.FromString,
                     response_serializer=labelrm_dot_v1_dot_admin__pb2.DecommissionEcmResponse.SerializeToString,
+            ),
+            'GetClusterInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetClusterInfo,
+                    request_deserializer=labelrm_dot_v1_dot_admin__pb2.GetClusterInfoRequest.FromString,
+                    response_serializer=labelrm_dot_v1_dot_admin__pb2.GetClusterInfoResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -311,6 +330,33 @@ class AdminService:
             '/labelrm.v1.AdminService/DecommissionEcm',
             labelrm_dot_v1_dot_admin__pb2.DecommissionEcmRequest.SerializeToString,
             labelrm_dot_v1_dot_admin__pb2.DecommissionEcmResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetClusterInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/labelrm.v1.AdminService/GetClusterInfo',
+            labelrm_dot_v1_dot_admin__pb2.GetClusterInfoRequest.SerializeToString,
+            labelrm_dot_v1_dot_admin__pb2.GetClusterInfoResponse.FromString,
             options,
             channel_credentials,
             insecure,
