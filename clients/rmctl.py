@@ -232,22 +232,38 @@ def cmd_check(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
             file=out,
         )
     else:
-        print_table(
-            out,
-            ("label", "field", "stored", "expected", "detail"),
-            (
-                (
-                    m.label,
-                    m.field,
-                    fmt_resource(opt(m, "stored")),
-                    fmt_resource(opt(m, "expected")),
-                    m.detail or "-",
-                )
-                for m in report.mismatches
-            ),
-        )
+        _mismatch_table(out, report.mismatches)
         print(f"inconsistent: {len(report.mismatches)} mismatches", file=sys.stderr)
+    if report.over_limit and args.output != "json":
+        # Expected after a limit was lowered below what is in use: a note, not a failure.
+        _mismatch_table(out, report.over_limit, ("label", "field", "in use", "maximum", "detail"))
+        print(
+            f"note: {len(report.over_limit)} labels over their limit after a change"
+            " (nothing more is granted there; they drain as tickets end)",
+            file=sys.stderr,
+        )
     return 0 if report.consistent else 1
+
+
+def _mismatch_table(
+    out: TextIO,
+    rows: Any,
+    header: tuple[str, ...] = ("label", "field", "stored", "expected", "detail"),
+) -> None:
+    print_table(
+        out,
+        header,
+        (
+            (
+                m.label,
+                m.field,
+                fmt_resource(opt(m, "stored")),
+                fmt_resource(opt(m, "expected")),
+                m.detail or "-",
+            )
+            for m in rows
+        ),
+    )
 
 
 def cmd_resource_list(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:

@@ -101,7 +101,7 @@ class AgentHub:
             answers: list[object] = []
             writes: list[hb_store.BeatWrite] = []
             for beat in beats:
-                allowed = seen.node_lists.allows(beat.agent_id)
+                allowed = seen.node_lists.allows(beat.agent_id, self.settings.node_include_required)
                 answer, write = _answer(beat, seen.agents.get(beat.agent_id), allowed, now)
                 answers.append(answer)
                 if write is not None:
@@ -323,7 +323,8 @@ class AgentHub:
 
     async def refresh_nodes(self, include: Sequence[str], exclude: Sequence[str]) -> list[str]:
         lists = ecm_store.NodeLists(frozenset(include), frozenset(exclude))
-        return await self.db.run(lambda c: ecm_store.replace_node_lists(c, lists))
+        required = self.settings.node_include_required
+        return await self.db.run(lambda c: ecm_store.replace_node_lists(c, lists, required))
 
     async def decommission(self, instance: str) -> int:
         now = self._now()

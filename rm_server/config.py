@@ -82,6 +82,9 @@ class Settings:
     # Take client certificates without a labelrm://agent/ identity (host certificates of
     # the operator's CA) as agents named by their CN / DNS names (docs/security.md)
     allow_host_certificates: bool = False
+    # Only ECMs the node include list (RefreshNodes) names may register: the list denies
+    # by default, and while it is empty no ECM is allowed
+    node_include_required: bool = False
     apply_rate: float = 50.0  # apply-like calls per second and user (0: unlimited)
     apply_burst: int = 100
     call_rate: float = 200.0  # calls of any user RPC per second and user (0: unlimited)

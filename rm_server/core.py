@@ -65,6 +65,8 @@ class CoreSettings:
     # classic path), at most `batch_inflight` such transactions at a time per process.
     batch_max: int = 256
     batch_inflight: int = 1
+    # Only ECMs the node include list names may register (none while it is empty).
+    node_include_required: bool = False
     # Agent heartbeats (rm_server/agents.py) are grouped the same way, each group leaving
     # at most `heartbeat_linger` seconds after its first beat.
     heartbeat_linger: float = 0.005
@@ -87,6 +89,15 @@ class RMCore:
     _keys_rules: tuple[TransformRule, ...] | None = None
     _presence: replicas_store.Presence | None = None
     replica_id: str = ""
+
+    async def check_replicas(self) -> list[str]:
+        """Keep this replica's presence (join again if its session was lost), then
+        remove the replicas whose session ended, with their waiters; their ids."""
+        await self._keep_presence()
+        dead = await self.db.run(replicas_store.reap_dead)
+        for replica_id in dead:
+            log.warning("replica %s is gone: its waiting applies no longer count", replica_id)
+        return dead
 
     async def _keep_presence(self) -> None:
         presence = self._presence
@@ -116,6 +127,12 @@ class RMCore:
             "ticket-sweep", self.settings.sweep_interval, lambda: self.sweep(), lease
         )
         self._tasks.append(asyncio.create_task(sweeper, name="rm-sweeper"))
+        # On every replica, no lease: each keeps its own presence, and any live one
+        # finds a dead one (a dead lease holder would otherwise delay it by the lease).
+        presence = run_periodically(
+            "replicas", self.settings.sweep_interval, self.check_replicas, None
+        )
+        self._tasks.append(asyncio.create_task(presence, name="rm-replicas"))
 
     async def stop_background(self) -> None:
         if self._combiner is not None:
@@ -147,9 +164,6 @@ class RMCore:
                 reclaimed += 1
                 log.info("reclaimed ticket %s: lock not reported in time", ticket_id)
         await self.db.run(lambda c: ticket_store.purge_waiters(c, now))
-        await self._keep_presence()
-        for dead in await self.db.run(replicas_store.reap_dead):
-            log.warning("replica %s is gone: its waiting applies no longer count", dead)
         await self.db.purge_request_ids(now - self.settings.request_id_retention)
         await self._apply_retention(now)
         return reclaimed
@@ -274,7 +288,7 @@ class RMCore:
         resource: Resource | None = None,
         hold_until: datetime | None = None,
     ) -> int:
-        """Queue a waiting apply (`resource` None: one that holds everything back)."""
+        """Queue a waiting apply: it holds `resource` back until `hold_until`."""
         # A crashed replica's rows stop counting when the sweep finds its lock free
         # (store/replicas.py); the deadline (+ slack) is the backstop.
         now = self.clock.now()
@@ -423,7 +437,14 @@ class RMCore:
             idem,
             now,
             lambda c: admin_store.register_ecm(
-                c, instance, str(own), all_labels, total, protected, now
+                c,
+                instance,
+                str(own),
+                all_labels,
+                total,
+                protected,
+                now,
+                self.settings.node_include_required,
             ),
             encoder,
         )

@@ -40,6 +40,8 @@ from rm_server.engines import InvalidParam, LaunchContext, plugin_for
 from rm_server.engines.base import effective_params
 from rm_server.errors import (
     DeadlineExceeded,
+    EcmNotRegistered,
+    EcmNotRunning,
     FailedPrecondition,
     InvalidArgument,
     LabelrmError,
@@ -71,6 +73,8 @@ class EcSettings:
     hold: timedelta = timedelta(seconds=60)
     standby_window: timedelta = timedelta(seconds=0)
     engine_defaults: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    # Only ECMs the node include list names are allowed (none while it is empty).
+    node_include_required: bool = False
 
     @property
     def start_timeout(self) -> timedelta:
@@ -231,7 +235,8 @@ class EngineConnManager:
                 await self._apply_and_launch(
                     ec, pick, attempt, user, engine, version, resource, choices
                 )
-            except ResourceExhausted as exc:  # lost a race for that ECM: try the next one
+            # Lost a race for that ECM (its capacity taken, or it went away): the next one.
+            except (ResourceExhausted, EcmNotRegistered, EcmNotRunning) as exc:
                 await self._store_choices(ec.ec_id, choices)  # that transaction rolled back
                 last_error = exc
                 failures.append(f"{pick}: {exc.message}")
@@ -270,7 +275,7 @@ class EngineConnManager:
                 instance=s.instance,
                 labels=s.labels,
                 state=s.state.value,
-                allowed=lists.allows(s.instance),
+                allowed=lists.allows(s.instance, self.settings.node_include_required),
                 last_heartbeat=s.last_heartbeat_at,
                 registered_at=s.registered_at,
                 total=s.total,

@@ -125,6 +125,7 @@ class RMServer:
             batch_inflight=self.settings.batch_inflight,
             heartbeat_linger=self.settings.heartbeat_linger,
             history_retention=timedelta(days=self.settings.history_retention_days),
+            node_include_required=self.settings.node_include_required,
             waiter_hold=timedelta(seconds=self.settings.waiter_hold),
         )
         self.core = RMCore(self._db, self._notifier, core_settings, self.clock, self.new_id)
@@ -202,7 +203,10 @@ class RMServer:
         log.info("rm-server listening on %s (port %d)", self.settings.listen, self.port)
         log.info("security: %s", self.security.describe(self.agent_port))
         if self.settings.metrics_listen:
-            self._metrics_http = MetricsHttpServer(self.metrics, self.settings.metrics_listen)
+            tls, authorize = self.security.metrics_guard()
+            self._metrics_http = MetricsHttpServer(
+                self.metrics, self.settings.metrics_listen, tls=tls, authorize=authorize
+            )
             await self._metrics_http.start()
 
     @property
@@ -220,6 +224,7 @@ class RMServer:
             agent_heartbeat_interval=st.agent_heartbeat_interval,
             ec_heartbeat_interval=st.ec_heartbeat_interval,
             kill_grace=st.kill_grace,
+            node_include_required=st.node_include_required,
         )
 
     def _demand_settings(self) -> DemandSettings:

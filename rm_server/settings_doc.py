@@ -78,6 +78,8 @@ RM_HELP: dict[str, str] = {
     "insecure": "allow a non-loopback `listen` without TLS (authentication is still required)",
     "allow_host_certificates": "take client certificates without a labelrm agent identity "
     "(host certificates of the operator's CA) as agents named by their CN or DNS names",
+    "node_include_required": "only ECMs the node include list (RefreshNodes) names may "
+    "register: the list denies by default, and while it is empty no ECM is allowed",
     "apply_rate": "apply-like calls (Apply, Create/AskEngineConn, SubmitDemand) per second "
     "and user (0: unlimited; admins exempt)",
     "apply_burst": "burst of `apply_rate`",

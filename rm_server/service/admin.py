@@ -10,6 +10,7 @@ from labelrm.v1 import admin_pb2_grpc as pb_grpc
 
 from rm_server.agents import AgentHub
 from rm_server.core import RMCore
+from rm_server.domain.labels import EM_INSTANCE
 from rm_server.domain.model import StoredLimit
 from rm_server.errors import InvalidArgument
 from rm_server.service import convert
@@ -33,6 +34,14 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         self, request: pb.SetLabelLimitRequest, context: grpc.aio.ServicerContext
     ) -> pb.SetLabelLimitResponse:
         pattern = convert.pattern_from_pb(request.labels)
+        if tuple(k for k, _ in pattern.labels) == (EM_INSTANCE,):
+            # An ECM's record holds its registered capacity; a limit there would be
+            # stored and never read (or, on an unregistered ECM, make a record of its own).
+            raise InvalidArgument(
+                "labels",
+                "emInstance labels take no limit: an ECM's capacity is its registration"
+                " (RegisterEcm total_resource)",
+            )
         maximum = convert.resource_from_pb(request.max_resource, "max_resource")
         outcome = await self.core.set_limit(
             idempotency("SetLabelLimit", request), pattern, maximum, _SET

@@ -25,13 +25,22 @@ from rm_server.domain.engineconn import (
 )
 from rm_server.domain.labels import Label, LabelError, make_label, validate_labels
 from rm_server.domain.limits import LabelPattern
-from rm_server.domain.model import ConsistencyReport, Ecm, LabelResource, StoredLimit, Ticket
+from rm_server.domain.model import (
+    ConsistencyReport,
+    Ecm,
+    LabelResource,
+    Mismatch,
+    StoredLimit,
+    Ticket,
+)
 from rm_server.domain.resources import (
     SPECIAL_PREFIX,
+    InvalidResourceError,
     Resource,
     ResourceError,
     ResourceKind,
 )
+from rm_server.domain.resources import convert as convert_kind
 from rm_server.errors import InvalidArgument
 
 _TICKET_STATES = {
@@ -60,7 +69,17 @@ def resource_from_pb(msg: resource_pb2.Resource, field: str, *, required: bool =
         raise InvalidArgument(path, str(exc)) from exc
 
 
+def resource_in_kind(r: Resource, kind: ResourceKind, field: str) -> Resource:
+    """`r` widened to `kind` (a record holds one type), or InvalidArgument naming `field`."""
+    try:
+        return convert_kind(r, kind)
+    except ResourceError as exc:
+        raise InvalidArgument(field, f"must be of type {kind.value}: {exc}") from exc
+
+
 def _wire_dimension(which: str, dimension: str) -> str:
+    if which == "driver_and_yarn" and dimension in ("driver", "yarn"):  # a part unset
+        return dimension
     if dimension.startswith(SPECIAL_PREFIX):
         return f"quantities[{dimension.removeprefix(SPECIAL_PREFIX)}]"
     if which == "yarn" or (which == "driver_and_yarn" and dimension.startswith("yarn.")):
@@ -84,6 +103,9 @@ def _resource_from_pb(msg: resource_pb2.Resource, which: str) -> Resource:
     if which == "yarn":
         return _yarn_from_pb(msg.yarn)
     if which == "driver_and_yarn":
+        for part in ("driver", "yarn"):  # a driver in a YARN queue: neither half optional
+            if not msg.driver_and_yarn.HasField(part):
+                raise InvalidResourceError(f"the {part} part must be set", part)
         d = msg.driver_and_yarn.driver
         driver = Resource.load_instance(d.memory_bytes, d.cpu_millis, d.instances)
         return Resource.driver_and_yarn(driver, _yarn_from_pb(msg.driver_and_yarn.yarn))
@@ -199,13 +221,49 @@ def label_text_to_pb(text: str) -> list[resource_pb2.Label]:
     return out
 
 
+# google.protobuf.Duration's own range (duration.proto): about +-10,000 years.
+MAX_DURATION_SECONDS = 315_576_000_000
+NANOS_PER_SECOND = 1_000_000_000
+
+
+def check_duration(msg: Duration, field: str) -> None:
+    """A Duration as duration.proto defines it: `nanos` within +-999,999,999 and of the
+    sign of `seconds` (when both are non-zero), `seconds` within its range. Anything
+    else is not a length of time, and is refused rather than read as some other one."""
+    if not -NANOS_PER_SECOND < msg.nanos < NANOS_PER_SECOND:
+        raise InvalidArgument(f"{field}.nanos", "must be between -999,999,999 and 999,999,999")
+    if (msg.seconds < 0 < msg.nanos) or (msg.nanos < 0 < msg.seconds):
+        raise InvalidArgument(f"{field}.nanos", "must have the sign of seconds")
+    if not -MAX_DURATION_SECONDS <= msg.seconds <= MAX_DURATION_SECONDS:
+        raise InvalidArgument(f"{field}.seconds", "is outside a Duration's range")
+
+
 def duration_seconds(msg: Duration, field: str) -> float:
+    """A valid, non-negative Duration of at most MAX_WAIT_SECONDS, in seconds."""
+    check_duration(msg, field)
     seconds = msg.seconds + msg.nanos / 1e9
     if seconds < 0:
         raise InvalidArgument(field, "must not be negative")
     if seconds > MAX_WAIT_SECONDS:
         raise InvalidArgument(field, f"must be at most {MAX_WAIT_SECONDS:.0f}s")
     return seconds
+
+
+# google.protobuf.Timestamp's range (timestamp.proto): 0001-01-01 to 9999-12-31, UTC.
+MIN_TIMESTAMP_SECONDS = -62_135_596_800
+MAX_TIMESTAMP_SECONDS = 253_402_300_799
+
+
+def time_from_pb(msg: Timestamp, field: str) -> datetime:
+    """A valid Timestamp (timestamp.proto's range, 0 <= nanos < 1e9) as a UTC datetime."""
+    if not 0 <= msg.nanos < NANOS_PER_SECOND:
+        raise InvalidArgument(f"{field}.nanos", "must be between 0 and 999,999,999")
+    if not MIN_TIMESTAMP_SECONDS <= msg.seconds <= MAX_TIMESTAMP_SECONDS:
+        raise InvalidArgument(f"{field}.seconds", "is outside a Timestamp's range")
+    try:
+        return msg.ToDatetime(tzinfo=UTC)
+    except (ValueError, OverflowError) as exc:  # the last microseconds of year 9999
+        raise InvalidArgument(field, "is outside the range of a date") from exc
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -296,18 +354,20 @@ def limit_to_pb(limit: StoredLimit) -> admin_pb2.LabelLimit:
 def report_to_pb(report: ConsistencyReport) -> admin_pb2.CheckConsistencyResponse:
     return admin_pb2.CheckConsistencyResponse(
         consistent=not report.mismatches,
-        mismatches=[
-            admin_pb2.Mismatch(
-                label=m.label,
-                field=m.field,
-                stored=resource_to_pb(m.stored) if m.stored is not None else None,
-                expected=resource_to_pb(m.expected) if m.expected is not None else None,
-                detail=m.detail,
-            )
-            for m in report.mismatches
-        ],
+        mismatches=[_mismatch_to_pb(m) for m in report.mismatches],
         labels_checked=report.labels_checked,
         tickets_checked=report.tickets_checked,
+        over_limit=[_mismatch_to_pb(m) for m in report.over_limit],
+    )
+
+
+def _mismatch_to_pb(m: Mismatch) -> admin_pb2.Mismatch:
+    return admin_pb2.Mismatch(
+        label=m.label,
+        field=m.field,
+        stored=resource_to_pb(m.stored) if m.stored is not None else None,
+        expected=resource_to_pb(m.expected) if m.expected is not None else None,
+        detail=m.detail,
     )
 
 

@@ -30,6 +30,7 @@ from rm_server.errors import (
     ResourceExhausted,
     Unauthenticated,
     Unavailable,
+    Unimplemented,
     describe_shortfalls,
 )
 
@@ -47,6 +48,7 @@ _CODES: list[tuple[type[LabelrmError], int]] = [
     (Aborted, code_pb2.ABORTED),
     (Unauthenticated, code_pb2.UNAUTHENTICATED),
     (PermissionDenied, code_pb2.PERMISSION_DENIED),
+    (Unimplemented, code_pb2.UNIMPLEMENTED),
 ]
 
 

@@ -77,7 +77,11 @@ class ResourceManagerServicer(pb_grpc.ResourceManagerServiceServicer):
         labels = convert.labels_from_pb(request.labels, required=False)
         total = convert.resource_from_pb(request.total_resource, "total_resource")
         protected = (
-            convert.resource_from_pb(request.protected_resource, "protected_resource")
+            convert.resource_in_kind(
+                convert.resource_from_pb(request.protected_resource, "protected_resource"),
+                total.kind,
+                "protected_resource",
+            )
             if request.HasField("protected_resource")
             else Resource.zero(total.kind, total.queue)
         )

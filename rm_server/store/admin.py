@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from rm_server.domain.admission import excess_dimensions
+from rm_server.domain.admission import ECM_SOURCE, charged_part, excess_dimensions
 from rm_server.domain.labels import Label, LabelKey
 from rm_server.domain.limits import LabelPattern, best_limit
 from rm_server.domain.model import (
@@ -20,7 +20,7 @@ from rm_server.domain.model import (
     StoredLimit,
     Ticket,
 )
-from rm_server.domain.resources import Resource, ResourceError, join_kind
+from rm_server.domain.resources import Resource, ResourceError
 from rm_server.errors import FailedPrecondition, NotFound
 from rm_server.store.codec import (
     TICKET_COLUMNS,
@@ -73,9 +73,11 @@ async def register_ecm(
     total: Resource,
     protected: Resource,
     now: datetime,
+    include_required: bool = False,
 ) -> Registration:
-    """Create or update an ECM and its label record; a changed total is applied and logged."""
-    if not (await node_lists(conn)).allows(instance):
+    """Create or update an ECM and its label record; a changed total is applied and logged.
+    `include_required`: only ECMs the include list names may register."""
+    if not (await node_lists(conn)).allows(instance, include_required):
         raise FailedPrecondition(
             f"ECM {instance} is not allowed by the include/exclude lists",
             state="EXCLUDED",
@@ -106,17 +108,24 @@ async def register_ecm(
             ),
         )
     else:
-        try:
-            join_kind(total.kind, row.used.kind)
-        except ResourceError as exc:
+        # A record has one type: its live tickets were charged in the type it holds, and
+        # are returned in it. Another type only once none is left (then from zero).
+        kinds = {row.used.kind, row.locked.kind}
+        if row.live_tickets and kinds != {total.kind}:
+            held = "/".join(sorted(k.value for k in kinds))
             raise FailedPrecondition(
-                f"ECM {instance} has live tickets of another resource type: {exc}",
+                f"ECM {instance} holds {held} for {row.live_tickets} live tickets: its resource"
+                f" type cannot change to {total.kind.value} until they end",
                 state="IN_USE",
-            ) from exc
+                reason="ECM_IN_USE",
+            )
+        zero = Resource.zero(total.kind, total.queue)
         await conn.execute(
-            "UPDATE label_resource SET source = 'ecm', max_resource = %s, protected = %s,"
+            "UPDATE label_resource SET source = 'ecm', kind = %s, max_resource = %s,"
+            " protected = %s, used = CASE WHEN live_tickets = 0 THEN %s ELSE used END,"
+            " locked = CASE WHEN live_tickets = 0 THEN %s ELSE locked END,"
             " updated_at = %s WHERE label = %s",
-            (jres(total), jres(protected), now, label),
+            (total.kind.value, jres(total), jres(protected), jres(zero), jres(zero), now, label),
         )
         await notify_freed(conn, [label])
     registered_at = now if previous is None else previous[2]
@@ -328,9 +337,17 @@ async def check_consistency(conn: Conn) -> ConsistencyReport:
                         label, "missing_record", None, None, f"ticket {ticket.ticket_id} charges it"
                     )
                 )
+    over_limit: list[Mismatch] = []
     for label, raw in sorted(records.items()):
-        mismatches.extend(_check_record(label, raw, used[label], locked[label]))
-    return ConsistencyReport(tuple(mismatches), len(records), len(tickets))
+        found = _check_record(label, raw, used[label], locked[label])
+        mismatches.extend(m for m in found if m.field != OVER_MAX)
+        over_limit.extend(m for m in found if m.field == OVER_MAX)
+    return ConsistencyReport(tuple(mismatches), len(records), len(tickets), tuple(over_limit))
+
+
+# Not an inconsistency (CheckConsistencyResponse.over_limit): admission never grants past a
+# maximum, so a record over it had its maximum lowered (a limit, an ECM's re-registration).
+OVER_MAX = "over_max"
 
 
 def _check_record(
@@ -343,8 +360,17 @@ def _check_record(
     out = []
     for field, stored, parts in (("used", row.used, used), ("locked", row.locked, locked)):
         expected = Resource.zero(stored.kind, stored.queue)
-        for part in parts:
-            expected = expected + part
+        try:
+            for part in parts:
+                expected = expected + charged_part(row.source, row.max_resource, part)
+        except ResourceError as exc:
+            out.append(Mismatch(label, field, stored, None, f"a live ticket does not fit: {exc}"))
+            continue
+        ecm_kind = row.max_resource.kind if row.max_resource is not None else stored.kind
+        if row.source == ECM_SOURCE and stored.kind is not ecm_kind:
+            out.append(
+                Mismatch(label, "kind", stored, None, f"an ECM's record holds {ecm_kind.value}")
+            )
         if not (stored.ge(expected) and expected.ge(stored)):
             out.append(Mismatch(label, field, stored, expected, "stored != sum of live tickets"))
     count = sum(1 for _ in locked)
@@ -365,10 +391,12 @@ def _check_record(
             out.append(
                 Mismatch(
                     label,
-                    "over_max",
+                    OVER_MAX,
                     in_use,
                     row.max_resource,
-                    "used + locked + protected exceeds the maximum in " + ", ".join(excess),
+                    "over its limit after a change: used + locked + protected exceeds the"
+                    " maximum in " + ", ".join(excess) + "; nothing more is granted there,"
+                    " and it drains as tickets end",
                 )
             )
     return out

@@ -77,9 +77,13 @@ LABEL_COLUMNS = (
 LABEL_NAMES = tuple(c.strip().removeprefix("r.") for c in LABEL_COLUMNS.split(","))
 
 
-def account_from_row(record: Sequence[Any]) -> LabelAccount:
+# The state of the ECM a record belongs to (none for other records), read with it.
+ECM_STATE = "(SELECT e.state FROM ecm e WHERE e.label = r.label) AS ecm_state"
+
+
+def account_from_row(record: Sequence[Any], ecm_state: str | None = None) -> LabelAccount:
     """A LabelAccount from the first columns of a record selected with LABEL_COLUMNS
-    (or the same values read from JSON)."""
+    (or the same values read from JSON), with its ECM's state if read (ECM_STATE)."""
     label, source, maximum, protected, used, locked, live, reserved = record[:8]
     return LabelAccount(
         label,
@@ -90,6 +94,7 @@ def account_from_row(record: Sequence[Any]) -> LabelAccount:
         res(locked),
         live,
         opt_res(reserved),
+        ecm_state,
     )
 
 

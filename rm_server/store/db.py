@@ -41,9 +41,17 @@ MIGRATION_LOCK_ID = 0x6C61_6265_6C72_6D01
 # label row is created from a limit, so a row never misses a concurrent limit change.
 LIMITS_LOCK_ID = 0x6C61_6265_6C72_6D02
 
-# Outcomes that are the final answer to a request: committed with the request id
-# so that a retry gets the same answer.
+# The errors that can be the final answer to a request (docs/architecture.md,
+# "Idempotency"): committed with the request id so that a retry gets the same answer,
+# unless transient (RESOURCE_EXHAUSTED and other refusals a retry may overcome).
+# Bad input (INVALID_ARGUMENT) is never stored: nothing was done.
 FINAL_ERRORS = (NotFound, FailedPrecondition, ResourceExhausted)
+
+
+def is_final(exc: BaseException) -> bool:
+    """Whether `exc` is a definitive outcome, stored under the request id (AIP-155:
+    a transient refusal is not, so a retry with the same id may succeed)."""
+    return isinstance(exc, FINAL_ERRORS) and not exc.transient
 
 
 @dataclass(frozen=True)
@@ -234,6 +242,8 @@ class Database:
             try:
                 result = await body(conn)
             except FINAL_ERRORS as err:
+                if not is_final(err):
+                    raise  # rolled back with the request id's claim: a retry runs afresh
                 code, payload = encoder.error(err)
                 await finish_request(conn, idem, code, payload)
                 return _Failed(err)

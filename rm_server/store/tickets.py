@@ -51,8 +51,9 @@ from rm_server.domain.ledger import (
 from rm_server.domain.limits import LabelPattern, LimitRule, best_limit
 from rm_server.domain.model import Refusal, Ticket, TicketState
 from rm_server.domain.resources import Resource
-from rm_server.errors import InvalidArgument, NotFound, ResourceExhausted
+from rm_server.errors import InvalidArgument, LabelrmError, NotFound, ResourceExhausted
 from rm_server.store.codec import (
+    ECM_STATE,
     HISTORY_COLUMNS,
     LABEL_COLUMNS,
     LABEL_NAMES,
@@ -69,12 +70,12 @@ from rm_server.store.codec import (
     ticket_json,
 )
 from rm_server.store.db import (
-    FINAL_ERRORS,
     Conn,
     Idempotency,
     OutcomeEncoder,
     Replay,
     RetryTransaction,
+    is_final,
 )
 from rm_server.store.notify import CHANNEL, notify_freed
 
@@ -201,7 +202,7 @@ READ = (
     "   FROM request_log WHERE caller = ANY(%s) AND method = ANY(%s)"
     "   AND request_id = ANY(%s)) g),"
     " (SELECT coalesce(json_agg(x), '[]') FROM ("
-    f"   SELECT {LABEL_COLUMNS},"
+    f"   SELECT {LABEL_COLUMNS}, {ECM_STATE},"
     "    (SELECT coalesce(json_agg(json_build_array(w.seq, w.user_name, w.resource,"
     "       w.hold_until) ORDER BY w.seq), '[]') FROM apply_waiter w"
     "     WHERE w.label = r.label AND w.expires_at > %s) AS waiters"
@@ -359,7 +360,9 @@ async def run(conn: Conn, ops: Sequence[Op], now: datetime) -> list[Outcome]:
         )
         for g in logged_json
     }
-    rows = {x["label"]: account_from_row([x[n] for n in LABEL_NAMES]) for x in rows_json}
+    rows = {
+        x["label"]: account_from_row([x[n] for n in LABEL_NAMES], x["ecm_state"]) for x in rows_json
+    }
     waiters = {x["label"]: tuple(map(waiter_from_json, x["waiters"])) for x in rows_json}
     live = [ticket_from_json(k) for k in tickets_json]
     initial_rows = dict(rows)
@@ -391,13 +394,15 @@ async def run(conn: Conn, ops: Sequence[Op], now: datetime) -> list[Outcome]:
         snap = state.snapshot()
         try:
             result = _execute(op, state, now, need, history)
-        except FINAL_ERRORS as err:  # the answer to the request: stored, effects kept
-            if op.idem is not None and op.encoder is not None:
-                code, payload = op.encoder.error(err)
-                log_rows.append((op.idem, code, payload))
-            outcomes.append(err)
-            continue
-        except Exception as exc:  # not an answer (bad input, must wait, ...): undone
+        except Exception as exc:
+            if is_final(exc):  # the answer to the request: stored, effects kept
+                assert isinstance(exc, LabelrmError)
+                if op.idem is not None and op.encoder is not None:
+                    code, payload = op.encoder.error(exc)
+                    log_rows.append((op.idem, code, payload))
+                outcomes.append(exc)
+                continue
+            # Not a final answer (bad input, a transient refusal, must wait, ...): undone.
             state.restore(snap)
             outcomes.append(exc)
             continue

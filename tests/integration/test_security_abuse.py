@@ -6,6 +6,10 @@ and floods of calls."""
 from __future__ import annotations
 
 import asyncio
+import http.client
+import ssl
+import urllib.error
+import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -17,9 +21,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from google.protobuf.duration_pb2 import Duration
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from labelrm.v1 import admin_pb2, resource_pb2
 from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as pb
-from labelrm.v1 import resource_pb2
 
 from rm_server.security import tokens
 from rm_server.security.limits import RATE_LIMITED, TOO_MANY_AUTH_FAILURES, TOO_MANY_STREAMS
@@ -135,13 +139,14 @@ async def test_a_revoked_agent_token_ends_its_open_streams(database_url, tmp_pat
                 pytest.fail(f"a revoked agent was sent {got}")
             assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
             assert reason_of(err.value) == "TOKEN_REVOKED"
-            # The heartbeat stream answers no further message either.
-            await beats.write(
-                pb.HeartbeatStreamRequest(
-                    heartbeat=pb.HeartbeatRequest(agent_id="agent1", sequence=2)
-                )
-            )
+            # The heartbeat stream answers no further message either (it may have ended
+            # already, idle, before this one is written).
             with pytest.raises(grpc.aio.AioRpcError) as err:
+                await beats.write(
+                    pb.HeartbeatStreamRequest(
+                        heartbeat=pb.HeartbeatRequest(agent_id="agent1", sequence=2)
+                    )
+                )
                 await beats.read()
             assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
         finally:
@@ -366,5 +371,65 @@ async def test_anonymous_health_watch_streams_are_capped_per_peer(database_url, 
         await wait_until(another, timeout=10)
         for watch in watches:
             watch.cancel()
+    finally:
+        await stop_secure(srm)
+
+
+# ----- the metrics endpoint off loopback -------------------------------------------------------------
+
+
+def scrape(url: str, ca: str, token: str = "") -> tuple[int, bytes]:
+    """GET `url` (verifying the server with `ca`); (HTTP status, body)."""
+    request = urllib.request.Request(url)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    context = ssl.create_default_context(cafile=ca)
+    context.check_hostname = False  # the RM's test certificate names localhost
+    try:
+        with urllib.request.urlopen(request, timeout=10, context=context) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+async def test_metrics_off_loopback_need_tls_and_an_admin_token(database_url, keys):
+    srm = await start_secure(database_url, keys, metrics_listen="0.0.0.0:0")
+    try:
+        url = f"https://127.0.0.1:{srm.server.metrics_port}/metrics"
+        for who in ("", "alice", "agent1"):
+            token = keys.tokens[who] if who else ""
+            status, _ = await asyncio.to_thread(scrape, url, keys.ca, token)
+            assert status == 401, who
+        status, body = await asyncio.to_thread(scrape, url, keys.ca, keys.tokens["root"])
+        assert status == 200 and b"labelrm_" in body
+        # Plain HTTP gets no answer at all.
+        with pytest.raises((urllib.error.URLError, ConnectionError, http.client.HTTPException)):
+            await asyncio.to_thread(
+                urllib.request.urlopen,
+                f"http://127.0.0.1:{srm.server.metrics_port}/metrics",
+                timeout=10,
+            )
+    finally:
+        await stop_secure(srm)
+
+
+async def test_a_required_include_list_denies_unlisted_agents(database_url, keys):
+    srm = await start_secure(database_url, keys, node_include_required=True)
+    try:
+        admin = srm.stubs(srm.channel("root"))
+        agent1 = srm.stubs(srm.channel(cert=keys.cert("agent", "agent1"), agent_port=True))
+        agent2 = srm.stubs(srm.channel(cert=keys.cert("agent", "agent2"), agent_port=True))
+        # Nothing listed yet: no agent may register, however good its certificate.
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await agent1.rm.RegisterEcm(register("agent1", load_instance(GiB, 1000, 1)))
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert reason_of(err.value) == "NODE_EXCLUDED"
+        await admin.admin.RefreshNodes(admin_pb2.RefreshNodesRequest(include=["agent2"]))
+        await agent2.rm.RegisterEcm(register("agent2", load_instance(GiB, 1000, 1)))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await agent1.rm.RegisterEcm(register("agent1", load_instance(GiB, 1000, 1)))
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        ecms = (await admin.rm.ListEcms(pb.ListEcmsRequest())).ecms
+        assert [e.instance for e in ecms] == ["agent2"]
     finally:
         await stop_secure(srm)

@@ -119,16 +119,18 @@ class Mismatch(_message.Message):
     def __init__(self, label: _Optional[str] = ..., field: _Optional[str] = ..., stored: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., expected: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class CheckConsistencyResponse(_message.Message):
-    __slots__ = ("consistent", "mismatches", "labels_checked", "tickets_checked")
+    __slots__ = ("consistent", "mismatches", "labels_checked", "tickets_checked", "over_limit")
     CONSISTENT_FIELD_NUMBER: _ClassVar[int]
     MISMATCHES_FIELD_NUMBER: _ClassVar[int]
     LABELS_CHECKED_FIELD_NUMBER: _ClassVar[int]
     TICKETS_CHECKED_FIELD_NUMBER: _ClassVar[int]
+    OVER_LIMIT_FIELD_NUMBER: _ClassVar[int]
     consistent: bool
     mismatches: _containers.RepeatedCompositeFieldContainer[Mismatch]
     labels_checked: int
     tickets_checked: int
-    def __init__(self, consistent: _Optional[bool] = ..., mismatches: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ..., labels_checked: _Optional[int] = ..., tickets_checked: _Optional[int] = ...) -> None: ...
+    over_limit: _containers.RepeatedCompositeFieldContainer[Mismatch]
+    def __init__(self, consistent: _Optional[bool] = ..., mismatches: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ..., labels_checked: _Optional[int] = ..., tickets_checked: _Optional[int] = ..., over_limit: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ...) -> None: ...
 
 class GetClusterInfoRequest(_message.Message):
     __slots__ = ()
