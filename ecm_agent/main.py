@@ -15,6 +15,7 @@ import sys
 
 from ecm_agent.agent import RegistrationRefused, build_agent
 from ecm_agent.settings import AgentSettings, SettingsError, check_files, load_agent_config
+from rm_server.observability.logging import setup_logging
 
 
 async def _run(settings: AgentSettings) -> None:
@@ -36,11 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"ecm-agent: error: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=config.settings.log_level.upper(),
-        format="%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)s",
-        stream=sys.stderr,
-    )
+    # The same structured lines as rm-server's (text: logfmt, or JSON), so that `make run`
+    # shows one format and a log collector parses both daemons alike.
+    setup_logging(config.settings.log_level, config.settings.log_format, sys.stderr)
     try:
         asyncio.run(_run(config.settings))
     except RegistrationRefused as exc:

@@ -41,6 +41,7 @@ class AgentSettings:
     fork_servers: int = 8
     fork_server_idle: float = 600.0  # seconds without a launch before one is closed
     log_level: str = "INFO"
+    log_format: str = "text"  # text (logfmt) or json: the same lines as rm-server's
     # Reaching the RM (docs/security.md): tls_ca turns TLS on; tls_cert + tls_key are this
     # agent's certificate (its CN / SAN must be agent_id); or a bearer token (agent role).
     tls_ca: str = ""
@@ -71,6 +72,7 @@ HELP: dict[str, str] = {
     "fork_servers": "users with a warm fork server at a time (0: every launch a cold start)",
     "fork_server_idle": "seconds without a launch before a user's fork server is closed",
     "log_level": "DEBUG, INFO, WARNING or ERROR",
+    "log_format": "`text` (logfmt key=value pairs) or `json` (one object per line), as rm-server",
     "tls_ca": "PEM CA bundle verifying the RM; turns TLS on",
     "tls_cert": "this agent's certificate (PEM); its CN or a DNS SAN is agent_id",
     "tls_key": "this agent's private key (PEM)",
@@ -202,6 +204,8 @@ def load_agent_config(
     level = str(values.get("log_level", "INFO")).upper()
     if level not in LOG_LEVELS:
         raise SettingsError(f"log_level must be one of {', '.join(LOG_LEVELS)}, not {level!r}")
+    if values.get("log_format", "text") not in ("text", "json"):
+        raise SettingsError(f"log_format must be text or json, not {values['log_format']!r}")
     return LoadedAgentConfig(
         AgentSettings(**values), sources, args.config or "", bool(args.print_config)
     )

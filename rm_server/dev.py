@@ -92,6 +92,8 @@ def agent_command(settings: Settings, port: int, extra: tuple[str, ...] = ()) ->
         ec_python(),
         "--heartbeat-interval",
         "1",
+        "--log-format",  # one format on the terminal: the RM's
+        settings.log_format,
         *extra,
     ]
 
