@@ -332,6 +332,12 @@ class RMClient(EngineConnCalls, _Base):
         """Recompute every label's used and locked; returns the CheckConsistencyResponse."""
         return self._call(self._admin.CheckConsistency, admin_pb2.CheckConsistencyRequest())
 
+    def list_events(self, kind: str, object_id: str) -> list[Any]:
+        """The state history (StateEvent: time, state, reason) of a "node" or an
+        "engineconn", oldest first."""
+        req = admin_pb2.ListEventsRequest(kind=kind, id=object_id)
+        return list(self._call(self._admin.ListEvents, req).events)
+
     def get_cluster_info(self) -> Any:
         """The RM's version, replicas, database and waiting applies (GetClusterInfoResponse)."""
         return self._call(self._admin.GetClusterInfo, admin_pb2.GetClusterInfoRequest())

@@ -49,6 +49,7 @@ from clients._output import (
     stream_changes,
 )
 from clients.rmctl_demand import add_demand_commands
+from clients.rmctl_describe import add_describe_commands
 from clients.rmctl_engineconn import add_engineconn_commands
 from clients.rmctl_node import add_node_commands
 from clients.rmctl_security import (
@@ -198,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_engineconn_commands(cmds)
     add_demand_commands(cmds)
     add_status_commands(cmds)
+    add_describe_commands(cmds)
     add_local_commands(cmds)
     accept_globals_anywhere(p, GLOBAL_DESTS)
     return p

@@ -126,6 +126,7 @@ POLICY: Mapping[str, Rule] = {
     ADMIN + "RefreshNodes": Rule(_ADMIN_ONLY),
     ADMIN + "DecommissionEcm": Rule(_ADMIN_ONLY),
     ADMIN + "GetClusterInfo": Rule(_ADMIN_ONLY),
+    ADMIN + "ListEvents": Rule(_ADMIN_ONLY),
 }
 
 

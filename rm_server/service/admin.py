@@ -15,7 +15,7 @@ from rm_server.domain.model import StoredLimit
 from rm_server.errors import InvalidArgument
 from rm_server.service import convert
 from rm_server.service.common import ProtoEncoder, idempotency, next_token, page_of, respond
-from rm_server.store.cluster import cluster_info
+from rm_server.store.cluster import EVENT_TABLES, cluster_info, state_events
 from rm_server.version import VERSION
 
 _SET = ProtoEncoder[tuple[StoredLimit, int]](
@@ -103,6 +103,22 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         for r in row.replicas:
             replica = out.replicas.add(replica_id=r.replica_id, host=r.host, pid=r.pid)
             replica.start_time.FromDatetime(r.started_at)
+        return out
+
+    async def ListEvents(
+        self, request: pb.ListEventsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListEventsResponse:
+        if request.kind not in EVENT_TABLES:
+            raise InvalidArgument("kind", f"must be one of {', '.join(sorted(EVENT_TABLES))}")
+        if not request.id or len(request.id) > 256:
+            raise InvalidArgument("id", "must be an ECM instance or EngineConn id")
+        rows = await self.core.db.run(
+            lambda c: state_events(c, request.kind, request.id), read_only=True
+        )
+        out = pb.ListEventsResponse()
+        for at, state, reason in rows:
+            event = out.events.add(state=state, reason=reason)
+            event.time.FromDatetime(at)
         return out
 
 

@@ -8,7 +8,7 @@ from datetime import datetime
 
 from rm_server.store.db import Conn
 
-__all__ = ["ClusterRow", "ReplicaRow", "cluster_info"]
+__all__ = ["EVENT_TABLES", "ClusterRow", "ReplicaRow", "cluster_info", "state_events"]
 
 
 @dataclass(frozen=True)
@@ -43,3 +43,24 @@ async def cluster_info(conn: Conn) -> ClusterRow:
     return ClusterRow(
         str(version[0]) if version else "", replicas, int(waiting[0]) if waiting else 0
     )
+
+
+# kind -> (table, id column, reason column or '' for none)
+EVENT_TABLES = {
+    "node": (
+        "SELECT at, state, '' FROM ecm_event WHERE instance = %s ORDER BY seq DESC LIMIT 1000"
+    ),
+    "engineconn": (
+        "SELECT at, state, reason FROM engine_conn_event WHERE ec_id = %s"
+        " ORDER BY seq DESC LIMIT 1000"
+    ),
+}
+
+
+async def state_events(conn: Conn, kind: str, object_id: str) -> list[tuple[datetime, str, str]]:
+    """(time, state, reason) of every state the object entered, oldest first (the last
+    1000). `kind` is a key of EVENT_TABLES (checked by the caller)."""
+    cur = await conn.execute(EVENT_TABLES[kind], (object_id,))
+    rows = [(at, str(state), str(reason)) for at, state, reason in await cur.fetchall()]
+    rows.reverse()
+    return rows

@@ -268,6 +268,27 @@ async def test_engineconn_list_live_by_default_and_filters(
     assert rc == 2 and "unknown state 'sleepy'" in err and "usage: rmctl engineconn list" in err
     rc, _, err = await rmctl_run(rm, "engineconn", "list", "--ecm", "nowhere")
     assert rc == 1 and "NOT_FOUND" in err
+
+    # describe: the detail view, then every state it entered, oldest first, with reasons.
+    rc, out, err = await rmctl_run(rm, "describe", "engineconn", shell[:10])
+    assert rc == 0, err
+    detail, events = out.split("\nEvents:\n")
+    assert f"engine_conn_id  = {shell}" in detail or shell in detail.splitlines()[0]
+    rows = [line.split() for line in events.splitlines()]
+    assert rows[0] == ["TIME", "AGE", "STATE", "REASON"]
+    states = [r[2] for r in rows[1:]]
+    assert states[:2] == ["STARTING", "IDLE"] and states[-1] in ("SUCCEEDED", "FAILED")
+    assert "SHUTTING_DOWN" in states
+    rc, out, err = await rmctl_run(rm, "describe", "node", "agent")
+    assert rc == 0, err
+    assert [r.split()[2] for r in out.split("\nEvents:\n")[1].splitlines()[1:]] == ["REGISTERED"]
+    async with AsyncRMClient(rm.target, timeout=10.0) as client:
+        ticket = (await client.get_engine_conn(python)).ticket_id
+    rc, out, err = await rmctl_run(rm, "describe", "ticket", ticket)
+    assert rc == 0, err
+    assert out.split("\nEvents:\n")[1].splitlines()[1].split()[2] == "LOCKED"
+    rc, out, err = await rmctl_run(rm, "describe", "pod", "x")
+    assert rc == 2 and "invalid choice: 'pod'" in err
     await rmctl_run(rm, "engineconn", "kill", python)
 
 

@@ -62,6 +62,7 @@ EXPECTED = {
     "AdminService/RefreshNodes": set(),
     "AdminService/DecommissionEcm": set(),
     "AdminService/GetClusterInfo": set(),
+    "AdminService/ListEvents": set(),
     "EngineConnService/CreateEngineConn": {"user"},
     "EngineConnService/AskEngineConn": {"user"},
     "EngineConnService/GetEngineConn": {"user"},

@@ -70,6 +70,11 @@ class AdminServiceStub:
                 request_serializer=labelrm_dot_v1_dot_admin__pb2.GetClusterInfoRequest.SerializeToString,
                 response_deserializer=labelrm_dot_v1_dot_admin__pb2.GetClusterInfoResponse.FromString,
                 _registered_method=True)
+        self.ListEvents = channel.unary_unary(
+                '/labelrm.v1.AdminService/ListEvents',
+                request_serializer=labelrm_dot_v1_dot_admin__pb2.ListEventsRequest.SerializeToString,
+                response_deserializer=labelrm_dot_v1_dot_admin__pb2.ListEventsResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -128,6 +133,14 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListEvents(self, request, context):
+        """ListEvents is the state history of one ECM or EngineConn, oldest first (`rmctl
+        describe`): every state it entered, when, and the reason recorded with it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -165,6 +178,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.GetClusterInfo,
                     request_deserializer=labelrm_dot_v1_dot_admin__pb2.GetClusterInfoRequest.FromString,
                     response_serializer=labelrm_dot_v1_dot_admin__pb2.GetClusterInfoResponse.SerializeToString,
+            ),
+            'ListEvents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListEvents,
+                    request_deserializer=labelrm_dot_v1_dot_admin__pb2.ListEventsRequest.FromString,
+                    response_serializer=labelrm_dot_v1_dot_admin__pb2.ListEventsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -357,6 +375,33 @@ class AdminService:
             '/labelrm.v1.AdminService/GetClusterInfo',
             labelrm_dot_v1_dot_admin__pb2.GetClusterInfoRequest.SerializeToString,
             labelrm_dot_v1_dot_admin__pb2.GetClusterInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/labelrm.v1.AdminService/ListEvents',
+            labelrm_dot_v1_dot_admin__pb2.ListEventsRequest.SerializeToString,
+            labelrm_dot_v1_dot_admin__pb2.ListEventsResponse.FromString,
             options,
             channel_credentials,
             insecure,
