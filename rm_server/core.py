@@ -40,6 +40,7 @@ from rm_server.errors import DeadlineExceeded, InvalidArgument
 from rm_server.store import admin as admin_store
 from rm_server.store import replicas as replicas_store
 from rm_server.store import tickets as ticket_store
+from rm_server.store import waiters as waiter_store
 from rm_server.store.admin import Registration
 from rm_server.store.db import Database, Idempotency, OutcomeEncoder, Replay
 from rm_server.store.notify import LabelNotifier
@@ -163,7 +164,7 @@ class RMCore:
             if done:
                 reclaimed += 1
                 log.info("reclaimed ticket %s: lock not reported in time", ticket_id)
-        await self.db.run(lambda c: ticket_store.purge_waiters(c, now))
+        await self.db.run(lambda c: waiter_store.purge_waiters(c, now))
         await self.db.purge_request_ids(now - self.settings.request_id_retention)
         await self._apply_retention(now)
         return reclaimed
@@ -276,7 +277,7 @@ class RMCore:
             except BaseException:
                 if waiter is not None:
                     seq = waiter
-                    await asyncio.shield(self.db.run(lambda c: ticket_store.remove_waiter(c, seq)))
+                    await asyncio.shield(self.db.run(lambda c: waiter_store.remove_waiter(c, seq)))
                 raise
 
     async def _join_queue(
@@ -292,7 +293,7 @@ class RMCore:
         # A crashed replica's rows stop counting when the sweep finds its lock free
         # (store/replicas.py); the deadline (+ slack) is the backstop.
         now = self.clock.now()
-        entry = ticket_store.WaiterEntry(
+        entry = waiter_store.WaiterEntry(
             waiter_id,
             keys,
             now + timedelta(seconds=wait + 5),
@@ -301,10 +302,10 @@ class RMCore:
             self.replica_id,
             hold_until,
         )
-        return await self.db.run(lambda c: ticket_store.register_waiter(c, entry))
+        return await self.db.run(lambda c: waiter_store.register_waiter(c, entry))
 
     async def _set_hold(self, seq: int, hold_until: datetime) -> None:
-        await self.db.run(lambda c: ticket_store.set_waiter_hold(c, seq, hold_until))
+        await self.db.run(lambda c: waiter_store.set_waiter_hold(c, seq, hold_until))
 
     async def _apply_once(
         self,

@@ -13,12 +13,15 @@ import sys
 from pathlib import Path
 
 from rm_server.config import Settings
+from rm_server.embedded import data_dir_key, make_root_dir, unreachable_parent
 from rm_server.security import devtls
 from rm_server.server import RMServer, freeze_startup_heap
 
 log = logging.getLogger(__name__)
 
-SHARED_EC_PYTHON = Path("/opt/labelrm/ec-venv/bin/python")
+SHARED_EC_PYTHON = Path(os.environ.get("LABELRM_EC_VENV", "/opt/labelrm/ec-venv")) / "bin/python"
+# Root's work roots for data directories the EngineConn users cannot reach.
+DEV_WORK_ROOT = Path("/var/lib/labelrm/dev-work")
 
 
 def dev_users() -> str:
@@ -68,12 +71,33 @@ def ec_python() -> str:
     return str(SHARED_EC_PYTHON)
 
 
+def work_root(data: Path, users: str) -> Path:
+    """`<data-dir>/work`, where the EngineConn users can reach it. Run by root for
+    users who cannot pass a directory above the data directory (a checkout under
+    /root), no such directory is opened up: the work root is root's
+    `DEV_WORK_ROOT/<key>` instead, and `<data-dir>/work` a symlink to it."""
+    link = data / "work"
+    accounts = [pwd.getpwnam(u.strip()) for u in users.split(",") if u.strip()]
+    reachable = all(unreachable_parent(data, a) is None for a in accounts)
+    if os.geteuid() != 0 or (reachable and not link.is_symlink()):
+        link.mkdir(exist_ok=True)
+        link.chmod(0o755)
+        data.chmod(0o755)  # EngineConn users must reach their work directories
+        return link
+    make_root_dir(DEV_WORK_ROOT, 0o755)
+    work = DEV_WORK_ROOT / data_dir_key(data)
+    make_root_dir(work, 0o755)
+    if link.is_symlink() and Path(os.readlink(link)) != work:
+        link.unlink()
+    if not link.exists():
+        link.symlink_to(work)
+    log.info("EngineConn users cannot reach %s: their work root is %s", data, work)
+    return work
+
+
 def agent_command(settings: Settings, port: int, extra: tuple[str, ...] = ()) -> list[str]:
     data = Path(settings.data_dir).resolve()
-    work = data / "work"
-    work.mkdir(parents=True, exist_ok=True)
-    work.chmod(0o755)
-    data.chmod(0o755)  # EngineConn users must reach their work directories
+    work = work_root(data, dev_users())
     return [
         sys.executable,
         "-m",

@@ -9,11 +9,12 @@ writes only its hash. The file is TOML (or JSON when its name ends in ``.json``)
     created = "2025-01-01T00:00:00Z"
     note = "alice's laptop"
 
-The RM re-reads the file when it changes (checked at most once a second), so adding
-and revoking tokens needs no restart; open streams re-check their token on every
-message. The file must belong to the RM's user and be writable by nobody else (the RM
-refuses to start otherwise). A file that is deleted, no longer parses or becomes
-unsafe fails closed: no token is valid until it is fixed (and the error is logged).
+The RM re-reads the file when it changes (its stat is looked at on every call: a
+revoked token is refused from the next call on), so adding and revoking tokens needs
+no restart; open streams re-check their token on every message. The file must belong
+to the RM's user and be writable by nobody else (the RM refuses to start otherwise).
+A file that is deleted, no longer parses or becomes unsafe fails closed: no token is
+valid until it is fixed (and the error is logged).
 """
 
 from __future__ import annotations
@@ -133,7 +134,7 @@ class TokenFile:
     leaves no token valid until it is fixed (certificates keep working), rather than
     keeping a table that may hold tokens the operator meant to revoke."""
 
-    def __init__(self, path: Path, check_interval: float = 1.0) -> None:
+    def __init__(self, path: Path, check_interval: float = 0.0) -> None:
         self.path = path
         self.check_interval = check_interval
         check_file_safety(path)  # an unsafe or bad file at start-up stops the RM

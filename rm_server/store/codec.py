@@ -10,7 +10,7 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from rm_server.domain.labels import Label
-from rm_server.domain.ledger import LabelAccount
+from rm_server.domain.ledger import LabelAccount, Waiter
 from rm_server.domain.model import Ticket, TicketState
 from rm_server.domain.resources import Resource
 
@@ -212,3 +212,12 @@ def history_json(live: Ticket, ended: Ticket) -> dict[str, Any]:
         "reported_at": _json_time(live.updated_at if live.used is not None else None),
         "ended_at": _json_time(ended.ended_at),
     }
+
+
+# ----- apply_waiter (as READ in store/tickets.py aggregates it) ------------------------------
+
+
+def waiter_from_json(item: list[Any]) -> Waiter:
+    """A waiter as [seq, user_name, resource, hold_until]."""
+    seq, user, resource, hold_until = item
+    return Waiter(int(seq), user, opt_res(resource), _opt_at(hold_until))

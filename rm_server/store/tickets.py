@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from rm_server.domain.labels import Label, LabelKey
@@ -61,13 +61,12 @@ from rm_server.store.codec import (
     account_from_row,
     accounts_json,
     history_json,
-    jres,
-    opt_res,
     res,
     ticket_from_history,
     ticket_from_json,
     ticket_from_row,
     ticket_json,
+    waiter_from_json,
 )
 from rm_server.store.db import (
     Conn,
@@ -77,7 +76,7 @@ from rm_server.store.db import (
     RetryTransaction,
     is_final,
 )
-from rm_server.store.notify import CHANNEL, notify_freed
+from rm_server.store.notify import CHANNEL
 
 __all__ = ["ApplyCommand", "LabelAccount", "check_accounts", "run"]
 
@@ -604,7 +603,7 @@ async def expire_ticket(conn: Conn, ticket_id: str, now: datetime) -> bool:
     return _only(await run(conn, [ExpireOp(None, None, ticket_id)], now)) is not None
 
 
-# ----- label rows, limits, waiters, queries ---------------------------------------------------
+# ----- label rows, limits, queries ---------------------------------------------------
 
 
 async def lock_labels(conn: Conn, labels: Sequence[str], now: datetime) -> dict[str, LabelAccount]:
@@ -635,73 +634,6 @@ async def _labels_needing_rows(conn: Conn, missing: Sequence[str]) -> set[str]:
         return set()
     rules = await load_limit_rules(conn, sorted({key_names(m) for m in missing}))
     return {m for m in missing if best_limit(LabelKey.parse(m), rules) is not None}
-
-
-def waiter_from_json(item: list[Any]) -> Waiter:
-    """A waiter as READ gives it: [seq, user_name, resource, hold_until]."""
-    seq, user, resource, hold_until = item
-    return Waiter(int(seq), user, opt_res(resource), _opt_time(hold_until))
-
-
-def _opt_time(value: str | None) -> datetime | None:
-    return None if value is None else datetime.fromisoformat(value).astimezone(UTC)
-
-
-@dataclass(frozen=True)
-class WaiterEntry:
-    """A waiting apply to queue: who, for what, for which replica, holding until when."""
-
-    waiter_id: str
-    labels: tuple[str, ...]
-    expires_at: datetime
-    user: str = ""
-    resource: Resource | None = None
-    replica_id: str = ""
-    hold_until: datetime | None = None
-
-
-async def register_waiter(conn: Conn, entry: WaiterEntry) -> int:
-    """Queue a waiting apply on each of its labels; returns its global sequence number."""
-    cur = await conn.execute("SELECT nextval('apply_waiter_seq')")
-    row = await cur.fetchone()
-    assert row is not None
-    seq = int(row[0])
-    await conn.execute(
-        "INSERT INTO apply_waiter (label, seq, waiter_id, expires_at, user_name, resource,"
-        " replica_id, hold_until) SELECT unnest(%s::text[]), %s, %s, %s, %s, %s, %s, %s",
-        (
-            list(entry.labels),
-            seq,
-            entry.waiter_id,
-            entry.expires_at,
-            entry.user,
-            jres(entry.resource),
-            entry.replica_id,
-            entry.hold_until,
-        ),
-    )
-    return seq
-
-
-async def set_waiter_hold(conn: Conn, seq: int, hold_until: datetime) -> None:
-    """Move the end of a waiter's hold (to now: it holds nothing from here)."""
-    await conn.execute("UPDATE apply_waiter SET hold_until = %s WHERE seq = %s", (hold_until, seq))
-
-
-async def remove_waiter(conn: Conn, seq: int) -> None:
-    """Leave the queue; waiters behind it may now go, so wake them."""
-    cur = await conn.execute("DELETE FROM apply_waiter WHERE seq = %s RETURNING label", (seq,))
-    await notify_freed(conn, [r[0] for r in await cur.fetchall()])
-
-
-async def purge_waiters(conn: Conn, now: datetime) -> int:
-    """Drop waiters whose deadline passed (their replica may have died)."""
-    cur = await conn.execute(
-        "DELETE FROM apply_waiter WHERE expires_at <= %s RETURNING label", (now,)
-    )
-    labels = [r[0] for r in await cur.fetchall()]
-    await notify_freed(conn, labels)
-    return len(labels)
 
 
 async def read_history(conn: Conn, ticket_id: str) -> Ticket | None:

@@ -27,6 +27,7 @@ from rm_server.errors import (
 )
 from rm_server.service.resource_manager import _TICKET_ENCODERS
 from rm_server.store import tickets as ticket_store
+from rm_server.store import waiters as waiter_store
 from rm_server.store.db import Idempotency, Replay
 from tests.conftest import BOTH_PATHS, start_in_process, stop_in_process
 from tests.helpers import (
@@ -172,7 +173,7 @@ async def test_a_waiter_that_still_does_not_fit_must_wait_and_changes_nothing(rm
     assert isinstance(out[1], ResourceExhausted) and out[1].reason == "QUEUED_BEHIND_WAITERS"
     state = await label_state(rm, SHARED)
     assert state.live_tickets == 1
-    await rm.core.db.run(lambda c: ticket_store.remove_waiter(c, seq))
+    await rm.core.db.run(lambda c: waiter_store.remove_waiter(c, seq))
     await assert_consistent(rm)
 
 

@@ -107,73 +107,89 @@ async def test_token_guessing_never_locks_out_valid_tokens(database_url, keys):
 # ----- a revoked token ends the streams it opened ----------------------------------------------------
 
 
+def launch_on_agent1(srm, request_id: str) -> asyncio.Future:
+    """alice's CreateEngineConn on agent1, in the background: it queues a launch command
+    (with the EngineConn's secret and key) for agent1's command stream."""
+    alice = srm.stubs(srm.channel("alice"))
+    return asyncio.ensure_future(
+        alice.ecs.CreateEngineConn(
+            ec_pb.CreateEngineConnRequest(
+                request_id=request_id,
+                labels=lbl("userCreator=alice-IDE,engineType=shell-1,emInstance=agent1"),
+                timeout=Duration(seconds=20),
+            ),
+            timeout=30,
+        )
+    )
+
+
+async def open_command_stream(srm, agent) -> tuple[object, asyncio.Future]:
+    """agent1's StreamAgentCommands, shown open (admitted) by a first launch it delivers."""
+    await agent.rm.RegisterEcm(register("agent1", load_instance(8 * GiB, 8000, 8)))
+    commands = agent.ecs.StreamAgentCommands(
+        ec_pb.StreamAgentCommandsRequest(agent_id="agent1"), timeout=60
+    )
+    create = launch_on_agent1(srm, "before-revoke")
+    first = await commands.read()
+    assert first.command.HasField("launch")
+    return commands, create
+
+
 async def test_a_revoked_agent_token_ends_its_open_streams(database_url, tmp_path):
     keys = make_pki(tmp_path / "pki")  # its own token file: this test revokes from it
     srm = await start_secure(database_url, keys, create_timeout=30.0)
+    creates = []
     try:
         agent = srm.stubs(srm.channel("agent1"))  # the agent role, by token
-        await agent.rm.RegisterEcm(register("agent1", load_instance(8 * GiB, 8000, 8)))
+        commands, create = await open_command_stream(srm, agent)
+        creates.append(create)
         beats = agent.rm.HeartbeatStream(timeout=60)
         first = await beat_on_stream(beats, pb.HeartbeatRequest(agent_id="agent1", sequence=1))
         assert first.action == pb.HEARTBEAT_ACTION_CONTINUE
-        commands = agent.ecs.StreamAgentCommands(
-            ec_pb.StreamAgentCommandsRequest(agent_id="agent1"), timeout=60
-        )
         assert tokens.revoke(Path(keys.token_file), user="agent1") == 1
-        # A launch for the agent queued after the revocation (it would carry the
-        # EngineConn's secret and key) is never delivered: the stream ends instead.
-        alice = srm.stubs(srm.channel("alice"))
-        create = asyncio.ensure_future(
-            alice.ecs.CreateEngineConn(
-                ec_pb.CreateEngineConnRequest(
-                    request_id="after-revoke",
-                    labels=lbl("userCreator=alice-IDE,engineType=shell-1,emInstance=agent1"),
-                    timeout=Duration(seconds=20),
-                ),
-                timeout=30,
-            )
-        )
-        try:
-            with pytest.raises(grpc.aio.AioRpcError) as err:
-                got = await commands.read()
-                pytest.fail(f"a revoked agent was sent {got}")
-            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
-            assert reason_of(err.value) == "TOKEN_REVOKED"
-            # The heartbeat stream answers no further message either (it may have ended
-            # already, idle, before this one is written).
-            with pytest.raises(grpc.aio.AioRpcError) as err:
-                await beats.write(
-                    pb.HeartbeatStreamRequest(
-                        heartbeat=pb.HeartbeatRequest(agent_id="agent1", sequence=2)
-                    )
+        # A launch queued after the revocation is never delivered: the stream ends.
+        creates.append(launch_on_agent1(srm, "after-revoke"))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            got = await commands.read()
+            pytest.fail(f"a revoked agent was sent {got}")
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert reason_of(err.value) == "TOKEN_REVOKED"
+        # The heartbeat stream answers no further message either (it may have ended
+        # already, idle, before this one is written).
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await beats.write(
+                pb.HeartbeatStreamRequest(
+                    heartbeat=pb.HeartbeatRequest(agent_id="agent1", sequence=2)
                 )
-                await beats.read()
-            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        finally:
-            create.cancel()
+            )
+            await beats.read()
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
         # New calls with the token are refused as before.
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await agent.rm.Heartbeat(pb.HeartbeatRequest(agent_id="agent1", sequence=3))
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
     finally:
+        for create in creates:
+            create.cancel()
         await stop_secure(srm)
 
 
 async def test_an_idle_stream_ends_when_its_token_is_revoked(database_url, tmp_path):
     keys = make_pki(tmp_path / "pki")
-    srm = await start_secure(database_url, keys)
+    srm = await start_secure(database_url, keys, create_timeout=30.0)
+    create = None
     try:
         agent = srm.stubs(srm.channel("agent1"))
-        await agent.rm.RegisterEcm(register("agent1", load_instance(8 * GiB, 8000, 8)))
-        commands = agent.ecs.StreamAgentCommands(
-            ec_pb.StreamAgentCommandsRequest(agent_id="agent1"), timeout=60
-        )
-        reading = asyncio.ensure_future(commands.read())
+        commands, create = await open_command_stream(srm, agent)
+        reading = asyncio.ensure_future(commands.read())  # nothing more is queued
         tokens.revoke(Path(keys.token_file), user="agent1")
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await asyncio.wait_for(reading, timeout=30)
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert reason_of(err.value) == "TOKEN_REVOKED"
     finally:
+        if create is not None:
+            create.cancel()
         await stop_secure(srm)
 
 
