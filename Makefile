@@ -18,6 +18,7 @@ STAMP    := $(VENV)/.installed
 
 # `make run`
 LISTEN   ?= 127.0.0.1:7100
+CONSOLE  ?= 127.0.0.1:7180
 DATA_DIR ?= ./labelrm-data
 
 # `make test`: extra pytest arguments, e.g. make test PYTEST_ARGS='-k apply -x'
@@ -52,8 +53,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	@touch $@
 
-run: $(STAMP) ## run labelrm: rm-server --dev (embedded database in ./labelrm-data + one local agent), 127.0.0.1:7100, foreground
-	exec $(BIN)/rm-server --dev --data-dir $(DATA_DIR) --listen $(LISTEN)
+run: $(STAMP) ## run labelrm: rm-server --dev (embedded database in ./labelrm-data + one local agent), 127.0.0.1:7100, web console on 127.0.0.1:7180, foreground
+	exec $(BIN)/rm-server --dev --data-dir $(DATA_DIR) --listen $(LISTEN) --console-listen $(CONSOLE)
 
 test: $(STAMP) ## run the whole test suite (PYTEST_ARGS=..., honours LABELRM_TEST_DATABASE_URL); skipped groups listed with their reason
 	@echo "test database: $(or $(LABELRM_TEST_DATABASE_URL),embedded PostgreSQL)"

@@ -52,6 +52,7 @@ from clients.rmctl_demand import add_demand_commands
 from clients.rmctl_describe import add_describe_commands
 from clients.rmctl_engineconn import add_engineconn_commands
 from clients.rmctl_node import add_node_commands
+from clients.rmctl_provider import add_provider_commands
 from clients.rmctl_security import (
     add_connection_flags,
     add_local_commands,
@@ -151,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="sub", required=True, metavar="SUBCOMMAND"
     )
     c = res.add_parser("list", help="list resource records")
-    c.add_argument("--source", choices=("ecm", "limit"), default="")
+    c.add_argument("--source", choices=("ecm", "limit", "external"), default="")
     add_selector(c)
     _watchable(c)
     c.set_defaults(func=cmd_resource_list)
@@ -200,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_demand_commands(cmds)
     add_status_commands(cmds)
     add_describe_commands(cmds)
+    add_provider_commands(cmds)
     add_local_commands(cmds)
     accept_globals_anywhere(p, GLOBAL_DESTS)
     return p
@@ -287,14 +289,16 @@ def cmd_resource_list(client: RMClient, args: argparse.Namespace, out: TextIO) -
         header += ("protected", "updated")
     rows = []
     for r in records:
+        # An external queue: YARN's maximum, and what YARN and labelrm's grants leave.
+        queue = r.external_queue if r.HasField("external_queue") else None
         row: tuple[str, ...] = (
             r.label,
             r.source,
-            fmt_resource(opt(r, "max_resource")),
+            fmt_resource(queue.yarn_max if queue else opt(r, "max_resource")),
             fmt_resource(opt(r, "used_resource")),
             fmt_resource(opt(r, "locked_resource")),
             fmt_resource(opt(r, "reserved_resource")),
-            fmt_resource(opt(r, "left_resource")),
+            fmt_resource(queue.left if queue else opt(r, "left_resource")),
             str(r.live_tickets),
         )
         if wide:
@@ -334,6 +338,18 @@ def cmd_resource_show(client: RMClient, args: argparse.Namespace, out: TextIO) -
         ("tickets", str(r.live_tickets)),
         ("updated", fmt_time(r.update_time)),
     ]
+    if r.HasField("external_queue"):
+        q = r.external_queue
+        failed = f" (latest fetch: {q.error})" if q.error else ""
+        rows += [
+            ("yarn queue", f"{q.queue} ({q.scheduler} scheduler)"),
+            ("yarn max", fmt_resource(q.yarn_max)),
+            ("yarn used", fmt_resource(q.yarn_used)),
+            ("labelrm in flight", fmt_resource(q.in_flight)),
+            ("yarn left", fmt_resource(q.left)),
+            ("yarn apps", f"{q.apps_running} running, {q.apps_pending} pending"),
+            ("yarn fetched", fmt_time(q.fetch_time) + failed),
+        ]
     print_details(out, rows)
     return 0
 

@@ -28,6 +28,8 @@ class Settings:
     data_dir: Path = Path("labelrm-data")
     database_url: str = ""
     metrics_listen: str = ""
+    # HOST:PORT of the web console (docs/operations.md); off when empty, on in dev mode
+    console_listen: str = ""
     # Let several rm-server processes on this host listen on the same ports (the kernel
     # spreads connections over them): replicas on one host use more than one core.
     reuse_port: bool = False
@@ -254,7 +256,3 @@ def load_config(
         bool(args.dev),
         bool(args.dev_tls),
     )
-
-
-def load_settings(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> Settings:
-    return load_config(argv, environ).settings

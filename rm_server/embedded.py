@@ -16,7 +16,9 @@ to the RM (docs/security.md, "The embedded database"):
   under /root, mode 0700), the cluster's files live instead in
   `/var/lib/labelrm/embedded/<key>/` (0700, the database user's; `<key>` is derived
   from the data directory's resolved path) and `<data-dir>/pgdata` is a symlink to
-  them, so the data directory still names its database and holds its lock;
+  them, so the data directory still names its database and holds its lock; binaries
+  it cannot reach (an installation under /root) run from root's read-only copy in
+  `/var/lib/labelrm/pginstall/`;
 - one RM per data directory: an exclusive lock on `rm-server.lock` (holding the pid).
 
 A postmaster left behind by an RM killed with SIGKILL is handled at the next start:
@@ -55,8 +57,10 @@ PORT = 5432
 SOCKET_NAME = f".s.PGSQL.{PORT}"
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with its terminating NUL
 STALE_WAIT = 30.0  # seconds to wait for a dead server's processes to go
-# Where root keeps the cluster of a data directory the database user cannot reach.
+# Where root keeps the cluster of a data directory the database user cannot reach,
+# and a copy of PostgreSQL's binaries installed where it cannot reach them.
 RELOCATED_ROOT = Path("/var/lib/labelrm/embedded")
+BINARIES_ROOT = Path("/var/lib/labelrm/pginstall")
 
 
 class EmbeddedDatabaseError(Exception):
@@ -114,6 +118,7 @@ class EmbeddedPostgres:
         self.owner = pwd.getpwuid(os.geteuid())  # the RM's OS user
         self.db_user = self.owner  # the server's OS user (SYSTEM_USER under root)
         self.socket_dir: Path | None = None
+        self.bin_dir = _bin_dir(self.pgdata)  # set again at start, as the database user's
         self._temporary_socket_dir = False
         self._started = False
 
@@ -132,9 +137,11 @@ class EmbeddedPostgres:
     def _start(self) -> str:
         if os.geteuid() == 0:
             self.db_user = _system_user()
-            _check_traversable(_bin_dir(self.pgdata), self.db_user)
-            self.home = self._home_as_root()
+            self.home = self._home_as_root().resolve()  # as the server sees its cwd
             self.pgdata = self.home / "pgdata"
+        self.bin_dir = _bin_dir(self.pgdata)
+        if unreachable_parent(self.bin_dir, self.db_user) is not None:
+            self.bin_dir = _copy_of_binaries(self.bin_dir)
         self.pgdata.mkdir(mode=0o700, exist_ok=True)
         self._own(self.pgdata)
         self._clear_stale_server()
@@ -305,7 +312,7 @@ class EmbeddedPostgres:
                 "cwd": "/",
             }
         done = subprocess.run(
-            [str(_bin_dir(self.pgdata) / program), *args],
+            [str(self.bin_dir / program), *args],
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
@@ -378,6 +385,34 @@ def make_root_dir(path: Path, mode: int) -> None:
             f"{path} must be a directory of root's that only root can write "
             f"(it is {stat.filemode(st.st_mode)}, uid {st.st_uid})"
         )
+
+
+def _copy_of_binaries(bin_dir: Path) -> Path:
+    """The `bin` of root's read-only copy of `bin_dir`'s installation under
+    BINARIES_ROOT, named by its `postgres` binary's digest; made once, atomically. The
+    wheel's layout is kept: its programs find the bundled libraries in the package's
+    sibling `<package>.libs` (an RPATH relative to them)."""
+    install = bin_dir.parent
+    package = install.parent
+    digest = hashlib.sha256((bin_dir / "postgres").read_bytes()).hexdigest()[:16]
+    target = BINARIES_ROOT / f"{install.name}-{digest}"
+    if not target.exists():
+        make_root_dir(BINARIES_ROOT, 0o755)
+        staging = Path(tempfile.mkdtemp(prefix=".copy-", dir=BINARIES_ROOT))
+        shutil.copytree(install, staging / package.name / install.name, symlinks=True)
+        libs = package.with_name(f"{package.name}.libs")
+        if libs.is_dir():
+            shutil.copytree(libs, staging / libs.name, symlinks=True)
+        for path in (staging, *staging.rglob("*")):
+            if not path.is_symlink():  # root's, readable by all, writable by none else
+                path.chmod(stat.S_IMODE(path.stat().st_mode) & ~0o022 | 0o444)
+        staging.chmod(0o755)
+        try:
+            staging.rename(target)
+        except OSError:  # another rm-server made it first
+            shutil.rmtree(staging, ignore_errors=True)
+        log.info("PostgreSQL's binaries copied to %s for the database user", target)
+    return target / package.name / install.name / "bin"
 
 
 def unreachable_parent(path: Path, user: pwd.struct_passwd) -> Path | None:

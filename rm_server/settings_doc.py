@@ -24,6 +24,8 @@ RM_HELP: dict[str, str] = {
     "database_url": "libpq URL of an external PostgreSQL (empty: the embedded one); "
     "multi-host with `target_session_attrs=read-write` for HA",
     "metrics_listen": "Prometheus endpoint HOST:PORT, served at /metrics (empty: off)",
+    "console_listen": "HOST:PORT of the web console (operations.md); off when empty, on in "
+    "dev mode",
     "reuse_port": "several rm-server processes on this host share the listen ports "
     "(SO_REUSEPORT), so replicas on one host use more cores",
     "lock_timeout": "seconds a LOCKED ticket may stay unreported before the sweep reclaims it",

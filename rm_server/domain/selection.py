@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol
 
+from rm_server.domain.external import QUEUE_KEY
 from rm_server.domain.labels import EC_INSTANCE, EM_INSTANCE, ENGINE_TYPE, USER_CREATOR, Label
 from rm_server.domain.quantity import format_quantity
 from rm_server.domain.resources import (
@@ -39,8 +40,9 @@ from rm_server.domain.resources import (
 
 RUNNING = "RUNNING"
 
-# These labels describe the engine and its owner, not the machine, so ECMs do not carry them.
-_NON_PLACEMENT_KEYS = frozenset({USER_CREATOR, ENGINE_TYPE, EC_INSTANCE})
+# These labels describe the engine and its owner, not the machine, so ECMs do not carry them
+# (a YARN queue, yarnQueue, is where the engine's executors run: any ECM of its cluster will do).
+_NON_PLACEMENT_KEYS = frozenset({USER_CREATOR, ENGINE_TYPE, EC_INSTANCE, QUEUE_KEY})
 
 
 @dataclass(frozen=True)

@@ -127,6 +127,10 @@ POLICY: Mapping[str, Rule] = {
     ADMIN + "DecommissionEcm": Rule(_ADMIN_ONLY),
     ADMIN + "GetClusterInfo": Rule(_ADMIN_ONLY),
     ADMIN + "ListEvents": Rule(_ADMIN_ONLY),
+    ADMIN + "PutExternalProvider": Rule(_ADMIN_ONLY),
+    ADMIN + "ListExternalProviders": Rule(_ADMIN_ONLY),
+    ADMIN + "DeleteExternalProvider": Rule(_ADMIN_ONLY),
+    ADMIN + "TestExternalProvider": Rule(_ADMIN_ONLY),
 }
 
 

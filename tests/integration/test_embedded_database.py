@@ -279,6 +279,32 @@ def test_a_data_directory_the_database_user_cannot_reach(sudo_users):
         finally:
             second.stop()
         assert modes_above(data_dir) == modes  # nothing above was opened up
+
+        # Moved away from its files' name, or recreated while they remain: refused.
+        moved = data_dir.rename(closed / "moved")
+        for where, said in (
+            (moved, f"{moved / 'pgdata'} points to {home / 'pgdata'}"),
+            (data_dir, f"{home / 'pgdata'} holds the database of an earlier"),
+        ):
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "rm_server",
+                    "--listen",
+                    f"127.0.0.1:{free_port()}",
+                    "--data-dir",
+                    str(where),
+                ],
+                capture_output=True,
+                text=True,
+                cwd=ROOT,
+                timeout=60,
+            )
+            assert done.returncode == 1, done.stderr
+            assert done.stderr.strip().splitlines()[-1].startswith(f"rm-server: {said}")
+            assert "Traceback" not in done.stderr
+        assert (home / "pgdata" / "PG_VERSION").exists()  # nothing was lost
     finally:
         first.stop()
         remove_with_relocated(closed)

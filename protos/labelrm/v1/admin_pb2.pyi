@@ -1,6 +1,7 @@
 import datetime
 
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from labelrm.v1 import external_pb2 as _external_pb2
 from labelrm.v1 import resource_pb2 as _resource_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -9,6 +10,60 @@ from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class PutExternalProviderRequest(_message.Message):
+    __slots__ = ("request_id", "provider")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    provider: _external_pb2.ExternalProvider
+    def __init__(self, request_id: _Optional[str] = ..., provider: _Optional[_Union[_external_pb2.ExternalProvider, _Mapping]] = ...) -> None: ...
+
+class PutExternalProviderResponse(_message.Message):
+    __slots__ = ("provider",)
+    PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    provider: _external_pb2.ExternalProvider
+    def __init__(self, provider: _Optional[_Union[_external_pb2.ExternalProvider, _Mapping]] = ...) -> None: ...
+
+class ListExternalProvidersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListExternalProvidersResponse(_message.Message):
+    __slots__ = ("providers",)
+    PROVIDERS_FIELD_NUMBER: _ClassVar[int]
+    providers: _containers.RepeatedCompositeFieldContainer[_external_pb2.ExternalProvider]
+    def __init__(self, providers: _Optional[_Iterable[_Union[_external_pb2.ExternalProvider, _Mapping]]] = ...) -> None: ...
+
+class DeleteExternalProviderRequest(_message.Message):
+    __slots__ = ("request_id", "name")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    name: str
+    def __init__(self, request_id: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class DeleteExternalProviderResponse(_message.Message):
+    __slots__ = ("provider",)
+    PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    provider: _external_pb2.ExternalProvider
+    def __init__(self, provider: _Optional[_Union[_external_pb2.ExternalProvider, _Mapping]] = ...) -> None: ...
+
+class TestExternalProviderRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class TestExternalProviderResponse(_message.Message):
+    __slots__ = ("active_address", "scheduler", "queues")
+    ACTIVE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULER_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    active_address: str
+    scheduler: str
+    queues: _containers.RepeatedCompositeFieldContainer[_external_pb2.ExternalQueue]
+    def __init__(self, active_address: _Optional[str] = ..., scheduler: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[_external_pb2.ExternalQueue, _Mapping]]] = ...) -> None: ...
 
 class RefreshNodesRequest(_message.Message):
     __slots__ = ("request_id", "include", "exclude")
