@@ -483,6 +483,7 @@ def main(argv: list[str] | None = None) -> int:
                     str(len(log.errors)),
                 ]
             )
+            print(f"{mode} {fault}: {result[key]}", flush=True)
     # Throughput: the same storm without faults, HA (sync) against one embedded server.
     cluster = HACluster(synchronous=True)
     try:
@@ -531,12 +532,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _single_server_rate(clients: int) -> float:
     """The same storm against one rm-server on its embedded PostgreSQL."""
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        rm_servers([["--data-dir", f"{tmp}/data"]], Path(tmp)) as targets,
-    ):
-        asyncio.run(setup_cluster(targets[0]))
-        return asyncio.run(cycles_per_second(targets, clients, 10))
+    with tempfile.TemporaryDirectory() as tmp:
+        # As root the embedded database runs as its own user, which must reach the directory.
+        Path(tmp).chmod(0o755)
+        with rm_servers([["--data-dir", f"{tmp}/data"]], Path(tmp)) as targets:
+            asyncio.run(setup_cluster(targets[0]))
+            return asyncio.run(cycles_per_second(targets, clients, 10))
 
 
 if __name__ == "__main__":

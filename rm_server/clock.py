@@ -3,7 +3,6 @@ so time-dependent behaviour (lock expiry, waiters) is testable without waiting."
 
 from __future__ import annotations
 
-import itertools
 import secrets
 import threading
 import time
@@ -50,9 +49,3 @@ def random_ids(prefix: str) -> str:
     after every checkpoint wrote that whole page to the WAL again."""
     millis = time.time_ns() // 1_000_000
     return f"{prefix}-{millis & 0xFFFF_FFFF_FFFF:012x}{secrets.token_hex(10)}"
-
-
-def sequential_ids() -> IdFactory:
-    """Deterministic ids for tests: t-000001, t-000002, …"""
-    counter = itertools.count(1)
-    return lambda prefix: f"{prefix}-{next(counter):06d}"

@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from rm_server.background import Lease, run_periodically
 from rm_server.batching import Combiner, each_alone_on_failure
 from rm_server.clock import Clock, IdFactory, SystemClock, random_ids
+from rm_server.domain.external import QueueCheck
 from rm_server.domain.labels import (
     DEFAULT_RULES,
     EM_INSTANCE,
@@ -30,16 +31,18 @@ from rm_server.domain.ledger import blocked_by_own_quota
 from rm_server.domain.limits import LabelPattern
 from rm_server.domain.model import (
     ConsistencyReport,
-    Ecm,
     LabelResource,
     StoredLimit,
     Ticket,
 )
 from rm_server.domain.resources import Resource
 from rm_server.errors import DeadlineExceeded, InvalidArgument
+from rm_server.external import ExternalResources
 from rm_server.store import admin as admin_store
+from rm_server.store import providers as provider_store
 from rm_server.store import replicas as replicas_store
 from rm_server.store import tickets as ticket_store
+from rm_server.store import waiters as waiter_store
 from rm_server.store.admin import Registration
 from rm_server.store.db import Database, Idempotency, OutcomeEncoder, Replay
 from rm_server.store.notify import LabelNotifier
@@ -68,6 +71,8 @@ class CoreSettings:
     # classic path), at most `batch_inflight` such transactions at a time per process.
     batch_max: int = 256
     batch_inflight: int = 1
+    # Only ECMs the node include list names may register (none while it is empty).
+    node_include_required: bool = False
     # Agent heartbeats (rm_server/agents.py) are grouped the same way, each group leaving
     # at most `heartbeat_linger` seconds after its first beat.
     heartbeat_linger: float = 0.005
@@ -88,8 +93,20 @@ class RMCore:
     _retention_checked_at: datetime | None = None
     _keys_cache: dict[tuple[Label, ...], tuple[str, ...]] = field(default_factory=dict)
     _keys_rules: tuple[TransformRule, ...] | None = None
+    # External resources (YARN queues); None: requests are admitted on labelrm's records only.
+    external: ExternalResources | None = None
+    _queue_records: set[str] = field(default_factory=set)  # external queue records made
     _presence: replicas_store.Presence | None = None
     replica_id: str = ""
+
+    async def check_replicas(self) -> list[str]:
+        """Keep this replica's presence (join again if its session was lost), then
+        remove the replicas whose session ended, with their waiters; their ids."""
+        await self._keep_presence()
+        dead = await self.db.run(replicas_store.reap_dead)
+        for replica_id in dead:
+            log.warning("replica %s is gone: its waiting applies no longer count", replica_id)
+        return dead
 
     async def _keep_presence(self) -> None:
         presence = self._presence
@@ -119,6 +136,12 @@ class RMCore:
             "ticket-sweep", self.settings.sweep_interval, lambda: self.sweep(), lease
         )
         self._tasks.append(asyncio.create_task(sweeper, name="rm-sweeper"))
+        # On every replica, no lease: each keeps its own presence, and any live one
+        # finds a dead one (a dead lease holder would otherwise delay it by the lease).
+        presence = run_periodically(
+            "replicas", self.settings.sweep_interval, self.check_replicas, None
+        )
+        self._tasks.append(asyncio.create_task(presence, name="rm-replicas"))
 
     async def stop_background(self) -> None:
         if self._combiner is not None:
@@ -143,16 +166,11 @@ class RMCore:
         )
         reclaimed = 0
         for ticket_id in ids:
-            done = await self.db.run(
-                lambda c, tid=ticket_id: ticket_store.expire_ticket(c, tid, now)  # type: ignore[misc]
-            )
+            done = await self.db.run(ticket_store.expire_ticket, ticket_id, now)
             if done:
                 reclaimed += 1
                 log.info("reclaimed ticket %s: lock not reported in time", ticket_id)
-        await self.db.run(lambda c: ticket_store.purge_waiters(c, now))
-        await self._keep_presence()
-        for dead in await self.db.run(replicas_store.reap_dead):
-            log.warning("replica %s is gone: its waiting applies no longer count", dead)
+        await self.db.run(lambda c: waiter_store.purge_waiters(c, now))
         await self.db.purge_request_ids(now - self.settings.request_id_retention)
         await self._apply_retention(now)
         return reclaimed
@@ -209,6 +227,9 @@ class RMCore:
         (the EngineConn flow queues its launch command there, atomically)."""
         keys = self.charged_keys(labels)
         ticket_id = self.new_id("t")
+        queue, resource = await self._external(labels, resource)
+        if queue is not None:
+            keys = tuple(sorted((*keys, queue.label)))
         if wait_seconds <= 0:
             return await self._apply_once(
                 idem,
@@ -221,6 +242,7 @@ class RMCore:
                 None,
                 after=after,
                 engine_conn_id=engine_conn_id,
+                queue=queue,
             )
         deadline = time.monotonic() + wait_seconds
         waiter: int | None = None
@@ -232,6 +254,8 @@ class RMCore:
             try:
                 while True:
                     freed.clear()
+                    if queue is not None:  # the queue's live figures, fresh for each try
+                        queue, resource = await self._external(labels, resource)
                     try:
                         return await self._apply_once(
                             idem,
@@ -243,6 +267,7 @@ class RMCore:
                             resource,
                             waiter,
                             may_wait=True,
+                            queue=queue,
                         )
                     except ticket_store.MustWait as wait:
                         refusal = wait.refusal
@@ -270,12 +295,16 @@ class RMCore:
                         await self._set_hold(waiter, hold_ends if holding else self.clock.now())
                     # Also look again when holds may have lapsed (no release wakes us then).
                     nap = min(remaining, max(1.0, self.settings.waiter_hold.total_seconds() / 4))
+                    if queue is not None:
+                        # YARN tells nobody when its applications end: look again when the
+                        # cached figures are due, even without a release here.
+                        nap = min(nap, self._external_recheck(queue))
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(freed.wait(), timeout=nap)
             except BaseException:
                 if waiter is not None:
                     seq = waiter
-                    await asyncio.shield(self.db.run(lambda c: ticket_store.remove_waiter(c, seq)))
+                    await asyncio.shield(self.db.run(lambda c: waiter_store.remove_waiter(c, seq)))
                 raise
 
     async def _join_queue(
@@ -287,11 +316,11 @@ class RMCore:
         resource: Resource | None = None,
         hold_until: datetime | None = None,
     ) -> int:
-        """Queue a waiting apply (`resource` None: one that holds everything back)."""
+        """Queue a waiting apply: it holds `resource` back until `hold_until`."""
         # A crashed replica's rows stop counting when the sweep finds its lock free
         # (store/replicas.py); the deadline (+ slack) is the backstop.
         now = self.clock.now()
-        entry = ticket_store.WaiterEntry(
+        entry = waiter_store.WaiterEntry(
             waiter_id,
             keys,
             now + timedelta(seconds=wait + 5),
@@ -300,10 +329,10 @@ class RMCore:
             self.replica_id,
             hold_until,
         )
-        return await self.db.run(lambda c: ticket_store.register_waiter(c, entry))
+        return await self.db.run(lambda c: waiter_store.register_waiter(c, entry))
 
     async def _set_hold(self, seq: int, hold_until: datetime) -> None:
-        await self.db.run(lambda c: ticket_store.set_waiter_hold(c, seq, hold_until))
+        await self.db.run(lambda c: waiter_store.set_waiter_hold(c, seq, hold_until))
 
     async def _apply_once(
         self,
@@ -319,6 +348,7 @@ class RMCore:
         may_wait: bool = False,
         after: AfterApply | None = None,
         engine_conn_id: str = "",
+        queue: QueueCheck | None = None,
     ) -> Ticket | Replay:
         op = ticket_store.ApplyOp(
             idem,
@@ -333,15 +363,36 @@ class RMCore:
             may_wait,
             after,
             engine_conn_id,
+            queue,
         )
         while True:
             try:
                 return await self._submit(op)
             except ticket_store.NeedLimitRows as need:
                 now = self.clock.now()
-                await self.db.run(
-                    lambda c, n=need, at=now: admin_store.ensure_limit_rows(c, n.labels, at)  # type: ignore[misc]
-                )
+                await self.db.run(admin_store.ensure_limit_rows, need.labels, now)
+
+    async def _external(
+        self, labels: tuple[Label, ...], resource: Resource
+    ) -> tuple[QueueCheck | None, Resource]:
+        """The external queue the request must also fit (with the request naming the queue's
+        full path), fetched before any transaction: an unreachable YARN charges nothing."""
+        if self.external is None:
+            return None, resource
+        found = await self.external.admission(labels, resource)
+        if found is None:
+            return None, resource
+        queue, resource = found
+        if queue.label not in self._queue_records:  # its record, before its first Apply
+            now = self.clock.now()
+            await self.db.run(lambda c: provider_store.ensure_queue_row(c, queue.label, now))
+            self._queue_records.add(queue.label)
+        return queue, resource
+
+    def _external_recheck(self, queue: QueueCheck) -> float:
+        """Seconds until a waiting apply on `queue` should look at YARN's figures again."""
+        assert self.external is not None
+        return self.external.recheck_after(queue)
 
     async def report_used(
         self,
@@ -436,7 +487,14 @@ class RMCore:
             idem,
             now,
             lambda c: admin_store.register_ecm(
-                c, instance, str(own), all_labels, total, protected, now
+                c,
+                instance,
+                str(own),
+                all_labels,
+                total,
+                protected,
+                now,
+                self.settings.node_include_required,
             ),
             encoder,
         )
@@ -448,9 +506,6 @@ class RMCore:
         return await self.db.run_idempotent(
             idem, now, lambda c: admin_store.unregister_ecm(c, instance, now), encoder
         )
-
-    async def get_ecm(self, instance: str) -> Ecm:
-        return await self.db.run(lambda c: admin_store.get_ecm(c, instance))
 
     # ----- limits and checks --------------------------------------------------------------
 

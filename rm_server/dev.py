@@ -5,6 +5,7 @@ their idle timeout)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import getpass
 import logging
 import os
@@ -13,12 +14,15 @@ import sys
 from pathlib import Path
 
 from rm_server.config import Settings
+from rm_server.embedded import data_dir_key, make_root_dir, unreachable_parent
 from rm_server.security import devtls
 from rm_server.server import RMServer, freeze_startup_heap
 
 log = logging.getLogger(__name__)
 
-SHARED_EC_PYTHON = Path("/opt/labelrm/ec-venv/bin/python")
+SHARED_EC_PYTHON = Path(os.environ.get("LABELRM_EC_VENV", "/opt/labelrm/ec-venv")) / "bin/python"
+# Root's work roots for data directories the EngineConn users cannot reach.
+DEV_WORK_ROOT = Path("/var/lib/labelrm/dev-work")
 
 
 def dev_users() -> str:
@@ -68,12 +72,33 @@ def ec_python() -> str:
     return str(SHARED_EC_PYTHON)
 
 
+def work_root(data: Path, users: str) -> Path:
+    """`<data-dir>/work`, where the EngineConn users can reach it. Run by root for
+    users who cannot pass a directory above the data directory (a checkout under
+    /root), no such directory is opened up: the work root is root's
+    `DEV_WORK_ROOT/<key>` instead, and `<data-dir>/work` a symlink to it."""
+    link = data / "work"
+    accounts = [pwd.getpwnam(u.strip()) for u in users.split(",") if u.strip()]
+    reachable = all(unreachable_parent(data, a) is None for a in accounts)
+    if os.geteuid() != 0 or (reachable and not link.is_symlink()):
+        link.mkdir(exist_ok=True)
+        link.chmod(0o755)
+        data.chmod(0o755)  # EngineConn users must reach their work directories
+        return link
+    make_root_dir(DEV_WORK_ROOT, 0o755)
+    work = DEV_WORK_ROOT / data_dir_key(data)
+    make_root_dir(work, 0o755)
+    if link.is_symlink() and Path(os.readlink(link)) != work:
+        link.unlink()
+    if not link.exists():
+        link.symlink_to(work)
+    log.info("EngineConn users cannot reach %s: their work root is %s", data, work)
+    return work
+
+
 def agent_command(settings: Settings, port: int, extra: tuple[str, ...] = ()) -> list[str]:
     data = Path(settings.data_dir).resolve()
-    work = data / "work"
-    work.mkdir(parents=True, exist_ok=True)
-    work.chmod(0o755)
-    data.chmod(0o755)  # EngineConn users must reach their work directories
+    work = work_root(data, dev_users())
     return [
         sys.executable,
         "-m",
@@ -92,12 +117,16 @@ def agent_command(settings: Settings, port: int, extra: tuple[str, ...] = ()) ->
         ec_python(),
         "--heartbeat-interval",
         "1",
+        "--log-format",  # one format on the terminal: the RM's
+        settings.log_format,
         *extra,
     ]
 
 
 async def run_dev(settings: Settings, tls: bool = False) -> None:
     users = checked_dev_users()  # before anything starts
+    if not settings.console_listen:  # dev mode serves the web console (any free port)
+        settings = dataclasses.replace(settings, console_listen="127.0.0.1:0")
     secured = devtls.prepare(settings) if tls else None
     server = RMServer(secured.settings if secured else settings)
     await server.start()
@@ -124,7 +153,8 @@ async def run_dev(settings: Settings, tls: bool = False) -> None:
         )
     print(
         f"labelrm dev: RM on {target} (embedded database in "
-        f"{settings.data_dir}), local agent 'local-agent' for {users or 'nobody'}.\n{hints}",
+        f"{settings.data_dir}), local agent 'local-agent' for {users or 'nobody'}.\n{hints}"
+        f"\n  web console: {server.console.url if server.console else 'off'}",
         flush=True,
     )
     try:

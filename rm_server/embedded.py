@@ -12,7 +12,13 @@ to the RM (docs/security.md, "The embedded database"):
   RM's own OS user (mapped to the `postgres` role); no `trust`, no TCP;
 - run by root, the server runs as a dedicated system user (`pgserver`) with that
   user's group only (never root's group); no directory above the data directory is
-  ever made more permissive: one the database user cannot traverse is an error;
+  ever made more permissive. When the database user cannot traverse them (a checkout
+  under /root, mode 0700), the cluster's files live instead in
+  `/var/lib/labelrm/embedded/<key>/` (0700, the database user's; `<key>` is derived
+  from the data directory's resolved path) and `<data-dir>/pgdata` is a symlink to
+  them, so the data directory still names its database and holds its lock; binaries
+  it cannot reach (an installation under /root) run from root's read-only copy in
+  `/var/lib/labelrm/pginstall/`;
 - one RM per data directory: an exclusive lock on `rm-server.lock` (holding the pid).
 
 A postmaster left behind by an RM killed with SIGKILL is handled at the next start:
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import importlib.util
 import logging
 import os
@@ -50,6 +57,10 @@ PORT = 5432
 SOCKET_NAME = f".s.PGSQL.{PORT}"
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with its terminating NUL
 STALE_WAIT = 30.0  # seconds to wait for a dead server's processes to go
+# Where root keeps the cluster of a data directory the database user cannot reach,
+# and a copy of PostgreSQL's binaries installed where it cannot reach them.
+RELOCATED_ROOT = Path("/var/lib/labelrm/embedded")
+BINARIES_ROOT = Path("/var/lib/labelrm/pginstall")
 
 
 class EmbeddedDatabaseError(Exception):
@@ -100,12 +111,14 @@ class EmbeddedPostgres:
 
     def __init__(self, data_dir: Path, *, keep_running: bool = False) -> None:
         self.data_dir = Path(data_dir).resolve()
+        self.home = self.data_dir  # holds pgdata/ and pgsocket/ (module doc)
         self.pgdata = self.data_dir / "pgdata"
         self.keep_running = keep_running
         self.lock = DataDirLock(self.data_dir)
         self.owner = pwd.getpwuid(os.geteuid())  # the RM's OS user
         self.db_user = self.owner  # the server's OS user (SYSTEM_USER under root)
         self.socket_dir: Path | None = None
+        self.bin_dir = _bin_dir(self.pgdata)  # set again at start, as the database user's
         self._temporary_socket_dir = False
         self._started = False
 
@@ -124,11 +137,11 @@ class EmbeddedPostgres:
     def _start(self) -> str:
         if os.geteuid() == 0:
             self.db_user = _system_user()
-            # Our own directory (not its parents) must let the database user through.
-            mode = stat.S_IMODE(self.data_dir.stat().st_mode)
-            self.data_dir.chmod(mode | stat.S_IXOTH)
-            _check_traversable(self.data_dir, self.db_user)
-            _check_traversable(_bin_dir(self.pgdata), self.db_user)
+            self.home = self._home_as_root().resolve()  # as the server sees its cwd
+            self.pgdata = self.home / "pgdata"
+        self.bin_dir = _bin_dir(self.pgdata)
+        if unreachable_parent(self.bin_dir, self.db_user) is not None:
+            self.bin_dir = _copy_of_binaries(self.bin_dir)
         self.pgdata.mkdir(mode=0o700, exist_ok=True)
         self._own(self.pgdata)
         self._clear_stale_server()
@@ -166,13 +179,56 @@ class EmbeddedPostgres:
             "", host=str(self.socket_dir), port=str(PORT), user=ROLE, dbname=database
         )
 
+    def _home_as_root(self) -> Path:
+        """The data directory itself when the database user can reach it, else its
+        private directory under RELOCATED_ROOT, recorded as the `pgdata` symlink."""
+        link = self.data_dir / "pgdata"
+        relocated = relocated_home(self.data_dir)
+        if link.is_symlink():
+            if Path(os.readlink(link)) != relocated / "pgdata":
+                raise EmbeddedDatabaseError(
+                    f"{link} points to {os.readlink(link)}, but the database of this data "
+                    f"directory belongs in {relocated / 'pgdata'} (was the data directory "
+                    "moved or copied?); move the files there or remove the link"
+                )
+        elif link.exists() or unreachable_parent(self.data_dir, self.db_user) is None:
+            # In place: our own directory (never its parents) lets the database user in.
+            mode = stat.S_IMODE(self.data_dir.stat().st_mode)
+            self.data_dir.chmod(mode | stat.S_IXOTH)
+            _check_traversable(self.data_dir, self.db_user)
+            return self.data_dir
+        elif (relocated / "pgdata").exists():
+            raise EmbeddedDatabaseError(
+                f"{relocated / 'pgdata'} holds the database of an earlier {self.data_dir} "
+                f"whose pgdata link is gone: remove {relocated} to start afresh, or restore "
+                f"the link (ln -s {relocated / 'pgdata'} {link})"
+            )
+        make_root_dir(RELOCATED_ROOT.parent, 0o755)
+        make_root_dir(RELOCATED_ROOT, 0o755)
+        relocated.mkdir(mode=0o700, exist_ok=True)
+        relocated.chmod(0o700)
+        self._own(relocated)
+        # Says whose directory this is, for operators (root's, read-only).
+        owner_note = relocated / "data-dir"
+        owner_note.unlink(missing_ok=True)
+        owner_note.write_text(f"{self.data_dir}\n")
+        owner_note.chmod(0o444)
+        if not link.is_symlink():
+            link.symlink_to(relocated / "pgdata")
+        log.info(
+            "the database user %s cannot reach %s: the embedded database's files are in %s "
+            "(%s links there)",
+            self.db_user.pw_name, self.data_dir, relocated / "pgdata", link,
+        )  # fmt: skip
+        return relocated
+
     def _own(self, path: Path) -> None:
         if self.db_user.pw_uid != os.geteuid():
             os.chown(path, self.db_user.pw_uid, self.db_user.pw_gid)
 
     def _make_socket_dir(self) -> Path:
         """A 0700 directory of the database user for the socket (module doc)."""
-        inside = self.data_dir / "pgsocket"
+        inside = self.home / "pgsocket"
         if len(str(inside / SOCKET_NAME).encode()) <= MAX_SOCKET_PATH:
             if inside.is_symlink() or (inside.exists() and not inside.is_dir()):
                 inside.unlink()
@@ -230,7 +286,7 @@ class EmbeddedPostgres:
         log.warning("removing the stale postmaster.pid of a dead server (pid %d)", pid)
         # Its socket's lock file names the dead pid too (PostgreSQL refuses it as well).
         for name in (SOCKET_NAME, f"{SOCKET_NAME}.lock"):
-            (self.data_dir / "pgsocket" / name).unlink(missing_ok=True)
+            (self.home / "pgsocket" / name).unlink(missing_ok=True)
         old_dir = _socket_dir_of(pid_file)
         if old_dir is not None and old_dir.name.startswith("labelrm-pg-"):
             shutil.rmtree(old_dir, ignore_errors=True)  # a private one of the dead server
@@ -256,7 +312,7 @@ class EmbeddedPostgres:
                 "cwd": "/",
             }
         done = subprocess.run(
-            [str(_bin_dir(self.pgdata) / program), *args],
+            [str(self.bin_dir / program), *args],
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
@@ -306,10 +362,63 @@ def _system_user() -> pwd.struct_passwd:
         return pwd.getpwnam(SYSTEM_USER)
 
 
-def _check_traversable(path: Path, user: pwd.struct_passwd) -> None:
-    """Every directory above `path` must let `user` through as it is: none is changed."""
+def data_dir_key(data_dir: Path) -> str:
+    """A name for a data directory (a resolved path) in root's places for what others
+    cannot reach inside it: the first 128 bits of the path's SHA-256 (short enough
+    for the database's socket path)."""
+    return hashlib.sha256(str(data_dir).encode()).hexdigest()[:32]
+
+
+def relocated_home(data_dir: Path) -> Path:
+    """Root's private place for the cluster of `data_dir` (module doc)."""
+    return RELOCATED_ROOT / data_dir_key(data_dir)
+
+
+def make_root_dir(path: Path, mode: int) -> None:
+    """`path` as a directory of root's that only root can write (an existing one too:
+    anyone else able to write there could swap the database's files)."""
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=mode, parents=True)
+    st = path.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+        raise EmbeddedDatabaseError(
+            f"{path} must be a directory of root's that only root can write "
+            f"(it is {stat.filemode(st.st_mode)}, uid {st.st_uid})"
+        )
+
+
+def _copy_of_binaries(bin_dir: Path) -> Path:
+    """The `bin` of root's read-only copy of `bin_dir`'s installation under
+    BINARIES_ROOT, named by its `postgres` binary's digest; made once, atomically. The
+    wheel's layout is kept: its programs find the bundled libraries in the package's
+    sibling `<package>.libs` (an RPATH relative to them)."""
+    install = bin_dir.parent
+    package = install.parent
+    digest = hashlib.sha256((bin_dir / "postgres").read_bytes()).hexdigest()[:16]
+    target = BINARIES_ROOT / f"{install.name}-{digest}"
+    if not target.exists():
+        make_root_dir(BINARIES_ROOT, 0o755)
+        staging = Path(tempfile.mkdtemp(prefix=".copy-", dir=BINARIES_ROOT))
+        shutil.copytree(install, staging / package.name / install.name, symlinks=True)
+        libs = package.with_name(f"{package.name}.libs")
+        if libs.is_dir():
+            shutil.copytree(libs, staging / libs.name, symlinks=True)
+        for path in (staging, *staging.rglob("*")):
+            if not path.is_symlink():  # root's, readable by all, writable by none else
+                path.chmod(stat.S_IMODE(path.stat().st_mode) & ~0o022 | 0o444)
+        staging.chmod(0o755)
+        try:
+            staging.rename(target)
+        except OSError:  # another rm-server made it first
+            shutil.rmtree(staging, ignore_errors=True)
+        log.info("PostgreSQL's binaries copied to %s for the database user", target)
+    return target / package.name / install.name / "bin"
+
+
+def unreachable_parent(path: Path, user: pwd.struct_passwd) -> Path | None:
+    """The first directory above `path` that `user` cannot search, if any."""
     groups = {user.pw_gid, *os.getgrouplist(user.pw_name, user.pw_gid)}
-    for parent in path.parents:
+    for parent in reversed(path.parents):
         st = parent.stat()
         if st.st_uid == user.pw_uid:
             ok = bool(st.st_mode & stat.S_IXUSR)
@@ -318,11 +427,19 @@ def _check_traversable(path: Path, user: pwd.struct_passwd) -> None:
         else:
             ok = bool(st.st_mode & stat.S_IXOTH)
         if not ok:
-            raise EmbeddedDatabaseError(
-                f"the database user {user.pw_name} cannot reach {path}: {parent} is not "
-                "searchable by it; choose a --data-dir it can reach (e.g. under /var/lib) "
-                "or make that directory searchable yourself"
-            )
+            return parent
+    return None
+
+
+def _check_traversable(path: Path, user: pwd.struct_passwd) -> None:
+    """Every directory above `path` must let `user` through as it is: none is changed."""
+    parent = unreachable_parent(path, user)
+    if parent is not None:
+        raise EmbeddedDatabaseError(
+            f"the database user {user.pw_name} cannot reach {path}: {parent} is not "
+            "searchable by it; choose a --data-dir it can reach (e.g. under /var/lib) "
+            "or make that directory searchable yourself"
+        )
 
 
 def _socket_dir_of(pid_file: Path) -> Path | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rm_server.domain.quantity import format_quantity
 from rm_server.domain.resources import Shortfall
 
 
@@ -13,12 +14,20 @@ class LabelrmError(Exception):
     """Base class; `reason` is a stable UPPER_SNAKE identifier sent as ErrorInfo.reason."""
 
     reason = "INTERNAL"
+    # A transient refusal: the same request may succeed later with nothing changed by
+    # its caller (capacity returns, the database comes back, an ECM recovers). Never
+    # stored under the request id, so a retry is tried afresh (store.db.is_final).
+    transient = False
 
-    def __init__(self, message: str, *, reason: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, reason: str | None = None, transient: bool | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         if reason is not None:
             self.reason = reason
+        if transient is not None:
+            self.transient = transient
 
 
 class InvalidArgument(LabelrmError):
@@ -41,8 +50,15 @@ class FailedPrecondition(LabelrmError):
 
     reason = "FAILED_PRECONDITION"
 
-    def __init__(self, message: str, *, state: str = "", reason: str | None = None) -> None:
-        super().__init__(message, reason=reason)
+    def __init__(
+        self,
+        message: str,
+        *,
+        state: str = "",
+        reason: str | None = None,
+        transient: bool | None = None,
+    ) -> None:
+        super().__init__(message, reason=reason, transient=transient)
         self.state = state
 
 
@@ -50,6 +66,7 @@ class ResourceExhausted(LabelrmError):
     """A request did not fit; `shortfalls` lists every label and dimension short."""
 
     reason = "INSUFFICIENT_RESOURCE"
+    transient = True
 
     def __init__(
         self, message: str, shortfalls: Sequence[Shortfall] = (), *, reason: str | None = None
@@ -58,8 +75,23 @@ class ResourceExhausted(LabelrmError):
         self.shortfalls = tuple(shortfalls)
 
 
+class EcmNotRegistered(NotFound):
+    """An Apply names an `emInstance` that no registered ECM has."""
+
+    reason = "ECM_NOT_REGISTERED"
+
+
+class EcmNotRunning(FailedPrecondition):
+    """An Apply names an ECM that cannot take work now (LOST, DRAINING); transient: a
+    LOST ECM that beats again takes work again."""
+
+    reason = "ECM_NOT_RUNNING"
+    transient = True
+
+
 class DeadlineExceeded(LabelrmError):
     reason = "WAIT_TIMEOUT"
+    transient = True
 
     def __init__(self, message: str, shortfalls: Sequence[Shortfall] = ()) -> None:
         super().__init__(message)
@@ -68,10 +100,18 @@ class DeadlineExceeded(LabelrmError):
 
 class Unavailable(LabelrmError):
     reason = "DATABASE_UNAVAILABLE"
+    transient = True
 
 
 class Aborted(LabelrmError):
     reason = "ABORTED"
+    transient = True
+
+
+class Unimplemented(LabelrmError):
+    """A method the server lists (a service's generated stub) but does not implement."""
+
+    reason = "UNIMPLEMENTED"
 
 
 class Unauthenticated(LabelrmError):
@@ -89,7 +129,9 @@ class PermissionDenied(LabelrmError):
 def describe_shortfalls(shortfalls: Sequence[Shortfall]) -> str:
     """One line naming every label and dimension that fell short."""
     parts = [
-        f"{s.label or '(request)'} {s.dimension}: requested {s.requested}, available {s.available}"
+        f"{s.label or '(request)'} {s.dimension}: requested "
+        f"{format_quantity(s.dimension, s.requested)}, available "
+        f"{format_quantity(s.dimension, s.available)}"
         for s in shortfalls
     ]
     return "; ".join(parts)

@@ -348,6 +348,22 @@ def shared_tmp(prefix: str) -> Path:
     return path
 
 
+def private_tmp(prefix: str) -> Path:
+    """A fresh 0700 directory of root's, like /root: the database user (and the test
+    users) cannot pass it."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+
+
+def remove_with_relocated(path: Path) -> None:
+    """Remove `path` and what root's rm-server kept elsewhere for data directories in
+    it that others could not reach (the targets of their pgdata and work links)."""
+    for link in [*path.glob("**/pgdata"), *path.glob("**/work")]:
+        if link.is_symlink():
+            target = Path(os.readlink(link))
+            shutil.rmtree(target.parent if link.name == "pgdata" else target, ignore_errors=True)
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @dataclass
 class AgentProcess:
     """ecm-agent as a real subprocess (root), launching EngineConns through sudo."""

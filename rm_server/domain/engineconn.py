@@ -143,12 +143,26 @@ class LaunchPayload:
     material_files: tuple[tuple[str, bytes, bool], ...] = field(default=(), repr=False)
 
 
+class CommandKind(enum.StrEnum):
+    """What an agent command asks (its value is the one stored in agent_command.kind)."""
+
+    LAUNCH = "launch"
+    KILL = "kill"
+    CLEANUP = "cleanup"
+
+
+class HeartbeatAction(enum.StrEnum):
+    CONTINUE = "CONTINUE"
+    REREGISTER = "REREGISTER"
+    SHUTDOWN = "SHUTDOWN"
+
+
 @dataclass(frozen=True)
 class AgentCommand:
     command_id: str
     agent_id: str
     ec_id: str
-    kind: str  # launch | kill | cleanup
+    kind: CommandKind
     launch: LaunchPayload | None = None
     reason: str = ""
     grace_seconds: float = 0.0
@@ -170,11 +184,10 @@ class EcmStatus:
 
 @dataclass(frozen=True)
 class HeartbeatOutcome:
-    action: str  # CONTINUE | REREGISTER | SHUTDOWN
+    action: HeartbeatAction
     commands: tuple[AgentCommand, ...] = ()
     reason: str = ""
     sequence: int = 0
-    extra: Mapping[str, str] = field(default_factory=dict)
 
 
 def heartbeat_is_routine(
@@ -199,15 +212,24 @@ def heartbeat_is_routine(
     return all(ec_id in reported for ec_id in acked if ec_id in live_pids)
 
 
-def node_allowed(instance: str, include: frozenset[str], exclude: frozenset[str]) -> bool:
+def node_allowed(
+    instance: str,
+    include: frozenset[str],
+    exclude: frozenset[str],
+    include_required: bool = False,
+) -> bool:
     """YARN-style include/exclude: entries name an instance (`host:port`) or a host.
 
-    Excluded wins; an empty include list allows every ECM that is not excluded.
+    Excluded wins; an empty include list allows every ECM that is not excluded, unless
+    `include_required` (the operator's setting ``node_include_required``): then only the
+    ECMs the include list names are allowed, and none while it is empty.
     """
     host = instance.rsplit(":", 1)[0] if ":" in instance else instance
     if instance in exclude or host in exclude:
         return False
-    return not include or instance in include or host in include
+    if not include:
+        return not include_required
+    return instance in include or host in include
 
 
 def label_set(labels: tuple[Label, ...]) -> str:

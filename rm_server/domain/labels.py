@@ -231,6 +231,15 @@ DEFAULT_RULES: tuple[TransformRule, ...] = (
 )
 
 
+def ecm_instance(key: str) -> str | None:
+    """The ECM instance a resource-carrying label key names (``emInstance=host:port``
+    alone: an ECM's own record), else None."""
+    prefix = EM_INSTANCE + "="
+    if key.startswith(prefix) and "," not in key:
+        return key[len(prefix) :]
+    return None
+
+
 def parse_rules(spec: str) -> tuple[TransformRule, ...]:
     """Parse ``"userCreator+engineType;emInstance;tenant"``: rules split by ';', keys by '+'.
 

@@ -18,11 +18,26 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from rm_server.domain.admission import label_shortfalls
-from rm_server.domain.labels import USER_CREATOR, Label
+from rm_server.domain.admission import ECM_SOURCE, charged_part, label_shortfalls
+from rm_server.domain.external import QueueCheck
+from rm_server.domain.labels import USER_CREATOR, Label, ecm_instance
 from rm_server.domain.model import Refusal, Ticket, TicketState
-from rm_server.domain.resources import Resource, ResourceError, Shortfall
-from rm_server.errors import FailedPrecondition, InvalidArgument, NotFound
+from rm_server.domain.resources import (
+    MAX_QUANTITY,
+    Resource,
+    ResourceError,
+    ResourceOverflowError,
+    Shortfall,
+)
+from rm_server.errors import (
+    EcmNotRegistered,
+    EcmNotRunning,
+    FailedPrecondition,
+    InvalidArgument,
+    LabelrmError,
+    NotFound,
+    ResourceExhausted,
+)
 
 
 @dataclass(frozen=True)
@@ -38,6 +53,14 @@ class LabelAccount:
     live_tickets: int
     # Held for ALLOCATING time-aware demands: counted as in use by check_accounts.
     reserved: Resource | None = None
+    # The state of the ECM whose record this is (RUNNING, DRAINING, LOST), read with it
+    # by the Apply path; None for every other record.
+    ecm_state: str | None = None
+
+    def part(self, resource: Resource) -> Resource:
+        """What this account is charged for a ticket's `resource` (an ECM's record: the
+        part it holds; admission.charged_part)."""
+        return charged_part(self.source, self.max_resource, resource)
 
 
 @dataclass(frozen=True)
@@ -54,6 +77,23 @@ class ApplyCommand:
     waiter_seq: int | None = None
     may_wait: bool = False
     engine_conn_id: str = ""  # the EngineConn the ticket is charged for, if any
+    # A YARN queue the request must also fit (its record is one of `keys`).
+    external: QueueCheck | None = None
+
+
+def resource_refusal(
+    label: str, current: Resource, request: Resource, exc: ResourceError
+) -> LabelrmError:
+    """Why `request` cannot be added to `current` on `label`: a sum past the largest
+    quantity a record holds is a capacity answer (RESOURCE_EXHAUSTED naming the
+    dimension); anything else is a request of the wrong type for the label."""
+    if isinstance(exc, ResourceOverflowError):
+        dim = exc.dimension
+        available = max(0, MAX_QUANTITY - current.get(dim))
+        return ResourceExhausted(
+            "insufficient resource", [Shortfall(label, dim, request.get(dim), available)]
+        )
+    return InvalidArgument("resource", f"does not match label {label}: {exc}")
 
 
 @dataclass(frozen=True)
@@ -102,29 +142,45 @@ def held_back(
         users.add(w.user)
         if w.hold_until is not None and w.hold_until <= now:
             continue
-        if w.resource is None:  # what it waits for is unknown: it holds everything
-            held = account.max_resource if held is None else held + account.max_resource
+        if w.resource is None:  # what it waits for is unknown (an older row): no hold
             continue
         if quota:
             continue  # a user's own quota: their later requests are not held back
         try:
-            zero = Resource.zero(w.resource.kind, w.resource.queue)
+            part = account.part(w.resource)  # an ECM's record holds its part only
+            zero = Resource.zero(part.kind, part.queue)
             capacity = replace(account, used=zero, locked=zero, reserved=None)
-            if shortfalls_of([capacity], w.resource):
+            if shortfalls_of([capacity], part):
                 continue  # can never fit this label
-            held = w.resource if held is None else held + w.resource
-        except (ResourceError, InvalidArgument):
+            held = part if held is None else held + part
+        except (ResourceError, InvalidArgument, ResourceExhausted):
             continue
     return held
 
 
 def _charge(account: LabelAccount, resource: Resource) -> LabelAccount:
     try:
-        return replace(
-            account, locked=account.locked + resource, live_tickets=account.live_tickets + 1
-        )
+        part = account.part(resource)
+        return replace(account, locked=account.locked + part, live_tickets=account.live_tickets + 1)
     except ResourceError as exc:
-        raise InvalidArgument("resource", f"does not match label {account.label}: {exc}") from exc
+        raise resource_refusal(account.label, account.locked, resource, exc) from exc
+
+
+def check_ecms(keys: Sequence[str], accounts: Mapping[str, LabelAccount]) -> None:
+    """Every ECM an Apply names can take work: registered (its record exists, an ECM's)
+    and RUNNING. Other labels without a record are skipped (no record, no limit)."""
+    for key in keys:
+        instance = ecm_instance(key)
+        if instance is None:
+            continue
+        account = accounts.get(key)
+        if account is None or account.source != ECM_SOURCE:
+            raise EcmNotRegistered(f"ECM {instance} is not registered")
+        if account.ecm_state not in (None, "RUNNING"):
+            raise EcmNotRunning(
+                f"ECM {instance} is {account.ecm_state}: it takes no new work",
+                state=account.ecm_state,
+            )
 
 
 def shortfalls_of(
@@ -147,11 +203,10 @@ def shortfalls_of(
             if extra is not None:
                 kept = kept + extra
             a = account
-            shortfalls.extend(label_shortfalls(a.label, maximum, a.used, a.locked, kept, resource))
+            part = a.part(resource)
+            shortfalls.extend(label_shortfalls(a.label, maximum, a.used, a.locked, kept, part))
         except ResourceError as exc:
-            raise InvalidArgument(
-                "resource", f"does not match label {account.label}: {exc}"
-            ) from exc
+            raise resource_refusal(account.label, account.locked, resource, exc) from exc
     return shortfalls
 
 
@@ -182,9 +237,12 @@ def decide_apply(
     """Check every account of the command's keys, then charge all or none: the charged
     accounts and the new LOCKED ticket, or the refusal. Keys without an account are
     labels that need none (no record and no limit)."""
+    check_ecms(cmd.keys, accounts)
     ordered = [accounts[k] for k in cmd.keys if k in accounts]
     charged = [_charge(a, cmd.resource) for a in ordered]  # validates kinds first
     refusal = check_accounts(ordered, cmd.resource, held)
+    if cmd.external is not None:
+        refusal = _external_refusal(cmd, accounts, refusal)
     if refusal is not None:
         return refusal
     ticket = Ticket(
@@ -202,6 +260,27 @@ def decide_apply(
         engine_conn_id=cmd.engine_conn_id,
     )
     return charged, ticket
+
+
+def _external_refusal(
+    cmd: ApplyCommand, accounts: Mapping[str, LabelAccount], refusal: Refusal | None
+) -> Refusal | None:
+    """The queue's refusal (its live headroom minus the in-flight part its account holds)
+    merged with the labels' own."""
+    assert cmd.external is not None
+    queue = accounts.get(cmd.external.label)
+    if queue is None:  # created before the Apply (rm_server/core.py)
+        raise FailedPrecondition(f"no record of queue {cmd.external.label}", state="NO_RECORD")
+    outside = cmd.external.refusal(queue.locked, cmd.resource)
+    if outside is None:
+        return refusal
+    if refusal is None:
+        return outside
+    return replace(
+        outside,
+        shortfalls=refusal.shortfalls + outside.shortfalls,
+        queued_behind=refusal.queued_behind,
+    )
 
 
 def lock_expired(ticket: Ticket, now: datetime) -> bool:
@@ -269,11 +348,14 @@ def decide_report(
             state="LOCKED",
             reason="USED_EXCEEDS_LOCKED",
         )
-    updated = [
-        replace(a, locked=a.locked - ticket.locked, used=a.used + actual)
-        for label in ticket.charged_labels
-        if (a := accounts.get(label)) is not None
-    ]
+    try:
+        updated = [
+            replace(a, locked=a.locked - a.part(ticket.locked), used=a.used + a.part(actual))
+            for label in ticket.charged_labels
+            if (a := accounts.get(label)) is not None
+        ]
+    except ResourceError as exc:
+        raise InvalidArgument("used_resource", str(exc)) from exc
     zero = Resource.zero(ticket.locked.kind, ticket.locked.queue)
     reported = replace(
         ticket,
@@ -300,10 +382,9 @@ def decide_end(
         a = accounts.get(label)
         if a is None:
             continue
-        used = a.used - ticket.used if ticket.used is not None else a.used
-        updated.append(
-            replace(a, used=used, locked=a.locked - ticket.locked, live_tickets=a.live_tickets - 1)
-        )
+        used = a.used - a.part(ticket.used) if ticket.used is not None else a.used
+        locked = a.locked - a.part(ticket.locked)
+        updated.append(replace(a, used=used, locked=locked, live_tickets=a.live_tickets - 1))
     ended = replace(
         ticket,
         state=final_state,

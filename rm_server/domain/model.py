@@ -102,6 +102,9 @@ class ConsistencyReport:
     mismatches: tuple[Mismatch, ...]
     labels_checked: int
     tickets_checked: int
+    # Labels in use beyond their maximum (a limit lowered below usage): expected, and
+    # not counted as inconsistencies.
+    over_limit: tuple[Mismatch, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -110,3 +113,4 @@ class Refusal:
 
     shortfalls: tuple[Shortfall, ...]
     queued_behind: tuple[str, ...] = ()
+    detail: str = ""  # how an external figure was reached (rm_server/domain/external.py)

@@ -15,6 +15,7 @@ share counters). What is exported:
 - ``labelrm_lock_expiry_reclaims_total``: LOCKED tickets this process reclaimed;
 - per label record, read from the database at scrape time by `LabelResourceCollector`
   (see there for the cap on their number);
+- per external provider and YARN queue, its last fetched figures (`ExternalQueueCollector`);
 - the standard ``process_*``, ``python_*`` collectors.
 
 Label values are bounded: methods are the registered ones, codes and reasons come from
@@ -27,6 +28,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -40,7 +42,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
@@ -163,6 +165,10 @@ class Metrics:
                 histogram.observe(time.perf_counter() - started)
 
         setattr(owner, method, timed)
+
+    def attach_external(self, source: Any) -> None:
+        """Export the YARN queues labelrm admits against (`ExternalResources`)."""
+        self.registry.register(ExternalQueueCollector(source))
 
     def attach_states(self, source: StateSource) -> None:
         """Export ECMs and EngineConns by state."""
@@ -374,6 +380,58 @@ class LabelResourceCollector(Collector):
         )
 
 
+class ExternalQueueCollector(Collector):
+    """Per provider and queue, the YARN figures of the provider's last successful fetch
+    (scrapes never ask YARN themselves): ``labelrm_external_queue_max`` / ``_used``
+    {provider, queue, dimension}, ``labelrm_external_queue_apps`` {provider, queue, state},
+    and per provider ``labelrm_external_last_fetch_timestamp_seconds`` and
+    ``labelrm_external_fetches_total``. labelrm's in-flight part is the queue record's
+    ``labelrm_label_locked`` (source ``external``)."""
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+
+    def collect(self) -> Iterable[Metric]:
+        names = ("provider", "queue", "dimension")
+        maximum = GaugeMetricFamily(
+            "labelrm_external_queue_max",
+            "A YARN queue's maximum, as YARN reports it.",
+            labels=names,
+        )
+        used = GaugeMetricFamily(
+            "labelrm_external_queue_used", "What YARN reports in use on a queue.", labels=names
+        )
+        apps = GaugeMetricFamily(
+            "labelrm_external_queue_apps",
+            "Applications on a YARN queue, running or pending.",
+            labels=("provider", "queue", "state"),
+        )
+        fetched = GaugeMetricFamily(
+            "labelrm_external_last_fetch_timestamp_seconds",
+            "When the provider's figures were last fetched successfully.",
+            labels=("provider",),
+        )
+        fetches = CounterMetricFamily(
+            "labelrm_external_fetches",
+            "Scheduler documents fetched from the provider by this process.",
+            labels=("provider",),
+        )
+        for name, snap, count in self.source.fetch_states():
+            fetches.add_metric([name], count)
+            if snap is None:
+                continue
+            if snap.fetched_at is not None:
+                fetched.add_metric([name], snap.fetched_at.timestamp())
+            for path, q in sorted(snap.queues.items()):
+                for dim, qty in q.maximum.quantities:
+                    maximum.add_metric([name, path, dim], qty)
+                for dim, qty in q.used.quantities:
+                    used.add_metric([name, path, dim], qty)
+                apps.add_metric([name, path, "running"], q.apps_running)
+                apps.add_metric([name, path, "pending"], q.apps_pending)
+        yield from (maximum, used, apps, fetched, fetches)
+
+
 class StateSource(Protocol):
     async def state_counts(self) -> dict[str, dict[str, int]]: ...
 
@@ -420,27 +478,50 @@ def split_host_port(address: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
+def _header(lines: list[str], name: str) -> str | None:
+    """The value of header `name` among a request head's lines (None when absent)."""
+    for line in lines[1:]:
+        key, sep, value = line.partition(":")
+        if sep and key.strip().lower() == name:
+            return value.strip()
+    return None
+
+
 class MetricsHttpServer:
     """A minimal asyncio HTTP/1.1 endpoint: GET /metrics (and / pointing at it).
 
     Served on the RM's event loop rather than prometheus_client's thread, so the label
     collector can await the database between two scrapes without cross-thread calls.
+    `tls`: served over HTTPS; `authorize`: given the Authorization header (None when
+    absent), whether to serve the scrape (401 otherwise). The security set-up decides
+    both (`security.setup.Security.metrics_guard`).
     """
 
     MAX_HEADER_BYTES = 16 * 1024
     READ_TIMEOUT = 10.0
 
-    def __init__(self, metrics: Metrics, address: str) -> None:
+    def __init__(
+        self,
+        metrics: Metrics,
+        address: str,
+        *,
+        tls: ssl.SSLContext | None = None,
+        authorize: Callable[[str | None], bool] | None = None,
+    ) -> None:
         self.metrics = metrics
         self.address = address
+        self.tls = tls
+        self.authorize = authorize
         self.port = 0
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
         host, port = split_host_port(self.address)
-        self._server = await asyncio.start_server(self._handle, host, port)
+        self._server = await asyncio.start_server(self._handle, host, port, ssl=self.tls)
         self.port = int(self._server.sockets[0].getsockname()[1])
-        log.info("metrics on http://%s:%d/metrics", host, self.port)
+        scheme = "https" if self.tls is not None else "http"
+        guarded = " (admin token required)" if self.authorize is not None else ""
+        log.info("metrics on %s://%s:%d/metrics%s", scheme, host, self.port, guarded)
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -454,11 +535,17 @@ class MetricsHttpServer:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=self.READ_TIMEOUT)
             if len(head) > self.MAX_HEADER_BYTES:
                 raise ValueError("request head too large")
-            method, _, rest = head.split(b"\r\n", 1)[0].decode("latin-1").partition(" ")
+            lines = head.decode("latin-1").split("\r\n")
+            method, _, rest = lines[0].partition(" ")
             path = rest.split(" ", 1)[0].split("?", 1)[0]
-            status, ctype, body = await self._respond(method, path)
+            extra = ""
+            if self.authorize is not None and not self.authorize(_header(lines, "authorization")):
+                status, ctype, body = "401 Unauthorized", "text/plain", b"admin token required\n"
+                extra = 'WWW-Authenticate: Bearer realm="labelrm"\r\n'
+            else:
+                status, ctype, body = await self._respond(method, path)
             writer.write(
-                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
+                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n{extra}"
                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
             )
             if method != "HEAD":
@@ -470,6 +557,7 @@ class MetricsHttpServer:
             asyncio.IncompleteReadError,
             asyncio.LimitOverrunError,
             ConnectionError,
+            ssl.SSLError,
         ):
             pass  # a broken or slow client: just close the connection
         finally:

@@ -32,6 +32,7 @@ from typing import Any
 import grpc
 
 from rm_server.domain.labels import DEFAULT_RULES, TransformRule
+from rm_server.domain.text import short
 from rm_server.errors import LabelrmError, PermissionDenied, Unauthenticated
 from rm_server.security import policy
 from rm_server.security.identity import (
@@ -188,7 +189,7 @@ class AuthInterceptor:
             )
         except LabelrmError as err:
             if isinstance(err, PermissionDenied):
-                log.info("refused: %s", err.message)
+                log.info("refused: %s", short(err.message, 300))
             raise
 
 

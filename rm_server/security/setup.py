@@ -20,6 +20,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -31,6 +32,7 @@ from rm_server.config import Settings
 from rm_server.domain.labels import parse_rules
 from rm_server.security import pki
 from rm_server.security.ec_certs import EcCredentials, EngineConnIssuer
+from rm_server.security.identity import Role, bearer_token
 from rm_server.security.interceptor import AuthInterceptor, DbOwners
 from rm_server.security.limits import Limits, LimitSettings
 from rm_server.security.tokens import TokenFile, TokenFileError
@@ -160,6 +162,29 @@ class Security:
                 raise OSError(f"cannot listen on {st.agent_listen}")
         return port, agent_port
 
+    def metrics_guard(
+        self,
+    ) -> tuple[ssl.SSLContext | None, Callable[[str | None], bool] | None]:
+        """(TLS, authorization) of the metrics endpoint. On loopback it is served as is
+        (like the gRPC listeners in dev mode); elsewhere it obeys the listeners' rule:
+        HTTPS with the RM's certificate when TLS is on, and a bearer token with the
+        admin role on every scrape (`build_security` refused the rest)."""
+        st = self.settings
+        if not st.metrics_listen or is_loopback(st.metrics_listen):
+            return None, None
+        context = None
+        if st.tls_cert:
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(st.tls_cert, st.tls_key)
+        tokens = self.tokens
+
+        def authorize(header: str | None) -> bool:
+            token = bearer_token([("authorization", header)] if header is not None else [])
+            found = tokens.find(token) if tokens is not None and token else None
+            return found is not None and Role.ADMIN in found[1].roles
+
+        return context, authorize
+
     def describe(self, agent_port: int = 0) -> str:
         if not self.auth_enabled:
             return "authentication OFF (dev mode, loopback only): every caller is an admin"
@@ -200,7 +225,7 @@ def build_security(st: Settings) -> Security:
     if st.agent_listen and not (st.tls_client_ca or st.tls_issuer_cert):
         raise SecurityConfigError("agent_listen needs tls_client_ca (and/or tls_issuer_*)")
     auth = bool(st.token_file or tls)
-    listeners = [a for a in (st.listen, st.agent_listen) if a]
+    listeners = [a for a in (st.listen, st.agent_listen, st.metrics_listen, st.console_listen) if a]
     exposed = [a for a in listeners if not is_loopback(a)]
     if exposed and not auth:
         raise SecurityConfigError(
@@ -212,6 +237,29 @@ def build_security(st: Settings) -> Security:
             f"refusing to listen on non-loopback {st.listen} without TLS: set tls_cert and"
             " tls_key, or pass --insecure (tokens then cross the network in clear text)"
         )
+    if st.metrics_listen and not is_loopback(st.metrics_listen):
+        if not tls and not st.insecure:
+            raise SecurityConfigError(
+                f"refusing to serve metrics on non-loopback {st.metrics_listen} without TLS:"
+                " set tls_cert and tls_key, or pass --insecure"
+            )
+        if not st.token_file:
+            raise SecurityConfigError(
+                f"metrics on non-loopback {st.metrics_listen} need an admin bearer token:"
+                " set token_file"
+            )
+    if st.console_listen and not is_loopback(st.console_listen):
+        # The web console signs in with tokens, served over HTTPS with the RM's certificate.
+        if not tls and not st.insecure:
+            raise SecurityConfigError(
+                f"refusing to serve the console on non-loopback {st.console_listen} without"
+                " TLS: set tls_cert and tls_key, or pass --insecure"
+            )
+        if not st.token_file:
+            raise SecurityConfigError(
+                f"the console on non-loopback {st.console_listen} signs in with tokens:"
+                " set token_file"
+            )
     tokens = None
     if st.token_file:
         try:

@@ -9,11 +9,12 @@ writes only its hash. The file is TOML (or JSON when its name ends in ``.json``)
     created = "2025-01-01T00:00:00Z"
     note = "alice's laptop"
 
-The RM re-reads the file when it changes (checked at most once a second), so adding
-and revoking tokens needs no restart; open streams re-check their token on every
-message. The file must belong to the RM's user and be writable by nobody else (the RM
-refuses to start otherwise). A file that is deleted, no longer parses or becomes
-unsafe fails closed: no token is valid until it is fixed (and the error is logged).
+The RM re-reads the file when it changes (its stat is looked at on every call: a
+revoked token is refused from the next call on), so adding and revoking tokens needs
+no restart; open streams re-check their token on every message. The file must belong
+to the RM's user and be writable by nobody else (the RM refuses to start otherwise).
+A file that is deleted, no longer parses or becomes unsafe fails closed: no token is
+valid until it is fixed (and the error is logged).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from rm_server.security.files import replace_file
 from rm_server.security.identity import TOKEN_ROLES, Role
 
 log = logging.getLogger(__name__)
@@ -132,7 +134,7 @@ class TokenFile:
     leaves no token valid until it is fixed (certificates keep working), rather than
     keeping a table that may hold tokens the operator meant to revoke."""
 
-    def __init__(self, path: Path, check_interval: float = 1.0) -> None:
+    def __init__(self, path: Path, check_interval: float = 0.0) -> None:
         self.path = path
         self.check_interval = check_interval
         check_file_safety(path)  # an unsafe or bad file at start-up stops the RM
@@ -220,16 +222,9 @@ def _render(path: Path, entries: dict[str, TokenEntry]) -> str:
 
 
 def _write(path: Path, entries: dict[str, TokenEntry]) -> None:
-    """Replace the file atomically (a reader sees the old or the new table), mode 0600."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, _render(path, entries).encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    """Replace the file atomically (a reader sees the old or the new table), keeping its
+    owner, group and mode (a new file: 0600)."""
+    replace_file(path, _render(path, entries).encode())
 
 
 def add_token(path: Path, user: str, roles: Iterable[str], note: str = "") -> str:

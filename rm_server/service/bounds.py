@@ -63,13 +63,21 @@ def _plan(descriptor: Descriptor, depth: int = 0) -> _Plan:
     return plan
 
 
+_PLAN_OF_TYPE: dict[type, _Plan | None] = {}  # None: nothing to check (the hot path)
+
+
 def check_bounds(request: Any) -> None:
     """InvalidArgument naming the field when `request` has too many labels or special
     dimensions, or one too long; otherwise nothing (and nothing else is looked at)."""
-    descriptor = getattr(request, "DESCRIPTOR", None)
-    if descriptor is None:
-        return
-    _check(request, _plan(descriptor), "")
+    kind = type(request)
+    try:
+        plan = _PLAN_OF_TYPE[kind]
+    except KeyError:
+        descriptor = getattr(request, "DESCRIPTOR", None)
+        found = _plan(descriptor) if descriptor is not None else None
+        plan = _PLAN_OF_TYPE[kind] = found if found is not None and not found.empty else None
+    if plan is not None:
+        _check(request, plan, "")
 
 
 def _check(message: Any, plan: _Plan, prefix: str) -> None:

@@ -101,7 +101,7 @@ def page_of(request: Any) -> Page:
             decoded = base64.b64decode(token.encode(), altchars=b"-_", validate=True).decode()
         except (ValueError, UnicodeDecodeError) as exc:
             raise InvalidArgument("page_token", "is not a token this server issued") from exc
-        if not decoded.startswith(_TOKEN_PREFIX):
+        if not decoded.startswith(_TOKEN_PREFIX) or "\0" in decoded:
             raise InvalidArgument("page_token", "is not a token this server issued")
         after = decoded.removeprefix(_TOKEN_PREFIX)
     return Page(after, size)

@@ -11,27 +11,44 @@ from datetime import UTC, datetime
 
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
-from labelrm.v1 import admin_pb2, engine_conn_pb2, resource_manager_pb2, resource_pb2
+from labelrm.v1 import admin_pb2, engine_conn_pb2, external_pb2, resource_manager_pb2, resource_pb2
 
 from rm_server.domain.engineconn import (
     AgentCommand,
+    CommandKind,
     EcmState,
     EcmStatus,
     EcState,
     EngineConn,
+    HeartbeatAction,
     HeartbeatOutcome,
     ProcessReport,
     ProcessState,
 )
+from rm_server.domain.external import (
+    ProviderConfig,
+    ProviderConfigError,
+    QueueView,
+    SchedulerSnapshot,
+)
 from rm_server.domain.labels import Label, LabelError, make_label, validate_labels
 from rm_server.domain.limits import LabelPattern
-from rm_server.domain.model import ConsistencyReport, Ecm, LabelResource, StoredLimit, Ticket
+from rm_server.domain.model import (
+    ConsistencyReport,
+    Ecm,
+    LabelResource,
+    Mismatch,
+    StoredLimit,
+    Ticket,
+)
 from rm_server.domain.resources import (
     SPECIAL_PREFIX,
+    InvalidResourceError,
     Resource,
     ResourceError,
     ResourceKind,
 )
+from rm_server.domain.resources import convert as convert_kind
 from rm_server.errors import InvalidArgument
 
 _TICKET_STATES = {
@@ -60,7 +77,17 @@ def resource_from_pb(msg: resource_pb2.Resource, field: str, *, required: bool =
         raise InvalidArgument(path, str(exc)) from exc
 
 
+def resource_in_kind(r: Resource, kind: ResourceKind, field: str) -> Resource:
+    """`r` widened to `kind` (a record holds one type), or InvalidArgument naming `field`."""
+    try:
+        return convert_kind(r, kind)
+    except ResourceError as exc:
+        raise InvalidArgument(field, f"must be of type {kind.value}: {exc}") from exc
+
+
 def _wire_dimension(which: str, dimension: str) -> str:
+    if which == "driver_and_yarn" and dimension in ("driver", "yarn"):  # a part unset
+        return dimension
     if dimension.startswith(SPECIAL_PREFIX):
         return f"quantities[{dimension.removeprefix(SPECIAL_PREFIX)}]"
     if which == "yarn" or (which == "driver_and_yarn" and dimension.startswith("yarn.")):
@@ -84,6 +111,9 @@ def _resource_from_pb(msg: resource_pb2.Resource, which: str) -> Resource:
     if which == "yarn":
         return _yarn_from_pb(msg.yarn)
     if which == "driver_and_yarn":
+        for part in ("driver", "yarn"):  # a driver in a YARN queue: neither half optional
+            if not msg.driver_and_yarn.HasField(part):
+                raise InvalidResourceError(f"the {part} part must be set", part)
         d = msg.driver_and_yarn.driver
         driver = Resource.load_instance(d.memory_bytes, d.cpu_millis, d.instances)
         return Resource.driver_and_yarn(driver, _yarn_from_pb(msg.driver_and_yarn.yarn))
@@ -199,13 +229,49 @@ def label_text_to_pb(text: str) -> list[resource_pb2.Label]:
     return out
 
 
+# google.protobuf.Duration's own range (duration.proto): about +-10,000 years.
+MAX_DURATION_SECONDS = 315_576_000_000
+NANOS_PER_SECOND = 1_000_000_000
+
+
+def check_duration(msg: Duration, field: str) -> None:
+    """A Duration as duration.proto defines it: `nanos` within +-999,999,999 and of the
+    sign of `seconds` (when both are non-zero), `seconds` within its range. Anything
+    else is not a length of time, and is refused rather than read as some other one."""
+    if not -NANOS_PER_SECOND < msg.nanos < NANOS_PER_SECOND:
+        raise InvalidArgument(f"{field}.nanos", "must be between -999,999,999 and 999,999,999")
+    if (msg.seconds < 0 < msg.nanos) or (msg.nanos < 0 < msg.seconds):
+        raise InvalidArgument(f"{field}.nanos", "must have the sign of seconds")
+    if not -MAX_DURATION_SECONDS <= msg.seconds <= MAX_DURATION_SECONDS:
+        raise InvalidArgument(f"{field}.seconds", "is outside a Duration's range")
+
+
 def duration_seconds(msg: Duration, field: str) -> float:
+    """A valid, non-negative Duration of at most MAX_WAIT_SECONDS, in seconds."""
+    check_duration(msg, field)
     seconds = msg.seconds + msg.nanos / 1e9
     if seconds < 0:
         raise InvalidArgument(field, "must not be negative")
     if seconds > MAX_WAIT_SECONDS:
         raise InvalidArgument(field, f"must be at most {MAX_WAIT_SECONDS:.0f}s")
     return seconds
+
+
+# google.protobuf.Timestamp's range (timestamp.proto): 0001-01-01 to 9999-12-31, UTC.
+MIN_TIMESTAMP_SECONDS = -62_135_596_800
+MAX_TIMESTAMP_SECONDS = 253_402_300_799
+
+
+def time_from_pb(msg: Timestamp, field: str) -> datetime:
+    """A valid Timestamp (timestamp.proto's range, 0 <= nanos < 1e9) as a UTC datetime."""
+    if not 0 <= msg.nanos < NANOS_PER_SECOND:
+        raise InvalidArgument(f"{field}.nanos", "must be between 0 and 999,999,999")
+    if not MIN_TIMESTAMP_SECONDS <= msg.seconds <= MAX_TIMESTAMP_SECONDS:
+        raise InvalidArgument(f"{field}.seconds", "is outside a Timestamp's range")
+    try:
+        return msg.ToDatetime(tzinfo=UTC)
+    except (ValueError, OverflowError) as exc:  # the last microseconds of year 9999
+        raise InvalidArgument(field, "is outside the range of a date") from exc
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -296,18 +362,20 @@ def limit_to_pb(limit: StoredLimit) -> admin_pb2.LabelLimit:
 def report_to_pb(report: ConsistencyReport) -> admin_pb2.CheckConsistencyResponse:
     return admin_pb2.CheckConsistencyResponse(
         consistent=not report.mismatches,
-        mismatches=[
-            admin_pb2.Mismatch(
-                label=m.label,
-                field=m.field,
-                stored=resource_to_pb(m.stored) if m.stored is not None else None,
-                expected=resource_to_pb(m.expected) if m.expected is not None else None,
-                detail=m.detail,
-            )
-            for m in report.mismatches
-        ],
+        mismatches=[_mismatch_to_pb(m) for m in report.mismatches],
         labels_checked=report.labels_checked,
         tickets_checked=report.tickets_checked,
+        over_limit=[_mismatch_to_pb(m) for m in report.over_limit],
+    )
+
+
+def _mismatch_to_pb(m: Mismatch) -> admin_pb2.Mismatch:
+    return admin_pb2.Mismatch(
+        label=m.label,
+        field=m.field,
+        stored=resource_to_pb(m.stored) if m.stored is not None else None,
+        expected=resource_to_pb(m.expected) if m.expected is not None else None,
+        detail=m.detail,
     )
 
 
@@ -334,9 +402,9 @@ _PROCESS_STATES = {
     engine_conn_pb2.PROCESS_STATE_LAUNCH_FAILED: ProcessState.LAUNCH_FAILED,
 }
 _ACTIONS = {
-    "CONTINUE": resource_manager_pb2.HEARTBEAT_ACTION_CONTINUE,
-    "REREGISTER": resource_manager_pb2.HEARTBEAT_ACTION_REREGISTER,
-    "SHUTDOWN": resource_manager_pb2.HEARTBEAT_ACTION_SHUTDOWN,
+    HeartbeatAction.CONTINUE: resource_manager_pb2.HEARTBEAT_ACTION_CONTINUE,
+    HeartbeatAction.REREGISTER: resource_manager_pb2.HEARTBEAT_ACTION_REREGISTER,
+    HeartbeatAction.SHUTDOWN: resource_manager_pb2.HEARTBEAT_ACTION_SHUTDOWN,
 }
 
 
@@ -377,7 +445,7 @@ def engine_conn_to_pb(ec: EngineConn, *, with_secret: bool = False) -> engine_co
 
 def command_to_pb(cmd: AgentCommand) -> engine_conn_pb2.AgentCommand:
     out = engine_conn_pb2.AgentCommand(command_id=cmd.command_id)
-    if cmd.kind == "launch" and cmd.launch is not None:
+    if cmd.kind is CommandKind.LAUNCH and cmd.launch is not None:
         lp = cmd.launch
         out.launch.CopyFrom(
             engine_conn_pb2.LaunchCommand(
@@ -396,7 +464,7 @@ def command_to_pb(cmd: AgentCommand) -> engine_conn_pb2.AgentCommand:
                 ),
             )
         )
-    elif cmd.kind == "kill":
+    elif cmd.kind is CommandKind.KILL:
         grace = Duration()
         grace.FromNanoseconds(int(cmd.grace_seconds * 1e9))
         out.kill.CopyFrom(
@@ -457,3 +525,59 @@ def duration_of(seconds: float) -> Duration:
     out = Duration()
     out.FromNanoseconds(int(seconds * 1e9))
     return out
+
+
+def provider_from_pb(msg: external_pb2.ExternalProvider, field: str = "provider") -> ProviderConfig:
+    """A provider definition; INVALID_ARGUMENT naming the field when it is not valid."""
+    try:
+        return ProviderConfig(
+            name=msg.name,
+            type=msg.type or "yarn",  # type: ignore[arg-type]  # validated in __post_init__
+            cluster=msg.cluster,
+            addresses=tuple(a.rstrip("/") for a in msg.addresses),
+            auth=msg.auth or "none",  # type: ignore[arg-type]  # validated in __post_init__
+            username=msg.username,
+            password=msg.password,
+            timeout_seconds=msg.timeout_seconds or 5.0,
+            cache_ttl_seconds=msg.cache_ttl_seconds if msg.HasField("cache_ttl_seconds") else 2.0,
+            capacity_guaranteed=msg.capacity_guaranteed,
+        )
+    except ProviderConfigError as exc:
+        raise InvalidArgument(f"{field}.{exc.field}", exc.message) from None
+
+
+def provider_to_pb(p: ProviderConfig) -> external_pb2.ExternalProvider:
+    """A provider for a response: never with its password."""
+    return external_pb2.ExternalProvider(
+        name=p.name,
+        type=p.type.value,
+        cluster=p.cluster,
+        addresses=list(p.addresses),
+        auth=p.auth.value,
+        username=p.username,
+        timeout_seconds=p.timeout_seconds,
+        cache_ttl_seconds=p.cache_ttl_seconds,
+        capacity_guaranteed=p.capacity_guaranteed,
+        has_password=bool(p.password),
+    )
+
+
+def queue_view_to_pb(
+    view: QueueView, snap: SchedulerSnapshot, error: str = ""
+) -> external_pb2.ExternalQueue:
+    """One queue's figures: YARN's max and used, labelrm's in flight, what is left."""
+    f = view.figures
+    return external_pb2.ExternalQueue(
+        label=view.label,
+        queue=f.path,
+        scheduler=f.scheduler.value,
+        leaf=f.leaf,
+        yarn_max=resource_to_pb(f.maximum),
+        yarn_used=resource_to_pb(f.used),
+        in_flight=resource_to_pb(view.in_flight),
+        left=resource_to_pb(view.left),
+        apps_running=f.apps_running,
+        apps_pending=f.apps_pending,
+        fetch_time=ts(snap.fetched_at),
+        error=error,
+    )

@@ -8,7 +8,6 @@ labels and tickets go through ``convert``.
 from __future__ import annotations
 
 import json
-from datetime import UTC
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
@@ -113,7 +112,7 @@ def _point(msg: pb.TimePoint, field: str, *, allow_rounds: bool) -> End | None:
             )
         return Now()
     if which == "absolute":
-        return Absolute(msg.absolute.ToDatetime(tzinfo=UTC))
+        return Absolute(convert.time_from_pb(msg.absolute, f"{field}.absolute"))
     if which == "relative":
         return Relative(_seconds(msg.relative, f"{field}.relative"))
     if not allow_rounds:

@@ -37,7 +37,7 @@ from typing import Any
 import grpc
 from google.rpc import status_pb2
 
-from rm_server.errors import PermissionDenied, ResourceExhausted
+from rm_server.errors import PermissionDenied, ResourceExhausted, Unimplemented
 from rm_server.observability.logging import RpcLog, access_level
 from rm_server.observability.metrics import Metrics, RpcMetrics
 from rm_server.security import policy
@@ -46,6 +46,7 @@ from rm_server.security.interceptor import AuthInterceptor, Release
 from rm_server.security.limits import Limits
 from rm_server.service.bounds import check_bounds
 from rm_server.service.errors import abort_with, reason_of, status_for
+from rm_server.service.wire import Rejected, reader
 
 Unary = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
 Streaming = Callable[[Any, grpc.aio.ServicerContext], AsyncGenerator[Any, None]]
@@ -149,6 +150,9 @@ class Interceptor(grpc.GenericRpcHandler):
             bounded=not policy.is_public(name),
             peer_streams=self.limits if name in CAPPED_STREAMS else None,
         )
+        # Every request is read by service.wire, which refuses bad bytes (the call then
+        # gets a `Rejected`, raised by _admit as the call's error before anything else).
+        handler = handler._replace(request_deserializer=reader(handler.request_deserializer))
         limit = self.user_max_message_bytes
         if limit > 0 and not policy.serves_agents(name) and handler.request_deserializer:
             handler = _size_limited(handler, limit)
@@ -160,9 +164,13 @@ class Interceptor(grpc.GenericRpcHandler):
             wrapped = _wrap(handler, method)
             if wrapped is not None:
                 return wrapped
-        if not guarded:
-            return handler  # synchronous (run in grpc's thread pool; none here): unchanged
-        refuse = _unary(_refuse(name), replace(method, auth=None), True)
+            # Synchronous: every servicer here is asynchronous, so this is a generated base
+            # class's stub of a method the servicer does not implement (health's List):
+            # UNIMPLEMENTED, not the stub's NotImplementedError (UNKNOWN, a traceback).
+            refusal = _unimplemented(name)
+        else:
+            refusal = _refuse(name)
+        refuse = _unary(refusal, replace(method, auth=None), True)
         return grpc.unary_unary_rpc_method_handler(
             refuse,
             request_deserializer=handler.request_deserializer,
@@ -180,29 +188,21 @@ class _Method:
     peer_streams: Limits | None = None  # its open calls are capped per peer
 
 
-@dataclass(frozen=True)
-class Oversized:
-    """What a user RPC's request deserializes to when it is bigger than allowed: the
-    call is refused before protobuf parses a byte of it."""
-
-    size: int
-    limit: int
-
-    def error(self) -> ResourceExhausted:
-        return ResourceExhausted(
-            f"request of {self.size} bytes is larger than the {self.limit} bytes allowed for"
-            f" user calls (user_max_message_bytes): {self.size - self.limit} bytes too many",
-            reason="MESSAGE_TOO_LARGE",
-        )
-
-
 def _size_limited(handler: grpc.RpcMethodHandler, limit: int) -> grpc.RpcMethodHandler:
-    """`handler` whose requests above `limit` bytes become `Oversized` unparsed."""
+    """`handler` whose requests above `limit` bytes are refused unparsed (a `Rejected`:
+    the call is refused before protobuf parses a byte of it)."""
     parse = handler.request_deserializer
 
     def deserialize(data: bytes) -> Any:
         if len(data) > limit:
-            return Oversized(len(data), limit)
+            return Rejected(
+                ResourceExhausted(
+                    f"request of {len(data)} bytes is larger than the {limit} bytes allowed"
+                    f" for user calls (user_max_message_bytes): {len(data) - limit} bytes"
+                    " too many",
+                    reason="MESSAGE_TOO_LARGE",
+                )
+            )
         return parse(data)
 
     return handler._replace(request_deserializer=deserialize)
@@ -330,7 +330,7 @@ def _streaming(behavior: Streaming, method: _Method, unary_request: bool) -> Una
 
 def _loggable(request: Any, unary_request: bool) -> Any:
     """The request the call's log and metrics may read (None: none, or not parsed)."""
-    return request if unary_request and not isinstance(request, Oversized) else None
+    return request if unary_request and type(request) is not Rejected else None
 
 
 async def _admit(
@@ -342,8 +342,8 @@ async def _admit(
     servicer reads it (the servicer sees only messages that passed). Returns what to
     call when the call ends and the request to serve."""
     if unary_request:
-        if isinstance(request, Oversized):
-            raise request.error()
+        if type(request) is Rejected:  # unreadable, or too large (service.wire)
+            raise request.error
         if method.bounded:
             check_bounds(request)
     else:
@@ -372,8 +372,8 @@ def _release_all(releases: list[Release]) -> None:
 
 async def _each_checked(messages: AsyncIterator[Any], bounded: bool) -> AsyncIterator[Any]:
     async for message in messages:
-        if isinstance(message, Oversized):
-            raise message.error()
+        if type(message) is Rejected:
+            raise message.error
         if bounded:
             check_bounds(message)
         yield message
@@ -425,6 +425,13 @@ async def _each_admitted(
     async for message in messages:
         await auth.admit_message(name, message)
         yield message
+
+
+def _unimplemented(name: str) -> Unary:
+    async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        raise Unimplemented(f"{name} is not implemented by this server")
+
+    return call
 
 
 def _refuse(name: str) -> Unary:

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from rm_server.domain.admission import excess_dimensions
+from rm_server.domain.admission import ECM_SOURCE, charged_part, excess_dimensions
 from rm_server.domain.labels import Label, LabelKey
-from rm_server.domain.limits import LabelPattern, best_limit
+from rm_server.domain.limits import LabelPattern, LimitRule, best_limit
 from rm_server.domain.model import (
     ConsistencyReport,
     Ecm,
@@ -20,13 +20,12 @@ from rm_server.domain.model import (
     StoredLimit,
     Ticket,
 )
-from rm_server.domain.resources import Resource, ResourceError, join_kind
+from rm_server.domain.resources import Resource, ResourceError, headroom
 from rm_server.errors import FailedPrecondition, NotFound
 from rm_server.store.codec import (
     TICKET_COLUMNS,
     jlabels,
     jres,
-    labels_of,
     opt_res,
     res,
     ticket_from_row,
@@ -73,9 +72,11 @@ async def register_ecm(
     total: Resource,
     protected: Resource,
     now: datetime,
+    include_required: bool = False,
 ) -> Registration:
-    """Create or update an ECM and its label record; a changed total is applied and logged."""
-    if not (await node_lists(conn)).allows(instance):
+    """Create or update an ECM and its label record; a changed total is applied and logged.
+    `include_required`: only ECMs the include list names may register."""
+    if not (await node_lists(conn)).allows(instance, include_required):
         raise FailedPrecondition(
             f"ECM {instance} is not allowed by the include/exclude lists",
             state="EXCLUDED",
@@ -106,17 +107,24 @@ async def register_ecm(
             ),
         )
     else:
-        try:
-            join_kind(total.kind, row.used.kind)
-        except ResourceError as exc:
+        # A record has one type: its live tickets were charged in the type it holds, and
+        # are returned in it. Another type only once none is left (then from zero).
+        kinds = {row.used.kind, row.locked.kind}
+        if row.live_tickets and kinds != {total.kind}:
+            held = "/".join(sorted(k.value for k in kinds))
             raise FailedPrecondition(
-                f"ECM {instance} has live tickets of another resource type: {exc}",
+                f"ECM {instance} holds {held} for {row.live_tickets} live tickets: its resource"
+                f" type cannot change to {total.kind.value} until they end",
                 state="IN_USE",
-            ) from exc
+                reason="ECM_IN_USE",
+            )
+        zero = Resource.zero(total.kind, total.queue)
         await conn.execute(
-            "UPDATE label_resource SET source = 'ecm', max_resource = %s, protected = %s,"
+            "UPDATE label_resource SET source = 'ecm', kind = %s, max_resource = %s,"
+            " protected = %s, used = CASE WHEN live_tickets = 0 THEN %s ELSE used END,"
+            " locked = CASE WHEN live_tickets = 0 THEN %s ELSE locked END,"
             " updated_at = %s WHERE label = %s",
-            (jres(total), jres(protected), now, label),
+            (total.kind.value, jres(total), jres(protected), jres(zero), jres(zero), now, label),
         )
         await notify_freed(conn, [label])
     registered_at = now if previous is None else previous[2]
@@ -182,18 +190,6 @@ async def _tickets_on(conn: Conn, label: str, *, lock: bool) -> list[Ticket]:
     return [ticket_from_row(r) for r in await cur.fetchall()]
 
 
-async def get_ecm(conn: Conn, instance: str) -> Ecm:
-    cur = await conn.execute(
-        "SELECT instance, label, labels, total, protected, registered_at, updated_at"
-        " FROM ecm WHERE instance = %s",
-        (instance,),
-    )
-    row = await cur.fetchone()
-    if row is None:
-        raise NotFound(f"ECM {instance} is not registered")
-    return Ecm(row[0], row[1], labels_of(row[2]), res(row[3]), res(row[4]), row[5], row[6])
-
-
 async def ensure_limit_rows(conn: Conn, labels: Sequence[str], now: datetime) -> int:
     """Create the records of labels that a configured limit covers (race-free)."""
     await conn.execute("SELECT pg_advisory_xact_lock_shared(%s)", (LIMITS_LOCK_ID,))
@@ -244,6 +240,15 @@ async def _refresh_limit_rows(conn: Conn, names: str, now: datetime) -> int:
         if new_max is None and row.live_tickets == 0:
             await conn.execute("DELETE FROM label_resource WHERE label = %s", (row.label,))
             continue
+        idle = row.live_tickets == 0 and row.reserved is None
+        if new_max is not None and idle:  # it takes the limit's type
+            zero = jres(Resource.zero(new_max.kind, new_max.queue))
+            await conn.execute(
+                "UPDATE label_resource SET max_resource = %s, kind = %s, used = %s,"
+                " locked = %s, protected = %s, updated_at = %s WHERE label = %s",
+                (jres(new_max), new_max.kind.value, zero, zero, zero, now, row.label),
+            )
+            continue
         await conn.execute(
             "UPDATE label_resource SET max_resource = %s, updated_at = %s WHERE label = %s",
             (jres(new_max), now, row.label),
@@ -252,11 +257,43 @@ async def _refresh_limit_rows(conn: Conn, names: str, now: datetime) -> int:
     return affected
 
 
+async def _check_limit_types(conn: Conn, names: str, rules: list[LimitRule]) -> None:
+    """Refuse, before anything is written, a limit change that would give a record with
+    live tickets a maximum its held type cannot be measured against (a `special` limit
+    over `load` tickets): its meaning would change under them. Idle records simply take
+    the new type."""
+    cur = await conn.execute(
+        f"SELECT {LABEL_RESOURCE_COLUMNS} FROM label_resource"  # noqa: S608
+        " WHERE source = 'limit' AND (live_tickets > 0 OR reserved IS NOT NULL)"
+        " ORDER BY label FOR UPDATE"
+    )
+    for row in map(_label_resource, await cur.fetchall()):
+        if key_names(row.label) != names:
+            continue
+        rule = best_limit(LabelKey.parse(row.label), rules)
+        if rule is None:
+            continue
+        try:
+            held = row.protected if row.reserved is None else row.protected + row.reserved
+            headroom(rule.max_resource, row.used, row.locked, held)
+        except ResourceError as exc:
+            raise FailedPrecondition(
+                f"label {row.label} holds {row.locked.kind.value} for {row.live_tickets} live"
+                " tickets (or a demand's reservation): a"
+                f" {rule.max_resource.kind.value} limit ({rule.pattern}) cannot apply to it"
+                f" until they end ({exc})",
+                state="IN_USE",
+                reason="LIMIT_TYPE_IN_USE",
+            ) from exc
+
+
 async def set_limit(
     conn: Conn, pattern: LabelPattern, max_resource: Resource, now: datetime
 ) -> tuple[StoredLimit, int]:
     await conn.execute("SELECT pg_advisory_xact_lock(%s)", (LIMITS_LOCK_ID,))
     names = ",".join(k for k, _ in pattern.labels)
+    rules = [r for r in await load_limit_rules(conn, [names]) if r.pattern != pattern]
+    await _check_limit_types(conn, names, [*rules, LimitRule(pattern, max_resource)])
     await conn.execute(
         "INSERT INTO label_limit (pattern, key_names, max_resource, created_at, updated_at)"
         " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (pattern) DO UPDATE SET"
@@ -269,6 +306,9 @@ async def set_limit(
 
 async def delete_limit(conn: Conn, pattern: LabelPattern, now: datetime) -> int:
     await conn.execute("SELECT pg_advisory_xact_lock(%s)", (LIMITS_LOCK_ID,))
+    names = ",".join(k for k, _ in pattern.labels)
+    rules = [r for r in await load_limit_rules(conn, [names]) if r.pattern != pattern]
+    await _check_limit_types(conn, names, rules)
     cur = await conn.execute(
         "DELETE FROM label_limit WHERE pattern = %s RETURNING key_names", (str(pattern),)
     )
@@ -331,9 +371,17 @@ async def check_consistency(conn: Conn) -> ConsistencyReport:
                         label, "missing_record", None, None, f"ticket {ticket.ticket_id} charges it"
                     )
                 )
+    over_limit: list[Mismatch] = []
     for label, raw in sorted(records.items()):
-        mismatches.extend(_check_record(label, raw, used[label], locked[label]))
-    return ConsistencyReport(tuple(mismatches), len(records), len(tickets))
+        found = _check_record(label, raw, used[label], locked[label])
+        mismatches.extend(m for m in found if m.field != OVER_MAX)
+        over_limit.extend(m for m in found if m.field == OVER_MAX)
+    return ConsistencyReport(tuple(mismatches), len(records), len(tickets), tuple(over_limit))
+
+
+# Not an inconsistency (CheckConsistencyResponse.over_limit): admission never grants past a
+# maximum, so a record over it had its maximum lowered (a limit, an ECM's re-registration).
+OVER_MAX = "over_max"
 
 
 def _check_record(
@@ -346,8 +394,17 @@ def _check_record(
     out = []
     for field, stored, parts in (("used", row.used, used), ("locked", row.locked, locked)):
         expected = Resource.zero(stored.kind, stored.queue)
-        for part in parts:
-            expected = expected + part
+        try:
+            for part in parts:
+                expected = expected + charged_part(row.source, row.max_resource, part)
+        except ResourceError as exc:
+            out.append(Mismatch(label, field, stored, None, f"a live ticket does not fit: {exc}"))
+            continue
+        ecm_kind = row.max_resource.kind if row.max_resource is not None else stored.kind
+        if row.source == ECM_SOURCE and stored.kind is not ecm_kind:
+            out.append(
+                Mismatch(label, "kind", stored, None, f"an ECM's record holds {ecm_kind.value}")
+            )
         if not (stored.ge(expected) and expected.ge(stored)):
             out.append(Mismatch(label, field, stored, expected, "stored != sum of live tickets"))
     count = sum(1 for _ in locked)
@@ -368,10 +425,12 @@ def _check_record(
             out.append(
                 Mismatch(
                     label,
-                    "over_max",
+                    OVER_MAX,
                     in_use,
                     row.max_resource,
-                    "used + locked + protected exceeds the maximum in " + ", ".join(excess),
+                    "over its limit after a change: used + locked + protected exceeds the"
+                    " maximum in " + ", ".join(excess) + "; nothing more is granted there,"
+                    " and it drains as tickets end",
                 )
             )
     return out

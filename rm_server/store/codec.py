@@ -10,7 +10,7 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from rm_server.domain.labels import Label
-from rm_server.domain.ledger import LabelAccount
+from rm_server.domain.ledger import LabelAccount, Waiter
 from rm_server.domain.model import Ticket, TicketState
 from rm_server.domain.resources import Resource
 
@@ -77,9 +77,13 @@ LABEL_COLUMNS = (
 LABEL_NAMES = tuple(c.strip().removeprefix("r.") for c in LABEL_COLUMNS.split(","))
 
 
-def account_from_row(record: Sequence[Any]) -> LabelAccount:
+# The state of the ECM a record belongs to (none for other records), read with it.
+ECM_STATE = "(SELECT e.state FROM ecm e WHERE e.label = r.label) AS ecm_state"
+
+
+def account_from_row(record: Sequence[Any], ecm_state: str | None = None) -> LabelAccount:
     """A LabelAccount from the first columns of a record selected with LABEL_COLUMNS
-    (or the same values read from JSON)."""
+    (or the same values read from JSON), with its ECM's state if read (ECM_STATE)."""
     label, source, maximum, protected, used, locked, live, reserved = record[:8]
     return LabelAccount(
         label,
@@ -90,6 +94,7 @@ def account_from_row(record: Sequence[Any]) -> LabelAccount:
         res(locked),
         live,
         opt_res(reserved),
+        ecm_state,
     )
 
 
@@ -207,3 +212,12 @@ def history_json(live: Ticket, ended: Ticket) -> dict[str, Any]:
         "reported_at": _json_time(live.updated_at if live.used is not None else None),
         "ended_at": _json_time(ended.ended_at),
     }
+
+
+# ----- apply_waiter (as READ in store/tickets.py aggregates it) ------------------------------
+
+
+def waiter_from_json(item: list[Any]) -> Waiter:
+    """A waiter as [seq, user_name, resource, hold_until]."""
+    seq, user, resource, hold_until = item
+    return Waiter(int(seq), user, opt_res(resource), _opt_at(hold_until))

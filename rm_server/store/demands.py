@@ -408,7 +408,8 @@ async def reserve(conn: Conn, d: Demand, now: datetime) -> tuple[str, ...]:
         if row is None or row.max_resource is None:
             continue
         try:
-            held = d.resource if row.reserved is None else row.reserved + d.resource
+            part = row.part(d.resource)  # an ECM's record holds its part only
+            held = part if row.reserved is None else row.reserved + part
         except ResourceError as exc:
             raise InvalidArgument("resource", f"does not match label {label}: {exc}") from exc
         check_accounts([replace(row, reserved=held)], d.resource)  # kinds must match
@@ -430,7 +431,11 @@ async def unreserve(conn: Conn, d: Demand, now: datetime, *, handover: bool = Fa
         if row is None or row.reserved is None:  # the record was removed meanwhile
             continue
         zero = Resource.zero(row.reserved.kind, row.reserved.queue)
-        left = headroom(row.reserved, d.resource, zero, zero)  # clamped at zero
+        try:
+            part = row.part(d.resource)
+        except ResourceError:  # the record changed type meanwhile: nothing of it is held
+            part = zero
+        left = headroom(row.reserved, part, zero, zero)  # clamped at zero
         value = None if left.is_zero() else jres(left)
         await conn.execute(
             "UPDATE label_resource SET reserved = %s WHERE label = %s", (value, label)

@@ -20,8 +20,8 @@ class NodeLists:
     include: frozenset[str]
     exclude: frozenset[str]
 
-    def allows(self, instance: str) -> bool:
-        return node_allowed(instance, self.include, self.exclude)
+    def allows(self, instance: str, include_required: bool = False) -> bool:
+        return node_allowed(instance, self.include, self.exclude, include_required)
 
     @staticmethod
     def of_rows(rows: Sequence[tuple[str, str]]) -> NodeLists:
@@ -37,14 +37,16 @@ async def node_lists(conn: Conn) -> NodeLists:
     return NodeLists.of_rows(await cur.fetchall())
 
 
-async def replace_node_lists(conn: Conn, lists: NodeLists) -> list[str]:
+async def replace_node_lists(
+    conn: Conn, lists: NodeLists, include_required: bool = False
+) -> list[str]:
     """Store new lists; return the registered instances they no longer allow."""
     await conn.execute("DELETE FROM node_list")
     for name, entries in (("include", lists.include), ("exclude", lists.exclude)):
         for entry in sorted(entries):
             await conn.execute("INSERT INTO node_list (list, entry) VALUES (%s, %s)", (name, entry))
     cur = await conn.execute("SELECT instance FROM ecm ORDER BY instance")
-    return [r[0] for r in await cur.fetchall() if not lists.allows(r[0])]
+    return [r[0] for r in await cur.fetchall() if not lists.allows(r[0], include_required)]
 
 
 async def store_response(conn: Conn, agent_id: str, sequence: int, response: bytes) -> None:

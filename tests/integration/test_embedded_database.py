@@ -1,6 +1,7 @@
 """The embedded PostgreSQL of rm-server as an operator runs it: private to the RM
-whatever the data directory's path, one RM per data directory, and a restart right
-after the RM and its database were killed."""
+whatever the data directory's path (one the database user cannot reach included),
+one RM per data directory, and a restart right after the RM and its database were
+killed."""
 
 from __future__ import annotations
 
@@ -21,16 +22,33 @@ import pytest
 from labelrm.v1 import resource_manager_pb2 as pb
 from labelrm.v1 import resource_manager_pb2_grpc
 
-from tests.conftest import ROOT, free_port, shared_tmp, wait_serving
-from tests.helpers import GiB, load_instance, register
+from rm_server.embedded import RELOCATED_ROOT
+from tests.conftest import (
+    ROOT,
+    free_port,
+    private_tmp,
+    remove_with_relocated,
+    shared_tmp,
+    wait_serving,
+)
+from tests.helpers import GiB, apply_req, load, load_instance, register
 
 
 @pytest.fixture
-def data_root() -> Iterator[Path]:
+def reachable_root() -> Iterator[Path]:
     """A directory the database's own OS user can reach (pytest's tmp_path is 0700)."""
     path = shared_tmp("lrm-embedded-")
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(params=["reachable", "closed"])
+def data_root(request) -> Iterator[Path]:
+    """Each test twice: in a directory the database user can reach, and in a fresh
+    0700 one of root's (a checkout under /root) that it cannot."""
+    path = shared_tmp("lrm-embedded-") if request.param == "reachable" else private_tmp("lrm-")
+    yield path
+    remove_with_relocated(path)
 
 
 class Server:
@@ -164,10 +182,11 @@ def test_a_second_server_on_the_same_data_directory_names_the_holder(data_root):
         first.stop()
 
 
-def test_embedded_database_is_private_whatever_the_path(data_root, sudo_users):
+def test_embedded_database_is_private_whatever_the_path(reachable_root, sudo_users):
     """A data directory path long enough that the socket cannot sit inside it: the
     socket directory is still 0700 and the database's own, the server runs without
     root's group, and another local user cannot connect."""
+    data_root = reachable_root
     data_dir = data_root / ("d" * 60) / ("e" * 40) / "data"
     assert len(str(data_dir / "pgsocket" / ".s.PGSQL.5432")) > 107
     data_dir.parent.mkdir(parents=True)
@@ -200,22 +219,92 @@ def test_embedded_database_is_private_whatever_the_path(data_root, sudo_users):
         server.stop()
 
 
-def test_no_directory_above_the_data_directory_is_opened_up(tmp_path):
-    """Run by root, a data directory the database user cannot reach is refused in one
-    line; its parents keep their modes (nothing is chmodded open for it)."""
-    if os.geteuid() != 0:
-        pytest.skip("the database runs as another user only when rm-server runs as root")
-    closed = tmp_path / "closed"
-    closed.mkdir(mode=0o700)
-    modes = {p: stat.S_IMODE(p.stat().st_mode) for p in (closed, *closed.parents)}
-    done = subprocess.run(
-        [sys.executable, "-m", "rm_server", "--listen", f"127.0.0.1:{free_port()}",
-         "--data-dir", str(closed / "data")],
-        capture_output=True, text=True, cwd=ROOT, timeout=60,
+def modes_above(path: Path) -> dict[Path, int]:
+    return {p: stat.S_IMODE(p.stat().st_mode) for p in path.parents}
+
+
+def cannot_connect(user: str, sockets: Path) -> bool:
+    attempt = subprocess.run(
+        ["sudo", "-n", "-u", user, str(psql()), "-h", str(sockets), "-U", "postgres",
+         "-d", "labelrm", "-w", "-c", "SELECT 1"],
+        capture_output=True, text=True, timeout=30,
     )  # fmt: skip
-    assert done.returncode == 1
-    last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("rm-server: the database user pgserver cannot reach"), done.stderr
-    assert "Traceback" not in done.stderr
-    assert {p: stat.S_IMODE(p.stat().st_mode) for p in modes} == modes
-    assert pwd.getpwnam("pgserver").pw_uid != 0
+    return attempt.returncode != 0
+
+
+def test_a_data_directory_the_database_user_cannot_reach(sudo_users):
+    """Run by root, a data directory under a fresh 0700 directory (a clone under
+    /root): no directory above it is opened up; the cluster lives in root's private
+    place for it, named by the pgdata link, and it serves, stays private and keeps its
+    data across a restart."""
+    closed = private_tmp("lrm-")
+    data_dir = closed / "labelrm" / "labelrm-data"
+    data_dir.parent.mkdir()
+    modes = modes_above(data_dir)
+    assert modes[closed] == 0o700
+    first = Server(data_dir, closed / "rm.log")
+    try:
+        first.wait_serving()
+        link = data_dir / "pgdata"
+        home = Path(os.readlink(link)).parent
+        assert home.parent == RELOCATED_ROOT and link.resolve() == home / "pgdata"
+        db_user = pwd.getpwnam("pgserver")
+        for path, mode in ((home, 0o700), (home / "pgdata", 0o700)):
+            info = path.stat()
+            assert (stat.S_IMODE(info.st_mode), info.st_uid) == (mode, db_user.pw_uid), path
+        for path in (RELOCATED_ROOT, RELOCATED_ROOT.parent):
+            info = path.stat()
+            assert (stat.S_IMODE(info.st_mode), info.st_uid) == (0o755, 0), path
+        said = [line for line in first.log.read_text().splitlines() if str(link) in line]
+        assert len(said) == 1 and "INFO" in said[0] and str(home / "pgdata") in said[0], said
+        with grpc.insecure_channel(first.target) as channel:
+            stub = resource_manager_pb2_grpc.ResourceManagerServiceStub(channel)
+            stub.RegisterEcm(register("h:1", load_instance(GiB, 1000, 1)), timeout=10)
+            ticket = stub.Apply(apply_req("emInstance=h:1", load(1, 1)), timeout=10).ticket
+            assert ticket.state == pb.TICKET_STATE_LOCKED
+        sockets = socket_dir(data_dir)
+        info = sockets.stat()
+        assert (stat.S_IMODE(info.st_mode), info.st_uid) == (0o700, db_user.pw_uid)
+        assert all(cannot_connect(user, sockets) for user in sudo_users)
+        first.stop()
+        assert first.proc.returncode == 0, first.log.read_text()[-3000:]
+
+        second = Server(data_dir, closed / "rm2.log")
+        try:
+            second.wait_serving()
+            with grpc.insecure_channel(second.target) as channel:
+                stub = resource_manager_pb2_grpc.ResourceManagerServiceStub(channel)
+                kept = stub.GetTicket(pb.GetTicketRequest(ticket_id=ticket.ticket_id), timeout=10)
+                assert kept.ticket.state == pb.TICKET_STATE_LOCKED  # the data survived
+        finally:
+            second.stop()
+        assert modes_above(data_dir) == modes  # nothing above was opened up
+
+        # Moved away from its files' name, or recreated while they remain: refused.
+        moved = data_dir.rename(closed / "moved")
+        for where, said in (
+            (moved, f"{moved / 'pgdata'} points to {home / 'pgdata'}"),
+            (data_dir, f"{home / 'pgdata'} holds the database of an earlier"),
+        ):
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "rm_server",
+                    "--listen",
+                    f"127.0.0.1:{free_port()}",
+                    "--data-dir",
+                    str(where),
+                ],
+                capture_output=True,
+                text=True,
+                cwd=ROOT,
+                timeout=60,
+            )
+            assert done.returncode == 1, done.stderr
+            assert done.stderr.strip().splitlines()[-1].startswith(f"rm-server: {said}")
+            assert "Traceback" not in done.stderr
+        assert (home / "pgdata" / "PG_VERSION").exists()  # nothing was lost
+    finally:
+        first.stop()
+        remove_with_relocated(closed)

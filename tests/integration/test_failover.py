@@ -13,14 +13,20 @@ its own database cluster; it needs Debian's patroni, etcd-server and python3-etc
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
+from labelrm.v1 import resource_manager_pb2 as pb
+from labelrm.v1 import resource_manager_pb2_grpc as pb_grpc
 
 from bench.failover import (
+    RETRY_CODES,
     HACluster,
     StormLog,
     audit,
@@ -29,6 +35,7 @@ from bench.failover import (
     rm_replicas,
     setup_cluster,
 )
+from tests.helpers import GiB, apply_req, load_instance, register
 
 pytestmark = pytest.mark.ha
 
@@ -92,3 +99,62 @@ async def test_failover_under_load_loses_nothing(
         for target in targets:  # both replicas reconnected to the new primary
             report = await check_consistency(target)
             assert report.consistent, report
+
+
+async def test_a_waiting_apply_is_woken_after_a_switchover(
+    cluster: HACluster, tmp_path: Path
+) -> None:
+    """A waiter's LISTEN connection dies with the old primary; the notifier subscribes
+    again on the new one, so a release there (through the other replica) still wakes it."""
+    with rm_replicas(cluster.url, 2, tmp_path) as (first, second):
+        async with (
+            grpc.aio.insecure_channel(first) as one,
+            grpc.aio.insecure_channel(second) as two,
+        ):
+            rm_one = pb_grpc.ResourceManagerServiceStub(one)
+            rm_two = pb_grpc.ResourceManagerServiceStub(two)
+            await rm_one.RegisterEcm(register("wake:1", load_instance(GiB, 1000, 1)), timeout=30)
+            holder = (
+                await rm_one.Apply(
+                    apply_req("emInstance=wake:1", load_instance(1, 1, 1)), timeout=30
+                )
+            ).ticket
+            waiting = asyncio.ensure_future(
+                rm_one.Apply(
+                    apply_req("emInstance=wake:1", load_instance(1, 1, 1), wait=120), timeout=150
+                )
+            )
+            await _poll_async(
+                lambda: (
+                    waiting.done() or cluster.query("SELECT count(*) FROM apply_waiter")[0][0] > 0
+                ),
+                30,
+            )
+            if waiting.done():
+                pytest.fail(f"the waiting Apply ended before the switchover: {waiting.result()}")
+            old = cluster.primary()
+            candidate = next(i for i in (1, 2, 3) if i != old and cluster.role_of(i) == "sync")
+            await asyncio.to_thread(cluster.switchover, candidate)
+            assert not waiting.done()
+            release = pb.ReleaseRequest(ticket_id=holder.ticket_id, request_id="wake-release")
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    await rm_two.Release(release, timeout=5)
+                    break
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() not in RETRY_CODES or time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.2)
+            granted = (await asyncio.wait_for(waiting, 60)).ticket
+            assert granted.state == pb.TICKET_STATE_LOCKED
+            report = await check_consistency(second)
+            assert report.consistent, report
+
+
+async def _poll_async(predicate, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not await asyncio.to_thread(predicate):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        await asyncio.sleep(0.1)

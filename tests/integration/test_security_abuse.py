@@ -6,6 +6,10 @@ and floods of calls."""
 from __future__ import annotations
 
 import asyncio
+import http.client
+import ssl
+import urllib.error
+import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -17,9 +21,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from google.protobuf.duration_pb2 import Duration
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from labelrm.v1 import admin_pb2, resource_pb2
 from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as pb
-from labelrm.v1 import resource_pb2
 
 from rm_server.security import tokens
 from rm_server.security.limits import RATE_LIMITED, TOO_MANY_AUTH_FAILURES, TOO_MANY_STREAMS
@@ -103,72 +107,89 @@ async def test_token_guessing_never_locks_out_valid_tokens(database_url, keys):
 # ----- a revoked token ends the streams it opened ----------------------------------------------------
 
 
+def launch_on_agent1(srm, request_id: str) -> asyncio.Future:
+    """alice's CreateEngineConn on agent1, in the background: it queues a launch command
+    (with the EngineConn's secret and key) for agent1's command stream."""
+    alice = srm.stubs(srm.channel("alice"))
+    return asyncio.ensure_future(
+        alice.ecs.CreateEngineConn(
+            ec_pb.CreateEngineConnRequest(
+                request_id=request_id,
+                labels=lbl("userCreator=alice-IDE,engineType=shell-1,emInstance=agent1"),
+                timeout=Duration(seconds=20),
+            ),
+            timeout=30,
+        )
+    )
+
+
+async def open_command_stream(srm, agent) -> tuple[object, asyncio.Future]:
+    """agent1's StreamAgentCommands, shown open (admitted) by a first launch it delivers."""
+    await agent.rm.RegisterEcm(register("agent1", load_instance(8 * GiB, 8000, 8)))
+    commands = agent.ecs.StreamAgentCommands(
+        ec_pb.StreamAgentCommandsRequest(agent_id="agent1"), timeout=60
+    )
+    create = launch_on_agent1(srm, "before-revoke")
+    first = await commands.read()
+    assert first.command.HasField("launch")
+    return commands, create
+
+
 async def test_a_revoked_agent_token_ends_its_open_streams(database_url, tmp_path):
     keys = make_pki(tmp_path / "pki")  # its own token file: this test revokes from it
     srm = await start_secure(database_url, keys, create_timeout=30.0)
+    creates = []
     try:
         agent = srm.stubs(srm.channel("agent1"))  # the agent role, by token
-        await agent.rm.RegisterEcm(register("agent1", load_instance(8 * GiB, 8000, 8)))
+        commands, create = await open_command_stream(srm, agent)
+        creates.append(create)
         beats = agent.rm.HeartbeatStream(timeout=60)
         first = await beat_on_stream(beats, pb.HeartbeatRequest(agent_id="agent1", sequence=1))
         assert first.action == pb.HEARTBEAT_ACTION_CONTINUE
-        commands = agent.ecs.StreamAgentCommands(
-            ec_pb.StreamAgentCommandsRequest(agent_id="agent1"), timeout=60
-        )
         assert tokens.revoke(Path(keys.token_file), user="agent1") == 1
-        # A launch for the agent queued after the revocation (it would carry the
-        # EngineConn's secret and key) is never delivered: the stream ends instead.
-        alice = srm.stubs(srm.channel("alice"))
-        create = asyncio.ensure_future(
-            alice.ecs.CreateEngineConn(
-                ec_pb.CreateEngineConnRequest(
-                    request_id="after-revoke",
-                    labels=lbl("userCreator=alice-IDE,engineType=shell-1,emInstance=agent1"),
-                    timeout=Duration(seconds=20),
-                ),
-                timeout=30,
-            )
-        )
-        try:
-            with pytest.raises(grpc.aio.AioRpcError) as err:
-                got = await commands.read()
-                pytest.fail(f"a revoked agent was sent {got}")
-            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
-            assert reason_of(err.value) == "TOKEN_REVOKED"
-            # The heartbeat stream answers no further message either.
+        # A launch queued after the revocation is never delivered: the stream ends.
+        creates.append(launch_on_agent1(srm, "after-revoke"))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            got = await commands.read()
+            pytest.fail(f"a revoked agent was sent {got}")
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert reason_of(err.value) == "TOKEN_REVOKED"
+        # The heartbeat stream answers no further message either (it may have ended
+        # already, idle, before this one is written).
+        with pytest.raises(grpc.aio.AioRpcError) as err:
             await beats.write(
                 pb.HeartbeatStreamRequest(
                     heartbeat=pb.HeartbeatRequest(agent_id="agent1", sequence=2)
                 )
             )
-            with pytest.raises(grpc.aio.AioRpcError) as err:
-                await beats.read()
-            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        finally:
-            create.cancel()
+            await beats.read()
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
         # New calls with the token are refused as before.
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await agent.rm.Heartbeat(pb.HeartbeatRequest(agent_id="agent1", sequence=3))
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
     finally:
+        for create in creates:
+            create.cancel()
         await stop_secure(srm)
 
 
 async def test_an_idle_stream_ends_when_its_token_is_revoked(database_url, tmp_path):
     keys = make_pki(tmp_path / "pki")
-    srm = await start_secure(database_url, keys)
+    srm = await start_secure(database_url, keys, create_timeout=30.0)
+    create = None
     try:
         agent = srm.stubs(srm.channel("agent1"))
-        await agent.rm.RegisterEcm(register("agent1", load_instance(8 * GiB, 8000, 8)))
-        commands = agent.ecs.StreamAgentCommands(
-            ec_pb.StreamAgentCommandsRequest(agent_id="agent1"), timeout=60
-        )
-        reading = asyncio.ensure_future(commands.read())
+        commands, create = await open_command_stream(srm, agent)
+        reading = asyncio.ensure_future(commands.read())  # nothing more is queued
         tokens.revoke(Path(keys.token_file), user="agent1")
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await asyncio.wait_for(reading, timeout=30)
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert reason_of(err.value) == "TOKEN_REVOKED"
     finally:
+        if create is not None:
+            create.cancel()
         await stop_secure(srm)
 
 
@@ -366,5 +387,65 @@ async def test_anonymous_health_watch_streams_are_capped_per_peer(database_url, 
         await wait_until(another, timeout=10)
         for watch in watches:
             watch.cancel()
+    finally:
+        await stop_secure(srm)
+
+
+# ----- the metrics endpoint off loopback -------------------------------------------------------------
+
+
+def scrape(url: str, ca: str, token: str = "") -> tuple[int, bytes]:
+    """GET `url` (verifying the server with `ca`); (HTTP status, body)."""
+    request = urllib.request.Request(url)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    context = ssl.create_default_context(cafile=ca)
+    context.check_hostname = False  # the RM's test certificate names localhost
+    try:
+        with urllib.request.urlopen(request, timeout=10, context=context) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+async def test_metrics_off_loopback_need_tls_and_an_admin_token(database_url, keys):
+    srm = await start_secure(database_url, keys, metrics_listen="0.0.0.0:0")
+    try:
+        url = f"https://127.0.0.1:{srm.server.metrics_port}/metrics"
+        for who in ("", "alice", "agent1"):
+            token = keys.tokens[who] if who else ""
+            status, _ = await asyncio.to_thread(scrape, url, keys.ca, token)
+            assert status == 401, who
+        status, body = await asyncio.to_thread(scrape, url, keys.ca, keys.tokens["root"])
+        assert status == 200 and b"labelrm_" in body
+        # Plain HTTP gets no answer at all.
+        with pytest.raises((urllib.error.URLError, ConnectionError, http.client.HTTPException)):
+            await asyncio.to_thread(
+                urllib.request.urlopen,
+                f"http://127.0.0.1:{srm.server.metrics_port}/metrics",
+                timeout=10,
+            )
+    finally:
+        await stop_secure(srm)
+
+
+async def test_a_required_include_list_denies_unlisted_agents(database_url, keys):
+    srm = await start_secure(database_url, keys, node_include_required=True)
+    try:
+        admin = srm.stubs(srm.channel("root"))
+        agent1 = srm.stubs(srm.channel(cert=keys.cert("agent", "agent1"), agent_port=True))
+        agent2 = srm.stubs(srm.channel(cert=keys.cert("agent", "agent2"), agent_port=True))
+        # Nothing listed yet: no agent may register, however good its certificate.
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await agent1.rm.RegisterEcm(register("agent1", load_instance(GiB, 1000, 1)))
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert reason_of(err.value) == "NODE_EXCLUDED"
+        await admin.admin.RefreshNodes(admin_pb2.RefreshNodesRequest(include=["agent2"]))
+        await agent2.rm.RegisterEcm(register("agent2", load_instance(GiB, 1000, 1)))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await agent1.rm.RegisterEcm(register("agent1", load_instance(GiB, 1000, 1)))
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        ecms = (await admin.rm.ListEcms(pb.ListEcmsRequest())).ecms
+        assert [e.instance for e in ecms] == ["agent2"]
     finally:
         await stop_secure(srm)

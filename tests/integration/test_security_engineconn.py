@@ -105,6 +105,17 @@ async def test_engineconn_reports_with_the_certificate_the_rm_issued(cluster, ag
     for stubs in (owner, admin):
         mine = (await stubs.ecs.ListEngineConns(ec_pb.ListEngineConnsRequest())).engine_conns
         assert [e.engine_conn_id for e in mine] == [ec.engine_conn_id] and not mine[0].secret
+    # Its owner cannot end its ticket under it either: the EngineConn's lifecycle owns it.
+    for rpc, ticket_req in (
+        (owner.rm.Release, pb.ReleaseRequest(ticket_id=ec.ticket_id)),
+        (owner.rm.ReportUsed, pb.ReportUsedRequest(ticket_id=ec.ticket_id)),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await rpc(ticket_req)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "KillEngineConn" in (err.value.details() or "")
+    ticket = (await admin.rm.GetTicket(pb.GetTicketRequest(ticket_id=ec.ticket_id))).ticket
+    assert ticket.state == pb.TICKET_STATE_USED
     async with AsyncRMClient(
         cluster.user_target, token=keys.tokens["lrmtest_a"], tls_ca=keys.ca
     ) as sdk:

@@ -35,7 +35,8 @@ ZERO = Resource.load(0, 0)
 
 
 def account(label: str, memory: int, cpu: int, protected: Resource = ZERO) -> LabelAccount:
-    return LabelAccount(label, "test", Resource.load(memory, cpu), protected, ZERO, ZERO, 0)
+    source = "ecm" if label == ECM else "limit"  # an emInstance label names an ECM's record
+    return LabelAccount(label, source, Resource.load(memory, cpu), protected, ZERO, ZERO, 0)
 
 
 def command(n: int, resource: Resource, now: datetime = T0, keys=KEYS) -> ApplyCommand:

@@ -146,3 +146,23 @@ def test_dev_tls_prepares_a_secured_loopback_setup(tmp_path):
     assert table.lookup(first.admin_token) is None and table.lookup(second.admin_token)
     assert (tmp_path / "pki" / "ca.crt").read_bytes() == first.ca.read_bytes()
     assert "--tls-cert" in second.agent_args
+
+
+def test_metrics_off_loopback_obey_the_listeners_rule(tmp_path, ca_dir):
+    token_file = tmp_path / "t.toml"
+    token_file.write_text("")
+    cert, key = str(ca_dir / "server.crt"), str(ca_dir / "server.key")
+    exposed = "0.0.0.0:9100"
+    with pytest.raises(SecurityConfigError, match="authentication off"):
+        build_security(Settings(metrics_listen=exposed))
+    with pytest.raises(SecurityConfigError, match=r"metrics .* without TLS"):
+        build_security(Settings(metrics_listen=exposed, token_file=str(token_file)))
+    with pytest.raises(SecurityConfigError, match="admin bearer token"):
+        build_security(Settings(metrics_listen=exposed, tls_cert=cert, tls_key=key))
+    tls, authorize = build_security(
+        Settings(metrics_listen=exposed, tls_cert=cert, tls_key=key, token_file=str(token_file))
+    ).metrics_guard()
+    assert tls is not None and authorize is not None and not authorize(None)
+    # On loopback the endpoint stays as it was: plain and open to local scrapers.
+    local = build_security(Settings(metrics_listen="127.0.0.1:9100", token_file=str(token_file)))
+    assert local.metrics_guard() == (None, None)

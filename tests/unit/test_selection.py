@@ -128,7 +128,7 @@ def test_resource_score_is_mean_free_fraction_after_placing():
     # total 8Gi / 8000m; left 4Gi / 4000m; request 1Gi / 1000m -> 3/8 free in both.
     v = ResourceRule().evaluate(ecm(), req())
     assert v.eligible and v.score == pytest.approx(3 / 8)
-    assert v.reason == "resource: fits, free after: memory_bytes 3Gi, cpu_millis 3000"
+    assert v.reason == "resource: fits, free after: memory_bytes 3Gi, cpu_millis 3000m"
 
 
 def test_resource_honours_named_dimensions():
@@ -295,3 +295,17 @@ def test_shortfalls_ignore_unnamed_dimensions():
     assert [s.dimension for s in ecm_shortfalls(c, Resource.load_instance(1, 0, 5))] == [
         "memory_bytes"
     ]
+
+
+def test_node_lists_deny_by_default_when_the_include_list_is_required():
+    from rm_server.domain.engineconn import node_allowed
+
+    none: frozenset[str] = frozenset()
+    assert node_allowed("agent1", none, none)  # YARN's default: no include list, all in
+    assert not node_allowed("agent1", none, none, include_required=True)
+    listed = frozenset({"agent1", "host2"})
+    for required in (False, True):
+        assert node_allowed("agent1", listed, none, required)
+        assert node_allowed("host2:9000", listed, none, required)  # a host names its ECMs
+        assert not node_allowed("agent3", listed, none, required)
+        assert not node_allowed("agent1", listed, frozenset({"agent1"}), required)
