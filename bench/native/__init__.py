@@ -18,6 +18,7 @@ HERE = Path(__file__).resolve().parent
 PROTOS = [
     "labelrm/v1/resource_manager.proto",
     "labelrm/v1/engine_conn.proto",
+    "labelrm/v1/external.proto",
     "labelrm/v1/resource.proto",
 ]
 SOURCES = [HERE / "loadgen.cc", HERE / "health.proto", *(PROTO_ROOT / p for p in PROTOS)]
