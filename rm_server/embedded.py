@@ -203,8 +203,8 @@ class EmbeddedPostgres:
                 f"whose pgdata link is gone: remove {relocated} to start afresh, or restore "
                 f"the link (ln -s {relocated / 'pgdata'} {link})"
             )
-        make_root_dir(RELOCATED_ROOT.parent, 0o755)
-        make_root_dir(RELOCATED_ROOT, 0o755)
+        make_root_dir(RELOCATED_ROOT.parent)
+        make_root_dir(RELOCATED_ROOT)
         relocated.mkdir(mode=0o700, exist_ok=True)
         relocated.chmod(0o700)
         self._own(relocated)
@@ -374,16 +374,21 @@ def relocated_home(data_dir: Path) -> Path:
     return RELOCATED_ROOT / data_dir_key(data_dir)
 
 
-def make_root_dir(path: Path, mode: int) -> None:
-    """`path` as a directory of root's that only root can write (an existing one too:
+def make_root_dir(path: Path) -> None:
+    """`path` as a directory of root's that everyone can search and only root can
+    write (mode 0755 whatever the umask; an existing one is checked, never changed:
     anyone else able to write there could swap the database's files)."""
-    with contextlib.suppress(FileExistsError):
-        path.mkdir(mode=mode, parents=True)
+    for missing in [p for p in (*reversed(path.parents), path) if not p.exists()]:
+        try:
+            missing.mkdir()
+        except FileExistsError:  # another rm-server made it meanwhile: checked below
+            continue
+        missing.chmod(0o755)
     st = path.lstat()
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or (st.st_mode & 0o023) != 0o001:
         raise EmbeddedDatabaseError(
-            f"{path} must be a directory of root's that only root can write "
-            f"(it is {stat.filemode(st.st_mode)}, uid {st.st_uid})"
+            f"{path} must be a directory of root's that everyone can search and only root "
+            f"can write (it is {stat.filemode(st.st_mode)}, uid {st.st_uid})"
         )
 
 
@@ -397,7 +402,7 @@ def _copy_of_binaries(bin_dir: Path) -> Path:
     digest = hashlib.sha256((bin_dir / "postgres").read_bytes()).hexdigest()[:16]
     target = BINARIES_ROOT / f"{install.name}-{digest}"
     if not target.exists():
-        make_root_dir(BINARIES_ROOT, 0o755)
+        make_root_dir(BINARIES_ROOT)
         staging = Path(tempfile.mkdtemp(prefix=".copy-", dir=BINARIES_ROOT))
         shutil.copytree(install, staging / package.name / install.name, symlinks=True)
         libs = package.with_name(f"{package.name}.libs")
