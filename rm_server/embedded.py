@@ -409,9 +409,9 @@ def _copy_of_binaries(bin_dir: Path) -> Path:
         if libs.is_dir():
             shutil.copytree(libs, staging / libs.name, symlinks=True)
         for path in (staging, *staging.rglob("*")):
-            if not path.is_symlink():  # root's, readable by all, writable by none else
-                path.chmod(stat.S_IMODE(path.stat().st_mode) & ~0o022 | 0o444)
-        staging.chmod(0o755)
+            if not path.is_symlink():  # root's, usable by all, writable by none else
+                executable = path.is_dir() or path.stat().st_mode & 0o111
+                path.chmod(0o755 if executable else 0o644)
         try:
             staging.rename(target)
         except OSError:  # another rm-server made it first
