@@ -14,7 +14,7 @@ to the RM (docs/security.md, "The embedded database"):
   user's group only (never root's group); no directory above the data directory is
   ever made more permissive. When the database user cannot traverse them (a checkout
   under /root, mode 0700), the cluster's files live instead in
-  `/var/lib/labelrm/embedded/<key>/` (0700, the database user's; `<key>` is derived
+  `/var/lib/labelrm/embedded/<key>/` (root's, 0711; `<key>` is derived
   from the data directory's resolved path) and `<data-dir>/pgdata` is a symlink to
   them, so the data directory still names its database and holds its lock; binaries
   it cannot reach (an installation under /root) run from root's read-only copy in
@@ -205,14 +205,14 @@ class EmbeddedPostgres:
             )
         make_root_dir(RELOCATED_ROOT.parent)
         make_root_dir(RELOCATED_ROOT)
-        relocated.mkdir(mode=0o700, exist_ok=True)
-        relocated.chmod(0o700)
-        self._own(relocated)
-        # Says whose directory this is, for operators (root's, read-only).
-        owner_note = relocated / "data-dir"
-        owner_note.unlink(missing_ok=True)
-        owner_note.write_text(f"{self.data_dir}\n")
-        owner_note.chmod(0o444)
+        # Root's, searchable but not listable, like the data directory in place: the
+        # database user owns only pgdata/ and pgsocket/ in it and cannot swap them.
+        relocated.mkdir(mode=0o711, exist_ok=True)
+        if relocated.is_symlink() or relocated.stat().st_uid != 0:
+            raise EmbeddedDatabaseError(f"{relocated} is not a directory of root's; remove it")
+        relocated.chmod(0o711)
+        # Says whose directory this is, for operators.
+        _write_new(relocated / "data-dir", f"{self.data_dir}\n", 0o644)
         if not link.is_symlink():
             link.symlink_to(relocated / "pgdata")
         log.info(
@@ -250,14 +250,15 @@ class EmbeddedPostgres:
         """pg_hba/pg_ident: peer connections of the RM's OS user only (module doc)."""
         hba = self.pgdata / "pg_hba.conf"
         ident = self.pgdata / "pg_ident.conf"
-        hba.write_text(
+        # New files (never through a link the database user may have left there).
+        owner = (self.db_user.pw_uid, self.db_user.pw_gid)
+        _write_new(
+            hba,
             "# Written by rm-server at every start: the RM's own OS user only.\n"
-            f"local all {ROLE} peer map=rm\n"
+            f"local all {ROLE} peer map=rm\n",
+            owner=owner,
         )
-        ident.write_text(f"rm {self.owner.pw_name} {ROLE}\n")
-        for path in (hba, ident):
-            path.chmod(0o600)
-            self._own(path)
+        _write_new(ident, f"rm {self.owner.pw_name} {ROLE}\n", owner=owner)
 
     def _clear_stale_server(self) -> None:
         """A server of this data directory left by a killed RM (we hold the data lock,
@@ -372,6 +373,23 @@ def data_dir_key(data_dir: Path) -> str:
 def relocated_home(data_dir: Path) -> Path:
     """Root's private place for the cluster of `data_dir` (module doc)."""
     return RELOCATED_ROOT / data_dir_key(data_dir)
+
+
+def _write_new(
+    path: Path, text: str, mode: int = 0o600, owner: tuple[int, int] | None = None
+) -> None:
+    """`path` replaced by a new file of ours holding `text`: unlinked, then created
+    exclusively without following links (one planted there is not written through)."""
+    path.unlink(missing_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    except FileExistsError:
+        raise EmbeddedDatabaseError(f"{path} keeps reappearing; is a server running?") from None
+    with os.fdopen(fd, "w") as out:
+        os.fchmod(out.fileno(), mode)
+        if owner is not None and owner[0] != os.geteuid():
+            os.fchown(out.fileno(), *owner)
+        out.write(text)
 
 
 def make_root_dir(path: Path) -> None:
