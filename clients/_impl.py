@@ -328,9 +328,42 @@ class RMClient(EngineConnCalls, _Base):
         )
         return int(self._call(self._admin.DeleteLabelLimit, req).affected_labels)
 
+    def put_external_provider(self, provider: Any, request_id: str | None = None) -> Any:
+        """Create or replace an external resource provider (an external_pb2.ExternalProvider);
+        returns it as stored, without its password."""
+        req = admin_pb2.PutExternalProviderRequest(
+            request_id=_request_id(request_id), provider=provider
+        )
+        return self._call(self._admin.PutExternalProvider, req).provider
+
+    def list_external_providers(self) -> list[Any]:
+        """Every external resource provider (without passwords)."""
+        req = admin_pb2.ListExternalProvidersRequest()
+        return list(self._call(self._admin.ListExternalProviders, req).providers)
+
+    def delete_external_provider(self, name: str, request_id: str | None = None) -> Any:
+        """Remove a provider; returns it."""
+        req = admin_pb2.DeleteExternalProviderRequest(request_id=_request_id(request_id), name=name)
+        return self._call(self._admin.DeleteExternalProvider, req).provider
+
+    def test_external_provider(self, name: str) -> Any:
+        """Fetch a provider's live figures now: the TestExternalProviderResponse."""
+        req = admin_pb2.TestExternalProviderRequest(name=name)
+        return self._call(self._admin.TestExternalProvider, req)
+
     def check_consistency(self) -> Any:
         """Recompute every label's used and locked; returns the CheckConsistencyResponse."""
         return self._call(self._admin.CheckConsistency, admin_pb2.CheckConsistencyRequest())
+
+    def list_events(self, kind: str, object_id: str) -> list[Any]:
+        """The state history (StateEvent: time, state, reason) of a "node" or an
+        "engineconn", oldest first."""
+        req = admin_pb2.ListEventsRequest(kind=kind, id=object_id)
+        return list(self._call(self._admin.ListEvents, req).events)
+
+    def get_cluster_info(self) -> Any:
+        """The RM's version, replicas, database and waiting applies (GetClusterInfoResponse)."""
+        return self._call(self._admin.GetClusterInfo, admin_pb2.GetClusterInfoRequest())
 
 
 class AsyncRMClient(AsyncEngineConnCalls, _Base):

@@ -33,7 +33,7 @@ def add_demand_commands(cmds: Any) -> None:
     """Register ``rmctl demand ...`` on rmctl's sub-command parsers (``add_subparsers()``)."""
     # rmctl imports this module; importing its argument types here, at call time, avoids
     # an import cycle.
-    from clients.rmctl import _labels_arg, _non_negative, parse_size
+    from clients.rmctl import _labels_arg, _non_negative, parse_cores, parse_size
 
     dem = cmds.add_parser("demand", help="time-aware demands").add_subparsers(
         dest="sub", required=True, metavar="SUBCOMMAND"
@@ -45,8 +45,15 @@ def add_demand_commands(cmds: Any) -> None:
     )
     c.add_argument("demand_id", metavar="ID", help="client-chosen id (the idempotency key)")
     c.add_argument("--labels", type=_labels_arg, required=True, metavar="LABELS")
-    c.add_argument("--memory", type=parse_size, required=True, metavar="BYTES")
-    c.add_argument("--cpu", type=_non_negative, required=True, metavar="MILLIS")
+    c.add_argument(
+        "--memory",
+        type=parse_size,
+        required=True,
+        metavar="QUANTITY",
+        help="512Mi, 2Gi (binary), 1G (decimal) or bytes",
+    )
+    c.add_argument("--cpu", type=parse_cores, required=True, metavar="QUANTITY",
+                   help="cores (2, 0.5) or millicores (500m)")  # fmt: skip
     c.add_argument("--instances", type=_non_negative, default=None, metavar="N")
     c.add_argument("--user", default="", help="on whose behalf")
     when = c.add_mutually_exclusive_group()

@@ -17,9 +17,11 @@ from datetime import datetime, timedelta
 from rm_server.batching import Combiner, each_alone_on_failure
 from rm_server.domain.engineconn import (
     AgentCommand,
+    CommandKind,
     EcmState,
     EcmStatus,
     EcState,
+    HeartbeatAction,
     HeartbeatOutcome,
     ProcessReport,
     ProcessState,
@@ -115,12 +117,16 @@ class AgentHub:
         """The rest of a recorded heartbeat that needs more than an answer."""
         agent_id = beat.agent_id
         for report in beat.processes:
-            await self.db.run(lambda c, r=report: self._apply_process(c, agent_id, r))  # type: ignore[misc]
+            await self.db.run(self._apply_process, agent_id, report)
         await self._fence_vanished(agent_id, {p.ec_id for p in beat.processes}, now)
         if state is EcmState.DRAINING and await self._drained(agent_id):
-            return HeartbeatOutcome("SHUTDOWN", reason="decommissioned", sequence=beat.sequence)
+            return HeartbeatOutcome(
+                HeartbeatAction.SHUTDOWN, reason="decommissioned", sequence=beat.sequence
+            )
         commands = await self.db.run(lambda c: ec_store.pending_commands(c, agent_id))
-        outcome = HeartbeatOutcome("CONTINUE", tuple(commands), sequence=beat.sequence)
+        outcome = HeartbeatOutcome(
+            HeartbeatAction.CONTINUE, tuple(commands), sequence=beat.sequence
+        )
         encoded = beat.encode(outcome)
         await self.db.run(lambda c: ecm_store.store_response(c, agent_id, beat.sequence, encoded))
         return outcome
@@ -151,9 +157,11 @@ class AgentHub:
                 now,
                 report,
             )
-        if not await ec_store.has_pending(conn, agent_id, report.ec_id, "cleanup"):
+        if not await ec_store.has_pending(conn, agent_id, report.ec_id, CommandKind.CLEANUP):
             await ec_store.queue_command(
-                conn, AgentCommand(self.core.new_id("cmd"), agent_id, report.ec_id, "cleanup"), now
+                conn,
+                AgentCommand(self.core.new_id("cmd"), agent_id, report.ec_id, CommandKind.CLEANUP),
+                now,
             )
 
     async def _end_ec(
@@ -187,14 +195,12 @@ class AgentHub:
         for ec in live:
             if ec.ec_id in acked and ec.ec_id not in reported:
                 await self.db.run(
-                    lambda c, e=ec: self._end_ec(  # type: ignore[misc]
-                        c,
-                        e.ec_id,
-                        e.ticket_id,
-                        EcState.LOST,
-                        "process no longer reported by its agent",
-                        now,
-                    )
+                    self._end_ec,
+                    ec.ec_id,
+                    ec.ticket_id,
+                    EcState.LOST,
+                    "process no longer reported by its agent",
+                    now,
                 )
 
     async def _drained(self, agent_id: str) -> bool:
@@ -281,9 +287,7 @@ class AgentHub:
         now = self._now()
         silent_since = now - self.settings.ecm_expiry
         for instance in await self.db.run(lambda c: ecm_store.expired_ecms(c, silent_since)):
-            lost = await self.db.run(
-                lambda c, i=instance: ecm_store.mark_lost(c, i, silent_since, now)  # type: ignore[misc]
-            )
+            lost = await self.db.run(ecm_store.mark_lost, instance, silent_since, now)
             if lost:
                 log.warning("ECM %s is LOST: no heartbeat since %s", instance, silent_since)
                 await self._lose_ecs_on(instance, now)
@@ -295,9 +299,7 @@ class AgentHub:
     async def _lose_ecs_on(self, instance: str, now: datetime) -> None:
         for ec in await self.db.run(lambda c: ec_store.live_ecs_on(c, instance)):
             await self.db.run(
-                lambda c, e=ec: self._end_ec(  # type: ignore[misc]
-                    c, e.ec_id, e.ticket_id, EcState.LOST, "its ECM was lost", now
-                )
+                self._end_ec, ec.ec_id, ec.ticket_id, EcState.LOST, "its ECM was lost", now
             )
 
     async def _expire_ecs(self, now: datetime) -> None:
@@ -305,7 +307,7 @@ class AgentHub:
         start_limit = now - self.settings.start_timeout
         expired = await self.db.run(lambda c: ec_store.silent_ecs(c, silent, start_limit))
         for ec in expired:  # one transaction each: label locks stay in canonical order
-            await self.db.run(lambda c, e=ec: self._expire_one(c, e.ec_id, silent, now))  # type: ignore[misc]
+            await self.db.run(self._expire_one, ec.ec_id, silent, now)
 
     async def _expire_one(self, conn: Conn, ec_id: str, silent: datetime, now: datetime) -> None:
         ec = await ec_store.get_ec(conn, ec_id)
@@ -401,17 +403,21 @@ def _answer(
     else by the full pass."""
     seq = beat.sequence
     if agent is None:
-        return HeartbeatOutcome("REREGISTER", reason="unknown agent", sequence=seq), None
+        return HeartbeatOutcome(
+            HeartbeatAction.REREGISTER, reason="unknown agent", sequence=seq
+        ), None
     resend = seq <= agent.heartbeat_seq and agent.last_response is not None
     if not allowed:
         write = None
         if agent.state is not EcmState.LOST and not resend:
             write = hb_store.BeatWrite(beat.agent_id, seq, None, beat.done_command_ids)
         return HeartbeatOutcome(
-            "SHUTDOWN", reason="excluded by the node lists", sequence=seq
+            HeartbeatAction.SHUTDOWN, reason="excluded by the node lists", sequence=seq
         ), write
     if agent.state is EcmState.LOST:
-        return HeartbeatOutcome("REREGISTER", reason="agent was LOST", sequence=seq), None
+        return HeartbeatOutcome(
+            HeartbeatAction.REREGISTER, reason="agent was LOST", sequence=seq
+        ), None
     if resend:
         assert agent.last_response is not None
         return agent.last_response, None
@@ -423,5 +429,5 @@ def _answer(
         return _FullPass(agent.state, now), write
     done = set(beat.done_command_ids)
     commands = tuple(c for c in agent.pending if c.command_id not in done)
-    encoded = beat.encode(HeartbeatOutcome("CONTINUE", commands, sequence=seq))
+    encoded = beat.encode(HeartbeatOutcome(HeartbeatAction.CONTINUE, commands, sequence=seq))
     return encoded, hb_store.BeatWrite(beat.agent_id, seq, encoded, beat.done_command_ids)

@@ -3,7 +3,6 @@ so time-dependent behaviour (lock expiry, waiters) is testable without waiting."
 
 from __future__ import annotations
 
-import itertools
 import threading
 import uuid
 from collections.abc import Callable
@@ -43,9 +42,3 @@ IdFactory = Callable[[str], str]
 def random_ids(prefix: str) -> str:
     """`t-3f2a…`: a prefix naming the kind of object, then 32 random hex digits."""
     return f"{prefix}-{uuid.uuid4().hex}"
-
-
-def sequential_ids() -> IdFactory:
-    """Deterministic ids for tests: t-000001, t-000002, …"""
-    counter = itertools.count(1)
-    return lambda prefix: f"{prefix}-{next(counter):06d}"

@@ -12,7 +12,10 @@ import re
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
+
+from rm_server.settings_doc import RM_HELP
+from rm_server.version import VERSION
 
 DEFAULT_RULES_SPEC = "userCreator+engineType;emInstance"
 LOG_FORMATS = ("text", "json")
@@ -25,6 +28,8 @@ class Settings:
     data_dir: Path = Path("labelrm-data")
     database_url: str = ""
     metrics_listen: str = ""
+    # HOST:PORT of the web console (docs/operations.md); off when empty, on in dev mode
+    console_listen: str = ""
     # Let several rm-server processes on this host listen on the same ports (the kernel
     # spreads connections over them): replicas on one host use more than one core.
     reuse_port: bool = False
@@ -157,8 +162,23 @@ def _toml_value(value: Any) -> str:
     return json.dumps(str(value))  # a JSON string is a valid TOML basic string
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (not the usage of every setting):
+    ``PROG: error: MESSAGE (PROG --help lists the settings)``, exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print `message` on one line to stderr and exit 2."""
+        self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help lists the settings)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rm-server", description="labelrm resource manager")
+    """rm-server's command line: one flag per setting, with its description."""
+    parser = OneLineErrorParser(
+        prog="rm-server",
+        description="labelrm resource manager. Settings: defaults < --config TOML < "
+        "LABELRM_<NAME> environment < flags (docs/configuration.md).",
+    )
+    parser.add_argument("--version", action="version", version=f"rm-server {VERSION}")
     parser.add_argument("--config", help="TOML file with settings (or $LABELRM_CONFIG)")
     parser.add_argument(
         "--print-config",
@@ -177,10 +197,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for f in fields(Settings):
         flag = "--" + f.name.replace("_", "-")
+        text = f"{RM_HELP.get(f.name, '')} [LABELRM_{f.name.upper()}]"
         if f.type in ("bool", bool):  # a switch: `--insecure`
-            parser.add_argument(flag, dest=f.name, action="store_const", const=True, default=None)
+            parser.add_argument(
+                flag, dest=f.name, action="store_const", const=True, default=None, help=text
+            )
         else:
-            parser.add_argument(flag, dest=f.name, default=None)
+            parser.add_argument(flag, dest=f.name, default=None, metavar=f.name.upper(), help=text)
     return parser
 
 
@@ -233,7 +256,3 @@ def load_config(
         bool(args.dev),
         bool(args.dev_tls),
     )
-
-
-def load_settings(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> Settings:
-    return load_config(argv, environ).settings

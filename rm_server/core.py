@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from rm_server.background import Lease, run_periodically
 from rm_server.batching import Combiner, each_alone_on_failure
 from rm_server.clock import Clock, IdFactory, SystemClock, random_ids
+from rm_server.domain.external import QueueCheck
 from rm_server.domain.labels import (
     DEFAULT_RULES,
     EM_INSTANCE,
@@ -30,14 +31,15 @@ from rm_server.domain.ledger import blocked_by_own_quota
 from rm_server.domain.limits import LabelPattern
 from rm_server.domain.model import (
     ConsistencyReport,
-    Ecm,
     LabelResource,
     StoredLimit,
     Ticket,
 )
 from rm_server.domain.resources import Resource
 from rm_server.errors import DeadlineExceeded, InvalidArgument
+from rm_server.external import ExternalResources
 from rm_server.store import admin as admin_store
+from rm_server.store import providers as provider_store
 from rm_server.store import replicas as replicas_store
 from rm_server.store import tickets as ticket_store
 from rm_server.store import waiters as waiter_store
@@ -88,6 +90,9 @@ class RMCore:
     _retention_checked_at: datetime | None = None
     _keys_cache: dict[tuple[Label, ...], tuple[str, ...]] = field(default_factory=dict)
     _keys_rules: tuple[TransformRule, ...] | None = None
+    # External resources (YARN queues); None: requests are admitted on labelrm's records only.
+    external: ExternalResources | None = None
+    _queue_records: set[str] = field(default_factory=set)  # external queue records made
     _presence: replicas_store.Presence | None = None
     replica_id: str = ""
 
@@ -158,9 +163,7 @@ class RMCore:
         )
         reclaimed = 0
         for ticket_id in ids:
-            done = await self.db.run(
-                lambda c, tid=ticket_id: ticket_store.expire_ticket(c, tid, now)  # type: ignore[misc]
-            )
+            done = await self.db.run(ticket_store.expire_ticket, ticket_id, now)
             if done:
                 reclaimed += 1
                 log.info("reclaimed ticket %s: lock not reported in time", ticket_id)
@@ -211,6 +214,9 @@ class RMCore:
         (the EngineConn flow queues its launch command there, atomically)."""
         keys = self.charged_keys(labels)
         ticket_id = self.new_id("t")
+        queue, resource = await self._external(labels, resource)
+        if queue is not None:
+            keys = tuple(sorted((*keys, queue.label)))
         if wait_seconds <= 0:
             return await self._apply_once(
                 idem,
@@ -223,6 +229,7 @@ class RMCore:
                 None,
                 after=after,
                 engine_conn_id=engine_conn_id,
+                queue=queue,
             )
         deadline = time.monotonic() + wait_seconds
         waiter: int | None = None
@@ -234,6 +241,8 @@ class RMCore:
             try:
                 while True:
                     freed.clear()
+                    if queue is not None:  # the queue's live figures, fresh for each try
+                        queue, resource = await self._external(labels, resource)
                     try:
                         return await self._apply_once(
                             idem,
@@ -245,6 +254,7 @@ class RMCore:
                             resource,
                             waiter,
                             may_wait=True,
+                            queue=queue,
                         )
                     except ticket_store.MustWait as wait:
                         refusal = wait.refusal
@@ -272,6 +282,10 @@ class RMCore:
                         await self._set_hold(waiter, hold_ends if holding else self.clock.now())
                     # Also look again when holds may have lapsed (no release wakes us then).
                     nap = min(remaining, max(1.0, self.settings.waiter_hold.total_seconds() / 4))
+                    if queue is not None:
+                        # YARN tells nobody when its applications end: look again when the
+                        # cached figures are due, even without a release here.
+                        nap = min(nap, self._external_recheck(queue))
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(freed.wait(), timeout=nap)
             except BaseException:
@@ -321,6 +335,7 @@ class RMCore:
         may_wait: bool = False,
         after: AfterApply | None = None,
         engine_conn_id: str = "",
+        queue: QueueCheck | None = None,
     ) -> Ticket | Replay:
         op = ticket_store.ApplyOp(
             idem,
@@ -335,15 +350,36 @@ class RMCore:
             may_wait,
             after,
             engine_conn_id,
+            queue,
         )
         while True:
             try:
                 return await self._submit(op)
             except ticket_store.NeedLimitRows as need:
                 now = self.clock.now()
-                await self.db.run(
-                    lambda c, n=need, at=now: admin_store.ensure_limit_rows(c, n.labels, at)  # type: ignore[misc]
-                )
+                await self.db.run(admin_store.ensure_limit_rows, need.labels, now)
+
+    async def _external(
+        self, labels: tuple[Label, ...], resource: Resource
+    ) -> tuple[QueueCheck | None, Resource]:
+        """The external queue the request must also fit (with the request naming the queue's
+        full path), fetched before any transaction: an unreachable YARN charges nothing."""
+        if self.external is None:
+            return None, resource
+        found = await self.external.admission(labels, resource)
+        if found is None:
+            return None, resource
+        queue, resource = found
+        if queue.label not in self._queue_records:  # its record, before its first Apply
+            now = self.clock.now()
+            await self.db.run(lambda c: provider_store.ensure_queue_row(c, queue.label, now))
+            self._queue_records.add(queue.label)
+        return queue, resource
+
+    def _external_recheck(self, queue: QueueCheck) -> float:
+        """Seconds until a waiting apply on `queue` should look at YARN's figures again."""
+        assert self.external is not None
+        return self.external.recheck_after(queue)
 
     async def report_used(
         self,
@@ -457,9 +493,6 @@ class RMCore:
         return await self.db.run_idempotent(
             idem, now, lambda c: admin_store.unregister_ecm(c, instance, now), encoder
         )
-
-    async def get_ecm(self, instance: str) -> Ecm:
-        return await self.db.run(lambda c: admin_store.get_ecm(c, instance))
 
     # ----- limits and checks --------------------------------------------------------------
 

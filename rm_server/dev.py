@@ -5,6 +5,7 @@ their idle timeout)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import getpass
 import logging
 import os
@@ -116,12 +117,16 @@ def agent_command(settings: Settings, port: int, extra: tuple[str, ...] = ()) ->
         ec_python(),
         "--heartbeat-interval",
         "1",
+        "--log-format",  # one format on the terminal: the RM's
+        settings.log_format,
         *extra,
     ]
 
 
 async def run_dev(settings: Settings, tls: bool = False) -> None:
     users = checked_dev_users()  # before anything starts
+    if not settings.console_listen:  # dev mode serves the web console (any free port)
+        settings = dataclasses.replace(settings, console_listen="127.0.0.1:0")
     secured = devtls.prepare(settings) if tls else None
     server = RMServer(secured.settings if secured else settings)
     await server.start()
@@ -148,7 +153,8 @@ async def run_dev(settings: Settings, tls: bool = False) -> None:
         )
     print(
         f"labelrm dev: RM on {target} (embedded database in "
-        f"{settings.data_dir}), local agent 'local-agent' for {users or 'nobody'}.\n{hints}",
+        f"{settings.data_dir}), local agent 'local-agent' for {users or 'nobody'}.\n{hints}"
+        f"\n  web console: {server.console.url if server.console else 'off'}",
         flush=True,
     )
     try:

@@ -25,6 +25,7 @@ from typing import Protocol
 from rm_server.core import RMCore
 from rm_server.domain.engineconn import (
     AgentCommand,
+    CommandKind,
     EcmChoiceRecord,
     EcmStatus,
     EcState,
@@ -37,7 +38,6 @@ from rm_server.domain.model import Ticket
 from rm_server.domain.resources import Resource
 from rm_server.domain.selection import EcmCandidate, SelectionRequest, rank
 from rm_server.engines import InvalidParam, LaunchContext, plugin_for
-from rm_server.engines.base import effective_params
 from rm_server.errors import (
     DeadlineExceeded,
     EcmNotRegistered,
@@ -59,6 +59,8 @@ log = logging.getLogger(__name__)
 # The launch variable carrying the executor secret (engineconn/runtime.py reads it; the
 # agent passes it through, as it reserves only the names it sets itself).
 EC_SECRET_ENV = "LABELRM_EC_SECRET"
+# The YARN queue (full path) the RM admitted an EngineConn's yarn part in, if it has one.
+YARN_QUEUE_ENV = "LABELRM_YARN_QUEUE"
 
 
 @dataclass(frozen=True)
@@ -156,7 +158,7 @@ class EngineConnManager:
             plugin = plugin_for(engine)
             defaults = self.settings.engine_defaults.get(engine, {})
             resource = plugin.resource(req.params, defaults)
-            params = effective_params(req.params, defaults)
+            params = plugin.params(req.params, defaults)
         except InvalidParam as exc:
             raise InvalidArgument(exc.field, exc.message) from exc
         now = self.core.clock.now()
@@ -325,7 +327,7 @@ class EngineConnManager:
             command_id=self.core.new_id("cmd"),
             agent_id=ecm,
             ec_id=ec.ec_id,
-            kind="launch",
+            kind=CommandKind.LAUNCH,
             launch=LaunchPayload(
                 user=user,
                 engine_type=f"{engine}-{version}",
@@ -354,7 +356,7 @@ class EngineConnManager:
                 pid=None,
                 ecm_choices=ec_store.choices_json(choices),
             )
-            await ec_store.queue_command(conn, command, now)
+            await ec_store.queue_command(conn, with_admitted_queue(command, ticket), now)
 
         labels = (*[lb for lb in ec.labels if lb.key != EM_INSTANCE], Label(EM_INSTANCE, ecm))
         idem = Idempotency.of("CreateEngineConn.Apply", f"{ec.ec_id}/{attempt}", b"")
@@ -453,7 +455,7 @@ class EngineConnManager:
     async def queue_kill(
         self, conn: Conn, agent_id: str, ec_id: str, reason: str, now: datetime
     ) -> None:
-        if await ec_store.has_pending(conn, agent_id, ec_id, "kill"):
+        if await ec_store.has_pending(conn, agent_id, ec_id, CommandKind.KILL):
             return
         await ec_store.queue_command(
             conn,
@@ -461,7 +463,7 @@ class EngineConnManager:
                 self.core.new_id("cmd"),
                 agent_id,
                 ec_id,
-                "kill",
+                CommandKind.KILL,
                 reason=reason,
                 grace_seconds=self.settings.kill_grace,
             ),
@@ -489,3 +491,12 @@ def _no_ecm(ec_id: str, choices: list[EcmChoiceRecord]) -> LabelrmError:
     if any("resource:" in r and "available" in r for c in choices for r in c.reasons):
         return ResourceExhausted(message, reason="NO_ECM_WITH_CAPACITY")
     return FailedPrecondition(message, state="NO_ECM", reason="NO_ELIGIBLE_ECM")
+
+
+def with_admitted_queue(command: AgentCommand, ticket: Ticket) -> AgentCommand:
+    """The launch command told the queue its ticket was admitted in (the full path, as
+    resolved at admission: rm_server/external), set last so no plugin input replaces it."""
+    if command.launch is None or not ticket.requested.queue:
+        return command
+    environment = {**command.launch.environment, YARN_QUEUE_ENV: ticket.requested.queue}
+    return replace(command, launch=replace(command.launch, environment=environment))

@@ -29,12 +29,14 @@ from rm_server.agents import AgentHub
 from rm_server.background import Lease, run_periodically
 from rm_server.clock import Clock, IdFactory, SystemClock, random_ids
 from rm_server.config import Settings
+from rm_server.console.app import Console, Sources
 from rm_server.core import CoreSettings, RMCore
 from rm_server.demands import DemandManager, DemandSettings
 from rm_server.domain.demands.planner import PlannerSettings
 from rm_server.domain.labels import parse_rules
 from rm_server.embedded import EmbeddedPostgres
 from rm_server.engineconns import EcSettings, EngineConnManager
+from rm_server.external import ExternalResources
 from rm_server.observability.metrics import Metrics, MetricsHttpServer
 from rm_server.security.setup import Security, build_security
 from rm_server.service.admin import AdminServicer
@@ -95,6 +97,7 @@ class RMServer:
     _notifier: LabelNotifier | None = None
     metrics: Metrics | None = None
     _metrics_http: MetricsHttpServer | None = None
+    console: Console | None = None
 
     async def start(self) -> None:
         """Start everything; should a part fail (a port taken, the database away), what
@@ -129,8 +132,10 @@ class RMServer:
             waiter_hold=timedelta(seconds=self.settings.waiter_hold),
         )
         self.core = RMCore(self._db, self._notifier, core_settings, self.clock, self.new_id)
+        self.core.external = ExternalResources(self._db, self.clock)
         self.metrics = Metrics(label_cap=self.settings.metrics_label_cap)
         self.metrics.attach(self.core)  # before start_background: it counts the sweeps
+        self.metrics.attach_external(self.core.external)
         await self.core.join_replicas()
         # Each background job runs on the one replica that holds its lease (background.py).
         lease = Lease(
@@ -175,7 +180,9 @@ class RMServer:
         resource_manager_pb2_grpc.add_ResourceManagerServiceServicer_to_server(
             ResourceManagerServicer(self.core, self.hub), calls
         )
-        admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(self.core, self.hub), calls)
+        admin_pb2_grpc.add_AdminServiceServicer_to_server(
+            AdminServicer(self.core, self.hub, self.settings.database_url), calls
+        )
         engine_conn_pb2_grpc.add_EngineConnServiceServicer_to_server(
             EngineConnServicer(self.engine_conns, self.hub), calls
         )
@@ -206,6 +213,13 @@ class RMServer:
                 self.metrics, self.settings.metrics_listen, tls=tls, authorize=authorize
             )
             await self._metrics_http.start()
+        if self.settings.console_listen:
+            sources = Sources(
+                self.core, self.hub, self.engine_conns, self.demands, self.security,
+                self.security.interceptor(self._db),
+            )  # fmt: skip
+            self.console = Console(sources, self.settings.console_listen)
+            await self.console.start()
 
     @property
     def metrics_port(self) -> int:
@@ -242,6 +256,8 @@ class RMServer:
             await self._health.enter_graceful_shutdown()
         if self._metrics_http is not None:
             await self._metrics_http.stop()
+        if self.console is not None:
+            await self.console.stop()
         if self._server is not None and self._serving:
             await self._server.stop(self.settings.shutdown_grace if grace is None else grace)
         if self._liveness is not None:
@@ -252,6 +268,8 @@ class RMServer:
             await self.demands.stop_background()
         if self.core is not None:
             await self.core.stop_background()
+            if self.core.external is not None:
+                await self.core.external.close()
         if self._notifier is not None:
             await self._notifier.stop()
         if self._db is not None:

@@ -21,10 +21,14 @@ from rm_server.domain.resources import (
 
 # The source of a label record that holds an ECM's capacity (its registration).
 ECM_SOURCE = "ecm"
+# The source of a YARN queue's record (rm_server/external): it holds the yarn part of its
+# tickets, what labelrm has granted on the queue.
+EXTERNAL_SOURCE = "external"
 
 
 def charged_part(source: str, maximum: Resource | None, request: Resource) -> Resource:
-    """What a label record is charged for `request`: all of it, except on an ECM's record.
+    """What a label record is charged for `request`: all of it, except on an ECM's record
+    and on a YARN queue's (the yarn part of a `driver_and_yarn` request).
 
     An ECM's record has one type, its registered total's, for its whole life. It runs
     drivers, not YARN containers: of a `driver_and_yarn` request it takes the driver
@@ -32,6 +36,8 @@ def charged_part(source: str, maximum: Resource | None, request: Resource) -> Re
     serves it), a bare `yarn` request has no part on it at all, and anything else must
     widen to the ECM's type (a `load` request on a `load_instance` ECM counts no
     instances). ResourceTypeError for what does not fit."""
+    if source == EXTERNAL_SOURCE and request.kind is ResourceKind.DRIVER_AND_YARN:
+        return request.yarn_part()
     if source != ECM_SOURCE or maximum is None:
         return request
     kind = maximum.kind

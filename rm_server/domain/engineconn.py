@@ -143,12 +143,26 @@ class LaunchPayload:
     material_files: tuple[tuple[str, bytes, bool], ...] = field(default=(), repr=False)
 
 
+class CommandKind(enum.StrEnum):
+    """What an agent command asks (its value is the one stored in agent_command.kind)."""
+
+    LAUNCH = "launch"
+    KILL = "kill"
+    CLEANUP = "cleanup"
+
+
+class HeartbeatAction(enum.StrEnum):
+    CONTINUE = "CONTINUE"
+    REREGISTER = "REREGISTER"
+    SHUTDOWN = "SHUTDOWN"
+
+
 @dataclass(frozen=True)
 class AgentCommand:
     command_id: str
     agent_id: str
     ec_id: str
-    kind: str  # launch | kill | cleanup
+    kind: CommandKind
     launch: LaunchPayload | None = None
     reason: str = ""
     grace_seconds: float = 0.0
@@ -170,11 +184,10 @@ class EcmStatus:
 
 @dataclass(frozen=True)
 class HeartbeatOutcome:
-    action: str  # CONTINUE | REREGISTER | SHUTDOWN
+    action: HeartbeatAction
     commands: tuple[AgentCommand, ...] = ()
     reason: str = ""
     sequence: int = 0
-    extra: Mapping[str, str] = field(default_factory=dict)
 
 
 def heartbeat_is_routine(

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from rm_server.domain.admission import ECM_SOURCE, charged_part, label_shortfalls
+from rm_server.domain.external import QueueCheck
 from rm_server.domain.labels import USER_CREATOR, Label, ecm_instance
 from rm_server.domain.model import Refusal, Ticket, TicketState
 from rm_server.domain.resources import (
@@ -76,6 +77,8 @@ class ApplyCommand:
     waiter_seq: int | None = None
     may_wait: bool = False
     engine_conn_id: str = ""  # the EngineConn the ticket is charged for, if any
+    # A YARN queue the request must also fit (its record is one of `keys`).
+    external: QueueCheck | None = None
 
 
 def resource_refusal(
@@ -238,6 +241,8 @@ def decide_apply(
     ordered = [accounts[k] for k in cmd.keys if k in accounts]
     charged = [_charge(a, cmd.resource) for a in ordered]  # validates kinds first
     refusal = check_accounts(ordered, cmd.resource, held)
+    if cmd.external is not None:
+        refusal = _external_refusal(cmd, accounts, refusal)
     if refusal is not None:
         return refusal
     ticket = Ticket(
@@ -255,6 +260,27 @@ def decide_apply(
         engine_conn_id=cmd.engine_conn_id,
     )
     return charged, ticket
+
+
+def _external_refusal(
+    cmd: ApplyCommand, accounts: Mapping[str, LabelAccount], refusal: Refusal | None
+) -> Refusal | None:
+    """The queue's refusal (its live headroom minus the in-flight part its account holds)
+    merged with the labels' own."""
+    assert cmd.external is not None
+    queue = accounts.get(cmd.external.label)
+    if queue is None:  # created before the Apply (rm_server/core.py)
+        raise FailedPrecondition(f"no record of queue {cmd.external.label}", state="NO_RECORD")
+    outside = cmd.external.refusal(queue.locked, cmd.resource)
+    if outside is None:
+        return refusal
+    if refusal is None:
+        return outside
+    return replace(
+        outside,
+        shortfalls=refusal.shortfalls + outside.shortfalls,
+        queued_behind=refusal.queued_behind,
+    )
 
 
 def lock_expired(ticket: Ticket, now: datetime) -> bool:

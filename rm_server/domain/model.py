@@ -113,3 +113,4 @@ class Refusal:
 
     shortfalls: tuple[Shortfall, ...]
     queued_behind: tuple[str, ...] = ()
+    detail: str = ""  # how an external figure was reached (rm_server/domain/external.py)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from rm_server.engines import python, shell
+from rm_server.engines import python, shell, spark
 from rm_server.engines.base import (
     PARAMS,
     EnginePlugin,
@@ -25,6 +25,7 @@ from rm_server.engines.base import (
 _ALL: tuple[EnginePlugin, ...] = (
     shell.PLUGIN,
     python.PLUGIN,
+    spark.PLUGIN,
 )
 
 PLUGINS: Mapping[str, EnginePlugin] = MappingProxyType({p.name: p for p in _ALL})

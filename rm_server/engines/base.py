@@ -78,6 +78,10 @@ class EnginePlugin(Protocol):
         """The resource factory: what one EngineConn of this engine needs."""
         ...
 
+    def params(self, params: Mapping[str, str], defaults: Mapping[str, str]) -> dict[str, str]:
+        """The effective params (every param this engine knows, as wire strings)."""
+        ...
+
     def launch(self, ctx: LaunchContext) -> LaunchRequest:
         """The launch builder: the command the ECM agent runs."""
         ...
@@ -119,25 +123,27 @@ def _parse(spec: IntParam, raw: object, field: str) -> int:
     return value
 
 
-def _check_known(values: Mapping[str, str], prefix: str) -> None:
+def _check_known(values: Mapping[str, str], prefix: str, specs: Mapping[str, IntParam]) -> None:
     for name in sorted(values, key=str):
-        if name not in PARAMS:
+        if name not in specs:
             # The name comes from the wire: quote anything odd so it cannot forge log lines.
             shown = name if _NAME_RE.fullmatch(str(name)) else repr(str(name)[:64])
-            known = ", ".join(sorted(PARAMS))
+            known = ", ".join(sorted(specs))
             raise InvalidParam(f"{prefix}.{shown}", f"unknown param; known: {known}")
 
 
-def resolve_params(params: Mapping[str, str], defaults: Mapping[str, str]) -> dict[str, int]:
+def resolve_params(
+    params: Mapping[str, str], defaults: Mapping[str, str], specs: Mapping[str, IntParam] = PARAMS
+) -> dict[str, int]:
     """Every param as an int: explicit ``params`` over per-label ``defaults`` over built-ins.
 
     Unknown names are refused in both mappings: a typo in the RM's defaults would otherwise be
     silently ignored (fields ``params.<name>`` / ``defaults.<name>``).
     """
-    _check_known(defaults, "defaults")
-    _check_known(params, "params")
+    _check_known(defaults, "defaults", specs)
+    _check_known(params, "params", specs)
     out: dict[str, int] = {}
-    for name, spec in PARAMS.items():
+    for name, spec in specs.items():
         if name in params:
             out[name] = _parse(spec, params[name], f"params.{name}")
         elif name in defaults:
@@ -147,9 +153,11 @@ def resolve_params(params: Mapping[str, str], defaults: Mapping[str, str]) -> di
     return out
 
 
-def effective_params(params: Mapping[str, str], defaults: Mapping[str, str]) -> dict[str, str]:
+def effective_params(
+    params: Mapping[str, str], defaults: Mapping[str, str], specs: Mapping[str, IntParam] = PARAMS
+) -> dict[str, str]:
     """:func:`resolve_params` as wire strings, for storing and for :class:`LaunchContext`."""
-    return {name: str(value) for name, value in resolve_params(params, defaults).items()}
+    return {name: str(value) for name, value in resolve_params(params, defaults, specs).items()}
 
 
 @dataclass(frozen=True)
@@ -165,6 +173,10 @@ class RuntimeEnginePlugin:
         """``load_instance(memory_bytes, cpu_millis, 1)``: one process of the given size."""
         values = resolve_params(params, defaults)
         return Resource.load_instance(values[MEMORY_BYTES.name], values[CPU_MILLIS.name], 1)
+
+    def params(self, params: Mapping[str, str], defaults: Mapping[str, str]) -> dict[str, str]:
+        """The built-in params (memory, CPU, idle time) with defaults filled in."""
+        return effective_params(params, defaults)
 
     def launch(self, ctx: LaunchContext) -> LaunchRequest:
         """``python -m engineconn --ec-id ID --engine NAME --max-idle-seconds N --label k=v...``."""

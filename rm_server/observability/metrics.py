@@ -15,6 +15,7 @@ share counters). What is exported:
 - ``labelrm_lock_expiry_reclaims_total``: LOCKED tickets this process reclaimed;
 - per label record, read from the database at scrape time by `LabelResourceCollector`
   (see there for the cap on their number);
+- per external provider and YARN queue, its last fetched figures (`ExternalQueueCollector`);
 - the standard ``process_*``, ``python_*`` collectors.
 
 Label values are bounded: methods are the registered ones, codes and reasons come from
@@ -41,7 +42,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
@@ -137,6 +138,10 @@ class Metrics:
         self.labels = LabelResourceCollector(core, self.label_cap, self.cache_seconds)
         self.registry.register(self.labels)
         observe_sweeps(core, self.reclaims)
+
+    def attach_external(self, source: Any) -> None:
+        """Export the YARN queues labelrm admits against (`ExternalResources`)."""
+        self.registry.register(ExternalQueueCollector(source))
 
     def attach_states(self, source: StateSource) -> None:
         """Export ECMs and EngineConns by state."""
@@ -346,6 +351,58 @@ class LabelResourceCollector(Collector):
             "Time the last read of the label records took.",
             value=snap.seconds,
         )
+
+
+class ExternalQueueCollector(Collector):
+    """Per provider and queue, the YARN figures of the provider's last successful fetch
+    (scrapes never ask YARN themselves): ``labelrm_external_queue_max`` / ``_used``
+    {provider, queue, dimension}, ``labelrm_external_queue_apps`` {provider, queue, state},
+    and per provider ``labelrm_external_last_fetch_timestamp_seconds`` and
+    ``labelrm_external_fetches_total``. labelrm's in-flight part is the queue record's
+    ``labelrm_label_locked`` (source ``external``)."""
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+
+    def collect(self) -> Iterable[Metric]:
+        names = ("provider", "queue", "dimension")
+        maximum = GaugeMetricFamily(
+            "labelrm_external_queue_max",
+            "A YARN queue's maximum, as YARN reports it.",
+            labels=names,
+        )
+        used = GaugeMetricFamily(
+            "labelrm_external_queue_used", "What YARN reports in use on a queue.", labels=names
+        )
+        apps = GaugeMetricFamily(
+            "labelrm_external_queue_apps",
+            "Applications on a YARN queue, running or pending.",
+            labels=("provider", "queue", "state"),
+        )
+        fetched = GaugeMetricFamily(
+            "labelrm_external_last_fetch_timestamp_seconds",
+            "When the provider's figures were last fetched successfully.",
+            labels=("provider",),
+        )
+        fetches = CounterMetricFamily(
+            "labelrm_external_fetches",
+            "Scheduler documents fetched from the provider by this process.",
+            labels=("provider",),
+        )
+        for name, snap, count in self.source.fetch_states():
+            fetches.add_metric([name], count)
+            if snap is None:
+                continue
+            if snap.fetched_at is not None:
+                fetched.add_metric([name], snap.fetched_at.timestamp())
+            for path, q in sorted(snap.queues.items()):
+                for dim, qty in q.maximum.quantities:
+                    maximum.add_metric([name, path, dim], qty)
+                for dim, qty in q.used.quantities:
+                    used.add_metric([name, path, dim], qty)
+                apps.add_metric([name, path, "running"], q.apps_running)
+                apps.add_metric([name, path, "pending"], q.apps_pending)
+        yield from (maximum, used, apps, fetched, fetches)
 
 
 class StateSource(Protocol):

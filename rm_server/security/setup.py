@@ -225,7 +225,7 @@ def build_security(st: Settings) -> Security:
     if st.agent_listen and not (st.tls_client_ca or st.tls_issuer_cert):
         raise SecurityConfigError("agent_listen needs tls_client_ca (and/or tls_issuer_*)")
     auth = bool(st.token_file or tls)
-    listeners = [a for a in (st.listen, st.agent_listen, st.metrics_listen) if a]
+    listeners = [a for a in (st.listen, st.agent_listen, st.metrics_listen, st.console_listen) if a]
     exposed = [a for a in listeners if not is_loopback(a)]
     if exposed and not auth:
         raise SecurityConfigError(
@@ -246,6 +246,18 @@ def build_security(st: Settings) -> Security:
         if not st.token_file:
             raise SecurityConfigError(
                 f"metrics on non-loopback {st.metrics_listen} need an admin bearer token:"
+                " set token_file"
+            )
+    if st.console_listen and not is_loopback(st.console_listen):
+        # The web console signs in with tokens, served over HTTPS with the RM's certificate.
+        if not tls and not st.insecure:
+            raise SecurityConfigError(
+                f"refusing to serve the console on non-loopback {st.console_listen} without"
+                " TLS: set tls_cert and tls_key, or pass --insecure"
+            )
+        if not st.token_file:
+            raise SecurityConfigError(
+                f"the console on non-loopback {st.console_listen} signs in with tokens:"
                 " set token_file"
             )
     tokens = None

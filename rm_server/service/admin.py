@@ -10,22 +10,33 @@ from labelrm.v1 import admin_pb2_grpc as pb_grpc
 
 from rm_server.agents import AgentHub
 from rm_server.core import RMCore
+from rm_server.domain.external import ProviderConfig
 from rm_server.domain.labels import EM_INSTANCE
 from rm_server.domain.model import StoredLimit
-from rm_server.errors import InvalidArgument
+from rm_server.errors import FailedPrecondition, InvalidArgument
+from rm_server.external import ExternalResources
 from rm_server.service import convert
 from rm_server.service.common import ProtoEncoder, idempotency, next_token, page_of, respond
+from rm_server.store.cluster import EVENT_TABLES, cluster_info, state_events
+from rm_server.version import VERSION
 
 _SET = ProtoEncoder[tuple[StoredLimit, int]](
     lambda r: pb.SetLabelLimitResponse(limit=convert.limit_to_pb(r[0]), affected_labels=r[1])
 )
 _DELETE = ProtoEncoder[int](lambda n: pb.DeleteLabelLimitResponse(affected_labels=n))
+_PUT_PROVIDER = ProtoEncoder[ProviderConfig](
+    lambda p: pb.PutExternalProviderResponse(provider=convert.provider_to_pb(p))
+)
+_DELETE_PROVIDER = ProtoEncoder[ProviderConfig](
+    lambda p: pb.DeleteExternalProviderResponse(provider=convert.provider_to_pb(p))
+)
 
 
 class AdminServicer(pb_grpc.AdminServiceServicer):
-    def __init__(self, core: RMCore, hub: AgentHub) -> None:
+    def __init__(self, core: RMCore, hub: AgentHub, database_url: str = "") -> None:
         self.core = core
         self.hub = hub
+        self.database_url = database_url  # empty: the embedded PostgreSQL
 
     async def SetLabelLimit(
         self, request: pb.SetLabelLimitRequest, context: grpc.aio.ServicerContext
@@ -86,6 +97,95 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
             raise InvalidArgument("instance", "must be an ECM instance")
         live = await self.hub.decommission(request.instance)
         return pb.DecommissionEcmResponse(live_engine_conns=live)
+
+    def _external(self) -> ExternalResources:
+        if self.core.external is None:
+            raise FailedPrecondition("external resources are off", state="DISABLED")
+        return self.core.external
+
+    async def PutExternalProvider(
+        self, request: pb.PutExternalProviderRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PutExternalProviderResponse:
+        provider = convert.provider_from_pb(request.provider)
+        # The request log keeps a hash of the request: not of one holding the password.
+        keyed = pb.PutExternalProviderRequest()
+        keyed.CopyFrom(request)
+        keyed.provider.ClearField("password")
+        outcome = await self._external().put_provider(
+            idempotency("PutExternalProvider", keyed), provider, _PUT_PROVIDER
+        )
+        return respond(outcome, _PUT_PROVIDER, pb.PutExternalProviderResponse)
+
+    async def ListExternalProviders(
+        self, request: pb.ListExternalProvidersRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListExternalProvidersResponse:
+        providers = await self._external().list_providers()
+        return pb.ListExternalProvidersResponse(
+            providers=[convert.provider_to_pb(p) for p in providers]
+        )
+
+    async def DeleteExternalProvider(
+        self, request: pb.DeleteExternalProviderRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteExternalProviderResponse:
+        if not request.name:
+            raise InvalidArgument("name", "is required")
+        outcome = await self._external().delete_provider(
+            idempotency("DeleteExternalProvider", request), request.name, _DELETE_PROVIDER
+        )
+        return respond(outcome, _DELETE_PROVIDER, pb.DeleteExternalProviderResponse)
+
+    async def TestExternalProvider(
+        self, request: pb.TestExternalProviderRequest, context: grpc.aio.ServicerContext
+    ) -> pb.TestExternalProviderResponse:
+        if not request.name:
+            raise InvalidArgument("name", "is required")
+        snap, views = await self._external().test_provider(request.name)
+        return pb.TestExternalProviderResponse(
+            active_address=snap.active_address,
+            scheduler=snap.scheduler.value,
+            queues=[convert.queue_view_to_pb(v, snap) for v in views],
+        )
+
+    async def GetClusterInfo(
+        self, request: pb.GetClusterInfoRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetClusterInfoResponse:
+        row = await self.core.db.run(cluster_info, read_only=True)
+        out = pb.GetClusterInfoResponse(
+            version=VERSION,
+            database=_database(self.database_url, row.server_version),
+            waiting_applies=row.waiting_applies,
+        )
+        out.time.FromDatetime(self.core.clock.now())
+        for r in row.replicas:
+            replica = out.replicas.add(replica_id=r.replica_id, host=r.host, pid=r.pid)
+            replica.start_time.FromDatetime(r.started_at)
+        return out
+
+    async def ListEvents(
+        self, request: pb.ListEventsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListEventsResponse:
+        if request.kind not in EVENT_TABLES:
+            raise InvalidArgument("kind", f"must be one of {', '.join(sorted(EVENT_TABLES))}")
+        if not request.id or len(request.id) > 256:
+            raise InvalidArgument("id", "must be an ECM instance or EngineConn id")
+        rows = await self.core.db.run(
+            lambda c: state_events(c, request.kind, request.id), read_only=True
+        )
+        out = pb.ListEventsResponse()
+        for at, state, reason in rows:
+            event = out.events.add(state=state, reason=reason)
+            event.time.FromDatetime(at)
+        return out
+
+
+def _database(url: str, version: str) -> str:
+    """ "embedded PostgreSQL 16.4", or "external PostgreSQL 15.8 (db1:5432,db2:5432)": the
+    hosts only, never a user or password."""
+    if not url:
+        return f"embedded PostgreSQL {version}"
+    hosts = re.search(r"@([^/?]+)", url) or re.search(r"host=([^\s]+)", url)
+    where = f" ({hosts.group(1)})" if hosts else ""
+    return f"external PostgreSQL {version}{where}"
 
 
 _NODE_RE = re.compile(r"[A-Za-z0-9_.-]{1,253}(:[0-9]{1,5})?")

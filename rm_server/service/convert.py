@@ -11,17 +11,25 @@ from datetime import UTC, datetime
 
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
-from labelrm.v1 import admin_pb2, engine_conn_pb2, resource_manager_pb2, resource_pb2
+from labelrm.v1 import admin_pb2, engine_conn_pb2, external_pb2, resource_manager_pb2, resource_pb2
 
 from rm_server.domain.engineconn import (
     AgentCommand,
+    CommandKind,
     EcmState,
     EcmStatus,
     EcState,
     EngineConn,
+    HeartbeatAction,
     HeartbeatOutcome,
     ProcessReport,
     ProcessState,
+)
+from rm_server.domain.external import (
+    ProviderConfig,
+    ProviderConfigError,
+    QueueView,
+    SchedulerSnapshot,
 )
 from rm_server.domain.labels import Label, LabelError, make_label, validate_labels
 from rm_server.domain.limits import LabelPattern
@@ -394,9 +402,9 @@ _PROCESS_STATES = {
     engine_conn_pb2.PROCESS_STATE_LAUNCH_FAILED: ProcessState.LAUNCH_FAILED,
 }
 _ACTIONS = {
-    "CONTINUE": resource_manager_pb2.HEARTBEAT_ACTION_CONTINUE,
-    "REREGISTER": resource_manager_pb2.HEARTBEAT_ACTION_REREGISTER,
-    "SHUTDOWN": resource_manager_pb2.HEARTBEAT_ACTION_SHUTDOWN,
+    HeartbeatAction.CONTINUE: resource_manager_pb2.HEARTBEAT_ACTION_CONTINUE,
+    HeartbeatAction.REREGISTER: resource_manager_pb2.HEARTBEAT_ACTION_REREGISTER,
+    HeartbeatAction.SHUTDOWN: resource_manager_pb2.HEARTBEAT_ACTION_SHUTDOWN,
 }
 
 
@@ -437,7 +445,7 @@ def engine_conn_to_pb(ec: EngineConn, *, with_secret: bool = False) -> engine_co
 
 def command_to_pb(cmd: AgentCommand) -> engine_conn_pb2.AgentCommand:
     out = engine_conn_pb2.AgentCommand(command_id=cmd.command_id)
-    if cmd.kind == "launch" and cmd.launch is not None:
+    if cmd.kind is CommandKind.LAUNCH and cmd.launch is not None:
         lp = cmd.launch
         out.launch.CopyFrom(
             engine_conn_pb2.LaunchCommand(
@@ -456,7 +464,7 @@ def command_to_pb(cmd: AgentCommand) -> engine_conn_pb2.AgentCommand:
                 ),
             )
         )
-    elif cmd.kind == "kill":
+    elif cmd.kind is CommandKind.KILL:
         grace = Duration()
         grace.FromNanoseconds(int(cmd.grace_seconds * 1e9))
         out.kill.CopyFrom(
@@ -517,3 +525,59 @@ def duration_of(seconds: float) -> Duration:
     out = Duration()
     out.FromNanoseconds(int(seconds * 1e9))
     return out
+
+
+def provider_from_pb(msg: external_pb2.ExternalProvider, field: str = "provider") -> ProviderConfig:
+    """A provider definition; INVALID_ARGUMENT naming the field when it is not valid."""
+    try:
+        return ProviderConfig(
+            name=msg.name,
+            type=msg.type or "yarn",  # type: ignore[arg-type]  # validated in __post_init__
+            cluster=msg.cluster,
+            addresses=tuple(a.rstrip("/") for a in msg.addresses),
+            auth=msg.auth or "none",  # type: ignore[arg-type]  # validated in __post_init__
+            username=msg.username,
+            password=msg.password,
+            timeout_seconds=msg.timeout_seconds or 5.0,
+            cache_ttl_seconds=msg.cache_ttl_seconds if msg.HasField("cache_ttl_seconds") else 2.0,
+            capacity_guaranteed=msg.capacity_guaranteed,
+        )
+    except ProviderConfigError as exc:
+        raise InvalidArgument(f"{field}.{exc.field}", exc.message) from None
+
+
+def provider_to_pb(p: ProviderConfig) -> external_pb2.ExternalProvider:
+    """A provider for a response: never with its password."""
+    return external_pb2.ExternalProvider(
+        name=p.name,
+        type=p.type.value,
+        cluster=p.cluster,
+        addresses=list(p.addresses),
+        auth=p.auth.value,
+        username=p.username,
+        timeout_seconds=p.timeout_seconds,
+        cache_ttl_seconds=p.cache_ttl_seconds,
+        capacity_guaranteed=p.capacity_guaranteed,
+        has_password=bool(p.password),
+    )
+
+
+def queue_view_to_pb(
+    view: QueueView, snap: SchedulerSnapshot, error: str = ""
+) -> external_pb2.ExternalQueue:
+    """One queue's figures: YARN's max and used, labelrm's in flight, what is left."""
+    f = view.figures
+    return external_pb2.ExternalQueue(
+        label=view.label,
+        queue=f.path,
+        scheduler=f.scheduler.value,
+        leaf=f.leaf,
+        yarn_max=resource_to_pb(f.maximum),
+        yarn_used=resource_to_pb(f.used),
+        in_flight=resource_to_pb(view.in_flight),
+        left=resource_to_pb(view.left),
+        apps_running=f.apps_running,
+        apps_pending=f.apps_pending,
+        fetch_time=ts(snap.fetched_at),
+        error=error,
+    )

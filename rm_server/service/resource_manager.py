@@ -13,7 +13,7 @@ from rm_server.agents import AgentHub
 from rm_server.core import RMCore
 from rm_server.domain.engineconn import HeartbeatOutcome
 from rm_server.domain.labels import EM_INSTANCE, Label, LabelError, LabelKey
-from rm_server.domain.model import Ticket
+from rm_server.domain.model import LabelResource, Ticket
 from rm_server.domain.resources import Resource
 from rm_server.errors import InvalidArgument
 from rm_server.service import convert
@@ -175,19 +175,28 @@ class ResourceManagerServicer(pb_grpc.ResourceManagerServiceServicer):
     ) -> pb.GetLabelResourceResponse:
         labels = convert.labels_from_pb(request.labels)
         record = await self.core.get_label_resource(str(LabelKey(labels)))
-        return pb.GetLabelResourceResponse(label_resource=convert.label_resource_to_pb(record))
+        return pb.GetLabelResourceResponse(label_resource=await self._record_to_pb(record))
 
     async def ListLabelResources(
         self, request: pb.ListLabelResourcesRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListLabelResourcesResponse:
         page = page_of(request)
-        if request.source not in ("", "ecm", "limit"):
-            raise InvalidArgument("source", "must be empty, 'ecm' or 'limit'")
+        if request.source not in ("", "ecm", "limit", "external"):
+            raise InvalidArgument("source", "must be empty, 'ecm', 'limit' or 'external'")
         records = await self.core.list_label_resources(page.after, page.size + 1, request.source)
         return pb.ListLabelResourcesResponse(
-            label_resources=[convert.label_resource_to_pb(r) for r in records[: page.size]],
+            label_resources=[await self._record_to_pb(r) for r in records[: page.size]],
             next_page_token=next_token(records, page, lambda r: r.label),
         )
+
+    async def _record_to_pb(self, record: LabelResource) -> pb.LabelResource:
+        """A label record; an external queue's with YARN's figures beside labelrm's."""
+        msg = convert.label_resource_to_pb(record)
+        if record.source == "external" and self.core.external is not None:
+            found = await self.core.external.label_view(record.label, record.locked)
+            if found is not None:
+                msg.external_queue.CopyFrom(convert.queue_view_to_pb(*found))
+        return msg
 
     async def Heartbeat(
         self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext

@@ -11,7 +11,7 @@ from typing import Any
 
 from rm_server.domain.admission import ECM_SOURCE, charged_part, excess_dimensions
 from rm_server.domain.labels import Label, LabelKey
-from rm_server.domain.limits import LabelPattern, best_limit
+from rm_server.domain.limits import LabelPattern, LimitRule, best_limit
 from rm_server.domain.model import (
     ConsistencyReport,
     Ecm,
@@ -20,13 +20,12 @@ from rm_server.domain.model import (
     StoredLimit,
     Ticket,
 )
-from rm_server.domain.resources import Resource, ResourceError
+from rm_server.domain.resources import Resource, ResourceError, headroom
 from rm_server.errors import FailedPrecondition, NotFound
 from rm_server.store.codec import (
     TICKET_COLUMNS,
     jlabels,
     jres,
-    labels_of,
     opt_res,
     res,
     ticket_from_row,
@@ -190,18 +189,6 @@ async def _tickets_on(conn: Conn, label: str, *, lock: bool) -> list[Ticket]:
     return [ticket_from_row(r) for r in await cur.fetchall()]
 
 
-async def get_ecm(conn: Conn, instance: str) -> Ecm:
-    cur = await conn.execute(
-        "SELECT instance, label, labels, total, protected, registered_at, updated_at"
-        " FROM ecm WHERE instance = %s",
-        (instance,),
-    )
-    row = await cur.fetchone()
-    if row is None:
-        raise NotFound(f"ECM {instance} is not registered")
-    return Ecm(row[0], row[1], labels_of(row[2]), res(row[3]), res(row[4]), row[5], row[6])
-
-
 async def ensure_limit_rows(conn: Conn, labels: Sequence[str], now: datetime) -> int:
     """Create the records of labels that a configured limit covers (race-free)."""
     await conn.execute("SELECT pg_advisory_xact_lock_shared(%s)", (LIMITS_LOCK_ID,))
@@ -252,6 +239,15 @@ async def _refresh_limit_rows(conn: Conn, names: str, now: datetime) -> int:
         if new_max is None and row.live_tickets == 0:
             await conn.execute("DELETE FROM label_resource WHERE label = %s", (row.label,))
             continue
+        idle = row.live_tickets == 0 and row.reserved is None
+        if new_max is not None and idle:  # it takes the limit's type
+            zero = jres(Resource.zero(new_max.kind, new_max.queue))
+            await conn.execute(
+                "UPDATE label_resource SET max_resource = %s, kind = %s, used = %s,"
+                " locked = %s, protected = %s, updated_at = %s WHERE label = %s",
+                (jres(new_max), new_max.kind.value, zero, zero, zero, now, row.label),
+            )
+            continue
         await conn.execute(
             "UPDATE label_resource SET max_resource = %s, updated_at = %s WHERE label = %s",
             (jres(new_max), now, row.label),
@@ -260,11 +256,43 @@ async def _refresh_limit_rows(conn: Conn, names: str, now: datetime) -> int:
     return affected
 
 
+async def _check_limit_types(conn: Conn, names: str, rules: list[LimitRule]) -> None:
+    """Refuse, before anything is written, a limit change that would give a record with
+    live tickets a maximum its held type cannot be measured against (a `special` limit
+    over `load` tickets): its meaning would change under them. Idle records simply take
+    the new type."""
+    cur = await conn.execute(
+        f"SELECT {LABEL_RESOURCE_COLUMNS} FROM label_resource"  # noqa: S608
+        " WHERE source = 'limit' AND (live_tickets > 0 OR reserved IS NOT NULL)"
+        " ORDER BY label FOR UPDATE"
+    )
+    for row in map(_label_resource, await cur.fetchall()):
+        if key_names(row.label) != names:
+            continue
+        rule = best_limit(LabelKey.parse(row.label), rules)
+        if rule is None:
+            continue
+        try:
+            held = row.protected if row.reserved is None else row.protected + row.reserved
+            headroom(rule.max_resource, row.used, row.locked, held)
+        except ResourceError as exc:
+            raise FailedPrecondition(
+                f"label {row.label} holds {row.locked.kind.value} for {row.live_tickets} live"
+                " tickets (or a demand's reservation): a"
+                f" {rule.max_resource.kind.value} limit ({rule.pattern}) cannot apply to it"
+                f" until they end ({exc})",
+                state="IN_USE",
+                reason="LIMIT_TYPE_IN_USE",
+            ) from exc
+
+
 async def set_limit(
     conn: Conn, pattern: LabelPattern, max_resource: Resource, now: datetime
 ) -> tuple[StoredLimit, int]:
     await conn.execute("SELECT pg_advisory_xact_lock(%s)", (LIMITS_LOCK_ID,))
     names = ",".join(k for k, _ in pattern.labels)
+    rules = [r for r in await load_limit_rules(conn, [names]) if r.pattern != pattern]
+    await _check_limit_types(conn, names, [*rules, LimitRule(pattern, max_resource)])
     await conn.execute(
         "INSERT INTO label_limit (pattern, key_names, max_resource, created_at, updated_at)"
         " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (pattern) DO UPDATE SET"
@@ -277,6 +305,9 @@ async def set_limit(
 
 async def delete_limit(conn: Conn, pattern: LabelPattern, now: datetime) -> int:
     await conn.execute("SELECT pg_advisory_xact_lock(%s)", (LIMITS_LOCK_ID,))
+    names = ",".join(k for k, _ in pattern.labels)
+    rules = [r for r in await load_limit_rules(conn, [names]) if r.pattern != pattern]
+    await _check_limit_types(conn, names, rules)
     cur = await conn.execute(
         "DELETE FROM label_limit WHERE pattern = %s RETURNING key_names", (str(pattern),)
     )

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, TypeVarTuple
 
 import psycopg
 import tenacity
@@ -32,6 +32,7 @@ from rm_server.errors import (
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 Conn = psycopg.AsyncConnection[Any]
 
 # Session-level advisory lock held while migrating, so replicas starting together
@@ -176,14 +177,14 @@ class Database:
 
     async def run(
         self,
-        body: Callable[[Conn], Awaitable[T]],
-        *,
+        body: Callable[[Conn, *Ts], Awaitable[T]],
+        *args: *Ts,
         read_only: bool = False,
         pipeline: bool = False,
         retry_unique: bool = False,
     ) -> T:
-        """Run `body` in one transaction, retrying serialization failures, deadlocks
-        and lost connections; a database that stays away becomes Unavailable.
+        """Run `body(conn, *args)` in one transaction, retrying serialization failures,
+        deadlocks and lost connections; a database that stays away becomes Unavailable.
 
         `pipeline`: in psycopg pipeline mode (BEGIN, the statements and COMMIT go out
         without waiting; a fetch waits for what was sent). `retry_unique`: a unique
@@ -193,7 +194,7 @@ class Database:
             # The first attempt without the retry machinery (it costs per call); the
             # retries, if any, with it.
             try:
-                return await self._attempt(body, read_only, pipeline)
+                return await self._attempt(body, args, read_only, pipeline)
             except Exception as exc:
                 if self.attempts <= 1 or not retryable(exc):
                     raise
@@ -205,21 +206,25 @@ class Database:
                 reraise=True,
             ):
                 with attempt:
-                    return await self._attempt(body, read_only, pipeline)
+                    return await self._attempt(body, args, read_only, pipeline)
         except (psycopg.OperationalError, PoolTimeout) as exc:
             raise Unavailable(f"database unavailable: {exc}".strip()) from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _attempt(
-        self, body: Callable[[Conn], Awaitable[T]], read_only: bool, pipeline: bool
+        self,
+        body: Callable[[Conn, *Ts], Awaitable[T]],
+        args: tuple[*Ts],
+        read_only: bool,
+        pipeline: bool,
     ) -> T:
         async with self.pool.connection() as conn:
             if pipeline:
-                return await _pipelined_transaction(conn, body)
+                return await _pipelined_transaction(conn, lambda c: body(c, *args))
             async with conn.transaction():
                 if read_only:
                     await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-                return await body(conn)
+                return await body(conn, *args)
 
     async def run_idempotent(
         self,

@@ -14,6 +14,7 @@ from psycopg.types.json import Jsonb
 from rm_server.domain.engineconn import (
     LIVE_STATES,
     AgentCommand,
+    CommandKind,
     EcmChoiceRecord,
     EcState,
     EngineConn,
@@ -278,7 +279,7 @@ def command_from_row(row: tuple[Any, ...]) -> AgentCommand:
         command_id,
         agent_id,
         ec_id,
-        kind,
+        CommandKind(kind),
         launch,
         payload.get("reason", ""),
         float(payload.get("grace_seconds", 0.0)),
@@ -289,16 +290,16 @@ async def queue_command(conn: Conn, cmd: AgentCommand, now: datetime) -> None:
     await conn.execute(
         "INSERT INTO agent_command (command_id, agent_id, ec_id, kind, payload, created_at)"
         " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (command_id) DO NOTHING",
-        (cmd.command_id, cmd.agent_id, cmd.ec_id, cmd.kind, Jsonb(_payload(cmd)), now),
+        (cmd.command_id, cmd.agent_id, cmd.ec_id, cmd.kind.value, Jsonb(_payload(cmd)), now),
     )
     await notify_freed(conn, [agent_key(cmd.agent_id)])
 
 
-async def has_pending(conn: Conn, agent_id: str, ec_id: str, kind: str) -> bool:
+async def has_pending(conn: Conn, agent_id: str, ec_id: str, kind: CommandKind) -> bool:
     cur = await conn.execute(
         "SELECT 1 FROM agent_command WHERE agent_id = %s AND ec_id = %s AND kind = %s"
         " AND done_at IS NULL",
-        (agent_id, ec_id, kind),
+        (agent_id, ec_id, kind.value),
     )
     return await cur.fetchone() is not None
 
@@ -310,15 +311,6 @@ async def pending_commands(conn: Conn, agent_id: str) -> list[AgentCommand]:
         (agent_id,),
     )
     return [command_from_row(r) for r in await cur.fetchall()]
-
-
-async def mark_done(conn: Conn, agent_id: str, ids: Sequence[str], now: datetime) -> None:
-    if ids:
-        await conn.execute(
-            "UPDATE agent_command SET done_at = %s"
-            " WHERE agent_id = %s AND command_id = ANY(%s) AND done_at IS NULL",
-            (now, agent_id, list(ids)),
-        )
 
 
 async def launch_done_before(conn: Conn, agent_id: str, before: datetime) -> set[str]:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from rm_server.domain.external import QueueCheck
 from rm_server.domain.labels import Label, LabelKey
 from rm_server.domain.ledger import (
     ApplyCommand,
@@ -107,7 +108,8 @@ class Refused(ResourceExhausted):
 
     def __init__(self, refusal: Refusal) -> None:
         if refusal.shortfalls:
-            super().__init__("insufficient resource", refusal.shortfalls)
+            detail = f" ({refusal.detail})" if refusal.detail else ""  # a YARN queue's breakdown
+            super().__init__("insufficient resource" + detail, refusal.shortfalls)
         else:
             super().__init__(
                 "queued behind earlier waiting applies on " + ", ".join(refusal.queued_behind),
@@ -148,6 +150,7 @@ class ApplyOp(Op):
     # queues its launch command there, atomically).
     after: AfterApply | None = None
     engine_conn_id: str = ""  # the EngineConn the ticket is for: its lifecycle owns it
+    external: QueueCheck | None = None  # a YARN queue it must also fit
 
     def command(self, now: datetime) -> ApplyCommand:
         return ApplyCommand(
@@ -161,6 +164,7 @@ class ApplyOp(Op):
             waiter_seq=self.waiter_seq,
             may_wait=self.may_wait,
             engine_conn_id=self.engine_conn_id,
+            external=self.external,
         )
 
 
@@ -568,6 +572,7 @@ async def apply(conn: Conn, cmd: ApplyCommand) -> Ticket | Refusal:
         cmd.waiter_seq,
         cmd.may_wait,
         engine_conn_id=cmd.engine_conn_id,
+        external=cmd.external,
     )
     try:
         ticket = _only(await run(conn, [op], cmd.now))

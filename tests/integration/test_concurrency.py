@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import time
 
 import grpc
@@ -167,15 +168,19 @@ def postmaster_start(url: str):
 
 
 @pytest.fixture
-def own_postgres(tmp_path):
-    """A private embedded PostgreSQL that the test may stop and start."""
-    from tests.conftest import start_embedded
+def own_postgres():
+    """A private embedded PostgreSQL that the test may stop and start (in a directory the
+    database user can reach as root: pytest resets its tmp_path root to 0700 at the
+    start of every session, so a restart there fails while another session runs)."""
+    from tests.conftest import shared_tmp, start_embedded
 
-    pgdata = tmp_path / "pgdata"
+    base = shared_tmp("lrm-own-pg-")
+    pgdata = base / "pgdata"
     handle, url = start_embedded(pgdata)
     state = {"handle": handle, "url": url, "pgdata": pgdata}
     yield state
     state["handle"].cleanup()
+    shutil.rmtree(base, ignore_errors=True)
 
 
 @BOTH_PATHS

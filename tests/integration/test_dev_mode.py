@@ -3,14 +3,17 @@ environment, and as root, each driven as the operator does."""
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
+import re
 import shutil
 import signal
 import stat
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -86,6 +89,20 @@ def execute(ec: ec_pb.EngineConn, code: str) -> str:
         return "".join(out)
 
 
+def check_console(log: Path) -> None:
+    """Dev mode prints the web console's address; it serves the page and its assets
+    (shipped in the installed package) and, authentication off, an admin's view."""
+    found = re.search(r"web console: (http://\S+)", log.read_text())
+    assert found, log.read_text()[-3000:]
+    url = found.group(1)
+    with urllib.request.urlopen(url, timeout=10) as page:
+        assert "console.mjs" in page.read().decode()
+    with urllib.request.urlopen(url + "static/vendor/htm-preact.mjs", timeout=10) as asset:
+        assert "javascript" in asset.headers["Content-Type"]
+    with urllib.request.urlopen(url + "api/me", timeout=10) as me:
+        assert json.loads(me.read())["admin"] is True
+
+
 def test_make_run_as_a_normal_user_launches_engineconns(user_home, ec_python):
     """No XDG_RUNTIME_DIR, no sudo rule: the embedded database starts privately, the
     local agent launches EngineConns as the user, twice (a first launch leaves nothing
@@ -95,6 +112,7 @@ def test_make_run_as_a_normal_user_launches_engineconns(user_home, ec_python):
     log = user_home / "dev.log"
     try:
         launch_engineconns(f"127.0.0.1:{port}", log, rounds=2)
+        check_console(log)
     finally:
         stop(proc)
     assert proc.returncode == 0, log.read_text()[-3000:]

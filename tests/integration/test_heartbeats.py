@@ -11,7 +11,7 @@ from labelrm.v1 import admin_pb2
 from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as pb
 
-from rm_server.domain.engineconn import AgentCommand
+from rm_server.domain.engineconn import AgentCommand, CommandKind
 from rm_server.store import engineconns as ec_store
 from tests.helpers import GiB, beat_on_stream, load_instance, register
 
@@ -28,7 +28,9 @@ def _beat(agent: str, seq: int, **fields) -> pb.HeartbeatRequest:
 
 
 async def _queue(rm, agent: str, command_id: str, ec_id: str) -> None:
-    command = AgentCommand(command_id, agent, ec_id, "kill", reason="test", grace_seconds=1.0)
+    command = AgentCommand(
+        command_id, agent, ec_id, CommandKind.KILL, reason="test", grace_seconds=1.0
+    )
     now = rm.clock.now()
     await rm.core.db.run(lambda c: ec_store.queue_command(c, command, now))
 

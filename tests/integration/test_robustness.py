@@ -375,3 +375,24 @@ async def test_protected_capacity_of_another_type_is_invalid_argument(rm):
     state = await label_state(rm, ECM_LABEL)
     assert state.protected_resource.load_instance.memory_bytes == GiB
     await assert_consistent(rm)
+
+
+async def test_a_limit_of_another_type_cannot_apply_under_live_tickets(rm):
+    pattern = "userCreator=*,engineType=*"
+    await rm.admin.SetLabelLimit(limit_req(pattern, load(4 * GiB, 4000)))
+    ticket = (await rm.rm.Apply(apply_req(USER, load(GiB, 100)))).ticket
+    gpus = R.Resource(special=R.SpecialResource(quantities={"gpu": 4}))
+    err = await refused(
+        rm.admin.SetLabelLimit(limit_req(pattern, gpus)), grpc.StatusCode.FAILED_PRECONDITION
+    )
+    assert reason(err) == "LIMIT_TYPE_IN_USE"
+    limits = await rm.admin.ListLabelLimits(admin_pb2.ListLabelLimitsRequest())
+    assert [lim.max_resource.WhichOneof("kind") for lim in limits.limits] == ["load"]  # unchanged
+    state = await label_state(rm, USER)  # still readable: its meaning did not change
+    assert state.left_resource.load.memory_bytes == 3 * GiB
+    await assert_consistent(rm)
+    await rm.rm.Release(pb.ReleaseRequest(ticket_id=ticket.ticket_id))
+    await rm.admin.SetLabelLimit(limit_req(pattern, gpus))  # idle: the record takes the type
+    state = await label_state(rm, USER)
+    assert state.left_resource.special.quantities["gpu"] == 4
+    await assert_consistent(rm)

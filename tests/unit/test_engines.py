@@ -30,13 +30,13 @@ def ctx(engine: str = "shell", **params: str) -> LaunchContext:
 
 
 def test_registry():
-    assert sorted(PLUGINS) == ["python", "shell"]
+    assert sorted(PLUGINS) == ["python", "shell", "spark"]
     assert plugin_for("shell").name == "shell"
     assert plugin_for("python").name == "python"
     with pytest.raises(InvalidParam) as exc:
-        plugin_for("spark")
+        plugin_for("flink")
     assert exc.value.field == "labels"
-    assert exc.value.message == "unknown engine type 'spark'; known: python, shell"
+    assert exc.value.message == "unknown engine type 'flink'; known: python, shell, spark"
 
 
 @pytest.mark.parametrize("engine", ["shell", "python"])
@@ -141,3 +141,26 @@ def test_launch_refuses_bad_context(change, field):
     with pytest.raises(InvalidParam) as exc:
         plugin_for("shell").launch(replace(ctx(), **change))
     assert exc.value.field == field
+
+
+def test_spark_asks_for_a_driver_and_its_executors_in_a_yarn_queue():
+    spark = plugin_for("spark")
+    params = {"memory_bytes": str(2 * 2**30), "executor_memory_bytes": str(4 * 2**30)}
+    params["executor_instances"] = "3"
+    r = spark.resource(params, {"executor_cpu_millis": "2000"})
+    assert r.driver_part() == Resource.load_instance(2 * 2**30, 500, 1)
+    assert r.yarn_part() == Resource.yarn("", 12 * 2**30, 6000, 1)
+    effective = spark.params(params, {})
+    assert effective["executor_instances"] == "3" and effective["max_idle_seconds"] == "600"
+    with pytest.raises(InvalidParam) as exc:
+        spark.resource({"executor_instances": "0"}, {})
+    assert exc.value.field == "params.executor_instances"
+    with pytest.raises(InvalidParam) as exc:
+        plugin_for("shell").resource({"executor_instances": "2"}, {})  # spark's own only
+    assert exc.value.field == "params.executor_instances"
+    labels = (*ctx("spark").labels, Label.parse("cluster=prod"), Label.parse("yarnQueue=root.a.a1"))
+    launch = spark.launch(replace(ctx("spark", **effective), labels=labels))
+    assert launch.argv[launch.argv.index("--engine") + 1] == "python"  # the driver's session
+    env = launch.environment
+    assert env["LABELRM_YARN_CLUSTER"] == "prod"  # the queue: set by the flow at admission
+    assert env["LABELRM_SPARK_EXECUTOR_INSTANCES"] == "3"

@@ -23,44 +23,73 @@ _sym_db = _symbol_database.Default()
 
 
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
+from labelrm.v1 import external_pb2 as labelrm_dot_v1_dot_external__pb2
 from labelrm.v1 import resource_pb2 as labelrm_dot_v1_dot_resource__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16labelrm/v1/admin.proto\x12\nlabelrm.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19labelrm/v1/resource.proto\"K\n\x13RefreshNodesRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07include\x18\x02 \x03(\t\x12\x0f\n\x07\x65xclude\x18\x03 \x03(\t\"4\n\x14RefreshNodesResponse\x12\x1c\n\x14\x64isallowed_instances\x18\x01 \x03(\t\">\n\x16\x44\x65\x63ommissionEcmRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08instance\x18\x02 \x01(\t\"4\n\x17\x44\x65\x63ommissionEcmResponse\x12\x19\n\x11live_engine_conns\x18\x01 \x01(\x03\"\x9d\x01\n\nLabelLimit\x12\x0f\n\x07pattern\x18\x01 \x01(\t\x12!\n\x06labels\x18\x02 \x03(\x0b\x32\x11.labelrm.v1.Label\x12*\n\x0cmax_resource\x18\x03 \x01(\x0b\x32\x14.labelrm.v1.Resource\x12/\n\x0bupdate_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"y\n\x14SetLabelLimitRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12!\n\x06labels\x18\x02 \x03(\x0b\x32\x11.labelrm.v1.Label\x12*\n\x0cmax_resource\x18\x03 \x01(\x0b\x32\x14.labelrm.v1.Resource\"W\n\x15SetLabelLimitResponse\x12%\n\x05limit\x18\x01 \x01(\x0b\x32\x16.labelrm.v1.LabelLimit\x12\x17\n\x0f\x61\x66\x66\x65\x63ted_labels\x18\x02 \x01(\x03\"?\n\x16ListLabelLimitsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"Z\n\x17ListLabelLimitsResponse\x12&\n\x06limits\x18\x01 \x03(\x0b\x32\x16.labelrm.v1.LabelLimit\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"P\n\x17\x44\x65leteLabelLimitRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12!\n\x06labels\x18\x02 \x03(\x0b\x32\x11.labelrm.v1.Label\"3\n\x18\x44\x65leteLabelLimitResponse\x12\x17\n\x0f\x61\x66\x66\x65\x63ted_labels\x18\x01 \x01(\x03\"\x19\n\x17\x43heckConsistencyRequest\"\x86\x01\n\x08Mismatch\x12\r\n\x05label\x18\x01 \x01(\t\x12\r\n\x05\x66ield\x18\x02 \x01(\t\x12$\n\x06stored\x18\x03 \x01(\x0b\x32\x14.labelrm.v1.Resource\x12&\n\x08\x65xpected\x18\x04 \x01(\x0b\x32\x14.labelrm.v1.Resource\x12\x0e\n\x06\x64\x65tail\x18\x05 \x01(\t\"\xb3\x01\n\x18\x43heckConsistencyResponse\x12\x12\n\nconsistent\x18\x01 \x01(\x08\x12(\n\nmismatches\x18\x02 \x03(\x0b\x32\x14.labelrm.v1.Mismatch\x12\x16\n\x0elabels_checked\x18\x03 \x01(\x03\x12\x17\n\x0ftickets_checked\x18\x04 \x01(\x03\x12(\n\nover_limit\x18\x05 \x03(\x0b\x32\x14.labelrm.v1.Mismatch2\xad\x04\n\x0c\x41\x64minService\x12T\n\rSetLabelLimit\x12 .labelrm.v1.SetLabelLimitRequest\x1a!.labelrm.v1.SetLabelLimitResponse\x12Z\n\x0fListLabelLimits\x12\".labelrm.v1.ListLabelLimitsRequest\x1a#.labelrm.v1.ListLabelLimitsResponse\x12]\n\x10\x44\x65leteLabelLimit\x12#.labelrm.v1.DeleteLabelLimitRequest\x1a$.labelrm.v1.DeleteLabelLimitResponse\x12]\n\x10\x43heckConsistency\x12#.labelrm.v1.CheckConsistencyRequest\x1a$.labelrm.v1.CheckConsistencyResponse\x12Q\n\x0cRefreshNodes\x12\x1f.labelrm.v1.RefreshNodesRequest\x1a .labelrm.v1.RefreshNodesResponse\x12Z\n\x0f\x44\x65\x63ommissionEcm\x12\".labelrm.v1.DecommissionEcmRequest\x1a#.labelrm.v1.DecommissionEcmResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16labelrm/v1/admin.proto\x12\nlabelrm.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19labelrm/v1/external.proto\x1a\x19labelrm/v1/resource.proto\"`\n\x1aPutExternalProviderRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12.\n\x08provider\x18\x02 \x01(\x0b\x32\x1c.labelrm.v1.ExternalProvider\"M\n\x1bPutExternalProviderResponse\x12.\n\x08provider\x18\x01 \x01(\x0b\x32\x1c.labelrm.v1.ExternalProvider\"\x1e\n\x1cListExternalProvidersRequest\"P\n\x1dListExternalProvidersResponse\x12/\n\tproviders\x18\x01 \x03(\x0b\x32\x1c.labelrm.v1.ExternalProvider\"A\n\x1d\x44\x65leteExternalProviderRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"P\n\x1e\x44\x65leteExternalProviderResponse\x12.\n\x08provider\x18\x01 \x01(\x0b\x32\x1c.labelrm.v1.ExternalProvider\"+\n\x1bTestExternalProviderRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"t\n\x1cTestExternalProviderResponse\x12\x16\n\x0e\x61\x63tive_address\x18\x01 \x01(\t\x12\x11\n\tscheduler\x18\x02 \x01(\t\x12)\n\x06queues\x18\x03 \x03(\x0b\x32\x19.labelrm.v1.ExternalQueue\"K\n\x13RefreshNodesRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07include\x18\x02 \x03(\t\x12\x0f\n\x07\x65xclude\x18\x03 \x03(\t\"4\n\x14RefreshNodesResponse\x12\x1c\n\x14\x64isallowed_instances\x18\x01 \x03(\t\">\n\x16\x44\x65\x63ommissionEcmRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08instance\x18\x02 \x01(\t\"4\n\x17\x44\x65\x63ommissionEcmResponse\x12\x19\n\x11live_engine_conns\x18\x01 \x01(\x03\"\x9d\x01\n\nLabelLimit\x12\x0f\n\x07pattern\x18\x01 \x01(\t\x12!\n\x06labels\x18\x02 \x03(\x0b\x32\x11.labelrm.v1.Label\x12*\n\x0cmax_resource\x18\x03 \x01(\x0b\x32\x14.labelrm.v1.Resource\x12/\n\x0bupdate_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"y\n\x14SetLabelLimitRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12!\n\x06labels\x18\x02 \x03(\x0b\x32\x11.labelrm.v1.Label\x12*\n\x0cmax_resource\x18\x03 \x01(\x0b\x32\x14.labelrm.v1.Resource\"W\n\x15SetLabelLimitResponse\x12%\n\x05limit\x18\x01 \x01(\x0b\x32\x16.labelrm.v1.LabelLimit\x12\x17\n\x0f\x61\x66\x66\x65\x63ted_labels\x18\x02 \x01(\x03\"?\n\x16ListLabelLimitsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"Z\n\x17ListLabelLimitsResponse\x12&\n\x06limits\x18\x01 \x03(\x0b\x32\x16.labelrm.v1.LabelLimit\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"P\n\x17\x44\x65leteLabelLimitRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12!\n\x06labels\x18\x02 \x03(\x0b\x32\x11.labelrm.v1.Label\"3\n\x18\x44\x65leteLabelLimitResponse\x12\x17\n\x0f\x61\x66\x66\x65\x63ted_labels\x18\x01 \x01(\x03\"\x19\n\x17\x43heckConsistencyRequest\"\x86\x01\n\x08Mismatch\x12\r\n\x05label\x18\x01 \x01(\t\x12\r\n\x05\x66ield\x18\x02 \x01(\t\x12$\n\x06stored\x18\x03 \x01(\x0b\x32\x14.labelrm.v1.Resource\x12&\n\x08\x65xpected\x18\x04 \x01(\x0b\x32\x14.labelrm.v1.Resource\x12\x0e\n\x06\x64\x65tail\x18\x05 \x01(\t\"\xb3\x01\n\x18\x43heckConsistencyResponse\x12\x12\n\nconsistent\x18\x01 \x01(\x08\x12(\n\nmismatches\x18\x02 \x03(\x0b\x32\x14.labelrm.v1.Mismatch\x12\x16\n\x0elabels_checked\x18\x03 \x01(\x03\x12\x17\n\x0ftickets_checked\x18\x04 \x01(\x03\x12(\n\nover_limit\x18\x05 \x03(\x0b\x32\x14.labelrm.v1.Mismatch\"\x17\n\x15GetClusterInfoRequest\"j\n\tRmReplica\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\x05\x12.\n\nstart_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xa7\x01\n\x16GetClusterInfoResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\'\n\x08replicas\x18\x02 \x03(\x0b\x32\x15.labelrm.v1.RmReplica\x12\x10\n\x08\x64\x61tabase\x18\x03 \x01(\t\x12\x17\n\x0fwaiting_applies\x18\x04 \x01(\x03\x12(\n\x04time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"-\n\x11ListEventsRequest\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\n\n\x02id\x18\x02 \x01(\t\"U\n\nStateEvent\x12(\n\x04time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05state\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"<\n\x12ListEventsResponse\x12&\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x16.labelrm.v1.StateEvent2\x85\t\n\x0c\x41\x64minService\x12T\n\rSetLabelLimit\x12 .labelrm.v1.SetLabelLimitRequest\x1a!.labelrm.v1.SetLabelLimitResponse\x12Z\n\x0fListLabelLimits\x12\".labelrm.v1.ListLabelLimitsRequest\x1a#.labelrm.v1.ListLabelLimitsResponse\x12]\n\x10\x44\x65leteLabelLimit\x12#.labelrm.v1.DeleteLabelLimitRequest\x1a$.labelrm.v1.DeleteLabelLimitResponse\x12]\n\x10\x43heckConsistency\x12#.labelrm.v1.CheckConsistencyRequest\x1a$.labelrm.v1.CheckConsistencyResponse\x12Q\n\x0cRefreshNodes\x12\x1f.labelrm.v1.RefreshNodesRequest\x1a .labelrm.v1.RefreshNodesResponse\x12Z\n\x0f\x44\x65\x63ommissionEcm\x12\".labelrm.v1.DecommissionEcmRequest\x1a#.labelrm.v1.DecommissionEcmResponse\x12W\n\x0eGetClusterInfo\x12!.labelrm.v1.GetClusterInfoRequest\x1a\".labelrm.v1.GetClusterInfoResponse\x12K\n\nListEvents\x12\x1d.labelrm.v1.ListEventsRequest\x1a\x1e.labelrm.v1.ListEventsResponse\x12\x66\n\x13PutExternalProvider\x12&.labelrm.v1.PutExternalProviderRequest\x1a\'.labelrm.v1.PutExternalProviderResponse\x12l\n\x15ListExternalProviders\x12(.labelrm.v1.ListExternalProvidersRequest\x1a).labelrm.v1.ListExternalProvidersResponse\x12o\n\x16\x44\x65leteExternalProvider\x12).labelrm.v1.DeleteExternalProviderRequest\x1a*.labelrm.v1.DeleteExternalProviderResponse\x12i\n\x14TestExternalProvider\x12\'.labelrm.v1.TestExternalProviderRequest\x1a(.labelrm.v1.TestExternalProviderResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'labelrm.v1.admin_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_REFRESHNODESREQUEST']._serialized_start=98
-  _globals['_REFRESHNODESREQUEST']._serialized_end=173
-  _globals['_REFRESHNODESRESPONSE']._serialized_start=175
-  _globals['_REFRESHNODESRESPONSE']._serialized_end=227
-  _globals['_DECOMMISSIONECMREQUEST']._serialized_start=229
-  _globals['_DECOMMISSIONECMREQUEST']._serialized_end=291
-  _globals['_DECOMMISSIONECMRESPONSE']._serialized_start=293
-  _globals['_DECOMMISSIONECMRESPONSE']._serialized_end=345
-  _globals['_LABELLIMIT']._serialized_start=348
-  _globals['_LABELLIMIT']._serialized_end=505
-  _globals['_SETLABELLIMITREQUEST']._serialized_start=507
-  _globals['_SETLABELLIMITREQUEST']._serialized_end=628
-  _globals['_SETLABELLIMITRESPONSE']._serialized_start=630
-  _globals['_SETLABELLIMITRESPONSE']._serialized_end=717
-  _globals['_LISTLABELLIMITSREQUEST']._serialized_start=719
-  _globals['_LISTLABELLIMITSREQUEST']._serialized_end=782
-  _globals['_LISTLABELLIMITSRESPONSE']._serialized_start=784
-  _globals['_LISTLABELLIMITSRESPONSE']._serialized_end=874
-  _globals['_DELETELABELLIMITREQUEST']._serialized_start=876
-  _globals['_DELETELABELLIMITREQUEST']._serialized_end=956
-  _globals['_DELETELABELLIMITRESPONSE']._serialized_start=958
-  _globals['_DELETELABELLIMITRESPONSE']._serialized_end=1009
-  _globals['_CHECKCONSISTENCYREQUEST']._serialized_start=1011
-  _globals['_CHECKCONSISTENCYREQUEST']._serialized_end=1036
-  _globals['_MISMATCH']._serialized_start=1039
-  _globals['_MISMATCH']._serialized_end=1173
-  _globals['_CHECKCONSISTENCYRESPONSE']._serialized_start=1176
-  _globals['_CHECKCONSISTENCYRESPONSE']._serialized_end=1355
-  _globals['_ADMINSERVICE']._serialized_start=1358
-  _globals['_ADMINSERVICE']._serialized_end=1915
+  _globals['_PUTEXTERNALPROVIDERREQUEST']._serialized_start=125
+  _globals['_PUTEXTERNALPROVIDERREQUEST']._serialized_end=221
+  _globals['_PUTEXTERNALPROVIDERRESPONSE']._serialized_start=223
+  _globals['_PUTEXTERNALPROVIDERRESPONSE']._serialized_end=300
+  _globals['_LISTEXTERNALPROVIDERSREQUEST']._serialized_start=302
+  _globals['_LISTEXTERNALPROVIDERSREQUEST']._serialized_end=332
+  _globals['_LISTEXTERNALPROVIDERSRESPONSE']._serialized_start=334
+  _globals['_LISTEXTERNALPROVIDERSRESPONSE']._serialized_end=414
+  _globals['_DELETEEXTERNALPROVIDERREQUEST']._serialized_start=416
+  _globals['_DELETEEXTERNALPROVIDERREQUEST']._serialized_end=481
+  _globals['_DELETEEXTERNALPROVIDERRESPONSE']._serialized_start=483
+  _globals['_DELETEEXTERNALPROVIDERRESPONSE']._serialized_end=563
+  _globals['_TESTEXTERNALPROVIDERREQUEST']._serialized_start=565
+  _globals['_TESTEXTERNALPROVIDERREQUEST']._serialized_end=608
+  _globals['_TESTEXTERNALPROVIDERRESPONSE']._serialized_start=610
+  _globals['_TESTEXTERNALPROVIDERRESPONSE']._serialized_end=726
+  _globals['_REFRESHNODESREQUEST']._serialized_start=728
+  _globals['_REFRESHNODESREQUEST']._serialized_end=803
+  _globals['_REFRESHNODESRESPONSE']._serialized_start=805
+  _globals['_REFRESHNODESRESPONSE']._serialized_end=857
+  _globals['_DECOMMISSIONECMREQUEST']._serialized_start=859
+  _globals['_DECOMMISSIONECMREQUEST']._serialized_end=921
+  _globals['_DECOMMISSIONECMRESPONSE']._serialized_start=923
+  _globals['_DECOMMISSIONECMRESPONSE']._serialized_end=975
+  _globals['_LABELLIMIT']._serialized_start=978
+  _globals['_LABELLIMIT']._serialized_end=1135
+  _globals['_SETLABELLIMITREQUEST']._serialized_start=1137
+  _globals['_SETLABELLIMITREQUEST']._serialized_end=1258
+  _globals['_SETLABELLIMITRESPONSE']._serialized_start=1260
+  _globals['_SETLABELLIMITRESPONSE']._serialized_end=1347
+  _globals['_LISTLABELLIMITSREQUEST']._serialized_start=1349
+  _globals['_LISTLABELLIMITSREQUEST']._serialized_end=1412
+  _globals['_LISTLABELLIMITSRESPONSE']._serialized_start=1414
+  _globals['_LISTLABELLIMITSRESPONSE']._serialized_end=1504
+  _globals['_DELETELABELLIMITREQUEST']._serialized_start=1506
+  _globals['_DELETELABELLIMITREQUEST']._serialized_end=1586
+  _globals['_DELETELABELLIMITRESPONSE']._serialized_start=1588
+  _globals['_DELETELABELLIMITRESPONSE']._serialized_end=1639
+  _globals['_CHECKCONSISTENCYREQUEST']._serialized_start=1641
+  _globals['_CHECKCONSISTENCYREQUEST']._serialized_end=1666
+  _globals['_MISMATCH']._serialized_start=1669
+  _globals['_MISMATCH']._serialized_end=1803
+  _globals['_CHECKCONSISTENCYRESPONSE']._serialized_start=1806
+  _globals['_CHECKCONSISTENCYRESPONSE']._serialized_end=1985
+  _globals['_GETCLUSTERINFOREQUEST']._serialized_start=1987
+  _globals['_GETCLUSTERINFOREQUEST']._serialized_end=2010
+  _globals['_RMREPLICA']._serialized_start=2012
+  _globals['_RMREPLICA']._serialized_end=2118
+  _globals['_GETCLUSTERINFORESPONSE']._serialized_start=2121
+  _globals['_GETCLUSTERINFORESPONSE']._serialized_end=2288
+  _globals['_LISTEVENTSREQUEST']._serialized_start=2290
+  _globals['_LISTEVENTSREQUEST']._serialized_end=2335
+  _globals['_STATEEVENT']._serialized_start=2337
+  _globals['_STATEEVENT']._serialized_end=2422
+  _globals['_LISTEVENTSRESPONSE']._serialized_start=2424
+  _globals['_LISTEVENTSRESPONSE']._serialized_end=2484
+  _globals['_ADMINSERVICE']._serialized_start=2487
+  _globals['_ADMINSERVICE']._serialized_end=3644
 # @@protoc_insertion_point(module_scope)

@@ -1,6 +1,7 @@
 import datetime
 
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from labelrm.v1 import external_pb2 as _external_pb2
 from labelrm.v1 import resource_pb2 as _resource_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -9,6 +10,60 @@ from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class PutExternalProviderRequest(_message.Message):
+    __slots__ = ("request_id", "provider")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    provider: _external_pb2.ExternalProvider
+    def __init__(self, request_id: _Optional[str] = ..., provider: _Optional[_Union[_external_pb2.ExternalProvider, _Mapping]] = ...) -> None: ...
+
+class PutExternalProviderResponse(_message.Message):
+    __slots__ = ("provider",)
+    PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    provider: _external_pb2.ExternalProvider
+    def __init__(self, provider: _Optional[_Union[_external_pb2.ExternalProvider, _Mapping]] = ...) -> None: ...
+
+class ListExternalProvidersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListExternalProvidersResponse(_message.Message):
+    __slots__ = ("providers",)
+    PROVIDERS_FIELD_NUMBER: _ClassVar[int]
+    providers: _containers.RepeatedCompositeFieldContainer[_external_pb2.ExternalProvider]
+    def __init__(self, providers: _Optional[_Iterable[_Union[_external_pb2.ExternalProvider, _Mapping]]] = ...) -> None: ...
+
+class DeleteExternalProviderRequest(_message.Message):
+    __slots__ = ("request_id", "name")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    name: str
+    def __init__(self, request_id: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class DeleteExternalProviderResponse(_message.Message):
+    __slots__ = ("provider",)
+    PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    provider: _external_pb2.ExternalProvider
+    def __init__(self, provider: _Optional[_Union[_external_pb2.ExternalProvider, _Mapping]] = ...) -> None: ...
+
+class TestExternalProviderRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class TestExternalProviderResponse(_message.Message):
+    __slots__ = ("active_address", "scheduler", "queues")
+    ACTIVE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULER_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    active_address: str
+    scheduler: str
+    queues: _containers.RepeatedCompositeFieldContainer[_external_pb2.ExternalQueue]
+    def __init__(self, active_address: _Optional[str] = ..., scheduler: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[_external_pb2.ExternalQueue, _Mapping]]] = ...) -> None: ...
 
 class RefreshNodesRequest(_message.Message):
     __slots__ = ("request_id", "include", "exclude")
@@ -131,3 +186,57 @@ class CheckConsistencyResponse(_message.Message):
     tickets_checked: int
     over_limit: _containers.RepeatedCompositeFieldContainer[Mismatch]
     def __init__(self, consistent: _Optional[bool] = ..., mismatches: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ..., labels_checked: _Optional[int] = ..., tickets_checked: _Optional[int] = ..., over_limit: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ...) -> None: ...
+
+class GetClusterInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RmReplica(_message.Message):
+    __slots__ = ("replica_id", "host", "pid", "start_time")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    host: str
+    pid: int
+    start_time: _timestamp_pb2.Timestamp
+    def __init__(self, replica_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class GetClusterInfoResponse(_message.Message):
+    __slots__ = ("version", "replicas", "database", "waiting_applies", "time")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    DATABASE_FIELD_NUMBER: _ClassVar[int]
+    WAITING_APPLIES_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    replicas: _containers.RepeatedCompositeFieldContainer[RmReplica]
+    database: str
+    waiting_applies: int
+    time: _timestamp_pb2.Timestamp
+    def __init__(self, version: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[RmReplica, _Mapping]]] = ..., database: _Optional[str] = ..., waiting_applies: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class ListEventsRequest(_message.Message):
+    __slots__ = ("kind", "id")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    id: str
+    def __init__(self, kind: _Optional[str] = ..., id: _Optional[str] = ...) -> None: ...
+
+class StateEvent(_message.Message):
+    __slots__ = ("time", "state", "reason")
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    time: _timestamp_pb2.Timestamp
+    state: str
+    reason: str
+    def __init__(self, time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ListEventsResponse(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[StateEvent]
+    def __init__(self, events: _Optional[_Iterable[_Union[StateEvent, _Mapping]]] = ...) -> None: ...

@@ -3,6 +3,7 @@ import datetime
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from labelrm.v1 import engine_conn_pb2 as _engine_conn_pb2
+from labelrm.v1 import external_pb2 as _external_pb2
 from labelrm.v1 import resource_pb2 as _resource_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
@@ -143,7 +144,7 @@ class Ticket(_message.Message):
     def __init__(self, ticket_id: _Optional[str] = ..., state: _Optional[_Union[TicketState, str]] = ..., labels: _Optional[_Iterable[_Union[_resource_pb2.Label, _Mapping]]] = ..., charged_labels: _Optional[_Iterable[str]] = ..., requested_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., used_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lock_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_reason: _Optional[str] = ..., user: _Optional[str] = ...) -> None: ...
 
 class LabelResource(_message.Message):
-    __slots__ = ("label", "labels", "source", "max_resource", "protected_resource", "used_resource", "locked_resource", "left_resource", "live_tickets", "update_time", "reserved_resource")
+    __slots__ = ("label", "labels", "source", "max_resource", "protected_resource", "used_resource", "locked_resource", "left_resource", "live_tickets", "update_time", "reserved_resource", "external_queue")
     LABEL_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
@@ -155,6 +156,7 @@ class LabelResource(_message.Message):
     LIVE_TICKETS_FIELD_NUMBER: _ClassVar[int]
     UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
     RESERVED_RESOURCE_FIELD_NUMBER: _ClassVar[int]
+    EXTERNAL_QUEUE_FIELD_NUMBER: _ClassVar[int]
     label: str
     labels: _containers.RepeatedCompositeFieldContainer[_resource_pb2.Label]
     source: str
@@ -166,7 +168,8 @@ class LabelResource(_message.Message):
     live_tickets: int
     update_time: _timestamp_pb2.Timestamp
     reserved_resource: _resource_pb2.Resource
-    def __init__(self, label: _Optional[str] = ..., labels: _Optional[_Iterable[_Union[_resource_pb2.Label, _Mapping]]] = ..., source: _Optional[str] = ..., max_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., protected_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., used_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., locked_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., left_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., live_tickets: _Optional[int] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reserved_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ...) -> None: ...
+    external_queue: _external_pb2.ExternalQueue
+    def __init__(self, label: _Optional[str] = ..., labels: _Optional[_Iterable[_Union[_resource_pb2.Label, _Mapping]]] = ..., source: _Optional[str] = ..., max_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., protected_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., used_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., locked_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., left_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., live_tickets: _Optional[int] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reserved_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., external_queue: _Optional[_Union[_external_pb2.ExternalQueue, _Mapping]] = ...) -> None: ...
 
 class Ecm(_message.Message):
     __slots__ = ("instance", "labels", "total_resource", "protected_resource", "register_time", "update_time", "state", "last_heartbeat_time", "live_engine_conns", "left_resource")

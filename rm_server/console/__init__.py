@@ -1,0 +1,1 @@
+"""The web console served by rm-server (docs/operations.md, "Web console")."""
