@@ -208,8 +208,10 @@ class EmbeddedPostgres:
         # Root's, searchable but not listable, like the data directory in place: the
         # database user owns only pgdata/ and pgsocket/ in it and cannot swap them.
         relocated.mkdir(mode=0o711, exist_ok=True)
-        if relocated.is_symlink() or relocated.stat().st_uid != 0:
+        st = relocated.lstat()
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, self.db_user.pw_uid):
             raise EmbeddedDatabaseError(f"{relocated} is not a directory of root's; remove it")
+        os.chown(relocated, 0, 0, follow_symlinks=False)  # earlier versions gave it away
         relocated.chmod(0o711)
         # Says whose directory this is, for operators.
         _write_new(relocated / "data-dir", f"{self.data_dir}\n", 0o644)
