@@ -218,6 +218,21 @@ def cmd_demand_show(client: RMClient, args: argparse.Namespace, out: TextIO) -> 
     return 0
 
 
+def show_demand_details(
+    client: RMClient, demand_id: str, user: str, output: str, out: TextIO
+) -> Any:
+    """Print a demand's fields (JSON for ``-o json``), without its transitions (`rmctl
+    describe demand` prints them as Events); returns the Demand."""
+    d = client._call(
+        _stub(client).GetDemand, demand_pb2.GetDemandRequest(demand_id=demand_id, user=user)
+    ).demand
+    if output == "json":
+        print(_to_json(d), file=out)
+    else:
+        print_details(out, _details(d))
+    return d
+
+
 def cmd_demand_cancel(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     """`rmctl demand cancel ID [--reason TEXT]`."""
     req = demand_pb2.CancelDemandRequest(
