@@ -340,7 +340,8 @@ def _events(out: str) -> list[list[str]]:
 async def test_describe_ticket_and_demand_events(rm: Any) -> None:
     """`rmctl describe ticket|demand`: the detail, then the states it went through with
     their reasons, read from the RM's records (a ticket's own times once it has ended; a
-    demand's transitions), through ListEvents like the EngineConns' and nodes'."""
+    demand's transitions), through ListEvents like the EngineConns' and nodes'. And
+    `rmctl demand list -l` selects on labels like every other list."""
     labels = "userCreator=alice-IDE,engineType=spark-3,emInstance=node-a"
     async with AsyncRMClient(rm.target, timeout=10.0) as client:
         await client.register_ecm("node-a", load_instance(8 << 30, 4000, 8))
@@ -368,6 +369,24 @@ async def test_describe_ticket_and_demand_events(rm: Any) -> None:
         rm, "demand", "cancel", "nightly", "--reason", "not tonight", "--user", "alice"
     )
     assert rc == 0, err
+    rc, out, err = await rmctl_run(
+        rm, "demand", "submit", "other", "--labels", labels.replace("spark-3", "hive-2"),
+        "--memory", "1Gi", "--cpu", "1", "--user", "alice", "--when", "{Start: [+1h, +2h]}",
+    )  # fmt: skip
+    assert rc == 0, err
+
+    async def listed(*argv: str) -> list[str]:
+        rc, out, err = await rmctl_run(rm, "demand", "list", "--no-headers", *argv)
+        assert rc == 0, err
+        return [line.split()[0] for line in out.splitlines()]
+
+    assert await listed() == ["nightly", "other"]
+    assert await listed("-l", "engineType=hive-2") == ["other"]
+    assert await listed("--selector", "emInstance=node-a,engineType=spark-3") == ["nightly"]
+    assert await listed("-l", "engineType=spark-3", "-l", "userCreator=bob-IDE") == []
+    rc, out, err = await rmctl_run(rm, "demand", "list", "-l", "engineType")
+    assert rc == 2 and "selector 'engineType' is not key=value" in err
+
     rc, out, err = await rmctl_run(rm, "describe", "demand", "nightly")
     assert rc == 0, err
     detail = out.split("\nEvents:\n")[0]
