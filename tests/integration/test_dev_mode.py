@@ -186,6 +186,7 @@ def test_make_run_as_root_from_a_clone_under_a_closed_home(sudo_users, ec_python
         [sys.executable, "-m", "rm_server", "--dev", "--data-dir", "./labelrm-data",
          "--listen", f"127.0.0.1:{port}"],
         stdout=log.open("ab"), stderr=subprocess.STDOUT, cwd=clone, env=env,
+        umask=0o077,  # a hardened root's: what it makes for pgserver is still usable
     )  # fmt: skip
     try:
         launch_engineconns(f"127.0.0.1:{port}", log, rounds=1)
