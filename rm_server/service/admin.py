@@ -167,9 +167,11 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         if request.kind not in EVENT_TABLES:
             raise InvalidArgument("kind", f"must be one of {', '.join(sorted(EVENT_TABLES))}")
         if not request.id or len(request.id) > 256:
-            raise InvalidArgument("id", "must be an ECM instance or EngineConn id")
+            raise InvalidArgument("id", f"must be the id of a {request.kind}")
+        if len(request.user) > 256:
+            raise InvalidArgument("user", "must be a user name")
         rows = await self.core.db.run(
-            lambda c: state_events(c, request.kind, request.id), read_only=True
+            lambda c: state_events(c, request.kind, request.id, request.user), read_only=True
         )
         out = pb.ListEventsResponse()
         for at, state, reason in rows:

@@ -6,9 +6,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from rm_server.domain.model import Ticket, TicketState
+from rm_server.errors import NotFound
+from rm_server.store import demands
 from rm_server.store.db import Conn
+from rm_server.store.tickets import get_ticket
 
-__all__ = ["EVENT_TABLES", "ClusterRow", "ReplicaRow", "cluster_info", "state_events"]
+__all__ = [
+    "EVENT_TABLES",
+    "ClusterRow",
+    "ReplicaRow",
+    "cluster_info",
+    "state_events",
+    "ticket_events",
+]
 
 
 @dataclass(frozen=True)
@@ -45,8 +56,8 @@ async def cluster_info(conn: Conn) -> ClusterRow:
     )
 
 
-# kind -> (table, id column, reason column or '' for none)
-EVENT_TABLES = {
+# kind -> the query of its recorded states (ECMs and EngineConns: written by triggers).
+_EVENT_QUERIES = {
     "node": (
         "SELECT at, state, '' FROM ecm_event WHERE instance = %s ORDER BY seq DESC LIMIT 1000"
     ),
@@ -55,12 +66,35 @@ EVENT_TABLES = {
         " ORDER BY seq DESC LIMIT 1000"
     ),
 }
+EVENT_TABLES = frozenset((*_EVENT_QUERIES, "ticket", "demand"))
+
+Event = tuple[datetime, str, str]
 
 
-async def state_events(conn: Conn, kind: str, object_id: str) -> list[tuple[datetime, str, str]]:
+def ticket_events(t: Ticket) -> list[Event]:
+    """A ticket's states from its own times: locked when applied, used when reported,
+    then how it ended (a live ticket keeps the time of its last report)."""
+    what = f"applied for EngineConn {t.engine_conn_id}" if t.engine_conn_id else "applied"
+    events = [(t.created_at, TicketState.LOCKED.value, what)]
+    if t.used is not None:
+        events.append((t.updated_at, TicketState.USED.value, "reported used"))
+    if t.ended_at is not None:
+        events.append((t.ended_at, t.state.value, t.end_reason))
+    return events
+
+
+async def state_events(conn: Conn, kind: str, object_id: str, user: str = "") -> list[Event]:
     """(time, state, reason) of every state the object entered, oldest first (the last
-    1000). `kind` is a key of EVENT_TABLES (checked by the caller)."""
-    cur = await conn.execute(EVENT_TABLES[kind], (object_id,))
+    1000). `kind` is one of EVENT_TABLES (checked by the caller); `user` names a demand's
+    user (empty: the one demand of that id). NotFound for an unknown ticket or demand."""
+    if kind == "ticket":
+        return ticket_events(await get_ticket(conn, object_id))
+    if kind == "demand":
+        d = await demands.get(conn, user or None, object_id, with_events=True)
+        if d is None:
+            raise NotFound(f"demand {object_id} not found")
+        return [(e.at, e.to_state.value, e.reason) for e in d.events[-1000:]]
+    cur = await conn.execute(_EVENT_QUERIES[kind], (object_id,))
     rows = [(at, str(state), str(reason)) for at, state, reason in await cur.fetchall()]
     rows.reverse()
     return rows

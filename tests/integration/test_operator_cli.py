@@ -328,3 +328,72 @@ async def test_status_and_top(rm: Any) -> None:
     assert out.splitlines()[1].split()[:2] == ["userCreator=alice-IDE,engineType=spark-3", "75%"]
     rc, out, _ = await rmctl_run(rm, "--version")
     assert rc == 0 and out.startswith("rmctl ")
+
+
+def _events(out: str) -> list[list[str]]:
+    """The Events table of `rmctl describe` as [state, reason] rows (header checked)."""
+    rows = out.split("\nEvents:\n", 1)[1].splitlines()
+    assert rows[0].split() == ["TIME", "AGE", "STATE", "REASON"]
+    return [line.split(None, 3)[2:] for line in rows[1:]]
+
+
+async def test_describe_ticket_and_demand_events(rm: Any) -> None:
+    """`rmctl describe ticket|demand`: the detail, then the states it went through with
+    their reasons, read from the RM's records (a ticket's own times once it has ended; a
+    demand's transitions), through ListEvents like the EngineConns' and nodes'. And
+    `rmctl demand list -l` selects on labels like every other list."""
+    labels = "userCreator=alice-IDE,engineType=spark-3,emInstance=node-a"
+    async with AsyncRMClient(rm.target, timeout=10.0) as client:
+        await client.register_ecm("node-a", load_instance(8 << 30, 4000, 8))
+        live = (await client.apply(labels, load_instance(1 << 30, 1000, 1))).ticket_id
+        ended = (await client.apply(labels, load_instance(1 << 30, 1000, 1))).ticket_id
+        await client.report_used(ended)
+        await client.release(ended)
+
+    rc, out, err = await rmctl_run(rm, "describe", "ticket", live)
+    assert rc == 0, err
+    assert live in out.split("\nEvents:\n")[0]
+    assert _events(out) == [["LOCKED", "applied"]]
+    rc, out, err = await rmctl_run(rm, "describe", "ticket", ended)  # from its history
+    assert rc == 0, err
+    events = _events(out)
+    assert [e[0] for e in events] == ["LOCKED", "USED", "RELEASED"]
+    assert events[1] == ["USED", "reported used"] and events[2][1] != "-"
+
+    rc, out, err = await rmctl_run(
+        rm, "demand", "submit", "nightly", "--labels", labels, "--memory", "1Gi",
+        "--cpu", "1", "--user", "alice", "--when", "{Start: [+1h, +2h]}",
+    )  # fmt: skip
+    assert rc == 0, err
+    rc, out, err = await rmctl_run(
+        rm, "demand", "cancel", "nightly", "--reason", "not tonight", "--user", "alice"
+    )
+    assert rc == 0, err
+    rc, out, err = await rmctl_run(
+        rm, "demand", "submit", "other", "--labels", labels.replace("spark-3", "hive-2"),
+        "--memory", "1Gi", "--cpu", "1", "--user", "alice", "--when", "{Start: [+1h, +2h]}",
+    )  # fmt: skip
+    assert rc == 0, err
+
+    async def listed(*argv: str) -> list[str]:
+        rc, out, err = await rmctl_run(rm, "demand", "list", "--no-headers", *argv)
+        assert rc == 0, err
+        return [line.split()[0] for line in out.splitlines()]
+
+    assert await listed() == ["nightly", "other"]
+    assert await listed("-l", "engineType=hive-2") == ["other"]
+    assert await listed("--selector", "emInstance=node-a,engineType=spark-3") == ["nightly"]
+    assert await listed("-l", "engineType=spark-3", "-l", "userCreator=bob-IDE") == []
+    rc, out, err = await rmctl_run(rm, "demand", "list", "-l", "engineType")
+    assert rc == 2 and "selector 'engineType' is not key=value" in err
+
+    rc, out, err = await rmctl_run(rm, "describe", "demand", "nightly")
+    assert rc == 0, err
+    detail = out.split("\nEvents:\n")[0]
+    assert "nightly" in detail and "alice" in detail
+    events = _events(out)
+    assert events[0][0] == "NEW" and events[-1] == ["FAILED", "cancelled: not tonight"], events
+    rc, out, err = await rmctl_run(rm, "describe", "demand", "nightly", "--user", "bob")
+    assert rc == 1 and "NOT_FOUND" in err, (out, err)
+    rc, out, err = await rmctl_run(rm, "describe", "ticket", "no-such-ticket")
+    assert rc == 1 and "NOT_FOUND" in err, (out, err)

@@ -218,12 +218,14 @@ class GetClusterInfoResponse(_message.Message):
     def __init__(self, version: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[RmReplica, _Mapping]]] = ..., database: _Optional[str] = ..., waiting_applies: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ListEventsRequest(_message.Message):
-    __slots__ = ("kind", "id")
+    __slots__ = ("kind", "id", "user")
     KIND_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
     kind: str
     id: str
-    def __init__(self, kind: _Optional[str] = ..., id: _Optional[str] = ...) -> None: ...
+    user: str
+    def __init__(self, kind: _Optional[str] = ..., id: _Optional[str] = ..., user: _Optional[str] = ...) -> None: ...
 
 class StateEvent(_message.Message):
     __slots__ = ("time", "state", "reason")

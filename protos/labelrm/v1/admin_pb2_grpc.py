@@ -154,8 +154,8 @@ class AdminServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListEvents(self, request, context):
-        """ListEvents is the state history of one ECM or EngineConn, oldest first (`rmctl
-        describe`): every state it entered, when, and the reason recorded with it.
+        """ListEvents is the state history of one ECM, EngineConn, ticket or demand, oldest first
+        (`rmctl describe`): every state it entered, when, and the reason recorded with it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
