@@ -35,7 +35,7 @@ TEST_ENV := $(if $(LABELRM_TEST_DATABASE_URL),env LABELRM_TEST_DATABASE_URL='$(L
 
 TYPED := rm_server clients ecm_agent engineconn bench
 
-.PHONY: ha-up ha-down ha-status help venv run test test-all-dbs format lint typecheck protos protos-check bench bench-native clean distclean
+.PHONY: ha-up ha-down ha-status help venv run docs test test-setup test-all-dbs format lint typecheck protos protos-check bench bench-native clean distclean
 
 help: ## list the targets
 	@echo "labelrm make targets:"
@@ -56,11 +56,19 @@ $(STAMP): pyproject.toml
 run: $(STAMP) ## run labelrm: rm-server --dev (embedded database in ./labelrm-data + one local agent), 127.0.0.1:7100, web console on 127.0.0.1:7180, foreground
 	exec $(BIN)/rm-server --dev --data-dir $(DATA_DIR) --listen $(LISTEN) --console-listen $(CONSOLE)
 
-test: $(STAMP) ## run the whole test suite (PYTEST_ARGS=..., honours LABELRM_TEST_DATABASE_URL)
+test: $(STAMP) ## run the whole test suite (PYTEST_ARGS=..., honours LABELRM_TEST_DATABASE_URL); skipped groups listed with their reason
 	@echo "test database: $(or $(LABELRM_TEST_DATABASE_URL),embedded PostgreSQL)"
-	@rc=0; $(TEST_ENV) $(BIN)/pytest $(PYTEST_ARGS) || rc=$$?; \
+	@rc=0; log=$$(mktemp); $(TEST_ENV) $(BIN)/pytest -rs $(PYTEST_ARGS) | tee "$$log" || rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: counted as a failure" >&2; fi; \
-	  exit $$rc
+	  if grep -q '^SKIPPED' "$$log"; then \
+	    echo "some tests were skipped (reasons above); to run everything: sudo make test-setup, then make test (as root)"; \
+	  fi; rm -f "$$log"; exit $$rc
+
+test-setup: ## as root: what the skipped tests need (test users, EngineConn runtime, Debian packages for the native load generator and Node.js)
+	bash scripts/create_test_users.sh
+	bash scripts/install_ec_runtime.sh
+	apt-get install -y --no-install-recommends sudo g++ pkg-config protobuf-compiler \
+	  protobuf-compiler-grpc libgrpc++-dev libprotobuf-dev nodejs npm
 
 test-all-dbs: $(STAMP) ## run the suite twice: embedded PostgreSQL, then the system PostgreSQL (TEST_PG_URL)
 	$(MAKE) test LABELRM_TEST_DATABASE_URL=
@@ -78,6 +86,9 @@ lint: $(STAMP) ## ruff check + ruff format --check + import layering (lint-impor
 
 typecheck: $(STAMP) ## mypy (strict) on rm_server, clients, ecm_agent, engineconn and bench
 	$(BIN)/mypy $(TYPED)
+
+docs: $(STAMP) ## regenerate the settings tables of docs/configuration.md from the settings definitions
+	$(PY) -m rm_server.settings_doc --write docs/configuration.md
 
 protos: $(STAMP) ## regenerate protos/labelrm/v1/*_pb2*.py(i) from the .proto files, then buf lint
 	$(PY) scripts/gen_protos.py

@@ -143,6 +143,20 @@ class HACluster:
                 return index
         raise RuntimeError("no primary")
 
+    def standby_to_promote(self, timeout: float = 60) -> int:
+        """The member a switchover may promote: the synchronous standby in synchronous
+        mode (Patroni promotes no other), any replica otherwise; waits for one, since
+        Patroni names the synchronous standby a loop or two after the replicas stream."""
+        wanted = "sync" if self.synchronous else "replica"
+        deadline = time.monotonic() + timeout
+        while True:
+            for index in (1, 2, 3):
+                if self.role_of(index) == wanted:
+                    return index
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no {wanted} standby after {timeout}s")
+            time.sleep(0.2)
+
     def kill_member(self, index: int) -> None:
         """kill -9 a member's Patroni (its whole process group) and its postmaster."""
         name = f"pg{index}"
@@ -417,9 +431,7 @@ async def failover_run(
     if fault == "kill":
         cluster.kill_member(old)
     else:
-        # In synchronous mode Patroni promotes only the synchronous standby.
-        wanted = "sync" if cluster.synchronous else "replica"
-        candidate = next(i for i in (1, 2, 3) if i != old and cluster.role_of(i) == wanted)
+        candidate = await asyncio.to_thread(cluster.standby_to_promote)
         await asyncio.to_thread(cluster.switchover, candidate)
     await task
     return log, unavailable_for(log, moment)

@@ -100,7 +100,9 @@ def _spread_labels() -> list[list[list[resource_pb2.Label]]]:
     ]
 
 
-async def apply_client(stub: Any, mode: str, rng: random.Random, w: Window, table: Any) -> None:
+async def apply_client(
+    stub: Any, mode: str, rng: random.Random, w: Window, table: Any, users: int = USERS
+) -> None:
     resource = resource_pb2.Resource(
         load=resource_pb2.LoadResource(memory_bytes=GiB, cpu_millis=100)
     )
@@ -108,7 +110,14 @@ async def apply_client(stub: Any, mode: str, rng: random.Random, w: Window, tabl
     n = 0
     while time.monotonic() < w.end:
         ecm = 0 if mode == "hot" else rng.randrange(ECMS)
-        labels = table[rng.randrange(USERS)][ecm]
+        u = rng.randrange(users)
+        labels = (
+            table[u][ecm]
+            if u < USERS
+            else labels_of(
+                f"userCreator={user_label(u)},engineType={ENGINE},emInstance={ecm_name(ecm)}"
+            )
+        )
         n += 1
         try:
             t0 = time.monotonic()
@@ -242,7 +251,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             stubs = [resource_manager_pb2_grpc.ResourceManagerServiceStub(c) for c in channels]
             jobs = [
                 apply_client(
-                    stubs[i % len(stubs)], args.mode, random.Random(rng.random()), w, table
+                    stubs[i % len(stubs)],
+                    args.mode,
+                    random.Random(rng.random()),
+                    w,
+                    table,
+                    args.users,
                 )
                 for i in range(args.clients)
             ]
@@ -290,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--start-at", type=float, required=True)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--mode", choices=["spread", "hot"], default="spread")
+    p.add_argument("--users", type=int, default=USERS, help="user labels the cycles spread over")
     p.add_argument("--interval", type=float, default=3.0)
     p.add_argument("--agent-prefix", default="sim")
     p.add_argument("--first-agent", type=int, default=0)

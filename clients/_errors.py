@@ -19,6 +19,8 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from labelrm.v1 import resource_pb2
 
+from rm_server.domain.quantity import format_quantity
+
 DOMAIN = "labelrm.io"
 
 __all__ = [
@@ -48,7 +50,8 @@ class Shortfall:
     def __str__(self) -> str:
         return (
             f"{self.label or '(request)'} {self.dimension}: "
-            f"requested {self.requested}, available {self.available}"
+            f"requested {format_quantity(self.dimension, self.requested)}, "
+            f"available {format_quantity(self.dimension, self.available)}"
         )
 
 

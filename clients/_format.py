@@ -12,6 +12,8 @@ from typing import Any, TextIO
 from google.protobuf import json_format
 from labelrm.v1 import resource_manager_pb2
 
+from rm_server.domain.quantity import format_bytes, format_cpu
+
 __all__ = [
     "STATE_NAMES",
     "fmt_bytes",
@@ -22,6 +24,7 @@ __all__ = [
     "print_details",
     "print_table",
     "run_watch",
+    "set_table_headers",
     "to_json",
 ]
 
@@ -40,11 +43,8 @@ def to_json(message: Any) -> str:
 
 
 def fmt_bytes(n: int) -> str:
-    """Bytes with a binary suffix when exact (4Gi), plain otherwise."""
-    for suffix, power in (("Pi", 5), ("Ti", 4), ("Gi", 3), ("Mi", 2), ("Ki", 1)):
-        if n and n % (1024**power) == 0:
-            return f"{n // 1024**power}{suffix}"
-    return str(n)
+    """Bytes for people: "4Gi" when exact, "23.5Gi" when not (never a KiB count)."""
+    return format_bytes(n)
 
 
 def fmt_resource(r: Any) -> str:
@@ -69,7 +69,7 @@ def _fmt_dims(m: Any) -> str:
     if "memory_bytes" in names:
         parts.append(f"mem={fmt_bytes(m.memory_bytes)}")
     if "cpu_millis" in names:
-        parts.append(f"cpu={m.cpu_millis}m")
+        parts.append(f"cpu={format_cpu(m.cpu_millis)}")
     if "instances" in names:
         parts.append(f"inst={m.instances}")
     return " ".join(parts)
@@ -78,7 +78,7 @@ def _fmt_dims(m: Any) -> str:
 def _fmt_yarn(y: Any) -> str:
     return (
         f"queue={y.queue_name} mem={fmt_bytes(y.queue_memory_bytes)} "
-        f"cpu={y.queue_cpu_millis}m inst={y.queue_instances}"
+        f"cpu={format_cpu(y.queue_cpu_millis)} inst={y.queue_instances}"
     )
 
 
@@ -103,11 +103,19 @@ def fmt_labels(labels: Iterable[Any]) -> str:
     return ",".join(f"{lb.key}={lb.value}" for lb in labels) or "-"
 
 
+_TABLE = {"headers": True}
+
+
+def set_table_headers(on: bool) -> None:
+    """Whether tables print their header row (rmctl --no-headers turns it off)."""
+    _TABLE["headers"] = on
+
+
 def print_table(out: TextIO, header: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
     """Aligned columns with an upper-case header row, kubectl style."""
     all_rows = [[h.upper() for h in header], *([str(c) for c in row] for row in rows)]
     widths = [max(len(row[i]) for row in all_rows) for i in range(len(header))]
-    for row in all_rows:
+    for row in all_rows[0 if _TABLE["headers"] else 1 :]:
         cells = [c.ljust(w) for c, w in zip(row[:-1], widths[:-1], strict=True)]
         print("   ".join([*cells, row[-1]]).rstrip(), file=out)
 

@@ -355,6 +355,17 @@ class RMClient(EngineConnCalls, _Base):
         """Recompute every label's used and locked; returns the CheckConsistencyResponse."""
         return self._call(self._admin.CheckConsistency, admin_pb2.CheckConsistencyRequest())
 
+    def list_events(self, kind: str, object_id: str, user: str = "") -> list[Any]:
+        """The state history (StateEvent: time, state, reason) of a "node", an
+        "engineconn", a "ticket" or a "demand" (of `user`, if several have that id),
+        oldest first."""
+        req = admin_pb2.ListEventsRequest(kind=kind, id=object_id, user=user)
+        return list(self._call(self._admin.ListEvents, req).events)
+
+    def get_cluster_info(self) -> Any:
+        """The RM's version, replicas, database and waiting applies (GetClusterInfoResponse)."""
+        return self._call(self._admin.GetClusterInfo, admin_pb2.GetClusterInfoRequest())
+
 
 class AsyncRMClient(AsyncEngineConnCalls, _Base):
     """grpc.aio client with the same methods as RMClient, as coroutines.

@@ -1,9 +1,12 @@
 """`rmctl`: a command-line client for the labelrm resource manager.
 
-Output: a table by default (`-o wide` adds columns), a ``key = value`` view for `show`
-commands, `-o json` for the protobuf JSON mapping. Lists take `--watch` (re-render every
+Output: a table by default (`-o wide` adds columns, `--no-headers` drops the header), a
+``key = value`` view for `show` commands, `-o json` for the protobuf JSON mapping, `-o yaml`
+for the same as YAML, `-o name` for ``kind/id`` lines. Lists take `--watch` (re-render every
 `--watch-interval` seconds until Ctrl-C; when piped, only changed renderings are printed,
-without screen control codes). Ticket ids may be abbreviated to a unique prefix.
+without screen control codes; with `-o json`, one JSON line per object that was added,
+modified or deleted). Global options may also follow the subcommand. Ticket ids may be
+abbreviated to a unique prefix.
 
 Exit codes: 0 ok, 1 error (or an inconsistent `check`), 2 usage. An error is one line
 on stderr: the status code, the reason and the message (a refusal's message names the
@@ -13,8 +16,8 @@ shortfall per label and dimension).
 from __future__ import annotations
 
 import argparse
+import io
 import os
-import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
@@ -22,7 +25,9 @@ from typing import Any, TextIO
 from labelrm.v1 import admin_pb2, resource_manager_pb2
 
 from clients import load, load_instance
+from clients._completion import SCRIPTS, candidates
 from clients._errors import NotFound, RMError
+from clients._filters import add_selector, matches, state_arg
 from clients._format import (
     STATE_NAMES,
     fmt_labels,
@@ -32,10 +37,19 @@ from clients._format import (
     print_details,
     print_table,
     run_watch,
+    set_table_headers,
     to_json,
 )
 from clients._impl import DEFAULT_TARGET, RMClient, parse_labels
+from clients._output import (
+    OUTPUTS,
+    accept_globals_anywhere,
+    chosen_parser,
+    derived_output,
+    stream_changes,
+)
 from clients.rmctl_demand import add_demand_commands
+from clients.rmctl_describe import add_describe_commands
 from clients.rmctl_engineconn import add_engineconn_commands
 from clients.rmctl_node import add_node_commands
 from clients.rmctl_provider import add_provider_commands
@@ -45,10 +59,9 @@ from clients.rmctl_security import (
     client_kwargs,
     run_local,
 )
-
-_SIZE_RE = re.compile(r"(\d+)\s*([kmgtp]?)(?:i?b?)", re.IGNORECASE)
-_UNITS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
-
+from clients.rmctl_status import add_status_commands
+from rm_server.domain.quantity import parse_cpu, parse_memory
+from rm_server.version import VERSION
 
 # --- arguments -------------------------------------------------------------------------------
 
@@ -64,11 +77,19 @@ def _labels_arg(text: str) -> list[Any]:
 
 
 def parse_size(text: str) -> int:
-    """Bytes from "4294967296", "4G", "4Gi" or "512MiB" (suffixes are binary)."""
-    m = _SIZE_RE.fullmatch(text.strip())
-    if m is None:
-        raise argparse.ArgumentTypeError(f"invalid size {text!r}: expected e.g. 1073741824 or 1Gi")
-    return int(m.group(1)) << (10 * _UNITS[m.group(2).lower()])
+    """Bytes from "536870912", "512Mi", "2Gi" (binary) or "1G" (decimal), Kubernetes style."""
+    try:
+        return parse_memory(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def parse_cores(text: str) -> int:
+    """Millicores from "500m" or "2" / "0.5" (cores), Kubernetes style."""
+    try:
+        return parse_cpu(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _non_negative(text: str) -> int:
@@ -92,7 +113,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="RM address (default: $LABELRM_RM or %(default)s)",
     )
-    p.add_argument("-o", "--output", choices=("table", "wide", "json"), default="table")
+    p.add_argument(
+        "-o",
+        "--output",
+        choices=OUTPUTS,
+        default="table",
+        help="table, wide (more columns), json, yaml, or name (kind/id per object)",
+    )
+    p.add_argument("--no-headers", action="store_true", help="tables without their header row")
+    p.add_argument("--version", action="version", version=f"rmctl {VERSION}")
     p.add_argument("--timeout", type=float, default=10.0, help="per-call deadline in seconds")
     p.add_argument(
         "--watch-interval", type=float, default=2.0, metavar="SECONDS", help="for --watch"
@@ -101,6 +130,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--watch-rounds", type=int, default=None, help=argparse.SUPPRESS)
     add_connection_flags(p)
     cmds = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    c = cmds.add_parser(
+        "completion",
+        help="print the shell completion script: source <(rmctl completion bash|zsh)",
+    )
+    c.add_argument("shell", choices=sorted(SCRIPTS))
+    c.set_defaults(func=None)  # handled in main(): needs no RM
 
     c = cmds.add_parser("check", help="check used/locked against live tickets (exit 1 if not)")
     c.set_defaults(func=cmd_check)
@@ -117,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c = res.add_parser("list", help="list resource records")
     c.add_argument("--source", choices=("ecm", "limit", "external"), default="")
+    add_selector(c)
     _watchable(c)
     c.set_defaults(func=cmd_resource_list)
     c = res.add_parser("show", help="show one resource record")
@@ -128,7 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c = tk.add_parser("list", help="list live tickets")
     c.add_argument("--label", default="", help="only tickets charged to this label")
-    c.add_argument("--state", choices=("locked", "used"), default=None)
+    c.add_argument("--state", type=state_arg(("locked", "used")), default=None)
+    add_selector(c)
     _watchable(c)
     c.set_defaults(func=cmd_ticket_list)
     c = tk.add_parser("show", help="show one ticket")
@@ -140,8 +178,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c = lim.add_parser("set", help="create or replace a limit")
     c.add_argument("pattern", type=_labels_arg, metavar="PATTERN", help='"k=v,k2=*"')
-    c.add_argument("--memory", type=parse_size, required=True, metavar="BYTES")
-    c.add_argument("--cpu", type=_non_negative, required=True, metavar="MILLIS")
+    c.add_argument(
+        "--memory",
+        type=parse_size,
+        required=True,
+        metavar="QUANTITY",
+        help="512Mi, 2Gi (binary), 1G (decimal) or bytes",
+    )
+    c.add_argument("--cpu", type=parse_cores, required=True, metavar="QUANTITY",
+                   help="cores (2, 0.5) or millicores (500m)")  # fmt: skip
     c.add_argument("--instances", type=_non_negative, default=None, metavar="N")
     c.set_defaults(func=cmd_limit_set)
     c = lim.add_parser("list", help="list limits")
@@ -154,9 +199,19 @@ def build_parser() -> argparse.ArgumentParser:
     add_node_commands(cmds)
     add_engineconn_commands(cmds)
     add_demand_commands(cmds)
+    add_status_commands(cmds)
+    add_describe_commands(cmds)
     add_provider_commands(cmds)
     add_local_commands(cmds)
+    accept_globals_anywhere(p, GLOBAL_DESTS)
     return p
+
+
+# The top-level options every subcommand accepts too (`rmctl engineconn list -o json`).
+GLOBAL_DESTS = (
+    "rm", "output", "no_headers", "timeout", "watch_interval", "watch_rounds",
+    "token", "tls_ca", "tls_cert", "tls_key",
+)  # fmt: skip
 
 
 def _watchable(parser: argparse.ArgumentParser) -> None:
@@ -217,7 +272,11 @@ def _mismatch_table(
 
 def cmd_resource_list(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     """`rmctl resource list`."""
-    records = list(client.list_label_resources(source=args.source))
+    records = [
+        r
+        for r in client.list_label_resources(source=args.source)
+        if matches(parse_labels(r.label), args.selector)
+    ]
     if args.output == "json":
         resp = resource_manager_pb2.ListLabelResourcesResponse(label_resources=records)
         print(to_json(resp), file=out)
@@ -251,7 +310,19 @@ def cmd_resource_list(client: RMClient, args: argparse.Namespace, out: TextIO) -
 
 def cmd_resource_show(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     """`rmctl resource show LABELS`."""
-    r = client.get_label_resource(args.labels)
+    try:
+        r = client.get_label_resource(args.labels)
+    except NotFound:
+        # The record's name orders the labels as its rule does; the caller may not have.
+        wanted = {(lb.key, lb.value) for lb in args.labels}
+        found = [
+            rec
+            for rec in client.list_label_resources()
+            if {(lb.key, lb.value) for lb in parse_labels(rec.label)} == wanted
+        ]
+        if len(found) != 1:
+            raise
+        r = found[0]
     if args.output == "json":
         print(to_json(r), file=out)
         return 0
@@ -322,7 +393,11 @@ def resolve_ticket(client: RMClient, given: str) -> Any:
 
 def cmd_ticket_list(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     """`rmctl ticket list`."""
-    tickets = list(client.list_tickets(label=args.label, state=args.state))
+    tickets = [
+        t
+        for t in client.list_tickets(label=args.label, state=args.state)
+        if matches(t.labels, args.selector)
+    ]
     if args.output == "json":
         print(to_json(resource_manager_pb2.ListTicketsResponse(tickets=tickets)), file=out)
         return 0
@@ -358,7 +433,7 @@ def cmd_ticket_show(client: RMClient, args: argparse.Namespace, out: TextIO) -> 
 
 
 def cmd_limit_set(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
-    """`rmctl limit set PATTERN --memory BYTES --cpu MILLIS [--instances N]`."""
+    """`rmctl limit set PATTERN --memory QUANTITY --cpu QUANTITY [--instances N]`."""
     if args.instances is None:
         maximum = load(args.memory, args.cpu)
     else:
@@ -465,26 +540,52 @@ def main(argv: Sequence[str] | None = None) -> int:
         from rm_server.main import main as rm_server_main
 
         return rm_server_main(["--dev", *words[at + 1 :]])
+    parser = build_parser()
+    if words[:1] == ["__complete"] and len(words) > 2 and words[1].isdigit():
+        print("\n".join(candidates(parser, words[2:], int(words[1]))))
+        return 0
+    if words[:1] == ["completion"] and len(words) == 2 and words[1] in SCRIPTS:
+        sys.stdout.write(SCRIPTS[words[1]])
+        return 0
     try:
-        args = build_parser().parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # the subcommand's usage, not rmctl's
+            chosen_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as exc:  # usage errors (2) and --help (0)
         return exc.code if isinstance(exc.code, int) else 2
     local = run_local(args)  # `pki`, `token`: local files, no RM
     if local is not None:
         return local
     func: Command = args.func
+    mode = args.output
+    if mode in ("yaml", "name"):  # views of the JSON output
+        args.output = "json"
+    set_table_headers(not args.no_headers)
     try:
         with RMClient(args.rm, timeout=args.timeout, **client_kwargs(args)) as client:
+
+            def render(out: TextIO) -> int:
+                if mode not in ("yaml", "name"):
+                    return func(client, args, out)
+                buf = io.StringIO()
+                code = func(client, args, buf)
+                derived_output(mode, buf.getvalue(), out)
+                return code
+
             if getattr(args, "watch", False):
+                if mode == "json":
+                    return stream_changes(
+                        render, sys.stdout, interval=args.watch_interval, rounds=args.watch_rounds
+                    )
                 title = "rmctl " + " ".join(argv if argv is not None else sys.argv[1:])
                 return run_watch(
-                    lambda out: func(client, args, out),
+                    render,
                     sys.stdout,
                     interval=args.watch_interval,
                     title=title,
                     rounds=args.watch_rounds,
                 )
-            return func(client, args, sys.stdout)
+            return render(sys.stdout)
     except RMError as err:
         report_error(err, sys.stderr)
         return 1

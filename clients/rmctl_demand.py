@@ -15,6 +15,7 @@ from typing import Any, TextIO
 from labelrm.v1 import demand_pb2, demand_pb2_grpc
 
 from clients import load, load_instance
+from clients._filters import add_selector, matches
 from clients._format import fmt_labels, fmt_resource, fmt_time, opt, print_details, print_table
 from clients._format import to_json as _to_json
 from clients._impl import RMClient
@@ -33,7 +34,7 @@ def add_demand_commands(cmds: Any) -> None:
     """Register ``rmctl demand ...`` on rmctl's sub-command parsers (``add_subparsers()``)."""
     # rmctl imports this module; importing its argument types here, at call time, avoids
     # an import cycle.
-    from clients.rmctl import _labels_arg, _non_negative, parse_size
+    from clients.rmctl import _labels_arg, _non_negative, parse_cores, parse_size
 
     dem = cmds.add_parser("demand", help="time-aware demands").add_subparsers(
         dest="sub", required=True, metavar="SUBCOMMAND"
@@ -45,8 +46,15 @@ def add_demand_commands(cmds: Any) -> None:
     )
     c.add_argument("demand_id", metavar="ID", help="client-chosen id (the idempotency key)")
     c.add_argument("--labels", type=_labels_arg, required=True, metavar="LABELS")
-    c.add_argument("--memory", type=parse_size, required=True, metavar="BYTES")
-    c.add_argument("--cpu", type=_non_negative, required=True, metavar="MILLIS")
+    c.add_argument(
+        "--memory",
+        type=parse_size,
+        required=True,
+        metavar="QUANTITY",
+        help="512Mi, 2Gi (binary), 1G (decimal) or bytes",
+    )
+    c.add_argument("--cpu", type=parse_cores, required=True, metavar="QUANTITY",
+                   help="cores (2, 0.5) or millicores (500m)")  # fmt: skip
     c.add_argument("--instances", type=_non_negative, default=None, metavar="N")
     c.add_argument("--user", default="", help="on whose behalf")
     when = c.add_mutually_exclusive_group()
@@ -64,6 +72,7 @@ def add_demand_commands(cmds: Any) -> None:
     c = dem.add_parser("list", help="list demands")
     c.add_argument("--state", choices=sorted(STATES), default=None)
     c.add_argument("--user", default="")
+    add_selector(c)
     c.add_argument("-w", "--watch", action="store_true", help="re-render until interrupted")
     c.set_defaults(func=cmd_demand_list)
 
@@ -184,12 +193,16 @@ def cmd_demand_submit(client: RMClient, args: argparse.Namespace, out: TextIO) -
 
 
 def cmd_demand_list(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
-    """`rmctl demand list [--state S] [--user U]`."""
+    """`rmctl demand list [--state S] [--user U] [-l k=v,...]`."""
     req = demand_pb2.ListDemandsRequest(
         state=STATES[args.state] if args.state else demand_pb2.DEMAND_STATE_UNSPECIFIED,
         user=args.user,
     )
-    demands = list(client._pages(_stub(client).ListDemands, req, "demands"))
+    demands = [
+        d
+        for d in client._pages(_stub(client).ListDemands, req, "demands")
+        if matches(d.labels, args.selector)
+    ]
     if args.output == "json":
         print(_to_json(demand_pb2.ListDemandsResponse(demands=demands)), file=out)
         return 0
@@ -209,6 +222,21 @@ def cmd_demand_show(client: RMClient, args: argparse.Namespace, out: TextIO) -> 
         return 0
     _print_demand(d.demand, out)
     return 0
+
+
+def show_demand_details(
+    client: RMClient, demand_id: str, user: str, output: str, out: TextIO
+) -> Any:
+    """Print a demand's fields (JSON for ``-o json``), without its transitions (`rmctl
+    describe demand` prints them as Events); returns the Demand."""
+    d = client._call(
+        _stub(client).GetDemand, demand_pb2.GetDemandRequest(demand_id=demand_id, user=user)
+    ).demand
+    if output == "json":
+        print(_to_json(d), file=out)
+    else:
+        print_details(out, _details(d))
+    return d
 
 
 def cmd_demand_cancel(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:

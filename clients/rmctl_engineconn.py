@@ -28,6 +28,7 @@ from labelrm.v1 import engine_conn_pb2
 
 from clients._engineconn import EC_STATES, LIVE_EC_STATES, ExecResult, ec_state_name
 from clients._errors import Unavailable
+from clients._filters import add_selector, add_sort_by, fmt_age, matches, sort_rows, state_arg
 from clients._format import (
     fmt_labels,
     fmt_resource,
@@ -38,13 +39,14 @@ from clients._format import (
     to_json,
 )
 from clients._impl import RMClient
-from clients.rmctl_node import resolve_by_prefix
+from clients.rmctl_node import resolve_by_prefix, resolve_ecm
 
 __all__ = ["add_engineconn_commands", "resolve_engine_conn", "with_progress"]
 
 T = TypeVar("T")
 
 LOG_FILES = ("stdout.log", "stderr.log")
+DEFAULT_EXEC_TIMEOUT = 3600.0  # rmctl exec: the code is stopped, and the call ends, by then
 _FOLLOW_POLL = 0.25  # seconds between reads of the log files while following
 _STATE_POLL = 1.0  # seconds between GetEngineConn calls while following
 _READY = (engine_conn_pb2.ENGINE_CONN_STATE_IDLE, engine_conn_pb2.ENGINE_CONN_STATE_BUSY)
@@ -88,10 +90,20 @@ def add_engineconn_commands(cmds: Any) -> None:
     c.add_argument("-q", "--quiet", action="store_true", help="print only the EngineConn id")
     c.set_defaults(func=cmd_ec_create)
 
-    c = sub.add_parser("list", help="list EngineConns (live and ended)")
+    c = sub.add_parser("list", help="list live EngineConns (-A: ended ones too)")
     c.add_argument("--user", default="")
-    c.add_argument("--state", choices=sorted(EC_STATES), default=None)
-    c.add_argument("--ecm", default="", metavar="INSTANCE")
+    c.add_argument(
+        "--state",
+        action="append",
+        type=state_arg(EC_STATES),
+        default=[],
+        metavar="STATE",
+        help=f"only in this state, any case, repeatable: {', '.join(sorted(EC_STATES))}",
+    )
+    c.add_argument("-A", "--all", action="store_true", help="ended EngineConns too")
+    c.add_argument("--ecm", default="", metavar="INSTANCE", help="an ECM, or a unique prefix")
+    add_selector(c)
+    add_sort_by(c, list(_SORT_KEYS))
     c.add_argument(
         "-w", "--watch", action="store_true", help="re-render until interrupted (Ctrl-C)"
     )
@@ -113,7 +125,11 @@ def add_engineconn_commands(cmds: Any) -> None:
     c.add_argument("ec_id", metavar="ID", help="an EngineConn id, or a unique prefix")
     c.add_argument("code", metavar="CODE", help="bash (shell) or Python (python); - = stdin")
     c.add_argument(
-        "--exec-timeout", type=float, default=None, metavar="SECONDS", help="stop the code"
+        "--exec-timeout",
+        type=float,
+        default=DEFAULT_EXEC_TIMEOUT,
+        metavar="SECONDS",
+        help="stop the code after this long (default %(default)s; 0 = no limit)",
     )
     c.set_defaults(func=cmd_ec_exec)
 
@@ -188,8 +204,17 @@ def _engine(ec: Any) -> str:
     return next((lb.value for lb in ec.labels if lb.key == "engineType"), "-")
 
 
-_HEADER = ("engine_conn_id", "state", "user", "engine", "ecm", "address", "created")
-_WIDE = (*_HEADER, "resource", "pid", "ticket", "labels", "reason")
+_HEADER = ("engine_conn_id", "state", "user", "engine", "ecm", "address", "age")
+_WIDE = (*_HEADER, "created", "resource", "pid", "ticket", "labels", "reason")
+_SORT_KEYS: dict[str, Callable[[Any], Any]] = {
+    "engine_conn_id": lambda ec: ec.engine_conn_id,
+    "state": lambda ec: ec_state_name(ec.state),
+    "user": lambda ec: ec.user,
+    "engine": _engine,
+    "ecm": lambda ec: ec.ecm_instance,
+    # Youngest first, as kubectl sorts by age.
+    "age": lambda ec: (-ec.create_time.seconds, -ec.create_time.nanos),
+}
 
 
 def _row(ec: Any, wide: bool) -> tuple[str, ...]:
@@ -200,10 +225,11 @@ def _row(ec: Any, wide: bool) -> tuple[str, ...]:
         _engine(ec),
         ec.ecm_instance or "-",
         ec.address or "-",
-        fmt_time(ec.create_time),
+        fmt_age(ec.create_time),
     )
     if wide:
         row += (
+            fmt_time(ec.create_time),
             fmt_resource(opt(ec, "resource")),
             str(ec.pid or "-"),
             ec.ticket_id or "-",
@@ -286,9 +312,30 @@ def cmd_ec_create(client: RMClient, args: argparse.Namespace, out: TextIO) -> in
     return 0
 
 
+def list_filtered(client: RMClient, args: argparse.Namespace) -> list[Any]:
+    """The EngineConns `engineconn list` shows: live ones (every one with -A), in the given
+    states, of the user, on the ECM (a unique prefix is enough), with the labels."""
+    ecm = resolve_ecm(client, args.ecm).instance if args.ecm else ""
+    if args.state:
+        states: list[str | None] = sorted(set(args.state))
+    elif args.all:
+        states = [None]
+    else:  # one filtered query per live state: the server filters cheaper than we do
+        states = [ec_state_name(st).lower() for st in sorted(LIVE_EC_STATES)]
+    ecs = [
+        ec
+        for state in states
+        for ec in client.list_engine_conns(user=args.user, state=state, ecm=ecm)
+        if matches(ec.labels, args.selector)
+    ]
+    ecs.sort(key=lambda ec: str(ec.engine_conn_id))
+    return sort_rows(ecs, args.sort_by, _SORT_KEYS)
+
+
 def cmd_ec_list(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
-    """`rmctl engineconn list [--user U] [--state S] [--ecm INSTANCE]`."""
-    ecs = list(client.list_engine_conns(user=args.user, state=args.state, ecm=args.ecm))
+    """`rmctl engineconn list [-A] [--user U] [--state S]... [--ecm NAME] [-l K=V]
+    [--sort-by COLUMN]`."""
+    ecs = list_filtered(client, args)
     if args.output == "json":
         print(to_json(engine_conn_pb2.ListEngineConnsResponse(engine_conns=ecs)), file=out)
         return 0
@@ -340,20 +387,23 @@ def cmd_ec_exec(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
         )
     if not ec.secret:  # found by prefix in a list, which never carries executor secrets
         ec = client.get_engine_conn(ec.engine_conn_id)
-    items = client.execute(ec, code, timeout=args.exec_timeout)
-    try:
-        for item in items:
-            if isinstance(item, ExecResult):
-                if item.error:
-                    print(item.error.rstrip("\n"), file=sys.stderr)
-                return _exit_status(item)
-            stream = out if item.stream == "stdout" else sys.stderr
-            stream.write(item.text)
-            stream.flush()
-    except KeyboardInterrupt:
-        items.close()  # cancels the stream: the engine stops the code
-        print("\ninterrupted: execution cancelled", file=sys.stderr)
-        return 130
+    # Closed here, not whenever the garbage collector gets to it: a generator left open
+    # when the loop returns is finalized later, possibly inside grpc's own channel code,
+    # and its channel close then waits on itself (rmctl printed the output and hung).
+    with contextlib.closing(client.execute(ec, code, timeout=args.exec_timeout or None)) as items:
+        try:
+            for item in items:
+                if isinstance(item, ExecResult):
+                    if item.error:
+                        print(item.error.rstrip("\n"), file=sys.stderr)
+                    return _exit_status(item)
+                stream = out if item.stream == "stdout" else sys.stderr
+                stream.write(item.text)
+                stream.flush()
+        except KeyboardInterrupt:
+            items.close()  # cancels the stream: the engine stops the code
+            print("\ninterrupted: execution cancelled", file=sys.stderr)
+            return 130
     raise ValueError("the execution ended without a result")  # the stream broke off
 
 

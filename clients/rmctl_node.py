@@ -7,6 +7,7 @@ have rmctl's signature ``(client, args, out) -> exit code``.
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Callable, Iterable
 from typing import Any, TextIO
 
@@ -14,6 +15,7 @@ from labelrm.v1 import admin_pb2, resource_manager_pb2
 
 from clients._engineconn import LIVE_EC_STATES, ec_state_name, ecm_state_name
 from clients._errors import NotFound
+from clients._filters import LOST_NODE_AGE_OUT, add_selector, add_sort_by, matches, sort_rows
 from clients._format import (
     fmt_labels,
     fmt_resource,
@@ -33,11 +35,25 @@ def add_node_commands(cmds: Any) -> None:
     node = cmds.add_parser("node", help="ECMs (agents): list, status, drain, node lists")
     sub = node.add_subparsers(dest="sub", required=True, metavar="SUBCOMMAND")
 
-    c = sub.add_parser("list", help="list the registered ECMs")
+    c = sub.add_parser(
+        "list",
+        help="list the registered ECMs",
+        description="ECMs LOST for more than an hour (since their last heartbeat) are left "
+        "out unless -A; `rmctl node rm` removes them for good.",
+    )
+    c.add_argument("-A", "--all", action="store_true", help="long-LOST ECMs too")
+    add_selector(c)
+    add_sort_by(c, list(_SORT_KEYS))
     c.add_argument(
         "-w", "--watch", action="store_true", help="re-render until interrupted (Ctrl-C)"
     )
     c.set_defaults(func=cmd_node_list)
+
+    c = sub.add_parser(
+        "rm", help="remove a LOST or drained ECM from the RM (its agent is gone for good)"
+    )
+    c.add_argument("name", metavar="NAME", help="an ECM instance, or a unique prefix of one")
+    c.set_defaults(func=cmd_node_rm)
 
     c = sub.add_parser("status", help="show one ECM and its live EngineConns")
     c.add_argument("name", metavar="NAME", help="an ECM instance, or a unique prefix of one")
@@ -130,9 +146,29 @@ def _row(e: Any, wide: bool) -> tuple[str, ...]:
     return row
 
 
+_SORT_KEYS: dict[str, Callable[[Any], Any]] = {
+    "instance": lambda e: e.instance,
+    "state": lambda e: ecm_state_name(e.state),
+    "engineconns": lambda e: -e.live_engine_conns,  # busiest first
+    "last_heartbeat": lambda e: (-e.last_heartbeat_time.seconds, -e.last_heartbeat_time.nanos),
+}
+
+
+def _aged_out(e: Any, now: float) -> bool:
+    """A LOST ECM whose last heartbeat is more than LOST_NODE_AGE_OUT seconds old."""
+    last = e.last_heartbeat_time.seconds or e.update_time.seconds
+    return bool(e.state == resource_manager_pb2.ECM_STATE_LOST and now - last > LOST_NODE_AGE_OUT)
+
+
 def cmd_node_list(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
-    """`rmctl node list`."""
-    ecms = list(client.list_ecms())
+    """`rmctl node list [-A] [-l K=V] [--sort-by COLUMN]`."""
+    now = time.time()
+    ecms = [
+        e
+        for e in client.list_ecms()
+        if matches(e.labels, args.selector) and (args.all or not _aged_out(e, now))
+    ]
+    ecms = sort_rows(ecms, args.sort_by, _SORT_KEYS)
     if args.output == "json":
         print(to_json(resource_manager_pb2.ListEcmsResponse(ecms=ecms)), file=out)
         return 0
@@ -221,4 +257,26 @@ def cmd_node_refresh(client: RMClient, args: argparse.Namespace, out: TextIO) ->
             ("disallowed", ",".join(disallowed) or "-"),
         ],
     )
+    return 0
+
+
+def cmd_node_rm(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
+    """`rmctl node rm NAME`: UnregisterEcm for an ECM that is LOST, or drained empty."""
+    e = resolve_ecm(client, args.name)
+    lost = e.state == resource_manager_pb2.ECM_STATE_LOST
+    drained = e.state == resource_manager_pb2.ECM_STATE_DRAINING and not e.live_engine_conns
+    if not (lost or drained):
+        raise ValueError(
+            f"ECM {e.instance} is {ecm_state_name(e.state)} with {e.live_engine_conns} live "
+            "EngineConns: only a LOST or drained (DRAINING, none live) ECM can be removed; "
+            f"drain it first (rmctl node drain {e.instance})"
+        )
+    released = client.unregister_ecm(e.instance)
+    if args.output == "json":
+        print(
+            to_json(resource_manager_pb2.UnregisterEcmResponse(released_ticket_ids=released)),
+            file=out,
+        )
+    else:
+        print(f"removed {e.instance} ({len(released)} tickets released)", file=out)
     return 0

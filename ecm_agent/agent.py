@@ -40,11 +40,16 @@ from ecm_agent.validate import AgentPolicy, LaunchRefused, LaunchSpec, MaterialF
 log = logging.getLogger(__name__)
 
 SEEN_COMMANDS = 10_000
+_STREAM_RETRY_MIN, _STREAM_RETRY_MAX = 0.5, 8.0  # seconds before reopening the command stream
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 class RegistrationRefused(Exception):
     """The RM will not have this agent."""
+
+
+class AgentStopped(Exception):
+    """Raised out of a wait for the RM when the agent is told to stop."""
 
 
 @dataclass
@@ -101,10 +106,12 @@ class Agent:
                 )
             )
             self._spawn(self._watch(proc.ec_id))
-        await self.register()
-        self._spawn(self._command_stream())
         try:
+            await self.register()
+            self._spawn(self._command_stream())
             await self._heartbeat_loop()
+        except AgentStopped:
+            log.info("stopped while waiting for the RM")
         finally:
             for task in list(self._tasks):
                 task.cancel()
@@ -125,19 +132,48 @@ class Agent:
         task.add_done_callback(self._tasks.discard)
 
     async def _retrying(self, call: Callable[[], Awaitable[Any]]) -> Any:
-        """Ride out RM restarts and network blips: exponential backoff, forever."""
+        """Ride out RM restarts and network blips: exponential backoff, forever, one log
+        line per retry, until the call succeeds or the agent is stopped (AgentStopped)."""
+        retries = asyncio.ensure_future(self._retry_forever(call))
+        stopped = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({retries, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            if not retries.done():
+                retries.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await retries
+        if retries.cancelled():
+            raise AgentStopped
+        return retries.result()
+
+    async def _retry_forever(self, call: Callable[[], Awaitable[Any]]) -> Any:
         async for attempt in tenacity.AsyncRetrying(
             retry=tenacity.retry_if_exception(
                 lambda e: isinstance(e, grpc.aio.AioRpcError) and e.code() in RETRYABLE
             ),
-            wait=tenacity.wait_random_exponential(multiplier=0.1, max=5),
-            before_sleep=lambda rs: log.warning(
-                "RM unreachable, retrying: %s", rs.outcome.exception() if rs.outcome else ""
-            ),
+            wait=tenacity.wait_exponential_jitter(initial=0.1, max=5, jitter=0.1),
+            before_sleep=self._log_retry,
         ):
             with attempt:
                 return await call()
         raise AssertionError("unreachable")
+
+    def _log_retry(self, state: tenacity.RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        if isinstance(exc, grpc.aio.AioRpcError):
+            why = f"{exc.code().name}: {' '.join(str(exc.details() or '').split())}"
+        else:
+            why = " ".join(str(exc).split())
+        pause = state.next_action.sleep if state.next_action else 0.0
+        log.warning(
+            "RM %s unreachable (%s); retry %d in %.1fs",
+            self.settings.rm,
+            why[:300],
+            state.attempt_number,
+            pause,
+        )
 
     async def register(self) -> None:
         total, protected = detect_total(self.settings)
@@ -202,16 +238,19 @@ class Agent:
     # ----- commands ----------------------------------------------------------------------
 
     async def _command_stream(self) -> None:
+        pause = _STREAM_RETRY_MIN
         while not self._stop.is_set():
             try:
                 stream = self.ecs.StreamAgentCommands(
                     ec_pb.StreamAgentCommandsRequest(agent_id=self.agent_id)
                 )
                 async for item in stream:
+                    pause = _STREAM_RETRY_MIN  # it was open: the next reopening is quick
                     await self._execute(item.command)
             except grpc.aio.AioRpcError as exc:
-                log.info("command stream ended (%s); reopening", exc.code().name)
-            await asyncio.sleep(0.5)
+                log.info("command stream ended (%s); reopening in %.1fs", exc.code().name, pause)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, _STREAM_RETRY_MAX)
 
     async def _execute(self, command: ec_pb.AgentCommand) -> None:
         """Carry out a command once, whichever way (stream or heartbeat) it arrived."""

@@ -1,4 +1,10 @@
-"""`ecm-agent` console script."""
+"""`ecm-agent` console script.
+
+Errors a person must fix (settings, files) are one line on stderr and exit code 2;
+a refused registration exits 3. SIGTERM and SIGINT stop the agent at any time, also
+while it waits for an unreachable RM; its EngineConns keep running (a restarted agent
+re-attaches them).
+"""
 
 from __future__ import annotations
 
@@ -8,30 +14,39 @@ import signal
 import sys
 
 from ecm_agent.agent import RegistrationRefused, build_agent
-from ecm_agent.settings import load_agent_settings
+from ecm_agent.settings import AgentSettings, SettingsError, check_files, load_agent_config
+from rm_server.observability.logging import setup_logging
 
 
-async def _run(argv: list[str] | None) -> None:
-    agent = build_agent(load_agent_settings(argv))
+async def _run(settings: AgentSettings) -> None:
+    agent = build_agent(settings)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        # Stopping the agent never stops its EngineConns: a restarted agent re-attaches.
         loop.add_signal_handler(sig, agent.stop)
     await agent.run()
 
 
 def main(argv: list[str] | None = None) -> int:
-    settings = load_agent_settings(argv)
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)s",
-        stream=sys.stderr,
-    )
+    """Run the agent until it is stopped; returns the exit code."""
     try:
-        asyncio.run(_run(argv))
+        config = load_agent_config(argv)
+        if config.print_config:
+            print(config.describe())
+            return 0
+        check_files(config.settings)
+    except SettingsError as exc:
+        print(f"ecm-agent: error: {exc}", file=sys.stderr)
+        return 2
+    # The same structured lines as rm-server's (text: logfmt, or JSON), so that `make run`
+    # shows one format and a log collector parses both daemons alike.
+    setup_logging(config.settings.log_level, config.settings.log_format, sys.stderr)
+    try:
+        asyncio.run(_run(config.settings))
     except RegistrationRefused as exc:
         logging.getLogger("ecm_agent").error("registration refused: %s", exc)
         return 3
+    except KeyboardInterrupt:  # a signal before the handlers were installed
+        return 130
     return 0
 
 

@@ -12,7 +12,10 @@ import re
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
+
+from rm_server.settings_doc import RM_HELP
+from rm_server.version import VERSION
 
 DEFAULT_RULES_SPEC = "userCreator+engineType;emInstance"
 LOG_FORMATS = ("text", "json")
@@ -47,6 +50,8 @@ class Settings:
     waiter_hold: float = 30.0
     # Ended tickets, EngineConns and demands are deleted this many days after they ended
     history_retention_days: float = 30.0
+    # Request ids (idempotency records) are deleted this many hours after they were made
+    request_id_retention_hours: float = 48.0
     # Agent heartbeats wait up to this many seconds to share a transaction
     heartbeat_linger: float = 0.005
     # "uvloop" (where installed; else asyncio's own, with a warning) or "asyncio"
@@ -159,8 +164,23 @@ def _toml_value(value: Any) -> str:
     return json.dumps(str(value))  # a JSON string is a valid TOML basic string
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (not the usage of every setting):
+    ``PROG: error: MESSAGE (PROG --help lists the settings)``, exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print `message` on one line to stderr and exit 2."""
+        self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help lists the settings)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rm-server", description="labelrm resource manager")
+    """rm-server's command line: one flag per setting, with its description."""
+    parser = OneLineErrorParser(
+        prog="rm-server",
+        description="labelrm resource manager. Settings: defaults < --config TOML < "
+        "LABELRM_<NAME> environment < flags (docs/configuration.md).",
+    )
+    parser.add_argument("--version", action="version", version=f"rm-server {VERSION}")
     parser.add_argument("--config", help="TOML file with settings (or $LABELRM_CONFIG)")
     parser.add_argument(
         "--print-config",
@@ -179,10 +199,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for f in fields(Settings):
         flag = "--" + f.name.replace("_", "-")
+        text = f"{RM_HELP.get(f.name, '')} [LABELRM_{f.name.upper()}]"
         if f.type in ("bool", bool):  # a switch: `--insecure`
-            parser.add_argument(flag, dest=f.name, action="store_const", const=True, default=None)
+            parser.add_argument(
+                flag, dest=f.name, action="store_const", const=True, default=None, help=text
+            )
         else:
-            parser.add_argument(flag, dest=f.name, default=None)
+            parser.add_argument(flag, dest=f.name, default=None, metavar=f.name.upper(), help=text)
     return parser
 
 

@@ -53,6 +53,9 @@ log = logging.getLogger(__name__)
 AfterApply = ticket_store.AfterApply
 
 
+PURGE_BATCH = 5000  # rows per retention DELETE: a bounded transaction
+
+
 @dataclass(frozen=True)
 class CoreSettings:
     lock_timeout: timedelta = timedelta(minutes=10)
@@ -178,15 +181,25 @@ class RMCore:
         return reclaimed
 
     async def _apply_retention(self, now: datetime) -> None:
-        """Delete history past its retention, a bounded batch per table per round."""
+        """Delete history past its retention, a bounded batch per table per round.
+
+        Checked every `retention_interval` seconds (at most a hundredth of the retention),
+        and again at the next sweep while a table had a full batch: a busy cluster ends
+        far more than a batch of tickets per interval, and the deletions must keep up."""
         due = self._retention_checked_at
-        if due is not None and (now - due).total_seconds() < self.settings.retention_interval:
+        interval = min(
+            self.settings.retention_interval,
+            self.settings.history_retention.total_seconds() / 100,
+        )
+        if due is not None and (now - due).total_seconds() < interval:
             return
-        self._retention_checked_at = now
         older_than = now - self.settings.history_retention
+        behind = False
         for table in ("ticket_history", "engine_conn", "demand"):
-            if deleted := await self.db.purge(table, older_than):
+            if deleted := await self.db.purge(table, older_than, PURGE_BATCH):
                 log.info("retention: %d %s rows ended before %s", deleted, table, older_than)
+                behind = behind or deleted >= PURGE_BATCH
+        self._retention_checked_at = None if behind else now
 
     # ----- resource usage ----------------------------------------------------------------
 

@@ -85,9 +85,9 @@ def work_root(data: Path, users: str) -> Path:
         link.chmod(0o755)
         data.chmod(0o755)  # EngineConn users must reach their work directories
         return link
-    make_root_dir(DEV_WORK_ROOT, 0o755)
+    make_root_dir(DEV_WORK_ROOT)
     work = DEV_WORK_ROOT / data_dir_key(data)
-    make_root_dir(work, 0o755)
+    make_root_dir(work)
     if link.is_symlink() and Path(os.readlink(link)) != work:
         link.unlink()
     if not link.exists():
@@ -117,6 +117,8 @@ def agent_command(settings: Settings, port: int, extra: tuple[str, ...] = ()) ->
         ec_python(),
         "--heartbeat-interval",
         "1",
+        "--log-format",  # one format on the terminal: the RM's
+        settings.log_format,
         *extra,
     ]
 

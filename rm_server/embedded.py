@@ -14,7 +14,7 @@ to the RM (docs/security.md, "The embedded database"):
   user's group only (never root's group); no directory above the data directory is
   ever made more permissive. When the database user cannot traverse them (a checkout
   under /root, mode 0700), the cluster's files live instead in
-  `/var/lib/labelrm/embedded/<key>/` (0700, the database user's; `<key>` is derived
+  `/var/lib/labelrm/embedded/<key>/` (root's, 0711; `<key>` is derived
   from the data directory's resolved path) and `<data-dir>/pgdata` is a symlink to
   them, so the data directory still names its database and holds its lock; binaries
   it cannot reach (an installation under /root) run from root's read-only copy in
@@ -203,16 +203,18 @@ class EmbeddedPostgres:
                 f"whose pgdata link is gone: remove {relocated} to start afresh, or restore "
                 f"the link (ln -s {relocated / 'pgdata'} {link})"
             )
-        make_root_dir(RELOCATED_ROOT.parent, 0o755)
-        make_root_dir(RELOCATED_ROOT, 0o755)
-        relocated.mkdir(mode=0o700, exist_ok=True)
-        relocated.chmod(0o700)
-        self._own(relocated)
-        # Says whose directory this is, for operators (root's, read-only).
-        owner_note = relocated / "data-dir"
-        owner_note.unlink(missing_ok=True)
-        owner_note.write_text(f"{self.data_dir}\n")
-        owner_note.chmod(0o444)
+        make_root_dir(RELOCATED_ROOT.parent)
+        make_root_dir(RELOCATED_ROOT)
+        # Root's, searchable but not listable, like the data directory in place: the
+        # database user owns only pgdata/ and pgsocket/ in it and cannot swap them.
+        relocated.mkdir(mode=0o711, exist_ok=True)
+        st = relocated.lstat()
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, self.db_user.pw_uid):
+            raise EmbeddedDatabaseError(f"{relocated} is not a directory of root's; remove it")
+        os.chown(relocated, 0, 0, follow_symlinks=False)  # earlier versions gave it away
+        relocated.chmod(0o711)
+        # Says whose directory this is, for operators.
+        _write_new(relocated / "data-dir", f"{self.data_dir}\n", 0o644)
         if not link.is_symlink():
             link.symlink_to(relocated / "pgdata")
         log.info(
@@ -250,14 +252,15 @@ class EmbeddedPostgres:
         """pg_hba/pg_ident: peer connections of the RM's OS user only (module doc)."""
         hba = self.pgdata / "pg_hba.conf"
         ident = self.pgdata / "pg_ident.conf"
-        hba.write_text(
+        # New files (never through a link the database user may have left there).
+        owner = (self.db_user.pw_uid, self.db_user.pw_gid)
+        _write_new(
+            hba,
             "# Written by rm-server at every start: the RM's own OS user only.\n"
-            f"local all {ROLE} peer map=rm\n"
+            f"local all {ROLE} peer map=rm\n",
+            owner=owner,
         )
-        ident.write_text(f"rm {self.owner.pw_name} {ROLE}\n")
-        for path in (hba, ident):
-            path.chmod(0o600)
-            self._own(path)
+        _write_new(ident, f"rm {self.owner.pw_name} {ROLE}\n", owner=owner)
 
     def _clear_stale_server(self) -> None:
         """A server of this data directory left by a killed RM (we hold the data lock,
@@ -374,16 +377,38 @@ def relocated_home(data_dir: Path) -> Path:
     return RELOCATED_ROOT / data_dir_key(data_dir)
 
 
-def make_root_dir(path: Path, mode: int) -> None:
-    """`path` as a directory of root's that only root can write (an existing one too:
+def _write_new(
+    path: Path, text: str, mode: int = 0o600, owner: tuple[int, int] | None = None
+) -> None:
+    """`path` replaced by a new file of ours holding `text`: unlinked, then created
+    exclusively without following links (one planted there is not written through)."""
+    path.unlink(missing_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    except FileExistsError:
+        raise EmbeddedDatabaseError(f"{path} keeps reappearing; is a server running?") from None
+    with os.fdopen(fd, "w") as out:
+        os.fchmod(out.fileno(), mode)
+        if owner is not None and owner[0] != os.geteuid():
+            os.fchown(out.fileno(), *owner)
+        out.write(text)
+
+
+def make_root_dir(path: Path) -> None:
+    """`path` as a directory of root's that everyone can search and only root can
+    write (mode 0755 whatever the umask; an existing one is checked, never changed:
     anyone else able to write there could swap the database's files)."""
-    with contextlib.suppress(FileExistsError):
-        path.mkdir(mode=mode, parents=True)
+    for missing in [p for p in (*reversed(path.parents), path) if not p.exists()]:
+        try:
+            missing.mkdir()
+        except FileExistsError:  # another rm-server made it meanwhile: checked below
+            continue
+        missing.chmod(0o755)
     st = path.lstat()
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or (st.st_mode & 0o023) != 0o001:
         raise EmbeddedDatabaseError(
-            f"{path} must be a directory of root's that only root can write "
-            f"(it is {stat.filemode(st.st_mode)}, uid {st.st_uid})"
+            f"{path} must be a directory of root's that everyone can search and only root "
+            f"can write (it is {stat.filemode(st.st_mode)}, uid {st.st_uid})"
         )
 
 
@@ -397,16 +422,16 @@ def _copy_of_binaries(bin_dir: Path) -> Path:
     digest = hashlib.sha256((bin_dir / "postgres").read_bytes()).hexdigest()[:16]
     target = BINARIES_ROOT / f"{install.name}-{digest}"
     if not target.exists():
-        make_root_dir(BINARIES_ROOT, 0o755)
+        make_root_dir(BINARIES_ROOT)
         staging = Path(tempfile.mkdtemp(prefix=".copy-", dir=BINARIES_ROOT))
         shutil.copytree(install, staging / package.name / install.name, symlinks=True)
         libs = package.with_name(f"{package.name}.libs")
         if libs.is_dir():
             shutil.copytree(libs, staging / libs.name, symlinks=True)
         for path in (staging, *staging.rglob("*")):
-            if not path.is_symlink():  # root's, readable by all, writable by none else
-                path.chmod(stat.S_IMODE(path.stat().st_mode) & ~0o022 | 0o444)
-        staging.chmod(0o755)
+            if not path.is_symlink():  # root's, usable by all, writable by none else
+                executable = path.is_dir() or path.stat().st_mode & 0o111
+                path.chmod(0o755 if executable else 0o644)
         try:
             staging.rename(target)
         except OSError:  # another rm-server made it first

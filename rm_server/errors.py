@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rm_server.domain.quantity import format_quantity
 from rm_server.domain.resources import Shortfall
 
 
@@ -128,7 +129,9 @@ class PermissionDenied(LabelrmError):
 def describe_shortfalls(shortfalls: Sequence[Shortfall]) -> str:
     """One line naming every label and dimension that fell short."""
     parts = [
-        f"{s.label or '(request)'} {s.dimension}: requested {s.requested}, available {s.available}"
+        f"{s.label or '(request)'} {s.dimension}: requested "
+        f"{format_quantity(s.dimension, s.requested)}, available "
+        f"{format_quantity(s.dimension, s.available)}"
         for s in shortfalls
     ]
     return "; ".join(parts)

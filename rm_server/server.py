@@ -128,6 +128,7 @@ class RMServer:
             batch_inflight=self.settings.batch_inflight,
             heartbeat_linger=self.settings.heartbeat_linger,
             history_retention=timedelta(days=self.settings.history_retention_days),
+            request_id_retention=timedelta(hours=self.settings.request_id_retention_hours),
             node_include_required=self.settings.node_include_required,
             waiter_hold=timedelta(seconds=self.settings.waiter_hold),
         )
@@ -165,6 +166,7 @@ class RMServer:
         )
         self.hub = AgentHub(self.engine_conns)
         self.metrics.attach_states(self.hub)
+        self.metrics.time_passes(self.hub, "sweep", "liveness")
         self._liveness = asyncio.create_task(
             run_periodically("liveness", self.settings.sweep_interval, self.hub.sweep, lease),
             name="liveness",
@@ -180,13 +182,16 @@ class RMServer:
         resource_manager_pb2_grpc.add_ResourceManagerServiceServicer_to_server(
             ResourceManagerServicer(self.core, self.hub), calls
         )
-        admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(self.core, self.hub), calls)
+        admin_pb2_grpc.add_AdminServiceServicer_to_server(
+            AdminServicer(self.core, self.hub, self.settings.database_url), calls
+        )
         engine_conn_pb2_grpc.add_EngineConnServiceServicer_to_server(
             EngineConnServicer(self.engine_conns, self.hub), calls
         )
         self.demands = DemandManager(
             self._db, self._notifier, self.clock, self.core, self._demand_settings()
         )
+        self.metrics.time_passes(self.demands, "tick", "demand-planner")
         self.demands.start_background(lease)
         demand_pb2_grpc.add_DemandServiceServicer_to_server(DemandServicer(self.demands), calls)
         self._health = health.aio.HealthServicer()

@@ -6,6 +6,7 @@ are unchanged."""
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 import subprocess
 import tempfile
@@ -14,12 +15,25 @@ from pathlib import Path
 from bench.node_modules import PROTO_ROOT, ROOT
 
 HERE = Path(__file__).resolve().parent
-# The service it calls, and what that file imports.
-PROTOS = [
-    "labelrm/v1/resource_manager.proto",
-    "labelrm/v1/engine_conn.proto",
-    "labelrm/v1/resource.proto",
-]
+# The service it calls (its gRPC stubs are generated; the imports get messages only).
+SERVICES = ("labelrm/v1/resource_manager.proto",)
+_LOCAL_IMPORT = re.compile(r'^import "(labelrm/[^"]+\.proto)";', re.MULTILINE)
+
+
+def _with_imports(roots: tuple[str, ...]) -> list[str]:
+    """`roots` and every labelrm .proto they import, directly or not (a proto that gains
+    an import is built without a second list to keep in step)."""
+    found: list[str] = []
+    pending = list(roots)
+    while pending:
+        name = pending.pop()
+        if name not in found:
+            found.append(name)
+            pending.extend(_LOCAL_IMPORT.findall((PROTO_ROOT / name).read_text()))
+    return sorted(found)
+
+
+PROTOS = _with_imports(SERVICES)
 SOURCES = [HERE / "loadgen.cc", HERE / "health.proto", *(PROTO_ROOT / p for p in PROTOS)]
 TOOLS = ("protoc", "grpc_cpp_plugin", "g++", "pkg-config")
 
@@ -71,7 +85,7 @@ def loadgen_binary(build_root: Path | None = None) -> Path:
 def _build(out: Path) -> None:
     plugin = shutil.which("grpc_cpp_plugin")
     for include, messages, services in (
-        (PROTO_ROOT, PROTOS, PROTOS[:1]),
+        (PROTO_ROOT, PROTOS, list(SERVICES)),
         (HERE, ["health.proto"], ["health.proto"]),
     ):
         _run(["protoc", f"-I{include}", f"--cpp_out={out}", *messages], cwd=include)

@@ -7,7 +7,7 @@
 //
 //   loadgen apply|health|heartbeat --target HOST:PORT --clients N --seconds S
 //           --start-at EPOCH [--seed K] [--mode spread|hot] [--interval 3]
-//           [--agent-prefix P] [--first-agent I] [--heartbeat-rpc stream|unary]
+//           [--agent-prefix P] [--first-agent I] [--heartbeat-rpc stream|unary] [--users N]
 //
 // Each client is a small state machine; the one operation it has in flight at a time (a
 // call or a timer) carries the client as its completion-queue tag.
@@ -35,7 +35,7 @@ namespace {
 namespace pb = labelrm::v1;
 using Clock = std::chrono::steady_clock;
 
-constexpr int kUsers = 1000;  // bench/loadgen.py USERS, ECMS, ENGINE
+constexpr int kUsers = 1000;  // bench/loadgen.py USERS, ECMS, ENGINE (--users: another count)
 constexpr int kEcms = 16;
 constexpr const char* kEngine = "spark-3.2.1";
 constexpr int64_t kGiB = 1024LL * 1024 * 1024;
@@ -53,7 +53,7 @@ std::chrono::system_clock::time_point At(double t) {
 
 struct Args {
   std::string kind, target, mode = "spread", agent_prefix = "sim", heartbeat_rpc = "stream";
-  int clients = 0, first_agent = 0;
+  int clients = 0, first_agent = 0, users = kUsers;
   double seconds = 0, start_at = 0, interval = 3.0;
   uint64_t seed = 0;
 };
@@ -129,8 +129,8 @@ class Runner;
 class ApplyClient : public Client {
  public:
   ApplyClient(pb::ResourceManagerService::Stub* stub, grpc::CompletionQueue* cq, Window* w,
-              bool hot, uint64_t seed)
-      : stub_(stub), cq_(cq), w_(w), hot_(hot), rng_(seed) {
+              bool hot, int users, uint64_t seed)
+      : stub_(stub), cq_(cq), w_(w), hot_(hot), users_(users), rng_(seed) {
     // Request ids must differ between runs on one RM (a reused id with another request
     // is refused): the prefix comes from the system's entropy, not from the seed.
     static const char* hex = "0123456789abcdef";
@@ -184,7 +184,7 @@ class ApplyClient : public Client {
       return;
     }
     int ecm = hot_ ? 0 : static_cast<int>(rng_() % kEcms);
-    int user = static_cast<int>(rng_() % kUsers);
+    int user = static_cast<int>(rng_() % static_cast<uint64_t>(users_));
     n_ += 1;
     request_.set_request_id(prefix_ + "-a" + std::to_string(n_));
     request_.clear_labels();
@@ -217,6 +217,7 @@ class ApplyClient : public Client {
   grpc::CompletionQueue* cq_;
   Window* w_;
   bool hot_;
+  int users_;
   std::mt19937_64 rng_;
   std::string prefix_;
   pb::ApplyRequest request_;
@@ -554,11 +555,13 @@ Args Parse(int argc, char** argv) {
     else if (flag == "--agent-prefix") a.agent_prefix = value;
     else if (flag == "--first-agent") a.first_agent = static_cast<int>(number());
     else if (flag == "--heartbeat-rpc") a.heartbeat_rpc = value;
+    else if (flag == "--users") a.users = static_cast<int>(number());
     else Usage(("unknown flag " + flag).c_str());
   }
   if (a.target.empty() || a.clients < 1 || a.seconds <= 0 || a.start_at <= 0)
     Usage("--target, --clients, --seconds and --start-at are required");
   if (a.mode != "spread" && a.mode != "hot") Usage("--mode is spread or hot");
+  if (a.users < 1) Usage("--users is at least 1");
   if (a.heartbeat_rpc != "stream" && a.heartbeat_rpc != "unary")
     Usage("--heartbeat-rpc is stream or unary");
   return a;
@@ -599,7 +602,7 @@ int main(int argc, char** argv) {
     size_t c = static_cast<size_t>(i) % channels.size();
     if (args.kind == "apply") {
       clients.push_back(
-          std::make_unique<ApplyClient>(rm[c].get(), &cq, &w, args.mode == "hot", seeds()));
+          std::make_unique<ApplyClient>(rm[c].get(), &cq, &w, args.mode == "hot", args.users, seeds()));
     } else if (args.kind == "health") {
       clients.push_back(std::make_unique<HealthClient>(health[c].get(), &cq, &w));
     } else {

@@ -26,6 +26,7 @@ from typing import Protocol
 
 from rm_server.domain.external import QUEUE_KEY
 from rm_server.domain.labels import EC_INSTANCE, EM_INSTANCE, ENGINE_TYPE, USER_CREATOR, Label
+from rm_server.domain.quantity import format_quantity
 from rm_server.domain.resources import (
     CPU,
     KIND_DIMENSIONS,
@@ -115,16 +116,6 @@ def _fmt_age(age: timedelta) -> str:
     return f"{seconds:.1f}s" if seconds < 10 else f"{seconds:.0f}s"
 
 
-def _fmt_quantity(dimension: str, value: int) -> str:
-    if not dimension.endswith(MEMORY):
-        return str(value)
-    for unit, size in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
-        if value >= size:
-            scaled = value / size
-            return f"{scaled:.0f}{unit}" if value % size == 0 else f"{scaled:.1f}{unit}"
-    return f"{value}B"
-
-
 @dataclass(frozen=True)
 class LabelMatchRule:
     """Every placement label of the request must be on the ECM; ``emInstance`` pins one ECM."""
@@ -209,8 +200,8 @@ class ResourceRule:
             return Verdict(False, 0.0, f"resource: incompatible with the ECM ({exc})")
         if shortfalls:
             parts = [
-                f"{s.dimension} requested {_fmt_quantity(s.dimension, s.requested)}, "
-                f"available {_fmt_quantity(s.dimension, s.available)}"
+                f"{s.dimension} requested {format_quantity(s.dimension, s.requested)}, "
+                f"available {format_quantity(s.dimension, s.available)}"
                 for s in shortfalls
             ]
             return Verdict(False, 0.0, "resource: " + "; ".join(parts))
@@ -222,7 +213,7 @@ class ResourceRule:
                 continue
             after = max(0, c.left.get(d) - r.resource.get(d))
             fractions.append(min(1.0, after / size))
-            free.append(f"{d} {_fmt_quantity(d, after)}")
+            free.append(f"{d} {format_quantity(d, after)}")
         # Without memory or CPU there is nothing to prefer: every fitting ECM is equally good.
         score = math.fsum(fractions) / len(fractions) if fractions else 1.0
         detail = f", free after: {', '.join(free)}" if free else ""

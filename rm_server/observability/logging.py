@@ -179,7 +179,9 @@ def make_handler(fmt: str = "text", stream: TextIO | None = None) -> logging.Han
 
 
 def setup_logging(level: str = "INFO", fmt: str = "text", stream: TextIO | None = None) -> None:
-    """Replace the root logger's handlers with one structured handler on `stream`."""
+    """Replace the root logger's handlers with one structured handler on `stream`
+    (gRPC's Python modules log through the root logger too; its C core is kept to
+    errors by the package, see rm_server/__init__.py)."""
     handler = make_handler(fmt, stream)
     root = logging.getLogger()
     for old in list(root.handlers):

@@ -30,7 +30,7 @@ import logging
 import re
 import ssl
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -56,6 +56,9 @@ APPLY_METHOD = "labelrm.v1.ResourceManagerService/Apply"
 DEFAULT_LABEL_CAP = 1000
 DEFAULT_CACHE_SECONDS = 2.0
 # Waiting Applies can last minutes: the buckets reach past the usual wait timeouts.
+PASS_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0,
+)  # fmt: skip
 RPC_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
     120.0, 300.0,
@@ -120,6 +123,14 @@ class Metrics:
             "Apply calls in flight on this process that carry a wait_timeout.",
             registry=r,
         )
+        self.background_pass = Histogram(
+            "labelrm_background_pass_seconds",
+            "Time one pass of a background job took on this process (ticket-sweep,"
+            " liveness, demand-planner), by job: a pass that grows with the cluster shows here.",
+            ["job"],
+            buckets=PASS_BUCKETS,
+            registry=r,
+        )
         self.reclaims = Counter(
             "labelrm_lock_expiry_reclaims",
             "LOCKED tickets reclaimed by this process because their lock timed out.",
@@ -138,6 +149,22 @@ class Metrics:
         self.labels = LabelResourceCollector(core, self.label_cap, self.cache_seconds)
         self.registry.register(self.labels)
         core.on_reclaimed = self.reclaims.inc
+        self.time_passes(core, "sweep", "ticket-sweep")
+
+    def time_passes(self, owner: Any, method: str, job: str) -> None:
+        """Time every pass of background job `job`: `owner.method` is what its loop calls
+        (through the instance, so the wrapper set here is what runs)."""
+        original: Callable[[], Awaitable[Any]] = getattr(owner, method)
+        histogram = self.background_pass.labels(job)
+
+        async def timed() -> Any:
+            started = time.perf_counter()
+            try:
+                return await original()
+            finally:
+                histogram.observe(time.perf_counter() - started)
+
+        setattr(owner, method, timed)
 
     def attach_external(self, source: Any) -> None:
         """Export the YARN queues labelrm admits against (`ExternalResources`)."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
-import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +24,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from rm_server.security.files import replace_file
 
 KINDS = ("server", "agent", "engineconn", "user")
 URI_SCHEME = "labelrm://"
@@ -153,13 +154,9 @@ def issue(
 
 
 def write_private(path: Path, data: bytes) -> None:
-    """Write `data` readable by the owner only (0600), whatever the umask."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, data)
-    finally:
-        os.close(fd)
+    """Write `data` readable by the owner only (0600 whatever the umask); a file that is
+    already there keeps its owner, group and mode (a key re-issued for a service user)."""
+    replace_file(path, data, 0o600)
 
 
 def load_ca(directory: Path) -> Issued:
@@ -173,7 +170,7 @@ def file_stem(kind: str, name: str) -> str:
 
 def save(directory: Path, stem: str, issued: Issued) -> tuple[Path, Path]:
     cert, key = directory / f"{stem}.crt", directory / f"{stem}.key"
-    cert.write_bytes(issued.cert_pem)
+    replace_file(cert, issued.cert_pem, 0o644)
     write_private(key, issued.key_pem)
     return cert, key
 

@@ -125,6 +125,8 @@ POLICY: Mapping[str, Rule] = {
     ADMIN + "CheckConsistency": Rule(_ADMIN_ONLY),
     ADMIN + "RefreshNodes": Rule(_ADMIN_ONLY),
     ADMIN + "DecommissionEcm": Rule(_ADMIN_ONLY),
+    ADMIN + "GetClusterInfo": Rule(_ADMIN_ONLY),
+    ADMIN + "ListEvents": Rule(_ADMIN_ONLY),
     ADMIN + "PutExternalProvider": Rule(_ADMIN_ONLY),
     ADMIN + "ListExternalProviders": Rule(_ADMIN_ONLY),
     ADMIN + "DeleteExternalProvider": Rule(_ADMIN_ONLY),

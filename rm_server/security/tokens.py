@@ -35,6 +35,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from rm_server.security.files import replace_file
 from rm_server.security.identity import TOKEN_ROLES, Role
 
 log = logging.getLogger(__name__)
@@ -221,16 +222,9 @@ def _render(path: Path, entries: dict[str, TokenEntry]) -> str:
 
 
 def _write(path: Path, entries: dict[str, TokenEntry]) -> None:
-    """Replace the file atomically (a reader sees the old or the new table), mode 0600."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, _render(path, entries).encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    """Replace the file atomically (a reader sees the old or the new table), keeping its
+    owner, group and mode (a new file: 0600)."""
+    replace_file(path, _render(path, entries).encode())
 
 
 def add_token(path: Path, user: str, roles: Iterable[str], note: str = "") -> str:

@@ -17,6 +17,8 @@ from rm_server.errors import FailedPrecondition, InvalidArgument
 from rm_server.external import ExternalResources
 from rm_server.service import convert
 from rm_server.service.common import ProtoEncoder, idempotency, next_token, page_of, respond
+from rm_server.store.cluster import EVENT_TABLES, cluster_info, state_events
+from rm_server.version import VERSION
 
 _SET = ProtoEncoder[tuple[StoredLimit, int]](
     lambda r: pb.SetLabelLimitResponse(limit=convert.limit_to_pb(r[0]), affected_labels=r[1])
@@ -31,9 +33,10 @@ _DELETE_PROVIDER = ProtoEncoder[ProviderConfig](
 
 
 class AdminServicer(pb_grpc.AdminServiceServicer):
-    def __init__(self, core: RMCore, hub: AgentHub) -> None:
+    def __init__(self, core: RMCore, hub: AgentHub, database_url: str = "") -> None:
         self.core = core
         self.hub = hub
+        self.database_url = database_url  # empty: the embedded PostgreSQL
 
     async def SetLabelLimit(
         self, request: pb.SetLabelLimitRequest, context: grpc.aio.ServicerContext
@@ -142,6 +145,49 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
             scheduler=snap.scheduler.value,
             queues=[convert.queue_view_to_pb(v, snap) for v in views],
         )
+
+    async def GetClusterInfo(
+        self, request: pb.GetClusterInfoRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetClusterInfoResponse:
+        row = await self.core.db.run(cluster_info, read_only=True)
+        out = pb.GetClusterInfoResponse(
+            version=VERSION,
+            database=_database(self.database_url, row.server_version),
+            waiting_applies=row.waiting_applies,
+        )
+        out.time.FromDatetime(self.core.clock.now())
+        for r in row.replicas:
+            replica = out.replicas.add(replica_id=r.replica_id, host=r.host, pid=r.pid)
+            replica.start_time.FromDatetime(r.started_at)
+        return out
+
+    async def ListEvents(
+        self, request: pb.ListEventsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListEventsResponse:
+        if request.kind not in EVENT_TABLES:
+            raise InvalidArgument("kind", f"must be one of {', '.join(sorted(EVENT_TABLES))}")
+        if not request.id or len(request.id) > 256:
+            raise InvalidArgument("id", f"must be the id of a {request.kind}")
+        if len(request.user) > 256:
+            raise InvalidArgument("user", "must be a user name")
+        rows = await self.core.db.run(
+            lambda c: state_events(c, request.kind, request.id, request.user), read_only=True
+        )
+        out = pb.ListEventsResponse()
+        for at, state, reason in rows:
+            event = out.events.add(state=state, reason=reason)
+            event.time.FromDatetime(at)
+        return out
+
+
+def _database(url: str, version: str) -> str:
+    """ "embedded PostgreSQL 16.4", or "external PostgreSQL 15.8 (db1:5432,db2:5432)": the
+    hosts only, never a user or password."""
+    if not url:
+        return f"embedded PostgreSQL {version}"
+    hosts = re.search(r"@([^/?]+)", url) or re.search(r"host=([^\s]+)", url)
+    where = f" ({hosts.group(1)})" if hosts else ""
+    return f"external PostgreSQL {version}{where}"
 
 
 _NODE_RE = re.compile(r"[A-Za-z0-9_.-]{1,253}(:[0-9]{1,5})?")

@@ -18,6 +18,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 from labelrm.v1 import resource_pb2
 
+from rm_server.domain.quantity import format_quantity
 from rm_server.errors import (
     Aborted,
     DeadlineExceeded,
@@ -101,7 +102,10 @@ def status_of(err: LabelrmError) -> status_pb2.Status:
                 violations=[
                     error_details_pb2.QuotaFailure.Violation(
                         subject=f"{s.label}/{s.dimension}",
-                        description=f"requested {s.requested}, available {s.available}",
+                        description=(
+                            f"requested {format_quantity(s.dimension, s.requested)}, "
+                            f"available {format_quantity(s.dimension, s.available)}"
+                        ),
                     )
                     for s in err.shortfalls
                 ]

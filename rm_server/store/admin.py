@@ -30,7 +30,7 @@ from rm_server.store.codec import (
     res,
     ticket_from_row,
 )
-from rm_server.store.db import LIMITS_LOCK_ID, Conn, RetryTransaction
+from rm_server.store.db import LIMITS_LOCK_ID, Conn, RetryTransaction, page_filters
 from rm_server.store.ecms import node_lists
 from rm_server.store.engineconns import LIVE
 from rm_server.store.notify import notify_freed
@@ -129,7 +129,8 @@ async def register_ecm(
         " updated_at = EXCLUDED.updated_at,"
         # A (re-)registration starts a new heartbeat sequence and revives a LOST ECM.
         " state = CASE WHEN ecm.state = 'DRAINING' THEN 'DRAINING' ELSE 'RUNNING' END,"
-        " heartbeat_seq = 0, last_response = NULL, last_heartbeat_at = EXCLUDED.updated_at",
+        " heartbeat_seq = 0, last_response = NULL, last_heartbeat_at = EXCLUDED.updated_at,"
+        " beat_mark = EXCLUDED.updated_at",
         (instance, label, jlabels(labels), jres(total), jres(protected), registered_at, now),
     )
     if changed and previous is not None:
@@ -334,10 +335,12 @@ async def get_label_resource(conn: Conn, label: str) -> LabelResource:
 async def list_label_resources(
     conn: Conn, after: str, limit: int, source: str
 ) -> list[LabelResource]:
+    """A page of label records in label order after `after`, of one source if set."""
+    where, values = page_filters(("label > %s", after), ("source = %s", source))
     cur = await conn.execute(
-        f"SELECT {LABEL_RESOURCE_COLUMNS} FROM label_resource"  # noqa: S608
-        " WHERE label > %s AND (%s = '' OR source = %s) ORDER BY label LIMIT %s",
-        (after, source, source, limit),
+        f"SELECT {LABEL_RESOURCE_COLUMNS} FROM label_resource WHERE {where}"  # noqa: S608
+        " ORDER BY label LIMIT %s",
+        (*values, limit),
     )
     return [_label_resource(r) for r in await cur.fetchall()]
 

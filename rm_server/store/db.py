@@ -309,3 +309,14 @@ async def finish_request(conn: Conn, idem: Idempotency, code: int, payload: byte
         " WHERE caller = %s AND method = %s AND request_id = %s",
         (code, payload, idem.caller, idem.method, idem.request_id),
     )
+
+
+def page_filters(*conditions: tuple[str, Any]) -> tuple[str, list[Any]]:
+    """The WHERE conditions of a list page, only those whose value is set: `(sql, value)`
+    pairs, each `sql` a fixed fragment with one placeholder. A condition left out of the
+    statement (rather than `%s = '' OR col = %s`) lets each combination of filters have its
+    own plan, one that uses the index matching its filter and sort order; a generic plan
+    for every combination at once can use none and reads the table from the start."""
+    parts = [fragment for fragment, value in conditions if value not in ("", None)]
+    values = [value for _, value in conditions if value not in ("", None)]
+    return " AND ".join(parts) or "true", values

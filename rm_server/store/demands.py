@@ -31,7 +31,7 @@ from rm_server.errors import InvalidArgument
 from rm_server.store import admin as admin_store
 from rm_server.store import tickets as ticket_store
 from rm_server.store.codec import jlabels, jres, labels_of, opt_res, res
-from rm_server.store.db import Conn
+from rm_server.store.db import Conn, page_filters
 from rm_server.store.notify import notify_freed
 
 ACTIVE = [s.value for s in DemandState if s.active]
@@ -168,11 +168,11 @@ async def list_demands(
     conn: Conn, after: tuple[str, str], limit: int, state: str, user: str
 ) -> list[Demand]:
     """A page in (user, demand id) order, after the (user, demand id) `after`."""
+    where, values = page_filters(("state = %s", state), ("user_name = %s", user))
     cur = await conn.execute(
         f"SELECT {COLUMNS} FROM demand WHERE (user_name, demand_id) > (%s, %s)"  # noqa: S608
-        " AND (%s = '' OR state = %s) AND (%s = '' OR user_name = %s)"
-        " ORDER BY user_name, demand_id LIMIT %s",
-        (*after, state, state, user, user, limit),
+        f" AND {where} ORDER BY user_name, demand_id LIMIT %s",
+        (*after, *values, limit),
     )
     return [_from_row(r) for r in await cur.fetchall()]
 

@@ -64,12 +64,20 @@ async def set_state(conn: Conn, instance: str, state: EcmState, now: datetime) -
     return cur.rowcount > 0
 
 
+# The ECMs silent since a moment. The first condition is the index ecm_silent_since
+# (migration 0016): the sweep reads only the ECMs whose heartbeat mark is overdue, not
+# every ECM each second; the mark is never later than the last heartbeat, so every silent
+# ECM is among them, and the second condition keeps the silent ones.
+EXPIRED_ECMS_SQL = (
+    "SELECT instance FROM ecm WHERE state <> 'LOST'"
+    " AND coalesce(beat_mark, registered_at) < %(silent_since)s"
+    " AND coalesce(last_heartbeat_at, registered_at) < %(silent_since)s ORDER BY instance"
+)
+
+
 async def expired_ecms(conn: Conn, silent_since: datetime) -> list[str]:
-    cur = await conn.execute(
-        "SELECT instance FROM ecm WHERE state <> 'LOST'"
-        " AND coalesce(last_heartbeat_at, registered_at) < %s ORDER BY instance",
-        (silent_since,),
-    )
+    """ECMs not LOST whose last heartbeat (or registration) is older than `silent_since`."""
+    cur = await conn.execute(EXPIRED_ECMS_SQL, {"silent_since": silent_since})
     return [r[0] for r in await cur.fetchall()]
 
 

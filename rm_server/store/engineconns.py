@@ -23,7 +23,7 @@ from rm_server.domain.engineconn import (
 )
 from rm_server.errors import NotFound
 from rm_server.store.codec import jlabels, jres, labels_of, res
-from rm_server.store.db import Conn, Idempotency
+from rm_server.store.db import Conn, Idempotency, page_filters
 from rm_server.store.notify import agent_key, ec_key, notify_freed
 
 EC_COLUMNS = (
@@ -124,11 +124,17 @@ async def get_ec(conn: Conn, ec_id: str, *, lock: bool = False) -> EngineConn:
 async def list_ecs(
     conn: Conn, after: str, limit: int, user: str, state: str, ecm: str
 ) -> list[EngineConn]:
+    """A page of EngineConns in id order after `after`, filtered by user, state, ECM."""
+    where, values = page_filters(
+        ("ec_id > %s", after),
+        ("user_name = %s", user),
+        ("state = %s", state),
+        ("ecm_instance = %s", ecm),
+    )
     cur = await conn.execute(
-        f"SELECT {EC_COLUMNS} FROM engine_conn WHERE ec_id > %s"  # noqa: S608
-        " AND (%s = '' OR user_name = %s) AND (%s = '' OR state = %s)"
-        " AND (%s = '' OR ecm_instance = %s) ORDER BY ec_id LIMIT %s",
-        (after, user, user, state, state, ecm, ecm, limit),
+        f"SELECT {EC_COLUMNS} FROM engine_conn WHERE {where}"  # noqa: S608
+        " ORDER BY ec_id LIMIT %s",
+        (*values, limit),
     )
     return [ec_from_row(r) for r in await cur.fetchall()]
 

@@ -17,12 +17,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from rm_server.domain.engineconn import AgentCommand, EcmState
 from rm_server.store.db import Conn
 from rm_server.store.ecms import NodeLists
 from rm_server.store.engineconns import LIVE, command_from_row
+
+# How much older than an ECM's last heartbeat its `beat_mark` (the liveness sweep's
+# index) may be: with beats every 3 s, one beat in about four rewrites it.
+BEAT_MARK_SLACK = timedelta(seconds=10)
 
 
 @dataclass
@@ -100,10 +104,16 @@ async def record(conn: Conn, writes: Sequence[BeatWrite], now: datetime) -> None
         return
     await conn.execute(
         "UPDATE ecm AS e SET last_heartbeat_at = %s, heartbeat_seq = b.seq,"
-        " last_response = b.response"
+        " last_response = b.response,"
+        # Renewed only when older than the slack: the other beats leave every indexed
+        # column as it was, and the row is updated in place (a heap-only update).
+        " beat_mark = CASE WHEN e.beat_mark IS NULL OR e.beat_mark < %s THEN %s"
+        " ELSE e.beat_mark END"
         " FROM unnest(%s::text[], %s::bigint[], %s::bytea[]) AS b(instance, seq, response)"
         " WHERE e.instance = b.instance",
         (
+            now,
+            now - BEAT_MARK_SLACK,
             now,
             [w.agent_id for w in writes],
             [w.sequence for w in writes],

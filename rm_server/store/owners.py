@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from rm_server.domain.model import Ticket
 from rm_server.store.codec import TICKET_COLUMNS, ticket_from_row
-from rm_server.store.db import Conn
+from rm_server.store.db import Conn, page_filters
 
 
 async def _one(conn: Conn, sql: str, *params: str) -> str | None:
@@ -34,11 +34,14 @@ async def list_user_tickets(
     conn: Conn, user: str, after: str, limit: int, label: str, state: str
 ) -> list[Ticket]:
     """Like tickets.list_tickets, only `user`'s (ListTickets of a non-admin caller)."""
+    where, values = page_filters(
+        ("ticket_id > %s", after),
+        ("charged_labels @> ARRAY[%s]::text[]", label),
+        ("state = %s", state),
+    )
     cur = await conn.execute(
-        f"SELECT {TICKET_COLUMNS} FROM ticket WHERE user_name = %s AND ticket_id > %s"  # noqa: S608
-        " AND (%s = '' OR charged_labels @> ARRAY[%s]::text[])"
-        " AND (%s = '' OR state = %s)"
+        f"SELECT {TICKET_COLUMNS} FROM ticket WHERE user_name = %s AND {where}"  # noqa: S608
         " ORDER BY ticket_id LIMIT %s",
-        (user, after, label, label, state, state, limit),
+        (user, *values, limit),
     )
     return [ticket_from_row(r) for r in await cur.fetchall()]

@@ -76,6 +76,7 @@ from rm_server.store.db import (
     Replay,
     RetryTransaction,
     is_final,
+    page_filters,
 )
 from rm_server.store.notify import CHANNEL
 
@@ -674,11 +675,15 @@ async def expired_ticket_ids(conn: Conn, now: datetime, limit: int) -> list[str]
 
 
 async def list_tickets(conn: Conn, after: str, limit: int, label: str, state: str) -> list[Ticket]:
+    """A page of live tickets in id order after `after`, filtered by label and state."""
+    where, values = page_filters(
+        ("ticket_id > %s", after),
+        ("charged_labels @> ARRAY[%s]::text[]", label),
+        ("state = %s", state),
+    )
     cur = await conn.execute(
-        f"SELECT {TICKET_COLUMNS} FROM ticket WHERE ticket_id > %s"  # noqa: S608
-        " AND (%s = '' OR charged_labels @> ARRAY[%s]::text[])"
-        " AND (%s = '' OR state = %s)"
+        f"SELECT {TICKET_COLUMNS} FROM ticket WHERE {where}"  # noqa: S608
         " ORDER BY ticket_id LIMIT %s",
-        (after, label, label, state, state, limit),
+        (*values, limit),
     )
     return [ticket_from_row(r) for r in await cur.fetchall()]

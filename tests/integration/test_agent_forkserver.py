@@ -32,7 +32,7 @@ from tests.helpers import wait_until
 
 USER_A = "lrmtest_a"
 USER_B = "lrmtest_b"
-DEADLINE = 20.0
+DEADLINE = 60.0  # a poll deadline: a cold first launch on a loaded machine takes seconds
 IDLE = ec_pb.ENGINE_CONN_STATE_IDLE
 SUCCEEDED = ec_pb.ENGINE_CONN_STATE_SUCCEEDED
 
@@ -133,6 +133,17 @@ def proc_title(pid: int) -> str:
     return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
 
 
+async def title_when_set(pid: int, prefix: str) -> str:
+    """The process title once it starts with `prefix`, or what it is at the deadline (the
+    fork sets its title just after the server has answered with its pid)."""
+    deadline = time.monotonic() + DEADLINE
+    while True:
+        title = proc_title(pid)
+        if title.startswith(prefix) or time.monotonic() > deadline:
+            return title
+        await asyncio.sleep(0.02)
+
+
 def status_of(pid: int) -> dict[str, str]:
     lines = Path(f"/proc/{pid}/status").read_text().splitlines()
     return dict(line.split(":\t", 1) for line in lines if ":\t" in line)
@@ -202,7 +213,7 @@ async def test_forked_engineconn_is_the_users_in_its_own_session(
     assert set(status_of(proc.pid)["Uid"].split()) == {str(entry.pw_uid)}
     assert status_of(proc.pid)["Umask"] == "0027"
     # `ps` shows which EngineConn it is, not the server's command line.
-    cmdline = proc_title(proc.pid)
+    cmdline = await title_when_set(proc.pid, "engineconn")
     assert cmdline.startswith(f"engineconn --ec-id {spec.ec_id}")
     assert os.readlink(f"/proc/{proc.pid}/cwd") == str(proc.work_dir)
     assert os.readlink(f"/proc/{proc.pid}/fd/0") == "/dev/null"

@@ -231,7 +231,7 @@ async def test_rmctl_limits_roundtrip(client: Any, rm: Any, capsys: Any) -> None
         "--memory",
         "4Gi",
         "--cpu",
-        "2000",
+        "2",
         "--instances",
         "3",
     )

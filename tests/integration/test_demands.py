@@ -481,7 +481,7 @@ async def test_admission_refused_when_two_demands_overlap_beyond_capacity(drm):
         await drm.submit("two", 3, "{Start: [+15m, +10m], Duration: +30m}")
     code, message, details = rpc_error(exc)
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "no room" in message and "requested 3221225472, available 1073741824" in message
+    assert "no room" in message and "requested 3Gi, available 1Gi" in message
     info, quota = details[0], details[1]
     assert info.reason == "DEMAND_NOT_ADMITTED"
     assert quota.violations[0].subject.endswith("/memory_bytes")
@@ -704,7 +704,7 @@ async def test_rmctl_demand_commands(drm):
     async def rmctl(*argv: str) -> str:  # the sync client must not block the server's loop
         return await asyncio.to_thread(run, *argv)
 
-    submit = ("demand", "submit", "1234", "--labels", USER, "--memory", "1Gi", "--cpu", "100")
+    submit = ("demand", "submit", "1234", "--labels", USER, "--memory", "1Gi", "--cpu", "100m")
     text = await rmctl(*submit, "--user", "alice", "--when", EXAMPLE)
     assert text.startswith("submitted: 1234 ACCEPTED")
     assert "OrderBy: 1200" in text

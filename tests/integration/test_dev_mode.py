@@ -118,6 +118,56 @@ def test_make_run_as_a_normal_user_launches_engineconns(user_home, ec_python):
     assert proc.returncode == 0, log.read_text()[-3000:]
 
 
+def test_make_run_from_a_fresh_clone_as_a_normal_user(user_home, ec_python):
+    """The README's quick start to the letter, as a normal user: `git clone`, then
+    `make run` in the clone (its Makefile, its ./labelrm-data), with the installation
+    of the EngineConn runtime standing in for `make venv` (VENV=...; `-o` keeps make
+    from reinstalling into it); an EngineConn is created, runs code and is killed, and
+    Ctrl-C stops everything `make run` started."""
+    clone = user_home / "labelrm"
+    subprocess.run(
+        ["git", "-c", "safe.directory=*", "clone", "--quiet", str(ROOT), str(clone)],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    entry = pwd.getpwnam(USER)
+    for path in (clone, *clone.rglob("*")):
+        os.lchown(path, entry.pw_uid, entry.pw_gid)
+    venv = Path(ec_python).parent.parent
+    port, console = free_port(), free_port()
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(user_home), "USER": USER, "LOGNAME": USER}
+    log = user_home / "make-run.log"
+    proc = subprocess.Popen(
+        ["sudo", "-n", "-u", USER, "--", "/usr/bin/env", "-i",
+         *(f"{k}={v}" for k, v in env.items()),
+         "make", "-o", f"{venv}/.installed", "run", f"VENV={venv}",
+         f"LISTEN=127.0.0.1:{port}", f"CONSOLE=127.0.0.1:{console}"],
+        stdout=log.open("ab"), stderr=subprocess.STDOUT, cwd=clone, start_new_session=True,
+    )  # fmt: skip
+    try:
+        launch_engineconns(f"127.0.0.1:{port}", log, rounds=1)
+        assert (clone / "labelrm-data" / "pgdata" / "PG_VERSION").exists()
+    finally:
+        # Ctrl-C on the terminal: SIGINT to the foreground group (make and rm-server).
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(60)
+        finally:
+            stop(proc)
+    # Everything `make run` started (rm-server, its agent, the database) is gone.
+    deadline = time.monotonic() + 30
+    while left := [p.pid for p in psutil.process_iter() if _works_in(p, clone)]:
+        assert time.monotonic() < deadline, (left, log.read_text()[-3000:])
+        time.sleep(0.1)
+    assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+
+
+def _works_in(proc: psutil.Process, directory: Path) -> bool:
+    try:
+        return Path(proc.cwd()).is_relative_to(directory)
+    except (psutil.Error, OSError):
+        return False
+
+
 def launch_engineconns(target: str, log: Path, rounds: int) -> None:
     """The local agent comes up and launches EngineConns as USER that run code."""
     try:
@@ -150,6 +200,26 @@ def launch_engineconns(target: str, log: Path, rounds: int) -> None:
             ecs.KillEngineConn(
                 ec_pb.KillEngineConnRequest(engine_conn_id=ec.engine_conn_id), timeout=10
             )
+            wait_ended(ecs, ec, log)
+
+
+def wait_ended(
+    ecs: engine_conn_pb2_grpc.EngineConnServiceStub, ec: ec_pb.EngineConn, log: Path
+) -> None:
+    """A killed EngineConn ends: its process is gone and the RM records it ended."""
+    ended = (ec_pb.ENGINE_CONN_STATE_SUCCEEDED, ec_pb.ENGINE_CONN_STATE_FAILED)
+    deadline = time.monotonic() + 30
+    while True:
+        request = ec_pb.GetEngineConnRequest(engine_conn_id=ec.engine_conn_id)
+        state = ecs.GetEngineConn(request, timeout=10).engine_conn.state
+        try:
+            gone = psutil.Process(ec.pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            gone = True
+        if gone and state in ended:
+            return
+        assert time.monotonic() < deadline, (state, gone, log.read_text()[-3000:])
+        time.sleep(0.1)
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -186,6 +256,7 @@ def test_make_run_as_root_from_a_clone_under_a_closed_home(sudo_users, ec_python
         [sys.executable, "-m", "rm_server", "--dev", "--data-dir", "./labelrm-data",
          "--listen", f"127.0.0.1:{port}"],
         stdout=log.open("ab"), stderr=subprocess.STDOUT, cwd=clone, env=env,
+        umask=0o077,  # a hardened root's: what it makes for pgserver is still usable
     )  # fmt: skip
     try:
         launch_engineconns(f"127.0.0.1:{port}", log, rounds=1)

@@ -249,9 +249,9 @@ def test_a_data_directory_the_database_user_cannot_reach(sudo_users):
         home = Path(os.readlink(link)).parent
         assert home.parent == RELOCATED_ROOT and link.resolve() == home / "pgdata"
         db_user = pwd.getpwnam("pgserver")
-        for path, mode in ((home, 0o700), (home / "pgdata", 0o700)):
+        for path, mode, uid in ((home, 0o711, 0), (home / "pgdata", 0o700, db_user.pw_uid)):
             info = path.stat()
-            assert (stat.S_IMODE(info.st_mode), info.st_uid) == (mode, db_user.pw_uid), path
+            assert (stat.S_IMODE(info.st_mode), info.st_uid) == (mode, uid), path
         for path in (RELOCATED_ROOT, RELOCATED_ROOT.parent):
             info = path.stat()
             assert (stat.S_IMODE(info.st_mode), info.st_uid) == (0o755, 0), path
@@ -308,3 +308,29 @@ def test_a_data_directory_the_database_user_cannot_reach(sudo_users):
     finally:
         first.stop()
         remove_with_relocated(closed)
+
+
+def test_links_the_database_user_plants_are_not_written_through(reachable_root, sudo_users):
+    """Run by root, the access rules are rewritten in the database user's own pgdata at
+    every start: links it left there in their place (a compromised server could) are
+    replaced, never followed, so root writes nothing of its choosing elsewhere."""
+    data_dir = reachable_root / "data"
+    first = Server(data_dir, reachable_root / "rm.log")
+    first.wait_serving()
+    first.stop()
+    victim = reachable_root / "root-only"
+    victim.write_text("root's own\n")
+    victim.chmod(0o600)
+    for name in ("pg_hba.conf", "pg_ident.conf"):
+        (data_dir / "pgdata" / name).unlink()
+        (data_dir / "pgdata" / name).symlink_to(victim)
+    second = Server(data_dir, reachable_root / "rm2.log")
+    try:
+        second.wait_serving()
+        info = victim.stat()
+        assert victim.read_text() == "root's own\n"
+        assert (stat.S_IMODE(info.st_mode), info.st_uid) == (0o600, 0)
+        hba = data_dir / "pgdata" / "pg_hba.conf"
+        assert not hba.is_symlink() and "peer map=rm" in hba.read_text()
+    finally:
+        second.stop()

@@ -137,8 +137,7 @@ async def test_a_waiting_apply_is_woken_after_a_switchover(
             )
             if waiting.done():
                 pytest.fail(f"the waiting Apply ended before the switchover: {waiting.result()}")
-            old = cluster.primary()
-            candidate = next(i for i in (1, 2, 3) if i != old and cluster.role_of(i) == "sync")
+            candidate = await asyncio.to_thread(cluster.standby_to_promote)
             await asyncio.to_thread(cluster.switchover, candidate)
             assert not waiting.done()
             release = pb.ReleaseRequest(ticket_id=holder.ticket_id, request_id="wake-release")

@@ -166,3 +166,30 @@ async def test_a_bad_beat_ends_the_stream_with_the_field_named(rm):
     # Nothing was recorded for the refused beat; the agent beats on, on a new stream.
     again = await beat_on_stream(rm.rm.HeartbeatStream(timeout=30), _beat("s2:9000", 2))
     assert again.action == CONTINUE and again.sequence == 2
+
+
+async def test_the_sweep_finds_every_silent_ecm_and_no_beating_one(rm_manual_clock):
+    """The sweep reads ECMs through an index on a heartbeat mark that only every few
+    beats renew: an ECM beating for many expiry periods stays alive, one that stops is
+    LOST one expiry after its last beat, whatever the mark said."""
+    rm = rm_manual_clock
+    expiry = rm.server.hub.settings.ecm_expiry.total_seconds()
+    await _register(rm, ["steady:9000", "stops:9000"])
+    seq = 0
+    for _ in range(int(4 * expiry / 3)):  # beats every 3 s for four expiry periods
+        seq += 1
+        await rm.rm.Heartbeat(_beat("steady:9000", seq), timeout=10)
+        await rm.rm.Heartbeat(_beat("stops:9000", seq), timeout=10)
+        rm.clock.advance(3)
+        await rm.server.hub.sweep()
+    # stops:9000 beats no more: alive until one expiry after its last beat, then LOST.
+    for _ in range(int(expiry / 3) + 2):
+        seq += 1
+        await rm.rm.Heartbeat(_beat("steady:9000", seq), timeout=10)
+        rm.clock.advance(3)
+        await rm.server.hub.sweep()
+    states = {
+        e.instance: e.state for e in (await rm.rm.ListEcms(pb.ListEcmsRequest(), timeout=10)).ecms
+    }
+    assert states["stops:9000"] == pb.ECM_STATE_LOST
+    assert states["steady:9000"] != pb.ECM_STATE_LOST

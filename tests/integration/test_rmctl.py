@@ -64,13 +64,13 @@ async def test_show_commands_are_key_value_views(client: Any, rm: Any, capsys: A
     assert view["ticket_id"] == ticket.ticket_id
     assert view["state"] == "LOCKED" and view["user"] == "alice"
     assert view["charged"] == ECM_LABEL
-    assert view["requested"] == "mem=1Gi cpu=1000m inst=1"
+    assert view["requested"] == "mem=1Gi cpu=1 inst=1"
     assert view["lock_expires"] != "-" and view["end_reason"] == "-"
 
     assert await ctl(rm, "resource", "show", ECM_LABEL) == 0
     view = details(capsys.readouterr().out)
     assert view["label"] == ECM_LABEL and view["source"] == "ecm"
-    assert view["locked"] == "mem=1Gi cpu=1000m inst=1" and view["tickets"] == "1"
+    assert view["locked"] == "mem=1Gi cpu=1 inst=1" and view["tickets"] == "1"
 
 
 async def test_ticket_show_accepts_a_unique_prefix(client: Any, rm: Any, capsys: Any) -> None:

@@ -112,7 +112,7 @@ async def test_engineconn_lifecycle_through_rmctl(
     assert await ctl(rm, "engineconn", "list") == 0
     header, row = capsys.readouterr().out.splitlines()
     assert header.split() == [
-        "ENGINE_CONN_ID", "STATE", "USER", "ENGINE", "ECM", "ADDRESS", "CREATED",
+        "ENGINE_CONN_ID", "STATE", "USER", "ENGINE", "ECM", "ADDRESS", "AGE",
     ]  # fmt: skip
     assert row.split()[:5] == [ec_id, "IDLE", "lrmtest_a", "shell-1", "agent1"]
     assert await ctl(rm, "-o", "json", "engineconn", "list") == 0

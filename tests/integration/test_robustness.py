@@ -20,6 +20,7 @@ from labelrm.v1 import resource_manager_pb2 as pb
 from labelrm.v1 import resource_pb2 as R
 
 from clients import rmctl
+from tests.conftest import wait_until
 from tests.helpers import (
     GiB,
     apply_req,
@@ -139,6 +140,13 @@ async def test_bytes_that_are_not_a_message_get_invalid_argument_and_one_log_lin
     rm, _ = seeded
     before = await snapshot(rm)
     call = rm.channel.unary_unary(method)  # raw bytes in and out
+
+    def mine() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.name.startswith(("labelrm", "rm_server", "grpc"))]
+
+    async def both_logged() -> bool:
+        return len(mine()) >= 2
+
     caplog.clear()
     with caplog.at_level(logging.INFO):
         # a field 1 of wire type 7 (no such type), and a length running past the end
@@ -146,9 +154,11 @@ async def test_bytes_that_are_not_a_message_get_invalid_argument_and_one_log_lin
             err = await refused(call(garbage), grpc.StatusCode.INVALID_ARGUMENT)
             assert bad_field(err) == "request"
             assert "is not a valid" in err.details()
-    mine = [r for r in caplog.records if r.name.startswith(("labelrm", "rm_server", "grpc"))]
-    assert len(mine) == 2, [r.getMessage() for r in mine]  # one access line per call
-    assert all(r.exc_info is None and r.levelno < logging.ERROR for r in mine)
+        # The access line is written as the call ends on the server, which may be just
+        # after the client has its answer: wait for both (still capturing INFO).
+        await wait_until(both_logged, 10)
+    assert len(mine()) == 2, [r.getMessage() for r in mine()]  # one access line per call
+    assert all(r.exc_info is None and r.levelno < logging.ERROR for r in mine())
     assert await snapshot(rm) == before
 
 

@@ -61,6 +61,8 @@ EXPECTED = {
     "AdminService/CheckConsistency": set(),
     "AdminService/RefreshNodes": set(),
     "AdminService/DecommissionEcm": set(),
+    "AdminService/GetClusterInfo": set(),
+    "AdminService/ListEvents": set(),
     "AdminService/PutExternalProvider": set(),
     "AdminService/ListExternalProviders": set(),
     "AdminService/DeleteExternalProvider": set(),

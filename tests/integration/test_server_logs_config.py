@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import urllib.request
@@ -13,7 +14,7 @@ import urllib.request
 import grpc
 from labelrm.v1 import resource_manager_pb2_grpc
 
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT, free_port, remove_with_relocated, shared_tmp, wait_serving
 from tests.helpers import GiB, apply_req, load, load_instance, register
 
 LABELS = "userCreator=alice-IDE,engineType=spark-3.2.1,emInstance=host1:9000"
@@ -71,3 +72,46 @@ def test_print_config_prints_sources_and_exits(tmp_path):
     assert "pool_max = 6  # env" in out
     assert 'log_format = "json"  # flag' in out
     assert "lock_timeout = 600.0  # default" in out
+
+
+def test_embedded_server_stderr_holds_only_its_own_json_lines():
+    """With --log-format json every line rm-server writes is one JSON event, from start
+    to stop: the embedded PostgreSQL logs to its own file in the data directory and
+    gRPC's C core prints nothing of its own (it wrote `I1126 … fork_posix.cc:71] Other
+    threads are currently calling into gRPC, skipping fork() handlers` when the server
+    stopped the database) unless the operator sets GRPC_VERBOSITY."""
+    data_root = shared_tmp("lrm-logs-")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRPC_")}
+    target = f"127.0.0.1:{free_port()}"
+    stderr = data_root / "stderr"
+    try:
+        with stderr.open("wb") as sink:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "rm_server", "--listen", target,
+                 "--data-dir", str(data_root / "data"), "--log-format", "json"],
+                stdout=sink, stderr=sink, cwd=ROOT, env=env,
+            )  # fmt: skip
+        try:
+            wait_serving(target, 90)
+            with grpc.insecure_channel(target) as channel:
+                stub = resource_manager_pb2_grpc.ResourceManagerServiceStub(channel)
+                stub.RegisterEcm(
+                    register("host1:9000", load_instance(4 * GiB, 4000, 2)), timeout=10
+                )
+                stub.Apply(apply_req(LABELS, load(GiB, 100)), timeout=10)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(60) == 0
+        lines = stderr.read_text().splitlines()
+        for line in lines:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                raise AssertionError(f"not a JSON event on stderr: {line!r}") from None
+            assert {"ts", "level", "logger", "msg"} <= set(event), line
+        assert any("embedded PostgreSQL running" in json.loads(x)["msg"] for x in lines)
+        # PostgreSQL's own lines are in its log file, where docs/operations.md says.
+        pg_log = (data_root / "data" / "pgdata" / "log").read_text()
+        assert "database system is ready to accept connections" in pg_log
+    finally:
+        remove_with_relocated(data_root)

@@ -128,7 +128,7 @@ def test_resource_score_is_mean_free_fraction_after_placing():
     # total 8Gi / 8000m; left 4Gi / 4000m; request 1Gi / 1000m -> 3/8 free in both.
     v = ResourceRule().evaluate(ecm(), req())
     assert v.eligible and v.score == pytest.approx(3 / 8)
-    assert v.reason == "resource: fits, free after: memory_bytes 3Gi, cpu_millis 3000"
+    assert v.reason == "resource: fits, free after: memory_bytes 3Gi, cpu_millis 3000m"
 
 
 def test_resource_honours_named_dimensions():

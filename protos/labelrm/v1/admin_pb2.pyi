@@ -186,3 +186,59 @@ class CheckConsistencyResponse(_message.Message):
     tickets_checked: int
     over_limit: _containers.RepeatedCompositeFieldContainer[Mismatch]
     def __init__(self, consistent: _Optional[bool] = ..., mismatches: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ..., labels_checked: _Optional[int] = ..., tickets_checked: _Optional[int] = ..., over_limit: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ...) -> None: ...
+
+class GetClusterInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RmReplica(_message.Message):
+    __slots__ = ("replica_id", "host", "pid", "start_time")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    host: str
+    pid: int
+    start_time: _timestamp_pb2.Timestamp
+    def __init__(self, replica_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class GetClusterInfoResponse(_message.Message):
+    __slots__ = ("version", "replicas", "database", "waiting_applies", "time")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    DATABASE_FIELD_NUMBER: _ClassVar[int]
+    WAITING_APPLIES_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    replicas: _containers.RepeatedCompositeFieldContainer[RmReplica]
+    database: str
+    waiting_applies: int
+    time: _timestamp_pb2.Timestamp
+    def __init__(self, version: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[RmReplica, _Mapping]]] = ..., database: _Optional[str] = ..., waiting_applies: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class ListEventsRequest(_message.Message):
+    __slots__ = ("kind", "id", "user")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    id: str
+    user: str
+    def __init__(self, kind: _Optional[str] = ..., id: _Optional[str] = ..., user: _Optional[str] = ...) -> None: ...
+
+class StateEvent(_message.Message):
+    __slots__ = ("time", "state", "reason")
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    time: _timestamp_pb2.Timestamp
+    state: str
+    reason: str
+    def __init__(self, time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ListEventsResponse(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[StateEvent]
+    def __init__(self, events: _Optional[_Iterable[_Union[StateEvent, _Mapping]]] = ...) -> None: ...

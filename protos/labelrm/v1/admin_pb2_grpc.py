@@ -65,6 +65,16 @@ class AdminServiceStub:
                 request_serializer=labelrm_dot_v1_dot_admin__pb2.DecommissionEcmRequest.SerializeToString,
                 response_deserializer=labelrm_dot_v1_dot_admin__pb2.DecommissionEcmResponse.FromString,
                 _registered_method=True)
+        self.GetClusterInfo = channel.unary_unary(
+                '/labelrm.v1.AdminService/GetClusterInfo',
+                request_serializer=labelrm_dot_v1_dot_admin__pb2.GetClusterInfoRequest.SerializeToString,
+                response_deserializer=labelrm_dot_v1_dot_admin__pb2.GetClusterInfoResponse.FromString,
+                _registered_method=True)
+        self.ListEvents = channel.unary_unary(
+                '/labelrm.v1.AdminService/ListEvents',
+                request_serializer=labelrm_dot_v1_dot_admin__pb2.ListEventsRequest.SerializeToString,
+                response_deserializer=labelrm_dot_v1_dot_admin__pb2.ListEventsResponse.FromString,
+                _registered_method=True)
         self.PutExternalProvider = channel.unary_unary(
                 '/labelrm.v1.AdminService/PutExternalProvider',
                 request_serializer=labelrm_dot_v1_dot_admin__pb2.PutExternalProviderRequest.SerializeToString,
@@ -134,6 +144,23 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetClusterInfo(self, request, context):
+        """GetClusterInfo tells what only the RM knows of itself: its version, the replicas
+        serving on its database, the database, the applies waiting for capacity (`rmctl status`
+        adds the nodes, EngineConns, resources and demands from their list calls).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListEvents(self, request, context):
+        """ListEvents is the state history of one ECM, EngineConn, ticket or demand, oldest first
+        (`rmctl describe`): every state it entered, when, and the reason recorded with it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def PutExternalProvider(self, request, context):
         """PutExternalProvider creates or replaces an external resource provider (by name).
         """
@@ -194,6 +221,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.DecommissionEcm,
                     request_deserializer=labelrm_dot_v1_dot_admin__pb2.DecommissionEcmRequest.FromString,
                     response_serializer=labelrm_dot_v1_dot_admin__pb2.DecommissionEcmResponse.SerializeToString,
+            ),
+            'GetClusterInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetClusterInfo,
+                    request_deserializer=labelrm_dot_v1_dot_admin__pb2.GetClusterInfoRequest.FromString,
+                    response_serializer=labelrm_dot_v1_dot_admin__pb2.GetClusterInfoResponse.SerializeToString,
+            ),
+            'ListEvents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListEvents,
+                    request_deserializer=labelrm_dot_v1_dot_admin__pb2.ListEventsRequest.FromString,
+                    response_serializer=labelrm_dot_v1_dot_admin__pb2.ListEventsResponse.SerializeToString,
             ),
             'PutExternalProvider': grpc.unary_unary_rpc_method_handler(
                     servicer.PutExternalProvider,
@@ -379,6 +416,60 @@ class AdminService:
             '/labelrm.v1.AdminService/DecommissionEcm',
             labelrm_dot_v1_dot_admin__pb2.DecommissionEcmRequest.SerializeToString,
             labelrm_dot_v1_dot_admin__pb2.DecommissionEcmResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetClusterInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/labelrm.v1.AdminService/GetClusterInfo',
+            labelrm_dot_v1_dot_admin__pb2.GetClusterInfoRequest.SerializeToString,
+            labelrm_dot_v1_dot_admin__pb2.GetClusterInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/labelrm.v1.AdminService/ListEvents',
+            labelrm_dot_v1_dot_admin__pb2.ListEventsRequest.SerializeToString,
+            labelrm_dot_v1_dot_admin__pb2.ListEventsResponse.FromString,
             options,
             channel_credentials,
             insecure,

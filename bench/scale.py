@@ -1,0 +1,510 @@
+"""Cost as the cluster grows: each cost measured on a small and a large cluster in the
+same run, printed as large / small ratios against their targets.
+
+    python -m bench.scale [--quick] [--database-url URL] [--seconds 6]
+
+One embedded PostgreSQL (or a throwaway database on --database-url) and one rm-server
+(ECM expiry 1 day: the bench ECMs do not heartbeat), then:
+
+- apply: 64 clients, spread and hot (bench/native/loadgen.cc), first on the small cluster
+  (1,000 user labels, empty ticket_history), then with 100,000 user label records (the
+  load spread over all of them), then with 10 million ticket_history rows as well
+  (--quick: 200,000; --history-rows N), all seeded with SQL (INSERT ... SELECT
+  generate_series). Target: each / small >= 0.9 in cycles/s, cycle p99 <= 1.2 x.
+- sweep: the ECM liveness sweep's query (rm_server/store/ecms.py) with 10,000 and with
+  100,000 healthy ECMs (seeded with SQL): the database pages it reads (EXPLAIN ANALYZE
+  BUFFERS) and its time. Target: does not grow with the healthy ECMs (at most one page
+  more: a level of the index's B-tree; a scan of every ECM reads ten times the pages).
+- heartbeats: simulated agents (bench/heartbeats.py) at 3 s on a fresh server, a small and
+  a large fleet (1,000 and 5,000; --quick 100 and 500): p99, LOST (missed expiries), and
+  the liveness sweep's passes as the server times them (labelrm_background_pass_seconds).
+- demands: SubmitDemand latency and the planner's passes (the same metric) with a tenth,
+  then all of 10,000 accepted demands (start in two hours) and 1,000 blocked ones (due
+  now on a label an ordinary ticket fills; --quick 1,000 and 100).
+- lists: ListLabelResources through 100,000 labels and ListTickets through 1,000,000 live
+  tickets (--quick: 100,000; seeded with SQL, deleted afterwards), pages of 500: p50 and
+  p99 of the last tenth of the pages / of the first tenth, target <= 1.2 x (keyset
+  pagination); p99 of every page < 20 ms.
+- memory: rm-server RSS after N cycles and after 100 x N cycles. Target <= 1.2 x.
+- retention: a compressed-clock run on a fresh server whose retention (history and request
+  ids) is a few seconds instead of 30 days / 48 hours: the hot load for several retention
+  periods while the rows of ticket_history and request_log are counted. Target: the rows in
+  the last period <= 1.2 x those in the second (bounded, not growing with the run).
+
+Prints one table of ratios (target met yes/NO) and one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from typing import Any
+
+from bench.apply_cycle import seed
+from bench.common import BenchDatabase, Server, emit, pct, run_loadgen, stack, table
+from bench.heartbeats import measure as measure_heartbeats
+from bench.scale_parts import (
+    APPLY_CLIENTS,
+    LARGE_USERS,
+    PAGE,
+    SMALL_USERS,
+    clone_rows,
+    count_rows,
+    demand_run,
+    drop_seeded_tickets,
+    passes_between,
+    progress,
+    scrape_passes,
+    seed_healthy_ecms,
+    seed_tickets,
+)
+
+# ----- measurements -------------------------------------------------------------------------
+
+
+def apply_run(
+    db: BenchDatabase, server: Server, mode: str, users: int, seconds: float
+) -> dict[str, Any]:
+    db.settle()
+    res, cpu = run_loadgen(
+        "apply",
+        server.target,
+        APPLY_CLIENTS,
+        seconds,
+        extra=["--mode", mode, "--users", str(users)],
+        meter_groups=lambda: {"server": server.pids, "postgres": db.postgres_pids()},
+        native=True,
+    )
+    cycles = [
+        a + b + c
+        for a, b, c in zip(
+            *(res["latency"].get(k, []) for k in ("Apply", "ReportUsed", "Release")), strict=False
+        )
+    ]
+    return {
+        "cycles_per_s": round(res["count"] / res["seconds"], 1),
+        "cycles": res["count"],
+        "Apply_p99_ms": round(pct(res["latency"].get("Apply", []), 0.99), 2),
+        "cycle_p99_ms": round(pct(cycles, 0.99), 2),
+        "errors": res["errors"],
+        "cpu": cpu,
+    }
+
+
+def _pages(conn: Any, query: str, params: dict[str, Any]) -> int:
+
+    plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, params).fetchone()[0]
+    top = (plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"]
+    return int(top.get("Shared Hit Blocks", 0) + top.get("Shared Read Blocks", 0))
+
+
+def sweep_cost(url: str, repeat: int = 50) -> dict[str, Any]:
+    """The ECM liveness sweep's query as the sweep runs it: pages read and time."""
+    from datetime import UTC, datetime, timedelta
+
+    import psycopg
+
+    from rm_server.store.ecms import EXPIRED_ECMS_SQL
+
+    silent_since = datetime.now(UTC) - timedelta(seconds=30)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("ANALYZE ecm")
+        params = {"silent_since": silent_since}
+        pages = _pages(conn, EXPIRED_ECMS_SQL, params)
+        # The same question answered by reading every ECM (as before the index).
+        conn.execute("SET enable_indexscan = off")
+        conn.execute("SET enable_bitmapscan = off")
+        scan_pages = _pages(conn, EXPIRED_ECMS_SQL, params)
+        conn.execute("RESET enable_indexscan")
+        conn.execute("RESET enable_bitmapscan")
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            conn.execute(EXPIRED_ECMS_SQL, {"silent_since": silent_since}).fetchall()
+            times.append(time.perf_counter() - t0)
+    return {
+        "ecms": count_rows(url, "ecm"),
+        "pages": pages,
+        "scan_pages": scan_pages,
+        "p50_ms": round(pct(times, 0.5), 3),
+        "p99_ms": round(pct(times, 0.99), 3),
+    }
+
+
+async def page_through(target: str, what: str) -> dict[str, Any]:
+    """Every page of 500 of ListLabelResources or ListTickets, each page's latency."""
+    import grpc
+    from labelrm.v1 import resource_manager_pb2 as pb
+    from labelrm.v1 import resource_manager_pb2_grpc
+
+    times: list[float] = []
+    items = 0
+    async with grpc.aio.insecure_channel(target) as ch:
+        rm = resource_manager_pb2_grpc.ResourceManagerServiceStub(ch)
+        token = ""
+        while True:
+            t0 = time.perf_counter()
+            if what == "labels":
+                resp = await rm.ListLabelResources(
+                    pb.ListLabelResourcesRequest(page_size=PAGE, page_token=token), timeout=60
+                )
+                items += len(resp.label_resources)
+            else:
+                resp = await rm.ListTickets(
+                    pb.ListTicketsRequest(page_size=PAGE, page_token=token), timeout=60
+                )
+                items += len(resp.tickets)
+            times.append(time.perf_counter() - t0)
+            token = resp.next_page_token
+            if not token:
+                break
+    tenth = max(1, len(times) // 10)
+    return {
+        "pages": len(times),
+        "items": items,
+        "first_p50_ms": round(pct(times[:tenth], 0.5), 2),
+        "last_p50_ms": round(pct(times[-tenth:], 0.5), 2),
+        "first_p99_ms": round(pct(times[:tenth], 0.99), 2),
+        "last_p99_ms": round(pct(times[-tenth:], 0.99), 2),
+        "p99_ms": round(pct(times, 0.99), 2),
+    }
+
+
+def rss_mib(pid: int) -> float:
+    import psutil
+
+    return round(float(psutil.Process(pid).memory_info().rss) / 2**20, 1)
+
+
+def memory_run(db: BenchDatabase, server: Server, first: int, factor: int) -> dict[str, Any]:
+    """RSS after `first` cycles, then after `factor` x as many (hot and spread mixed)."""
+    assert server.proc is not None
+    done = 0
+    window = 2.0
+    while done < first:
+        res, _ = run_loadgen(
+            "apply",
+            server.target,
+            APPLY_CLIENTS,
+            window,
+            warmup=0.5,
+            extra=["--users", str(LARGE_USERS)],
+            native=True,
+        )
+        done += res["count"]
+    small = {"cycles": done, "rss_mib": rss_mib(server.proc.pid)}
+    rate = max(1.0, done / window)
+    while done < first * factor:
+        seconds = min(60.0, max(2.0, (first * factor - done) / rate))
+        res, _ = run_loadgen(
+            "apply",
+            server.target,
+            APPLY_CLIENTS,
+            seconds,
+            warmup=0.5,
+            extra=["--users", str(LARGE_USERS)],
+            native=True,
+        )
+        done += res["count"]
+        rate = max(1.0, res["count"] / seconds)
+    large = {"cycles": done, "rss_mib": rss_mib(server.proc.pid)}
+    return {"small": small, "large": large}
+
+
+def retention_run(database_url: str, retention_s: float, periods: int) -> dict[str, Any]:
+    """Hot load for `periods` retention periods on a server whose retention is
+    `retention_s` seconds; rows of the pruned tables counted every period."""
+    days = retention_s / 86400
+    args = [
+        "--ecm-expiry", "86400",
+        "--history-retention-days", repr(days),
+        "--request-id-retention-hours", repr(retention_s / 3600),
+    ]  # fmt: skip
+    samples: list[dict[str, int]] = []
+    with stack(database_url, args) as (db, server):
+        asyncio.run(seed(server.target))
+        for _ in range(periods):
+            run_loadgen(
+                "apply",
+                server.target,
+                APPLY_CLIENTS,
+                retention_s,
+                warmup=0.5,
+                extra=["--mode", "hot"],
+                native=True,
+            )
+            samples.append({t: count_rows(db.url, t) for t in ("ticket_history", "request_log")})
+    return {"retention_s": retention_s, "samples": samples}
+
+
+# ----- the run ------------------------------------------------------------------------------
+
+
+def ratio(large: float, small: float) -> float | None:
+    return round(large / small, 2) if small else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, shorter windows")
+    parser.add_argument("--database-url", default="")
+    parser.add_argument(
+        "--seconds", type=float, default=0.0, help="apply window (default 6, quick 3)"
+    )
+    parser.add_argument(
+        "--history-rows", type=int, default=0, help="ticket_history rows of the large cluster"
+    )
+    args = parser.parse_args(argv)
+    q = args.quick
+    seconds = args.seconds or (3.0 if q else 6.0)
+    history_rows = args.history_rows or (200_000 if q else 10_000_000)
+    tickets = 100_000 if q else 1_000_000
+    ecms_small, ecms_large = 10_000, 100_000
+    fleets = (100, 500) if q else (1000, 5000)
+    mem_first = 300 if q else 1_000
+    rows: list[list[Any]] = []
+    out: dict[str, Any] = {"quick": q}
+
+    def target(name: str, value: float | None, met: bool | None, note: str = "") -> None:
+        rows.append([name, value, {True: "yes", False: "NO", None: "-"}[met], note])
+
+    server_args = ["--ecm-expiry", "86400"]
+    with stack(args.database_url, server_args) as (db, server):
+        asyncio.run(seed(server.target))
+        out["database"] = db.describe
+        # (a) the apply cycle, small cluster (after a warm-up run whose figures are dropped:
+        # the first run on a fresh server and database would be the slowest of all)
+        apply_run(db, server, "spread", SMALL_USERS, 2.0)
+        small = {m: apply_run(db, server, m, SMALL_USERS, seconds) for m in ("spread", "hot")}
+        progress("apply, small cluster", small)
+        seed_healthy_ecms(db.url, ecms_small)
+        out["sweep_small"] = sweep_cost(db.url)
+        # grow it with SQL: first the label records (the load spread over all of them),
+        # then the history rows; each step measured
+        seeded = {
+            "labels_s": clone_rows(
+                db.url,
+                "label_resource",
+                "label LIKE '%%userCreator=u0-IDE%%'",
+                {"label": "replace(t.label, 'u0-IDE', 'u' || (g + 999) || '-IDE')"},
+                LARGE_USERS - SMALL_USERS,
+            )
+        }
+        labels = {m: apply_run(db, server, m, LARGE_USERS, seconds) for m in ("spread", "hot")}
+        progress("apply, 100,000 labels", labels)
+        # History rows as the RM makes them: ids in the order they were made (the time
+        # in milliseconds first, rm_server/clock.py), ended over the last ten days.
+        seeded["history_s"] = clone_rows(
+            db.url,
+            "ticket_history",
+            "true",
+            {
+                "ticket_id": "'t-' || lpad(to_hex((extract(epoch FROM t.ended_at"
+                f" - ({history_rows} - g) * interval '86 ms') * 1000)::bigint), 12, '0')"
+                " || substr(md5(g::text), 1, 20)",
+                "ended_at": f"t.ended_at - ({history_rows} - g) * interval '86 ms'",
+            },
+            history_rows,
+        )
+        out["seeded"] = seeded
+        progress("seeded (seconds)", seeded)
+        large = {m: apply_run(db, server, m, LARGE_USERS, seconds) for m in ("spread", "hot")}
+        out["apply"] = {"small": small, "labels": labels, "large": large}
+        progress("apply, 100,000 labels and the history", large)
+        for m in ("spread", "hot"):
+            for big, what in (
+                (labels, "100,000 labels"),
+                (large, f"100,000 labels + {history_rows:,} history rows"),
+            ):
+                tput = ratio(big[m]["cycles_per_s"], small[m]["cycles_per_s"])
+                p99 = ratio(big[m]["cycle_p99_ms"], small[m]["cycle_p99_ms"])
+                target(
+                    f"apply {m}, {what} / small: cycles/s >= 0.9",
+                    tput,
+                    tput is not None and tput >= 0.9,
+                    f"{small[m]['cycles_per_s']} -> {big[m]['cycles_per_s']}/s",
+                )
+                target(
+                    f"apply {m}, {what} / small: cycle p99 <= 1.2",
+                    p99,
+                    p99 is not None and p99 <= 1.2,
+                    f"{small[m]['cycle_p99_ms']} -> {big[m]['cycle_p99_ms']} ms",
+                )
+        # (b) the liveness sweep vs healthy ECMs
+        seed_healthy_ecms(db.url, ecms_large)
+        out["sweep_large"] = sweep_cost(db.url)
+        s_small, s_large = out["sweep_small"], out["sweep_large"]
+        progress("liveness sweep", [s_small, s_large])
+        pages = ratio(s_large["pages"], s_small["pages"])
+        target(
+            # An index lookup reads one page per level of its B-tree: ten times the rows
+            # may add a level. Met when it read at most that one page more (a scan of
+            # every ECM reads ten times the pages).
+            "liveness sweep: pages read, 100,000 / 10,000 healthy ECMs (<= one more level)",
+            pages,
+            s_large["pages"] <= s_small["pages"] + 1,
+            f"{s_small['pages']} -> {s_large['pages']} pages (a scan of every ECM: {s_small['scan_pages']} -> {s_large['scan_pages']}),"
+            f" p50 {s_small['p50_ms']} -> {s_large['p50_ms']} ms",
+        )
+        # (d) lists
+        template = seed_tickets(db, server, tickets)
+        lists = {
+            "labels": asyncio.run(page_through(server.target, "labels")),
+            "tickets": asyncio.run(page_through(server.target, "tickets")),
+        }
+        drop_seeded_tickets(db, server, template)
+        out["lists"] = lists
+        progress("lists", lists)
+        for name, r in lists.items():
+            for stat in ("p50", "p99"):
+                x = ratio(r[f"last_{stat}_ms"], r[f"first_{stat}_ms"])
+                target(
+                    f"list {name}: last/first tenth of the pages, {stat} <= 1.2",
+                    x,
+                    x is not None and x <= 1.2,
+                    f"{r['items']} in {r['pages']} pages of {PAGE},"
+                    f" {r[f'first_{stat}_ms']} -> {r[f'last_{stat}_ms']} ms",
+                )
+            target(
+                f"list {name}: p99 per page of {PAGE} < 20 ms",
+                r["p99_ms"],
+                r["p99_ms"] < 20,
+                "every page",
+            )
+        # (e) memory
+        mem = memory_run(db, server, mem_first, 100)
+        out["memory"] = mem
+        progress("memory", mem)
+        x = ratio(mem["large"]["rss_mib"], mem["small"]["rss_mib"])
+        target(
+            "rm-server RSS after 100 x N cycles / after N <= 1.2",
+            x,
+            x is not None and x <= 1.2,
+            f"{mem['small']['cycles']} cycles {mem['small']['rss_mib']} MiB -> {mem['large']['cycles']} cycles {mem['large']['rss_mib']} MiB",
+        )
+
+    def heartbeats_part() -> None:
+        # (b) heartbeats: a fresh server with the default liveness settings
+        from bench.common import free_port
+
+        metrics_port = free_port()
+        hb = []
+        with stack(args.database_url, ["--metrics-listen", f"127.0.0.1:{metrics_port}"]) as (
+            db,
+            server,
+        ):
+            for i, n in enumerate(fleets):
+                before = scrape_passes(metrics_port, "liveness")
+                r = measure_heartbeats(
+                    server, db, n, 10.0 if q else 20.0, 3.0, 2, f"s{i}-", "native", "stream"
+                )
+                r["liveness_passes"] = passes_between(
+                    before, scrape_passes(metrics_port, "liveness")
+                )
+                hb.append(r)
+        out["heartbeats"] = hb
+        progress(
+            "heartbeats",
+            [
+                {
+                    k: r[k]
+                    for k in (
+                        "agents",
+                        "heartbeats_per_s",
+                        "p50_ms",
+                        "p99_ms",
+                        "lost",
+                        "liveness_passes",
+                    )
+                }
+                for r in hb
+            ],
+        )
+        x = ratio(hb[1]["p99_ms"], hb[0]["p99_ms"])
+        target(
+            f"heartbeats: p99 {fleets[1]} agents < 50 ms",
+            hb[1]["p99_ms"],
+            hb[1]["p99_ms"] < 50,
+            f"{fleets[0]} agents {hb[0]['p99_ms']} ms, ratio {x}",
+        )
+        target(
+            f"heartbeats: no missed expiry with {fleets[1]} agents",
+            hb[1]["lost"],
+            hb[1]["lost"] == 0,
+        )
+        lp = [r["liveness_passes"]["p99_le_ms"] for r in hb]
+        x = ratio(lp[1], lp[0]) if None not in lp else None
+        target(
+            f"liveness pass p99 (histogram bound), {fleets[1]} / {fleets[0]} beating agents <= 1.2",
+            x,
+            x is not None and x <= 1.2,
+            f"{lp[0]} -> {lp[1]} ms ({hb[1]['liveness_passes']['passes']} passes)",
+        )
+
+    def demands_part() -> None:
+        # (c) demands
+        dem = demand_run(args.database_url, 1_000 if q else 10_000, 100 if q else 1_000, 10.0)
+        out["demands"] = dem
+        ds, dl = dem["small"], dem["large"]
+        target(
+            f"demands: planner pass p99 with {dem['accepted']} accepted, {dem['blocked']} blocked < 200 ms",
+            dl["planner"]["p99_le_ms"],
+            dl["planner"]["p99_le_ms"] is not None and dl["planner"]["p99_le_ms"] <= 200,
+            f"histogram bucket bounds; {ds['demands']} demands: p99 <= {ds['planner']['p99_le_ms']} ms,"
+            f" {dl['demands']}: <= {dl['planner']['p99_le_ms']} ms ({dl['planner']['passes']} passes)",
+        )
+        target(
+            f"demands: SubmitDemand p99 with {dl['demands']} demands < 50 ms",
+            dl["submit_p99_ms"],
+            dl["submit_p99_ms"] < 50,
+            f"{ds['demands']} demands: {ds['submit_p99_ms']} ms; ratio {ratio(dl['submit_p99_ms'], ds['submit_p99_ms'])}",
+        )
+
+    def retention_part() -> None:
+        # (f) retention
+        ret = retention_run(args.database_url, 8.0 if q else 20.0, 4 if q else 6)
+        out["retention"] = ret
+        progress("retention", ret)
+        hist = [s["ticket_history"] for s in ret["samples"]]
+        reqs = [s["request_log"] for s in ret["samples"]]
+        for name, series in (("ticket_history", hist), ("request_log", reqs)):
+            x = ratio(series[-1], series[1])
+            target(
+                f"retention: {name} rows, last / second period <= 1.2",
+                x,
+                x is not None and x <= 1.2,
+                f"rows per period: {series}",
+            )
+
+    for name, part in (
+        ("heartbeats", heartbeats_part),
+        ("demands", demands_part),
+        ("retention", retention_part),
+    ):
+        try:
+            part()
+        except Exception as exc:  # one part failing must not lose the others' figures
+            progress(f"{name} failed", repr(exc))
+            target(name, None, None, f"failed: {exc!r}")
+    text = "cost as the cluster grows ({}; {}):\n".format(
+        out["database"], "quick" if q else "full"
+    ) + table(["measure", "ratio", "met", "figures"], rows)
+    emit(
+        "scale",
+        text,
+        {
+            **out,
+            "targets": [
+                dict(zip(["measure", "ratio", "met", "figures"], r, strict=True)) for r in rows
+            ],
+        },
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,147 @@
+"""ecm-agent as an operator runs it: a real process, real signals, a real (or missing) RM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, free_port
+
+
+def agent_cmd(tmp: Path, *extra: str, rm: str = "") -> list[str]:
+    (tmp / "work").mkdir(exist_ok=True)
+    return [
+        sys.executable, "-m", "ecm_agent",
+        "--rm", rm or f"127.0.0.1:{free_port()}",  # nothing listens there
+        "--agent-id", "a1",
+        "--work-root", str(tmp / "work"),
+        "--state-dir", str(tmp / "state"),
+        *extra,
+    ]  # fmt: skip
+
+
+def run_agent(tmp: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        agent_cmd(tmp, *extra), capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+
+
+def wait_for(predicate: object, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_stops_on_a_signal_while_the_rm_is_unreachable(tmp_path: Path, sig: int) -> None:
+    """The agent retries an unreachable RM with one log line per retry and a growing
+    pause, and a signal stops it at once (it used to ignore SIGTERM while retrying)."""
+    log = tmp_path / "agent.log"
+    with log.open("w") as fh:
+        proc = subprocess.Popen(agent_cmd(tmp_path), stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT)
+    try:
+        wait_for(lambda: log.read_text().count(" unreachable ") >= 3, 60)
+        proc.send_signal(sig)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    lines = log.read_text().splitlines()
+    retries = [line for line in lines if " unreachable " in line]
+    assert all("level=WARNING" in line and "UNAVAILABLE" in line for line in retries)
+    assert all(line.startswith("ts=") and " logger=" in line for line in lines), lines
+    pauses = [float(line.rsplit(" in ", 1)[1].rstrip('"').rstrip("s")) for line in retries]
+    assert [int(line.split(" retry ")[1].split()[0]) for line in retries] == list(
+        range(1, len(retries) + 1)
+    )
+    assert all(p > 0 for p in pauses) and pauses[2] > pauses[0]  # backing off
+    # Every line is a log record: no multi-line error dumps, no traceback.
+    assert "Traceback" not in log.read_text()
+    assert lines[-1].endswith('msg="stopped while waiting for the RM"')
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (("--tls-ca", "/nonexistent/ca.crt"), "tls_ca /nonexistent/ca.crt: No such file"),
+        (("--tls-cert", "/nonexistent/a.crt", "--tls-key", "/nonexistent/a.key"), "tls_cert"),
+        (("--state-dir", "/proc/version/state"), "state_dir /proc/version/state"),
+        (("--work-root", "/nonexistent/work"), "work_root /nonexistent/work: not a directory"),
+        (("--python", "/nonexistent/python"), "python /nonexistent/python"),
+        (("--heartbeat-interval", "often"), "invalid value 'often' for heartbeat_interval"),
+        (("--log-level", "loud"), "log_level must be one of"),
+        (("--config", "/nonexistent/agent.toml"), "cannot read config file"),
+    ],
+)
+def test_a_bad_setting_is_one_line_and_exit_2(
+    tmp_path: Path, extra: tuple[str, ...], expected: str
+) -> None:
+    """Checked before registering: an agent that cannot launch never reports RUNNING."""
+    done = run_agent(tmp_path, *extra)
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("ecm-agent: error: ") and expected in done.stderr
+
+
+def test_unknown_key_in_the_config_file(tmp_path: Path) -> None:
+    config = tmp_path / "agent.toml"
+    config.write_text('rm = "127.0.0.1:1"\nwork_dir = "/x"\n')
+    done = run_agent(tmp_path, "--config", str(config))
+    assert (done.returncode, done.stderr) == (
+        2,
+        f"ecm-agent: error: unknown setting 'work_dir' in {config}\n",
+    )
+
+
+def test_help_print_config_and_version(tmp_path: Path) -> None:
+    done = run_agent(tmp_path, "--help")
+    assert done.returncode == 0
+    assert "--work-root WORK_ROOT" in done.stdout and "EngineConn work directories" in done.stdout
+    assert "[LABELRM_AGENT_STATE_DIR]" in done.stdout
+    config = tmp_path / "agent.toml"
+    config.write_text('labels = "cluster=c1"\ntoken = "secret-token"\n')
+    env = {**os.environ, "LABELRM_AGENT_KILL_GRACE": "9"}
+    done = subprocess.run(
+        agent_cmd(tmp_path, "--config", str(config), "--print-config"),
+        capture_output=True, text=True, timeout=60, cwd=ROOT, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    shown = {line.split(" = ")[0]: line for line in done.stdout.splitlines() if " = " in line}
+    assert shown["labels"].startswith('labels = "cluster=c1"  # file')
+    assert shown["kill_grace"].startswith("kill_grace = 9.0  # env (LABELRM_AGENT_KILL_GRACE")
+    assert shown["agent_id"].startswith('agent_id = "a1"  # flag')
+    assert "secret-token" not in done.stdout and 'token = "***"' in done.stdout
+    done = run_agent(tmp_path, "--version")
+    assert done.returncode == 0 and done.stdout.startswith("ecm-agent ")
+
+
+def test_json_log_lines(tmp_path: Path) -> None:
+    """--log-format json: every line one JSON object, as rm-server writes them."""
+    import json
+
+    log = tmp_path / "agent.log"
+    with log.open("w") as fh:
+        proc = subprocess.Popen(
+            agent_cmd(tmp_path, "--log-format", "json"),
+            stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT,
+        )  # fmt: skip
+    try:
+        wait_for(lambda: log.read_text().count("unreachable") >= 2, 60)
+        proc.terminate()
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    assert events and all(e["level"] in ("INFO", "WARNING") for e in events)
+    assert any("unreachable" in e["msg"] for e in events)
