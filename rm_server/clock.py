@@ -40,12 +40,23 @@ class ManualClock:
 IdFactory = Callable[[str], str]
 
 
+# Kinds of object made in high volume, keyed by their id in tables of millions of rows
+# (ticket, ticket_history): their ids start with the time.
+TIME_ORDERED_KINDS = frozenset({"t"})
+
+
 def random_ids(prefix: str) -> str:
-    """`t-0193f2a4c1b2…`: a prefix naming the kind of object, then 32 hex digits: 12 of
-    the time in milliseconds and 20 (80 bits) random. Ids made later sort later, so a
-    table keyed by them (ticket, ticket_history, request_log, ...) grows at the right
-    edge of its primary-key index: with fully random ids each insert into a table of
-    millions of rows touched a random page of an index far larger than the cache, and
-    after every checkpoint wrote that whole page to the WAL again."""
-    millis = time.time_ns() // 1_000_000
-    return f"{prefix}-{millis & 0xFFFF_FFFF_FFFF:012x}{secrets.token_hex(10)}"
+    """`t-0193f2a4c1b2…`: a prefix naming the kind of object, then 32 hex digits.
+
+    A ticket's id is 12 hex digits of the time in milliseconds, then 20 (80 bits) random:
+    tickets made later sort later, so the ticket tables grow at the right edge of their
+    primary-key index (with fully random ids each insert into a table of millions of rows
+    touched a random page of an index far larger than the cache, and after every
+    checkpoint wrote that whole page to the WAL again). Every other id is fully random:
+    operators name EngineConns and the like by a short prefix (`rmctl engineconn exec
+    ec-3f2a`), which ids starting with the time would make ambiguous for everything made
+    in the same quarter of an hour."""
+    if prefix in TIME_ORDERED_KINDS:
+        millis = time.time_ns() // 1_000_000
+        return f"{prefix}-{millis & 0xFFFF_FFFF_FFFF:012x}{secrets.token_hex(10)}"
+    return f"{prefix}-{secrets.token_hex(16)}"

@@ -37,7 +37,7 @@ from rm_server.domain.model import (
     Ticket,
 )
 from rm_server.domain.resources import Resource
-from rm_server.errors import DeadlineExceeded, InvalidArgument
+from rm_server.errors import DeadlineExceeded, InvalidArgument, Unavailable
 from rm_server.external import ExternalResources
 from rm_server.store import admin as admin_store
 from rm_server.store import owners
@@ -276,6 +276,14 @@ class RMCore:
                         )
                     except ticket_store.MustWait as wait:
                         refusal = wait.refusal
+                    except Unavailable:
+                        # The database went away while this apply waits (a failover): it
+                        # goes on waiting within its deadline, and its next try reaches the
+                        # new primary (its waiter row went there with the commit).
+                        if deadline - time.monotonic() <= 0:
+                            raise
+                        await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+                        continue
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         raise DeadlineExceeded(
@@ -296,8 +304,10 @@ class RMCore:
                         )
                         continue
                     if wanted != holding:
-                        holding = wanted
-                        await self._set_hold(waiter, hold_ends if holding else self.clock.now())
+                        # Unavailable: the hold is set again at the next round.
+                        with contextlib.suppress(Unavailable):
+                            await self._set_hold(waiter, hold_ends if wanted else self.clock.now())
+                            holding = wanted
                     # Also look again when holds may have lapsed (no release wakes us then).
                     nap = min(remaining, max(1.0, self.settings.waiter_hold.total_seconds() / 4))
                     if queue is not None:
