@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -235,8 +235,10 @@ class RMCore:
         queue, resource = await self._external(labels, resource)
         if queue is not None:
             keys = tuple(sorted((*keys, queue.label)))
-        if wait_seconds <= 0:
-            return await self._apply_once(
+
+        def attempt(waiter: int | None, may_wait: bool) -> Awaitable[Ticket | Replay]:
+            # One call for both paths (`queue` and `resource` as they are at the try).
+            return self._apply_once(
                 idem,
                 encoder,
                 ticket_id,
@@ -244,11 +246,15 @@ class RMCore:
                 labels,
                 keys,
                 resource,
-                None,
+                waiter,
+                may_wait=may_wait,
                 after=after,
                 engine_conn_id=engine_conn_id,
                 queue=queue,
             )
+
+        if wait_seconds <= 0:
+            return await attempt(None, may_wait=False)
         deadline = time.monotonic() + wait_seconds
         waiter: int | None = None
         # How long this waiter may hold capacity back from later requests; it holds
@@ -262,18 +268,7 @@ class RMCore:
                     if queue is not None:  # the queue's live figures, fresh for each try
                         queue, resource = await self._external(labels, resource)
                     try:
-                        return await self._apply_once(
-                            idem,
-                            encoder,
-                            ticket_id,
-                            user,
-                            labels,
-                            keys,
-                            resource,
-                            waiter,
-                            may_wait=True,
-                            queue=queue,
-                        )
+                        return await attempt(waiter, may_wait=True)
                     except ticket_store.MustWait as wait:
                         refusal = wait.refusal
                     except Unavailable:

@@ -442,19 +442,22 @@ def _kill_engineconns(root: Path) -> None:
             pass
 
 
+# Short liveness intervals for EngineConn tests (agents and EngineConns come and go).
+ENGINECONN_TEST_SETTINGS: dict[str, Any] = {
+    "sweep_interval": 0.2,
+    "ecm_expiry": 3.0,
+    "ec_expiry": 6.0,
+    "agent_heartbeat_interval": 0.5,
+    "ec_heartbeat_interval": 0.5,
+    "create_timeout": 30.0,
+    "kill_grace": 2.0,
+}
+
+
 @pytest.fixture
 async def cluster_rm(database_url: str) -> AsyncIterator[InProcessRM]:
     """An in-process RM with short liveness intervals, for EngineConn tests."""
-    server = await start_in_process(
-        database_url,
-        sweep_interval=0.2,
-        ecm_expiry=3.0,
-        ec_expiry=6.0,
-        agent_heartbeat_interval=0.5,
-        ec_heartbeat_interval=0.5,
-        create_timeout=30.0,
-        kill_grace=2.0,
-    )
+    server = await start_in_process(database_url, **ENGINECONN_TEST_SETTINGS)
     try:
         yield server
     finally:

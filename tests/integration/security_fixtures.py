@@ -4,6 +4,8 @@ EngineConn certificates, and a token file."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -19,7 +21,12 @@ from labelrm.v1 import (
 
 from clients._channel import ChannelSecurity, aio_channel
 from rm_server.security import pki, tokens
-from tests.conftest import InProcessRM, start_in_process, stop_in_process
+from tests.conftest import (
+    ENGINECONN_TEST_SETTINGS,
+    InProcessRM,
+    start_in_process,
+    stop_in_process,
+)
 
 USERS = {"alice": ["user"], "bob": ["user"], "gateway": ["user"], "root": ["admin"]}
 
@@ -140,3 +147,21 @@ async def stop_secure(rm: SecureRM) -> None:
     for channel in rm.channels:
         await channel.close()
     await stop_in_process(rm.inner)
+
+
+@contextlib.asynccontextmanager
+async def secure_cluster(
+    database_url: str, tmp_path: Path, users: tuple[str, ...], **overrides: Any
+) -> AsyncIterator[SecureRM]:
+    """A secured RM (TLS, tokens, the mutual-TLS agent listener) with EngineConn test
+    intervals, a `user` token for each of `users` (in `pki.tokens`), stopped on the way out."""
+    keys = make_pki(tmp_path / "pki")
+    for user in users:
+        keys.tokens[user] = tokens.add_token(Path(keys.token_file), user, ["user"])
+    srm = await start_secure(
+        database_url, keys, **{**ENGINECONN_TEST_SETTINGS, "ec_cert_hours": 1.0, **overrides}
+    )
+    try:
+        yield srm
+    finally:
+        await stop_secure(srm)

@@ -32,7 +32,7 @@ from rm_server.security.setup import SecurityConfigError, build_security
 from rm_server.service import convert
 from tests.conftest import wait_until
 from tests.helpers import lbl, limit_req, load_instance
-from tests.integration.security_fixtures import make_pki, start_secure, stop_secure
+from tests.integration.security_fixtures import make_pki, secure_cluster
 from tests.integration.test_tenant_isolation import SHELL_A, SHELL_B, start_agent
 
 CHROMIUM = "/usr/bin/chromium"
@@ -51,26 +51,10 @@ def _browser_path() -> str:
 @pytest.fixture
 async def console(database_url, tmp_path, sudo_users):
     """A secured RM (TLS, tokens) serving the console, with a token per test user."""
-    keys = make_pki(tmp_path / "pki")
-    for user in sudo_users:
-        keys.tokens[user] = tokens.add_token(Path(keys.token_file), user, ["user"])
-    srm = await start_secure(
-        database_url,
-        keys,
-        console_listen="127.0.0.1:0",
-        sweep_interval=0.2,
-        ecm_expiry=3.0,
-        ec_expiry=6.0,
-        agent_heartbeat_interval=0.5,
-        ec_heartbeat_interval=0.5,
-        create_timeout=30.0,
-        kill_grace=2.0,
-        ec_cert_hours=1.0,
-    )
-    try:
+    async with secure_cluster(
+        database_url, tmp_path, sudo_users, console_listen="127.0.0.1:0"
+    ) as srm:
         yield srm
-    finally:
-        await stop_secure(srm)
 
 
 @pytest.fixture

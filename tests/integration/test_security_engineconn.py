@@ -18,36 +18,18 @@ from labelrm.v1 import resource_manager_pb2 as pb
 from clients import AsyncRMClient, ExecOutput, ExecResult, Unauthenticated
 from ecm_agent.validate import SECRET_FILE
 from ecm_agent.workdir import LAUNCH_SCRIPT
-from rm_server.security import tokens
 from rm_server.security.ec_certs import CERT_FILE, KEY_FILE
 from tests.conftest import wait_until
 from tests.helpers import lbl
-from tests.integration.security_fixtures import make_pki, start_secure, stop_secure
+from tests.integration.security_fixtures import secure_cluster
 
 SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"
 
 
 @pytest.fixture
 async def cluster(database_url, tmp_path, sudo_users):
-    keys = make_pki(tmp_path / "pki")
-    for user in sudo_users:
-        keys.tokens[user] = tokens.add_token(Path(keys.token_file), user, ["user"])
-    srm = await start_secure(
-        database_url,
-        keys,
-        sweep_interval=0.2,
-        ecm_expiry=3.0,
-        ec_expiry=6.0,
-        agent_heartbeat_interval=0.5,
-        ec_heartbeat_interval=0.5,
-        create_timeout=30.0,
-        kill_grace=2.0,
-        ec_cert_hours=1.0,
-    )
-    try:
+    async with secure_cluster(database_url, tmp_path, sudo_users) as srm:
         yield srm
-    finally:
-        await stop_secure(srm)
 
 
 async def test_engineconn_reports_with_the_certificate_the_rm_issued(cluster, agent_factory):

@@ -5,8 +5,6 @@ attack as a hostile tenant would run it and asserts that it fails."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
@@ -14,7 +12,6 @@ from labelrm.v1 import demand_pb2 as demand_pb
 from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as pb
 
-from rm_server.security import tokens
 from tests.conftest import wait_until
 from tests.helpers import (
     GiB,
@@ -25,7 +22,13 @@ from tests.helpers import (
     load_instance,
     register,
 )
-from tests.integration.security_fixtures import SecureRM, make_pki, start_secure, stop_secure
+from tests.integration.security_fixtures import (
+    SecureRM,
+    make_pki,
+    secure_cluster,
+    start_secure,
+    stop_secure,
+)
 from tests.integration.test_security import reason_of
 
 SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"
@@ -35,25 +38,8 @@ SHELL_B = "userCreator=lrmtest_b-IDE,engineType=shell-1"
 @pytest.fixture
 async def cluster(database_url, tmp_path, sudo_users):
     """The secured RM, with tokens for the two sudo test users."""
-    keys = make_pki(tmp_path / "pki")
-    for user in sudo_users:
-        keys.tokens[user] = tokens.add_token(Path(keys.token_file), user, ["user"])
-    srm = await start_secure(
-        database_url,
-        keys,
-        sweep_interval=0.2,
-        ecm_expiry=3.0,
-        ec_expiry=6.0,
-        agent_heartbeat_interval=0.5,
-        ec_heartbeat_interval=0.5,
-        create_timeout=30.0,
-        kill_grace=2.0,
-        ec_cert_hours=1.0,
-    )
-    try:
+    async with secure_cluster(database_url, tmp_path, sudo_users) as srm:
         yield srm
-    finally:
-        await stop_secure(srm)
 
 
 async def start_agent(cluster: SecureRM, agent_factory) -> None:
