@@ -45,15 +45,28 @@ async def cluster_info(conn: Conn) -> ClusterRow:
     """The server version, the replicas (oldest first) and the number of waiting applies."""
     cur = await conn.execute("SHOW server_version")
     version = await cur.fetchone()
+    return ClusterRow(
+        str(version[0]) if version else "", await list_replicas(conn), await waiting_applies(conn)
+    )
+
+
+async def list_replicas(conn: Conn) -> tuple[ReplicaRow, ...]:
+    """The live replicas' rows, oldest first."""
     cur = await conn.execute(
         "SELECT replica_id, host, pid, started_at FROM rm_replica ORDER BY started_at, replica_id"
     )
-    replicas = tuple(ReplicaRow(str(a), str(b), int(c), d) for a, b, c, d in await cur.fetchall())
-    cur = await conn.execute("SELECT count(*) FROM apply_waiter")
-    waiting = await cur.fetchone()
-    return ClusterRow(
-        str(version[0]) if version else "", replicas, int(waiting[0]) if waiting else 0
+    return tuple(ReplicaRow(str(a), str(b), int(c), d) for a, b, c, d in await cur.fetchall())
+
+
+async def waiting_applies(conn: Conn, user: str = "") -> int:
+    """Waiting Apply calls (each once, however many labels it queues on); `user` "" for
+    everyone's."""
+    cur = await conn.execute(
+        "SELECT count(DISTINCT seq) FROM apply_waiter WHERE (%s = '' OR user_name = %s)",
+        (user, user),
     )
+    row = await cur.fetchone()
+    return int(row[0]) if row else 0
 
 
 # kind -> the query of its recorded states (ECMs and EngineConns: written by triggers).

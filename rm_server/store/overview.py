@@ -4,25 +4,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
 
+from rm_server.store import cluster
 from rm_server.store.db import Conn
 
 TOP_USERS = 10
 
 
 @dataclass(frozen=True)
-class Replica:
-    replica_id: str
-    host: str
-    pid: int
-    started_at: datetime
-
-
-@dataclass(frozen=True)
 class ClusterCounts:
     waiting_applies: int
-    replicas: tuple[Replica, ...]
+    replicas: tuple[cluster.ReplicaRow, ...]
     engine_conns: dict[str, int]  # state -> count
     demands: dict[str, int]
     top_users: tuple[tuple[str, int], ...]  # most live tickets first (operators only)
@@ -31,16 +23,8 @@ class ClusterCounts:
 async def cluster_counts(conn: Conn, user: str) -> ClusterCounts:
     """Counts seen by `user` ("" for an operator: everyone's). Waiting applies count
     each waiting call once, however many labels it queues on."""
-    cur = await conn.execute(
-        "SELECT count(DISTINCT seq) FROM apply_waiter WHERE (%s = '' OR user_name = %s)",
-        (user, user),
-    )
-    row = await cur.fetchone()
-    waiting = int(row[0]) if row else 0
-    cur = await conn.execute(
-        "SELECT replica_id, host, pid, started_at FROM rm_replica ORDER BY started_at"
-    )
-    replicas = tuple(Replica(*r) for r in await cur.fetchall())
+    waiting = await cluster.waiting_applies(conn, user)
+    replicas = await cluster.list_replicas(conn)
     cur = await conn.execute(
         "SELECT state, count(*) FROM engine_conn WHERE (%s = '' OR user_name = %s) GROUP BY state",
         (user, user),
