@@ -19,7 +19,7 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from labelrm.v1 import resource_pb2
 
-from rm_server.domain.quantity import format_quantity
+from labelrm_common.quantity import format_quantity
 
 DOMAIN = "labelrm.io"
 

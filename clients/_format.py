@@ -12,7 +12,7 @@ from typing import Any, TextIO
 from google.protobuf import json_format
 from labelrm.v1 import resource_manager_pb2
 
-from rm_server.domain.quantity import format_bytes, format_cpu
+from labelrm_common.quantity import format_bytes, format_cpu
 
 __all__ = [
     "STATE_NAMES",

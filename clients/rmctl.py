@@ -60,8 +60,8 @@ from clients.rmctl_security import (
     run_local,
 )
 from clients.rmctl_status import add_status_commands
-from rm_server.domain.quantity import parse_cpu, parse_memory
-from rm_server.version import VERSION
+from labelrm_common.quantity import parse_cpu, parse_memory
+from labelrm_common.version import VERSION
 
 # --- arguments -------------------------------------------------------------------------------
 

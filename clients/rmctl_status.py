@@ -20,8 +20,8 @@ from clients._engineconn import LIVE_EC_STATES, ec_state_name, ecm_state_name
 from clients._filters import fmt_age
 from clients._format import print_details, print_table, to_json
 from clients._impl import RMClient
-from rm_server.domain.quantity import format_bytes, format_cpu
-from rm_server.version import VERSION
+from labelrm_common.quantity import format_bytes, format_cpu
+from labelrm_common.version import VERSION
 
 __all__ = ["add_status_commands"]
 

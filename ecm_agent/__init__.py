@@ -1,5 +1,5 @@
 """ECM agent daemon: registers a host with the RM and launches EngineConns on it."""
 
-from rm_server.version import VERSION as __version__
+from labelrm_common.version import VERSION as __version__
 
 __all__ = ["__version__"]

@@ -15,7 +15,7 @@ import sys
 
 from ecm_agent.agent import RegistrationRefused, build_agent
 from ecm_agent.settings import AgentSettings, SettingsError, check_files, load_agent_config
-from rm_server.observability.logging import setup_logging
+from labelrm_common.logging import setup_logging
 
 
 async def _run(settings: AgentSettings) -> None:

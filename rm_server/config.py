@@ -14,11 +14,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
+from labelrm_common.logging import LOG_FORMATS
+from labelrm_common.version import VERSION
 from rm_server.settings_doc import RM_HELP
-from rm_server.version import VERSION
 
 DEFAULT_RULES_SPEC = "userCreator+engineType;emInstance"
-LOG_FORMATS = ("text", "json")
+
 EVENT_LOOPS = ("uvloop", "asyncio")
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rm_server.domain.quantity import format_quantity
+from labelrm_common.quantity import format_quantity
 from rm_server.domain.resources import Shortfall
 
 

@@ -9,10 +9,10 @@ import sys
 from collections.abc import Coroutine
 from typing import Any
 
+from labelrm_common.logging import setup_logging
 from rm_server.config import load_config
 from rm_server.dev import DevUsersError, run_dev
 from rm_server.embedded import EmbeddedDatabaseError
-from rm_server.observability.logging import setup_logging
 from rm_server.security.setup import SecurityConfigError
 from rm_server.server import RMServer
 

@@ -25,17 +25,17 @@ from labelrm.v1 import (
     resource_manager_pb2_grpc,
 )
 
-from rm_server.agents import AgentHub
+from rm_server.app.agents import AgentHub
+from rm_server.app.core import CoreSettings, RMCore
+from rm_server.app.demands import DemandManager, DemandSettings
+from rm_server.app.engineconns import EcSettings, EngineConnManager
 from rm_server.background import Lease, run_periodically
 from rm_server.clock import Clock, IdFactory, SystemClock, random_ids
 from rm_server.config import Settings
 from rm_server.console.app import Console, Sources
-from rm_server.core import CoreSettings, RMCore
-from rm_server.demands import DemandManager, DemandSettings
 from rm_server.domain.demands.planner import PlannerSettings
 from rm_server.domain.labels import parse_rules
 from rm_server.embedded import EmbeddedPostgres
-from rm_server.engineconns import EcSettings, EngineConnManager
 from rm_server.external import ExternalResources
 from rm_server.observability.metrics import Metrics, MetricsHttpServer
 from rm_server.security.setup import Security, build_security

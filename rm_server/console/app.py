@@ -27,13 +27,13 @@ from aiohttp import web
 from google.protobuf.message import Message
 from labelrm.v1 import admin_pb2, demand_pb2, engine_conn_pb2, resource_manager_pb2
 
-from rm_server.agents import AgentHub
+from rm_server.app.agents import AgentHub
+from rm_server.app.core import RMCore
+from rm_server.app.demands import DemandManager
+from rm_server.app.engineconns import EngineConnManager
 from rm_server.console import views
-from rm_server.core import RMCore
-from rm_server.demands import DemandManager
 from rm_server.domain.labels import EM_INSTANCE, Label
 from rm_server.domain.model import Ticket
-from rm_server.engineconns import EngineConnManager
 from rm_server.errors import (
     FailedPrecondition,
     InvalidArgument,

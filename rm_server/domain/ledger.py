@@ -269,7 +269,7 @@ def _external_refusal(
     merged with the labels' own."""
     assert cmd.external is not None
     queue = accounts.get(cmd.external.label)
-    if queue is None:  # created before the Apply (rm_server/core.py)
+    if queue is None:  # created before the Apply (rm_server/app/core.py)
         raise FailedPrecondition(f"no record of queue {cmd.external.label}", state="NO_RECORD")
     outside = cmd.external.refusal(queue.locked, cmd.resource)
     if outside is None:

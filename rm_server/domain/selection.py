@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol
 
+from labelrm_common.quantity import format_quantity
 from rm_server.domain.external import QUEUE_KEY
 from rm_server.domain.labels import EC_INSTANCE, EM_INSTANCE, ENGINE_TYPE, USER_CREATOR, Label
-from rm_server.domain.quantity import format_quantity
 from rm_server.domain.resources import (
     CPU,
     KIND_DIMENSIONS,

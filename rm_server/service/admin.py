@@ -8,8 +8,9 @@ import grpc
 from labelrm.v1 import admin_pb2 as pb
 from labelrm.v1 import admin_pb2_grpc as pb_grpc
 
-from rm_server.agents import AgentHub
-from rm_server.core import RMCore
+from labelrm_common.version import VERSION
+from rm_server.app.agents import AgentHub
+from rm_server.app.core import RMCore
 from rm_server.domain.external import ProviderConfig
 from rm_server.domain.labels import EM_INSTANCE
 from rm_server.domain.model import StoredLimit
@@ -18,7 +19,6 @@ from rm_server.external import ExternalResources
 from rm_server.service import convert
 from rm_server.service.common import ProtoEncoder, idempotency, next_token, page_of, respond
 from rm_server.store.cluster import EVENT_TABLES, cluster_info, state_events
-from rm_server.version import VERSION
 
 _SET = ProtoEncoder[tuple[StoredLimit, int]](
     lambda r: pb.SetLabelLimitResponse(limit=convert.limit_to_pb(r[0]), affected_labels=r[1])

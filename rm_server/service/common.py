@@ -10,8 +10,8 @@ from typing import Any, Generic, TypeVar
 
 from google.protobuf.message import Message
 
+from rm_server.domain.idempotency import Idempotency, Replay
 from rm_server.errors import InvalidArgument, LabelrmError
-from rm_server.idempotency import Idempotency, Replay
 from rm_server.security import identity
 from rm_server.service.errors import ReplayedError, encode_error
 

@@ -14,7 +14,7 @@ from google.protobuf.duration_pb2 import Duration
 from labelrm.v1 import demand_pb2 as pb
 from labelrm.v1 import demand_pb2_grpc as pb_grpc
 
-from rm_server.demands import Claimed, DemandManager
+from rm_server.app.demands import Claimed, DemandManager
 from rm_server.domain.demands import codec
 from rm_server.domain.demands.model import Demand, DemandSpec
 from rm_server.domain.demands.state import DemandState

@@ -9,9 +9,9 @@ import grpc
 from labelrm.v1 import engine_conn_pb2 as pb
 from labelrm.v1 import engine_conn_pb2_grpc as pb_grpc
 
-from rm_server.agents import AgentHub
+from rm_server.app.agents import AgentHub
+from rm_server.app.engineconns import CreateRequest, EngineConnManager
 from rm_server.domain.engineconn import EcState
-from rm_server.engineconns import CreateRequest, EngineConnManager
 from rm_server.errors import InvalidArgument
 from rm_server.service import convert
 from rm_server.service.common import idempotency, next_token, page_of

@@ -18,7 +18,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 from labelrm.v1 import resource_pb2
 
-from rm_server.domain.quantity import format_quantity
+from labelrm_common.quantity import format_quantity
 from rm_server.errors import (
     Aborted,
     DeadlineExceeded,

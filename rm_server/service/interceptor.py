@@ -38,8 +38,8 @@ import grpc
 from google.rpc import status_pb2
 
 from rm_server.errors import PermissionDenied, ResourceExhausted, Unimplemented
-from rm_server.observability.logging import RpcLog, access_level
 from rm_server.observability.metrics import Metrics, RpcMetrics
+from rm_server.observability.rpclog import RpcLog, access_level
 from rm_server.security import policy
 from rm_server.security.identity import peer_host
 from rm_server.security.interceptor import AuthInterceptor, Release

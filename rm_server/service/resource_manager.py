@@ -9,8 +9,8 @@ from google.protobuf.message import Message
 from labelrm.v1 import resource_manager_pb2 as pb
 from labelrm.v1 import resource_manager_pb2_grpc as pb_grpc
 
-from rm_server.agents import AgentHub
-from rm_server.core import RMCore
+from rm_server.app.agents import AgentHub
+from rm_server.app.core import RMCore
 from rm_server.domain.engineconn import HeartbeatOutcome
 from rm_server.domain.labels import EM_INSTANCE, Label, LabelError, LabelKey
 from rm_server.domain.model import LabelResource, Registration, Ticket

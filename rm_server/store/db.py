@@ -19,6 +19,10 @@ from psycopg import sql
 from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+# Re-exported: the store's callers name them from here too.
+from rm_server.domain.idempotency import Idempotency as Idempotency
+from rm_server.domain.idempotency import OutcomeEncoder as OutcomeEncoder
+from rm_server.domain.idempotency import Replay as Replay
 from rm_server.errors import (
     FailedPrecondition,
     LabelrmError,
@@ -26,11 +30,6 @@ from rm_server.errors import (
     ResourceExhausted,
     Unavailable,
 )
-
-# Re-exported: the store's callers name them from here too.
-from rm_server.idempotency import Idempotency as Idempotency
-from rm_server.idempotency import OutcomeEncoder as OutcomeEncoder
-from rm_server.idempotency import Replay as Replay
 
 log = logging.getLogger(__name__)
 

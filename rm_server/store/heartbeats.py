@@ -8,7 +8,7 @@ A group of heartbeats (of distinct agents) costs two round trips whatever its si
 2. (pipelined with COMMIT) one UPDATE recording every beat's liveness, sequence number
    and stored answer, and one UPDATE marking the commands the beats acknowledged.
 
-What each beat is answered is decided in between by rm_server/agents.py, from what
+What each beat is answered is decided in between by rm_server/app/agents.py, from what
 round trip 1 read. Lock order as everywhere: ecm rows, then label rows, ticket rows,
 engine_conn rows, agent_command rows.
 """

@@ -1,6 +1,6 @@
 """Apply, ReportUsed, Release and lock expiry: one path for one request or many.
 
-`run(conn, ops, now)` runs a group of requests (rm_server/batching.py groups
+`run(conn, ops, now)` runs a group of requests (rm_server/app/batching.py groups
 concurrent ones; a group of one is the single request) in the caller's transaction,
 in arrival order, as if each ran alone one after the other:
 

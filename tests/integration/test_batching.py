@@ -1,4 +1,4 @@
-"""Concurrent Apply / ReportUsed / Release share transactions (rm_server/batching.py,
+"""Concurrent Apply / ReportUsed / Release share transactions (rm_server/app/batching.py,
 rm_server/store/tickets.py): each request stays all-or-nothing, in arrival order, FIFO
 behind waiters, idempotent, and every invariant holds.
 

@@ -18,8 +18,8 @@ from labelrm.v1 import demand_pb2 as dpb
 from labelrm.v1 import demand_pb2_grpc
 from labelrm.v1 import resource_manager_pb2 as rpb
 
+from rm_server.app.demands import DemandManager
 from rm_server.clock import ManualClock
-from rm_server.demands import DemandManager
 from rm_server.domain.demands.timelang import Span, holds, parse, resolve
 from tests.conftest import InProcessRM, start_in_process, stop_in_process, wait_until
 from tests.helpers import GiB, apply_req, assert_consistent, label_state, lbl, limit_req, load

@@ -138,7 +138,7 @@ async def test_retention_keeps_up_with_more_ended_tickets_than_a_batch(rm_manual
     """A busy cluster ends more tickets per retention interval than one bounded DELETE
     removes: the sweep goes on at its next rounds (not an interval later) until none
     past the retention are left."""
-    from rm_server.core import PURGE_BATCH
+    from rm_server.app.core import PURGE_BATCH
 
     rm = rm_manual_clock
     now = rm.clock.now()

@@ -1,4 +1,4 @@
-"""The request combiner (rm_server/batching.py) without a database: how groups form."""
+"""The request combiner (rm_server/app/batching.py) without a database: how groups form."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from rm_server.batching import Combiner
+from rm_server.app.batching import Combiner
 from tests.conftest import wait_until
 
 

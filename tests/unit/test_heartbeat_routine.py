@@ -49,7 +49,7 @@ ids = st.sampled_from(["ec1", "ec2", "ec3", "ec4"])
 def test_routine_means_the_full_pass_would_change_nothing(live, acked, raw):
     reports = [ProcessReport(e, state, pid=pid) for e, state, pid in raw]
     routine = heartbeat_is_routine(reports, live, acked)
-    # What the full pass acts on (rm_server/agents.py): any report not RUNNING, an
+    # What the full pass acts on (rm_server/app/agents.py): any report not RUNNING, an
     # unknown process, a pid to record, an acknowledged live EngineConn not reported.
     acts = any(
         r.state is not RUNNING or r.ec_id not in live or (r.pid and r.pid != live[r.ec_id])

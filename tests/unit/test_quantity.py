@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rm_server.domain.quantity import (
+from labelrm_common.quantity import (
     format_bytes,
     format_cpu,
     format_quantity,

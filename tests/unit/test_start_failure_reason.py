@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from rm_server.engineconns import start_failure_reason
+from rm_server.app.engineconns import start_failure_reason
 from rm_server.errors import ResourceExhausted
 
 

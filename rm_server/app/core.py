@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from rm_server.app.batching import Combiner, each_alone_on_failure
 from rm_server.background import Lease, run_periodically
-from rm_server.batching import Combiner, each_alone_on_failure
 from rm_server.clock import Clock, IdFactory, SystemClock, random_ids
 from rm_server.domain.external import QueueCheck
 from rm_server.domain.labels import (
@@ -67,14 +67,14 @@ class CoreSettings:
     sweep_interval: float = 1.0
     rules: tuple[TransformRule, ...] = DEFAULT_RULES
     expiry_batch: int = 200
-    # Concurrent Apply / ReportUsed / Release share transactions (rm_server/batching.py):
+    # Concurrent Apply / ReportUsed / Release share transactions (rm_server/app/batching.py):
     # at most `batch_max` requests per transaction (0: one transaction per request, the
     # classic path), at most `batch_inflight` such transactions at a time per process.
     batch_max: int = 256
     batch_inflight: int = 1
     # Only ECMs the node include list names may register (none while it is empty).
     node_include_required: bool = False
-    # Agent heartbeats (rm_server/agents.py) are grouped the same way, each group leaving
+    # Agent heartbeats (rm_server/app/agents.py) are grouped the same way, each group leaving
     # at most `heartbeat_linger` seconds after its first beat.
     heartbeat_linger: float = 0.005
     # A waiting Apply holds capacity back from later requests for at most this long

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from rm_server.core import RMCore
+from rm_server.app.core import RMCore
 from rm_server.domain.engineconn import (
     AgentCommand,
     CommandKind,
@@ -119,7 +119,7 @@ class LaunchCredentials(Protocol):
 
 
 class EngineConnManager:
-    """EngineConn use cases; the heartbeat and liveness side lives in `rm_server.agents`."""
+    """EngineConn use cases; the heartbeat and liveness side lives in `rm_server.app.agents`."""
 
     def __init__(
         self,

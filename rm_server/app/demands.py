@@ -18,9 +18,9 @@ import logging
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
+from rm_server.app.core import RMCore
 from rm_server.background import Lease, run_periodically
 from rm_server.clock import Clock
-from rm_server.core import RMCore
 from rm_server.domain.demands import codec
 from rm_server.domain.demands import planner as plan
 from rm_server.domain.demands.model import (

@@ -14,7 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from rm_server.batching import Combiner, each_alone_on_failure
+from rm_server.app.batching import Combiner, each_alone_on_failure
+from rm_server.app.engineconns import EngineConnManager
 from rm_server.domain.engineconn import (
     AgentCommand,
     CommandKind,
@@ -29,7 +30,6 @@ from rm_server.domain.engineconn import (
     reported_transition,
 )
 from rm_server.domain.resources import Resource
-from rm_server.engineconns import EngineConnManager
 from rm_server.errors import FailedPrecondition, LabelrmError, NotFound
 from rm_server.store import admin as admin_store
 from rm_server.store import ecms as ecm_store
