@@ -1,12 +1,17 @@
 """The RM's error hierarchy. Each class maps to one gRPC status code in
 `rm_server.service.errors.status_for` (applied to every call by
-`rm_server.service.interceptor`); nothing else in the server picks codes."""
+`rm_server.service.interceptor`); nothing else in the server picks codes.
+
+The pure domain raises its own errors (rm_server/domain/errors.py); one that names the
+request field it concerns is an INVALID_ARGUMENT, made here (`as_rm_error`) and nowhere
+else."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from labelrm_common.quantity import format_quantity
+from rm_server.domain.errors import DomainError
 from rm_server.domain.resources import Shortfall
 
 
@@ -124,6 +129,17 @@ class PermissionDenied(LabelrmError):
     """The caller is known but may not do this (rm_server.security.policy)."""
 
     reason = "PERMISSION_DENIED"
+
+
+def as_rm_error(exc: BaseException) -> LabelrmError | None:
+    """`exc` as the RM error a call ends with: itself; for a domain error naming the
+    field it concerns, the INVALID_ARGUMENT naming that field; None for anything else
+    (a domain error naming no field, or any other exception, is a bug)."""
+    if isinstance(exc, LabelrmError):
+        return exc
+    if isinstance(exc, DomainError) and exc.field:
+        return InvalidArgument(exc.field, exc.message)
+    return None
 
 
 def describe_shortfalls(shortfalls: Sequence[Shortfall]) -> str:

@@ -143,10 +143,8 @@ class DemandManager:
         await store.lock_plan(conn, charged)
         cand = candidate(spec, charged, now, not_before(order, ends))
         entries = await store.plan_entries(conn, charged, now)
-        try:
-            placed = plan.place(cand, entries, await store.capacities(conn, charged), self.planner)
-        except plan.PlanError as exc:
-            raise InvalidArgument("resource", str(exc)) from exc
+        # A resource of the wrong type for a label: PlanError, INVALID_ARGUMENT (as_rm_error).
+        placed = plan.place(cand, entries, await store.capacities(conn, charged), self.planner)
         if isinstance(placed, plan.PlanRefusal):
             if not placed.shortfalls:
                 raise FailedPrecondition(

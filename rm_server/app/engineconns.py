@@ -37,7 +37,7 @@ from rm_server.domain.labels import EM_INSTANCE, ENGINE_TYPE, USER_CREATOR, Labe
 from rm_server.domain.model import Ticket
 from rm_server.domain.resources import Resource
 from rm_server.domain.selection import EcmCandidate, SelectionRequest, rank
-from rm_server.engines import InvalidParam, LaunchContext, plugin_for
+from rm_server.engines import LaunchContext, plugin_for
 from rm_server.errors import (
     DeadlineExceeded,
     EcmNotRegistered,
@@ -46,6 +46,7 @@ from rm_server.errors import (
     InvalidArgument,
     LabelrmError,
     ResourceExhausted,
+    as_rm_error,
 )
 from rm_server.store import ecms as ecm_store
 from rm_server.store import engineconns as ec_store
@@ -154,13 +155,11 @@ class EngineConnManager:
         is ready, exactly like an EngineConn that Ask reused.
         """
         user, engine, version = self._validate(req)
-        try:
-            plugin = plugin_for(engine)
-            defaults = self.settings.engine_defaults.get(engine, {})
-            resource = plugin.resource(req.params, defaults)
-            params = plugin.params(req.params, defaults)
-        except InvalidParam as exc:
-            raise InvalidArgument(exc.field, exc.message) from exc
+        # Bad params raise InvalidParam, naming the field: INVALID_ARGUMENT (as_rm_error).
+        plugin = plugin_for(engine)
+        defaults = self.settings.engine_defaults.get(engine, {})
+        resource = plugin.resource(req.params, defaults)
+        params = plugin.params(req.params, defaults)
         now = self.core.clock.now()
         fresh = EngineConn(
             ec_id=self.core.new_id("ec"),
@@ -308,12 +307,10 @@ class EngineConnManager:
         resource: Resource,
         choices: list[EcmChoiceRecord],
     ) -> None:
-        try:
-            launch = plugin_for(engine).launch(
-                LaunchContext(ec.ec_id, user, engine, version, ec.labels, ec.params)
-            )
-        except InvalidParam as exc:
-            raise InvalidArgument(exc.field, exc.message) from exc
+        # Bad params raise InvalidParam, naming the field: INVALID_ARGUMENT (as_rm_error).
+        launch = plugin_for(engine).launch(
+            LaunchContext(ec.ec_id, user, engine, version, ec.labels, ec.params)
+        )
         files = tuple((m.name, m.content, m.executable) for m in launch.material_files)
         environment = dict(launch.environment)
         if self.credentials is not None:
@@ -496,8 +493,9 @@ def start_failure_reason(exc: BaseException) -> str:
     """The reason a failed start records: the error's own message, "cancelled" when the
     caller went away; anything else is a bug in the RM and is recorded as one (the call
     still ends with it, so it surfaces as INTERNAL with its traceback in the log)."""
-    if isinstance(exc, LabelrmError):
-        return exc.message
+    err = as_rm_error(exc)  # a LabelrmError, or bad engine params (InvalidParam)
+    if err is not None:
+        return err.message
     if isinstance(exc, asyncio.CancelledError):
         return "cancelled"
     return f"internal error: {type(exc).__name__}"

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from rm_server.domain.errors import DomainError
 from rm_server.domain.labels import Label, LabelKey
 from rm_server.domain.model import Refusal
 from rm_server.domain.resources import (
@@ -45,7 +46,7 @@ _ADDRESS_RE = re.compile(r"https?://[A-Za-z0-9_.:\[\]-]+(/[A-Za-z0-9_./-]*)?")
 _QUEUE_PATH_RE = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
 
 
-class ExternalError(ValueError):
+class ExternalError(DomainError):
     """Base class of the external-resource domain errors."""
 
 
@@ -53,9 +54,7 @@ class ProviderConfigError(ExternalError):
     """A provider definition is invalid; ``field`` names the offending field."""
 
     def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
+        super().__init__(message, field)
 
 
 class MalformedResponse(ExternalError):

@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from rm_server.domain.errors import DomainError
 from rm_server.domain.text import clip
 
 MAX_LABEL_LENGTH = 256
@@ -32,13 +33,13 @@ _VERSION_RE = re.compile(r"[A-Za-z0-9._]+")
 _INSTANCE_RE = re.compile(r"[A-Za-z0-9_.-]+(?::([0-9]{1,5}))?")
 
 
-class LabelError(ValueError):
-    """Invalid label input; ``field`` is a path such as ``labels[2].value``."""
+class LabelError(DomainError):
+    """Invalid label input; ``field`` is a path such as ``labels[2].value`` (the functions
+    that take a ``field`` prefix it to their own paths, so a request's labels checked as
+    ``labels[i]`` name the request field itself)."""
 
     def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}" if field else message)
-        self.field = field
-        self.message = message
+        super().__init__(message, field)
 
 
 def _join_field(prefix: str, field: str) -> str:

@@ -28,6 +28,7 @@ from rm_server.domain.resources import (
     ResourceError,
     ResourceOverflowError,
     Shortfall,
+    headroom,
 )
 from rm_server.errors import (
     EcmNotRegistered,
@@ -337,9 +338,14 @@ def decide_report(
             reason="TICKET_NOT_LOCKED",
         )
     actual = ticket.locked if used is None else used
-    try:
+    try:  # a used resource of another type than the lock's (or an account's)
         within = ticket.locked.ge(actual)
         remainder = ticket.locked - actual if within else None
+        updated = [
+            replace(a, locked=a.locked - a.part(ticket.locked), used=a.used + a.part(actual))
+            for label in ticket.charged_labels
+            if within and (a := accounts.get(label)) is not None
+        ]
     except ResourceError as exc:
         raise InvalidArgument("used_resource", str(exc)) from exc
     if remainder is None:
@@ -348,14 +354,6 @@ def decide_report(
             state="LOCKED",
             reason="USED_EXCEEDS_LOCKED",
         )
-    try:
-        updated = [
-            replace(a, locked=a.locked - a.part(ticket.locked), used=a.used + a.part(actual))
-            for label in ticket.charged_labels
-            if (a := accounts.get(label)) is not None
-        ]
-    except ResourceError as exc:
-        raise InvalidArgument("used_resource", str(exc)) from exc
     zero = Resource.zero(ticket.locked.kind, ticket.locked.queue)
     reported = replace(
         ticket,
@@ -366,6 +364,35 @@ def decide_report(
         lock_expires_at=None,
     )
     return updated, reported, not remainder.is_zero()
+
+
+def reserve(account: LabelAccount, resource: Resource) -> LabelAccount:
+    """`account` with a time-aware demand's `resource` reserved on it (an ECM's record:
+    the part it holds), or InvalidArgument naming the demand's ``resource`` when that
+    does not match the label (checked as an Apply's would be)."""
+    try:
+        part = account.part(resource)
+        held = part if account.reserved is None else account.reserved + part
+    except ResourceError as exc:
+        raise InvalidArgument("resource", f"does not match label {account.label}: {exc}") from exc
+    reserved = replace(account, reserved=held)
+    check_accounts([reserved], resource)  # raises when the kinds do not match
+    return reserved
+
+
+def unreserve(account: LabelAccount, resource: Resource) -> Resource | None:
+    """What `account` keeps reserved once a demand's reservation of `resource` is taken
+    off (None: nothing). The demand's part is measured in the type the reservation holds,
+    the record's type when it was made: an ECM that re-registered since with another
+    type (allowed while it has no live tickets) has changed its maximum, not what was
+    reserved on it."""
+    reserved = account.reserved
+    if reserved is None:
+        return None
+    part = charged_part(account.source, reserved, resource)
+    zero = Resource.zero(reserved.kind, reserved.queue)
+    left = headroom(reserved, part, zero, zero)  # clamped at zero
+    return None if left.is_zero() else left
 
 
 def decide_end(

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rm_server.domain.errors import DomainError
 from rm_server.domain.text import clip, short
 
 
@@ -96,8 +97,10 @@ _SPECIAL_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
 _QUEUE_RE = re.compile(r"[A-Za-z0-9_.:@/+-]{0,255}")
 
 
-class ResourceError(ValueError):
-    """Base class of resource errors; ``dimension`` names the offending dimension or is ""."""
+class ResourceError(DomainError):
+    """Base class of resource errors; ``dimension`` names the offending dimension or is "".
+    A resource does not know which request field it came from: the converter that built
+    it from one names it (rm_server/service/convert.py)."""
 
     def __init__(self, message: str, dimension: str = "") -> None:
         super().__init__(message)

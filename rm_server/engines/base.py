@@ -19,17 +19,17 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Protocol
 
+from rm_server.domain.errors import DomainError
 from rm_server.domain.labels import Label
 from rm_server.domain.resources import Resource
 
 
-class InvalidParam(ValueError):
-    """An invalid engine param or launch input; ``field`` is e.g. ``params.memory_bytes``."""
+class InvalidParam(DomainError):
+    """An invalid engine param or launch input; ``field`` is e.g. ``params.memory_bytes``
+    (the request's field: INVALID_ARGUMENT naming it, rm_server/service/errors.py)."""
 
     def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
+        super().__init__(message, field)
 
 
 @dataclass(frozen=True)

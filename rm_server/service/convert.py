@@ -1,12 +1,16 @@
 """The one place that converts protobuf messages to domain objects and back.
 
 Every conversion from the wire validates, and reports the offending field path
-(for example `resource.load.memory_bytes` or `labels[2].value`) as InvalidArgument.
+(for example `resource.load.memory_bytes` or `labels[2].value`) as InvalidArgument:
+raised here, or a domain error that names the request field (told it by the
+conversion, or by `field_of`), which the one mapping (rm_server.errors.as_rm_error)
+answers with the same status.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 
 from google.protobuf.duration_pb2 import Duration
@@ -25,13 +29,9 @@ from rm_server.domain.engineconn import (
     ProcessReport,
     ProcessState,
 )
-from rm_server.domain.external import (
-    ProviderConfig,
-    ProviderConfigError,
-    QueueView,
-    SchedulerSnapshot,
-)
-from rm_server.domain.labels import Label, LabelError, make_label, validate_labels
+from rm_server.domain.errors import DomainError
+from rm_server.domain.external import ProviderConfig, QueueView, SchedulerSnapshot
+from rm_server.domain.labels import Label, make_label, validate_labels
 from rm_server.domain.limits import LabelPattern
 from rm_server.domain.model import (
     ConsistencyReport,
@@ -62,6 +62,19 @@ TICKET_STATE_NAMES = {v: k for k, v in _TICKET_STATES.items()}
 MAX_WAIT_SECONDS = 3600.0
 
 
+@contextmanager
+def field_of(field: str, *, prefix: str = "", nested: bool = False) -> Iterator[None]:
+    """A domain error raised inside concerns the request field `field`: it names it
+    (followed by the error's own field, `nested`; its message after `prefix`). The one
+    place a request field is attached to a domain error told none; the error then ends
+    the call as INVALID_ARGUMENT (rm_server.errors.as_rm_error)."""
+    try:
+        yield
+    except DomainError as exc:
+        path = f"{field}.{exc.field}" if nested and exc.field else field
+        raise exc.at(path, prefix + exc.message) from None
+
+
 def resource_from_pb(msg: resource_pb2.Resource, field: str, *, required: bool = True) -> Resource:
     """Validate and convert a wire Resource; an unset `oneof` is refused when required."""
     which = msg.WhichOneof("kind")
@@ -71,18 +84,15 @@ def resource_from_pb(msg: resource_pb2.Resource, field: str, *, required: bool =
         raise ValueError("unset")
     try:
         return _resource_from_pb(msg, which)
-    except ResourceError as exc:
+    except ResourceError as exc:  # it names its dimension: the field is the wire's name of it
         dim = exc.dimension
-        path = f"{field}.{which}.{_wire_dimension(which, dim)}" if dim else field
-        raise InvalidArgument(path, str(exc)) from exc
+        raise exc.at(f"{field}.{which}.{_wire_dimension(which, dim)}" if dim else field) from None
 
 
 def resource_in_kind(r: Resource, kind: ResourceKind, field: str) -> Resource:
-    """`r` widened to `kind` (a record holds one type), or InvalidArgument naming `field`."""
-    try:
+    """`r` widened to `kind` (a record holds one type), or an error naming `field`."""
+    with field_of(field, prefix=f"must be of type {kind.value}: "):
         return convert_kind(r, kind)
-    except ResourceError as exc:
-        raise InvalidArgument(field, f"must be of type {kind.value}: {exc}") from exc
 
 
 def _wire_dimension(which: str, dimension: str) -> str:
@@ -183,13 +193,12 @@ MAX_LABELS_SEEN = 4096
 def labels_from_pb(
     msgs: Sequence[resource_pb2.Label], field: str = "labels", *, required: bool = True
 ) -> tuple[Label, ...]:
+    """The request's labels, each checked as `field[i]` (a LabelError names the label's
+    path, e.g. `labels[2].value`, or `labels` for too many)."""
     if required and not msgs:
         raise InvalidArgument(field, "at least one label is required")
-    try:
-        labels = tuple(_label(m.key, m.value, field, i) for i, m in enumerate(msgs))
-        validate_labels(labels)
-    except LabelError as exc:
-        raise InvalidArgument(exc.field or field, _label_message(exc)) from exc
+    labels = tuple(_label(m.key, m.value, field, i) for i, m in enumerate(msgs))
+    validate_labels(labels)
     return labels
 
 
@@ -203,18 +212,12 @@ def _label(key: str, value: str, field: str, index: int) -> Label:
     return label
 
 
-def _label_message(exc: LabelError) -> str:
-    return exc.message
-
-
 def pattern_from_pb(msgs: Sequence[resource_pb2.Label], field: str = "labels") -> LabelPattern:
     if not msgs:
         raise InvalidArgument(field, "at least one label is required")
     text = ",".join(f"{m.key}={m.value}" for m in msgs)
-    try:
+    with field_of(field):
         return LabelPattern.parse(text)
-    except LabelError as exc:
-        raise InvalidArgument(field, _label_message(exc)) from exc
 
 
 def labels_to_pb(labels: Sequence[Label]) -> list[resource_pb2.Label]:
@@ -529,7 +532,7 @@ def duration_of(seconds: float) -> Duration:
 
 def provider_from_pb(msg: external_pb2.ExternalProvider, field: str = "provider") -> ProviderConfig:
     """A provider definition; INVALID_ARGUMENT naming the field when it is not valid."""
-    try:
+    with field_of(field, nested=True):
         return ProviderConfig(
             name=msg.name,
             type=msg.type or "yarn",  # type: ignore[arg-type]  # validated in __post_init__
@@ -542,8 +545,6 @@ def provider_from_pb(msg: external_pb2.ExternalProvider, field: str = "provider"
             cache_ttl_seconds=msg.cache_ttl_seconds if msg.HasField("cache_ttl_seconds") else 2.0,
             capacity_guaranteed=msg.capacity_guaranteed,
         )
-    except ProviderConfigError as exc:
-        raise InvalidArgument(f"{field}.{exc.field}", exc.message) from None
 
 
 def provider_to_pb(p: ProviderConfig) -> external_pb2.ExternalProvider:

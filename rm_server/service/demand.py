@@ -18,7 +18,6 @@ from rm_server.app.demands import Claimed, DemandManager
 from rm_server.domain.demands import codec
 from rm_server.domain.demands.model import Demand, DemandSpec
 from rm_server.domain.demands.state import DemandState
-from rm_server.domain.demands.syntax import TimeLangError
 from rm_server.domain.demands.timelang import (
     DEMAND_ID_RE,
     MAX_ITEMS,
@@ -204,10 +203,8 @@ def spec_from_pb(request: pb.SubmitDemandRequest) -> DemandSpec:
     which = request.WhichOneof("conditions")
     conditions = Conditions()
     if which == "time_conditions_text":
-        try:
+        with convert.field_of("time_conditions_text"):
             conditions = parse(request.time_conditions_text)
-        except TimeLangError as exc:
-            raise InvalidArgument("time_conditions_text", exc.message) from exc
     elif which == "time_conditions":
         conditions = conditions_from_pb(request.time_conditions)
     return DemandSpec(demand_id, request.user, labels, resource, conditions)

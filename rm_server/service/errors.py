@@ -1,5 +1,8 @@
 """Maps the RM's error hierarchy to gRPC status codes, in one place (`status_for`; the
 server's interceptor, rm_server/service/interceptor.py, ends every failed call with it).
+A domain error that names the field it concerns (rm_server/domain/errors.py: a label,
+resource, condition text or engine param the request got wrong) ends the call here too,
+as the INVALID_ARGUMENT naming that field (rm_server.errors.as_rm_error).
 
 Every error becomes a google.rpc.Status with an ErrorInfo (stable reason,
 domain "labelrm.io", metadata) and, where it applies, a BadRequest naming the
@@ -31,6 +34,7 @@ from rm_server.errors import (
     Unauthenticated,
     Unavailable,
     Unimplemented,
+    as_rm_error,
     describe_shortfalls,
 )
 
@@ -151,11 +155,13 @@ def encode_error(err: LabelrmError) -> tuple[int, bytes]:
 
 def status_for(exc: BaseException) -> status_pb2.Status:
     """The google.rpc.Status a call ends with when `exc` escapes its handler: the stored
-    one of a replay, the mapped one of a domain error, INTERNAL (logged) otherwise."""
+    one of a replay, the mapped one of an RM error or of a domain error naming its field,
+    INTERNAL (logged) otherwise."""
     if isinstance(exc, ReplayedError):
         return status_pb2.Status.FromString(exc.status)
-    if isinstance(exc, LabelrmError):
-        return status_of(exc)
+    err = as_rm_error(exc)
+    if err is not None:
+        return status_of(err)
     log.exception("internal error", exc_info=exc)
     return status_pb2.Status(code=code_pb2.INTERNAL, message="internal error")
 

@@ -12,7 +12,7 @@ from labelrm.v1 import resource_manager_pb2_grpc as pb_grpc
 from rm_server.app.agents import AgentHub
 from rm_server.app.core import RMCore
 from rm_server.domain.engineconn import HeartbeatOutcome
-from rm_server.domain.labels import EM_INSTANCE, Label, LabelError, LabelKey
+from rm_server.domain.labels import EM_INSTANCE, Label, LabelKey
 from rm_server.domain.model import LabelResource, Registration, Ticket
 from rm_server.domain.resources import Resource
 from rm_server.errors import InvalidArgument
@@ -57,10 +57,8 @@ def _ticket_id(value: str) -> str:
 
 
 def _instance(value: str, field: str = "instance") -> str:
-    try:
+    with convert.field_of(field):
         return Label(EM_INSTANCE, value).value
-    except LabelError as exc:
-        raise InvalidArgument(field, exc.message) from exc
 
 
 class ResourceManagerServicer(pb_grpc.ResourceManagerServiceServicer):
@@ -256,7 +254,5 @@ class ResourceManagerServicer(pb_grpc.ResourceManagerServiceServicer):
 
 
 def _label_text(text: str, field: str) -> str:
-    try:
+    with convert.field_of(field):
         return str(LabelKey.parse(text))
-    except LabelError as exc:
-        raise InvalidArgument(field, exc.message) from exc

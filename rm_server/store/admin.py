@@ -270,7 +270,7 @@ async def _check_limit_types(conn: Conn, names: str, rules: list[LimitRule]) -> 
         try:
             held = row.protected if row.reserved is None else row.protected + row.reserved
             headroom(rule.max_resource, row.used, row.locked, held)
-        except ResourceError as exc:
+        except ResourceError as exc:  # the refusal itself: the limit is what is wrong
             raise FailedPrecondition(
                 f"label {row.label} holds {row.locked.kind.value} for {row.live_tickets} live"
                 " tickets (or a demand's reservation): a"
@@ -381,6 +381,8 @@ OVER_MAX = "over_max"
 def _check_record(
     label: str, raw: tuple[Any, ...], used: list[Resource], locked: list[Resource]
 ) -> list[Mismatch]:
+    # A consistency check reports what it finds, it does not stop at it: an invalid
+    # record or a ticket that does not fit it is a mismatch, the others are still checked.
     try:
         row = _label_resource(raw)
     except ResourceError as exc:

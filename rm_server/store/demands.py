@@ -17,16 +17,16 @@ from typing import Any
 
 import psycopg
 
+from rm_server.domain import ledger
 from rm_server.domain.demands import codec
 from rm_server.domain.demands.model import Demand
 from rm_server.domain.demands.planner import LabelCapacity, PlanEntry, TicketStatus
 from rm_server.domain.demands.state import DemandState, Transition, step
 from rm_server.domain.demands.timelang import order_ids
 from rm_server.domain.labels import LabelKey
-from rm_server.domain.ledger import check_accounts
 from rm_server.domain.limits import best_limit
 from rm_server.domain.model import Refusal, Ticket
-from rm_server.domain.resources import Resource, ResourceError, headroom
+from rm_server.domain.resources import Resource
 from rm_server.errors import InvalidArgument
 from rm_server.store import admin as admin_store
 from rm_server.store import tickets as ticket_store
@@ -407,12 +407,7 @@ async def reserve(conn: Conn, d: Demand, now: datetime) -> tuple[str, ...]:
         row = rows.get(label)
         if row is None or row.max_resource is None:
             continue
-        try:
-            part = row.part(d.resource)  # an ECM's record holds its part only
-            held = part if row.reserved is None else row.reserved + part
-        except ResourceError as exc:
-            raise InvalidArgument("resource", f"does not match label {label}: {exc}") from exc
-        check_accounts([replace(row, reserved=held)], d.resource)  # kinds must match
+        held = ledger.reserve(row, d.resource).reserved  # an ECM's record: its part only
         await conn.execute(
             "UPDATE label_resource SET reserved = %s WHERE label = %s", (jres(held), label)
         )
@@ -430,13 +425,8 @@ async def unreserve(conn: Conn, d: Demand, now: datetime, *, handover: bool = Fa
         row = rows.get(label)
         if row is None or row.reserved is None:  # the record was removed meanwhile
             continue
-        zero = Resource.zero(row.reserved.kind, row.reserved.queue)
-        try:
-            part = row.part(d.resource)
-        except ResourceError:  # the record changed type meanwhile: nothing of it is held
-            part = zero
-        left = headroom(row.reserved, part, zero, zero)  # clamped at zero
-        value = None if left.is_zero() else jres(left)
+        left = ledger.unreserve(row, d.resource)
+        value = None if left is None else jres(left)
         await conn.execute(
             "UPDATE label_resource SET reserved = %s WHERE label = %s", (value, label)
         )

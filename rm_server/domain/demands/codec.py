@@ -32,11 +32,12 @@ from rm_server.domain.demands.timelang import (
     Strategy,
     TimeCondition,
 )
+from rm_server.domain.errors import DomainError
 
 _PLAIN_ID = re.compile(r"[0-9]+|[A-Za-z][A-Za-z0-9_]*")
 
 
-class CodecError(ValueError):
+class CodecError(DomainError):
     """Stored JSON that does not describe conditions (a bug or a corrupted row)."""
 
 

@@ -39,6 +39,7 @@ from rm_server.domain.demands.timelang import (
     order_value,
     segments,
 )
+from rm_server.domain.errors import DomainError
 from rm_server.domain.resources import Resource, ResourceError, Shortfall, total
 
 
@@ -121,8 +122,12 @@ class PlanRefusal:
     shortfalls: tuple[Shortfall, ...] = ()
 
 
-class PlanError(ValueError):
-    """Resources that cannot be compared with a label's maximum (mismatched kinds)."""
+class PlanError(DomainError):
+    """Resources that cannot be compared with a label's maximum (mismatched kinds): the
+    demand's ``resource`` does not match the label (the field it names)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "resource")
 
 
 def window_segments(

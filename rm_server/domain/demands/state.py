@@ -29,6 +29,8 @@ import enum
 from dataclasses import dataclass
 from datetime import datetime
 
+from rm_server.domain.errors import DomainError
+
 
 class DemandState(enum.StrEnum):
     NEW = "NEW"
@@ -62,7 +64,7 @@ TRANSITIONS: dict[DemandState, frozenset[DemandState]] = {
 }
 
 
-class InvalidTransition(ValueError):
+class InvalidTransition(DomainError):
     def __init__(self, current: DemandState, target: DemandState) -> None:
         allowed = ", ".join(sorted(TRANSITIONS[current])) or "nothing (terminal)"
         super().__init__(f"a {current} demand cannot become {target}; allowed: {allowed}")

@@ -23,6 +23,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from rm_server.domain.errors import DomainError
+
 # An unquoted date-time: 2- or 4-digit year, optional time, optional zone. Tried before a
 # bare word, so "26-01-01 12:00:00" is one token although it contains a space and colons.
 DATETIME_RE = re.compile(
@@ -38,7 +40,7 @@ MAX_DEPTH = 32  # nesting limit: keeps hostile input from exhausting the stack
 MAX_TEXT = 64 * 1024
 
 
-class TimeLangError(ValueError):
+class TimeLangError(DomainError):
     """A malformed or meaningless condition, with its position in the text.
 
     ``offset`` is 0-based; ``line`` and ``column`` are 1-based. ``expected`` says what
