@@ -123,12 +123,13 @@ def _json(value: Any, **subst: str) -> str:
     return "(" + " || ".join(p for p in parts if p != "''") + ")"
 
 
-def _fill(sql: str, *params: str) -> str:
-    parts = sql.split("%s")
-    assert len(parts) == len(params) + 1, (sql, params)
-    out = parts[0]
-    for expr, rest in zip(params, parts[1:], strict=True):
-        out += f"({expr})" + rest
+def _fill(sql: str, **params: str) -> str:
+    """`sql` with each named parameter, %(name)s, replaced by the SQL expression given."""
+    import re
+
+    placeholder = re.compile(r"%\((\w+)\)s")
+    assert set(placeholder.findall(sql)) == set(params), (sql, params)
+    out = placeholder.sub(lambda m: f"({params[m.group(1)]})", sql)
     return " ".join(out.split()) + ";"
 
 
@@ -192,36 +193,34 @@ def cycle_script() -> str:
     def rpc(method: str, read: tuple[str, str], write: dict[str, str]) -> list[str]:
         apply_labels, tickets = read
         none = "'[]'"
-        params = [
-            "now()",
-            write.get("labels", none),
-            write.get("insert", none),
-            write.get("update", none),
-            write.get("delete", "'{}'"),
-            write.get("history", none),
-            "now()",
-            _json(log_entry(method), R=rid[method]),
-            "'{}'",
-            "'labelrm_events'",
-            write.get("notify", "'{}'"),
-        ]
+        params = {
+            "now": "now()",
+            "labels": write.get("labels", none),
+            "inserted": write.get("insert", none),
+            "updated": write.get("update", none),
+            "deleted": write.get("delete", "'{}'"),
+            "history": write.get("history", none),
+            "log": _json(log_entry(method), R=rid[method]),
+            "waiters": "'{}'",
+            "channel": "'labelrm_events'",
+            "notify": write.get("notify", "'{}'"),
+        }
         return [
             f"-- {method}",
             "\\startpipeline",
             "BEGIN;",
             _fill(
                 ticket_sql.READ,
-                "ARRAY['user:bench']",
-                f"ARRAY['{method}']",
-                f"ARRAY[{rid[method]}]",
-                "now()",
-                apply_labels,
-                tickets,
-                tickets,
+                callers="ARRAY['user:bench']",
+                methods=f"ARRAY['{method}']",
+                request_ids=f"ARRAY[{rid[method]}]",
+                now="now()",
+                apply_labels=apply_labels,
+                ticket_ids=tickets,
             ),
             "\\endpipeline",
             "\\startpipeline",
-            _fill(ticket_sql.WRITE, *params),
+            _fill(ticket_sql.WRITE, **params),
             "COMMIT;",
             "\\endpipeline",
         ]

@@ -203,32 +203,33 @@ READ = (
     "SELECT"  # noqa: S608 - constant column lists
     " (SELECT coalesce(json_agg(g), '[]') FROM ("
     "   SELECT caller, method, request_id, request_hash, status_code, response"
-    "   FROM request_log WHERE caller = ANY(%s) AND method = ANY(%s)"
-    "   AND request_id = ANY(%s)) g),"
+    "   FROM request_log WHERE caller = ANY(%(callers)s) AND method = ANY(%(methods)s)"
+    "   AND request_id = ANY(%(request_ids)s)) g),"
     " (SELECT coalesce(json_agg(x), '[]') FROM ("
     f"   SELECT {LABEL_COLUMNS}, {ECM_STATE},"
     "    (SELECT coalesce(json_agg(json_build_array(w.seq, w.user_name, w.resource,"
     "       w.hold_until) ORDER BY w.seq), '[]') FROM apply_waiter w"
-    "     WHERE w.label = r.label AND w.expires_at > %s) AS waiters"
-    "   FROM label_resource r WHERE r.label = ANY(%s::text[] || ARRAY("
-    "     SELECT unnest(t.charged_labels) FROM ticket t WHERE t.ticket_id = ANY(%s::text[])))"
+    "     WHERE w.label = r.label AND w.expires_at > %(now)s) AS waiters"
+    "   FROM label_resource r WHERE r.label = ANY(%(apply_labels)s::text[] || ARRAY("
+    "     SELECT unnest(t.charged_labels) FROM ticket t"
+    "     WHERE t.ticket_id = ANY(%(ticket_ids)s::text[])))"
     "   ORDER BY r.label FOR UPDATE OF r) x),"
     " (SELECT coalesce(json_agg(k), '[]') FROM ("
-    f"   SELECT {TICKET_COLUMNS} FROM ticket WHERE ticket_id = ANY(%s)"
+    f"   SELECT {TICKET_COLUMNS} FROM ticket WHERE ticket_id = ANY(%(ticket_ids)s)"
     "   ORDER BY ticket_id FOR UPDATE) k)"
 )
 SELECT_HISTORY = f"SELECT {HISTORY_COLUMNS} FROM ticket_history WHERE ticket_id = ANY(%s)"  # noqa: S608
 EXISTING_LABELS = "SELECT label FROM label_resource WHERE label = ANY(%s)"
 WRITE_LABELS = (
     "UPDATE label_resource r SET used = u.used, locked = u.locked, kind = u.kind,"
-    " live_tickets = u.live, updated_at = %s"
-    " FROM json_to_recordset(%s::json)"
+    " live_tickets = u.live, updated_at = %(now)s"
+    " FROM json_to_recordset(%(labels)s::json)"
     "   AS u(label text, used jsonb, locked jsonb, kind text, live bigint)"
     " WHERE r.label = u.label"
 )
 INSERT_TICKETS = (
     f"INSERT INTO ticket ({TICKET_COLUMNS}) SELECT {TICKET_COLUMNS}"  # noqa: S608
-    " FROM json_to_recordset(%s::json) AS x(ticket_id text, state text, user_name text,"
+    " FROM json_to_recordset(%(inserted)s::json) AS x(ticket_id text, state text, user_name text,"
     " labels jsonb, charged_labels text[], requested jsonb, locked jsonb, used jsonb,"
     " created_at timestamptz, updated_at timestamptz, lock_expires_at timestamptz,"
     " engine_conn_id text)"
@@ -236,25 +237,25 @@ INSERT_TICKETS = (
 UPDATE_TICKETS = (
     "UPDATE ticket t SET state = x.state, used = x.used, locked = x.locked,"
     " lock_expires_at = x.lock_expires_at, updated_at = x.updated_at"
-    " FROM json_to_recordset(%s::json) AS x(ticket_id text, state text, used jsonb,"
+    " FROM json_to_recordset(%(updated)s::json) AS x(ticket_id text, state text, used jsonb,"
     " locked jsonb, lock_expires_at timestamptz, updated_at timestamptz)"
     " WHERE t.ticket_id = x.ticket_id"
 )
-DELETE_TICKETS = "DELETE FROM ticket WHERE ticket_id = ANY(%s)"
+DELETE_TICKETS = "DELETE FROM ticket WHERE ticket_id = ANY(%(deleted)s)"
 INSERT_HISTORY = (
     f"INSERT INTO ticket_history ({HISTORY_COLUMNS}) SELECT {HISTORY_COLUMNS}"  # noqa: S608
-    " FROM json_to_recordset(%s::json) AS x(ticket_id text, final_state text, reason text,"
+    " FROM json_to_recordset(%(history)s::json) AS x(ticket_id text, final_state text, reason text,"
     " user_name text, labels jsonb, charged_labels text[], requested jsonb, used jsonb,"
     " created_at timestamptz, reported_at timestamptz, ended_at timestamptz)"
 )
 INSERT_LOG = (
     "INSERT INTO request_log (caller, method, request_id, request_hash, status_code,"
     " response, created_at)"
-    " SELECT caller, method, request_id, request_hash, status_code, response, %s"
-    " FROM json_to_recordset(%s::json) AS x(caller text, method text, request_id text,"
+    " SELECT caller, method, request_id, request_hash, status_code, response, %(now)s"
+    " FROM json_to_recordset(%(log)s::json) AS x(caller text, method text, request_id text,"
     " request_hash bytea, status_code int, response bytea)"
 )
-DELETE_WAITERS = "DELETE FROM apply_waiter WHERE seq = ANY(%s)"
+DELETE_WAITERS = "DELETE FROM apply_waiter WHERE seq = ANY(%(waiters)s)"
 # WRITE, one statement: every write of the group. Each row is written by one part only
 # (a ticket is inserted, updated or deleted, by its final state), as data-modifying
 # WITH parts all see the same snapshot. A request id that another transaction
@@ -263,7 +264,7 @@ WRITE = (
     f"WITH l AS ({WRITE_LABELS}), ti AS ({INSERT_TICKETS}), tu AS ({UPDATE_TICKETS}),"  # noqa: S608
     f" td AS ({DELETE_TICKETS}), th AS ({INSERT_HISTORY}), rl AS ({INSERT_LOG}),"
     f" wd AS ({DELETE_WAITERS})"
-    " SELECT count(pg_notify(%s, x)) FROM unnest(%s::text[]) AS x"
+    " SELECT count(pg_notify(%(channel)s, x)) FROM unnest(%(notify)s::text[]) AS x"
 )
 
 
@@ -332,30 +333,64 @@ def _bytea(value: str) -> bytes:
 # ----- the group transaction -----------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Found:
+    """What step 1 read: the outcomes logged for the ops' request ids, the locked label
+    rows with their waiters, the live tickets (locked), the labels a limit says need a
+    row, and the history of the tickets that are not live."""
+
+    logged: dict[tuple[str, str, str], tuple[bytes, int | None, bytes]]
+    rows: dict[str, LabelAccount]
+    waiters: dict[str, tuple[Waiter, ...]]
+    tickets: dict[str, Ticket]
+    need: set[str]
+    history: dict[str, Ticket]
+
+
+@dataclass
+class _Decided:
+    """What step 2 decided: the group's state after its requests, one outcome per op,
+    and the outcomes to log under their request ids."""
+
+    state: _State
+    outcomes: list[Outcome]
+    log_rows: list[tuple[Idempotency, int, bytes]]
+
+
 async def run(conn: Conn, ops: Sequence[Op], now: datetime) -> list[Outcome]:
     """Run `ops` in arrival order in the caller's (pipelined or not) transaction;
     returns one outcome per op: the result, the replay of an earlier call, or the
-    exception."""
-    applies = [op for op in ops if isinstance(op, ApplyOp)]
-    ticket_ids = sorted({op.ticket_id for op in ops if isinstance(op, _TICKET_OPS)})
-    apply_labels = sorted({k for op in applies for k in op.keys})
-    logged_ops = [op.idem for op in ops if op.idem is not None]
+    exception. The three steps of the module docstring: read, decide, write."""
+    found = await _read(conn, ops, now)
+    decided = _decide(ops, found, now)
+    await _write(conn, found, decided, now)
+    for op, outcome in zip(ops, decided.outcomes, strict=True):
+        if isinstance(op, ApplyOp) and op.after is not None and isinstance(outcome, Ticket):
+            await op.after(conn, outcome)
+    return decided.outcomes
 
+
+async def _read(conn: Conn, ops: Sequence[Op], now: datetime) -> _Found:
+    """Step 1: one statement reads the logged outcomes and locks the rows and tickets;
+    rarely, more (a ticket whose charged label lost its record, labels a limit covers,
+    the history of tickets that are not live)."""
+    ticket_ids = sorted({op.ticket_id for op in ops if isinstance(op, _TICKET_OPS)})
+    apply_labels = sorted({k for op in ops if isinstance(op, ApplyOp) for k in op.keys})
+    logged_ops = [op.idem for op in ops if op.idem is not None]
     cur = await conn.execute(
         READ,
-        (
-            sorted({i.caller for i in logged_ops}),
-            sorted({i.method for i in logged_ops}),
-            sorted({i.request_id for i in logged_ops}),
-            now,
-            apply_labels,
-            ticket_ids,
-            ticket_ids,
-        ),
+        {
+            "callers": sorted({i.caller for i in logged_ops}),
+            "methods": sorted({i.method for i in logged_ops}),
+            "request_ids": sorted({i.request_id for i in logged_ops}),
+            "now": now,
+            "apply_labels": apply_labels,
+            "ticket_ids": ticket_ids,
+        },
     )
-    found = await cur.fetchone()
-    assert found is not None
-    logged_json, rows_json, tickets_json = found
+    result = await cur.fetchone()
+    assert result is not None
+    logged_json, rows_json, tickets_json = result
     logged = {
         (g["caller"], g["method"], g["request_id"]): (
             _bytea(g["request_hash"]),
@@ -368,107 +403,95 @@ async def run(conn: Conn, ops: Sequence[Op], now: datetime) -> list[Outcome]:
         x["label"]: account_from_row([x[n] for n in LABEL_NAMES], x["ecm_state"]) for x in rows_json
     }
     waiters = {x["label"]: tuple(map(waiter_from_json, x["waiters"])) for x in rows_json}
-    live = [ticket_from_json(k) for k in tickets_json]
-    initial_rows = dict(rows)
-    initial_tickets = {t.ticket_id: t for t in live}
+    tickets = {t.ticket_id: t for t in map(ticket_from_json, tickets_json)}
 
     # Rarely needed: a locked ticket whose charged label has no locked row must have lost
     # its record (ECM unregistered); otherwise the ticket appeared after the peek: retry.
-    unlocked = sorted({lb for t in live for lb in t.charged_labels if lb not in rows})
+    unlocked = sorted({lb for t in tickets.values() for lb in t.charged_labels if lb not in rows})
     if unlocked:
         cur = await conn.execute(EXISTING_LABELS, (unlocked,))
         if await cur.fetchall():
             raise RetryTransaction("a ticket appeared between peek and lock")
     need = await _labels_needing_rows(conn, [k for k in apply_labels if k not in rows])
     # Tickets that are not live: their history answers Release and explains ReportUsed.
-    gone = [t for t in ticket_ids if t not in initial_tickets]
+    gone = [t for t in ticket_ids if t not in tickets]
     history: dict[str, Ticket] = {}
     if gone:
         cur = await conn.execute(SELECT_HISTORY, (gone,))
         history = {t.ticket_id: t for t in map(ticket_from_history, await cur.fetchall())}
+    return _Found(logged, rows, waiters, tickets, need, history)
 
-    state = _State(rows, waiters, dict(initial_tickets))
-    outcomes: list[Outcome] = []
-    log_rows: list[tuple[Idempotency, int, bytes]] = []
+
+def _decide(ops: Sequence[Op], found: _Found, now: datetime) -> _Decided:
+    """Step 2, in memory: each request in turn on the ledger's rules, seeing the accounts
+    as the requests before it left them. A stored answer is replayed; a final error is
+    the answer (logged, its effects kept); any other error is undone."""
+    state = _State(dict(found.rows), dict(found.waiters), dict(found.tickets))
+    decided = _Decided(state, [], [])
     for op in ops:
-        earlier = logged.get(op.key) if op.idem is not None else None
+        earlier = found.logged.get(op.key) if op.idem is not None else None
         if earlier is not None:
-            outcomes.append(_replay(op, earlier))
+            decided.outcomes.append(_replay(op, earlier))
             continue
         snap = state.snapshot()
         try:
-            result = _execute(op, state, now, need, history)
+            result = _execute(op, state, now, found.need, found.history)
         except Exception as exc:
             if is_final(exc):  # the answer to the request: stored, effects kept
                 assert isinstance(exc, LabelrmError)
                 if op.idem is not None and op.encoder is not None:
                     code, payload = op.encoder.error(exc)
-                    log_rows.append((op.idem, code, payload))
-                outcomes.append(exc)
-                continue
-            # Not a final answer (bad input, a transient refusal, must wait, ...): undone.
-            state.restore(snap)
-            outcomes.append(exc)
+                    decided.log_rows.append((op.idem, code, payload))
+            else:  # bad input, a transient refusal, must wait, ...: undone
+                state.restore(snap)
+            decided.outcomes.append(exc)
             continue
         if op.idem is not None and op.encoder is not None and result is not None:
-            log_rows.append((op.idem, 0, op.encoder.ok(result)))
-        outcomes.append(result)
-
-    await _write(conn, state, initial_rows, initial_tickets, log_rows, now)
-    for op, outcome in zip(ops, outcomes, strict=True):
-        if isinstance(op, ApplyOp) and op.after is not None and isinstance(outcome, Ticket):
-            await op.after(conn, outcome)
-    return outcomes
+            decided.log_rows.append((op.idem, 0, op.encoder.ok(result)))
+        decided.outcomes.append(result)
+    return decided
 
 
-async def _write(
-    conn: Conn,
-    state: _State,
-    initial_rows: dict[str, LabelAccount],
-    initial_tickets: dict[str, Ticket],
-    log_rows: list[tuple[Idempotency, int, bytes]],
-    now: datetime,
-) -> None:
-    changed = [row for label, row in state.rows.items() if row is not initial_rows[label]]
-    inserted = [
-        t for tid, t in state.tickets.items() if t is not None and tid not in initial_tickets
-    ]
-    updated = [
-        t
-        for tid, t in state.tickets.items()
-        if t is not None and tid in initial_tickets and t is not initial_tickets[tid]
-    ]
-    deleted = [tid for tid, t in state.tickets.items() if t is None and tid in initial_tickets]
-    if not (changed or inserted or updated or deleted or state.history or log_rows):
+async def _write(conn: Conn, found: _Found, decided: _Decided, now: datetime) -> None:
+    """Step 3: one statement writes what the group changed (nothing when it changed
+    nothing): the rows, tickets, history, logged outcomes, waiters served, wake-ups."""
+    state, rows, tickets = decided.state, found.rows, found.tickets
+    changed = [row for label, row in state.rows.items() if row is not rows[label]]
+    live = [(tid, t) for tid, t in state.tickets.items() if t is not None]
+    inserted = [t for tid, t in live if tid not in tickets]
+    updated = [t for tid, t in live if tid in tickets and t is not tickets[tid]]
+    deleted = [tid for tid, t in state.tickets.items() if t is None and tid in tickets]
+    if not (changed or inserted or updated or deleted or state.history or decided.log_rows):
         return
     await conn.execute(
         WRITE,
-        (
-            now,
-            accounts_json(changed),
-            json.dumps([ticket_json(t) for t in inserted]),
-            json.dumps([ticket_json(t) for t in updated]),
-            deleted,
-            json.dumps([history_json(a, b) for a, b in state.history]),
-            now,
-            json.dumps(
-                [
-                    {
-                        "caller": idem.caller,
-                        "method": idem.method,
-                        "request_id": idem.request_id,
-                        "request_hash": "\\x" + idem.request_hash.hex(),
-                        "status_code": code,
-                        "response": "\\x" + payload.hex(),
-                    }
-                    for idem, code, payload in log_rows
-                ]
+        {
+            "now": now,
+            "labels": accounts_json(changed),
+            "inserted": json.dumps([ticket_json(t) for t in inserted]),
+            "updated": json.dumps([ticket_json(t) for t in updated]),
+            "deleted": deleted,
+            "history": json.dumps([history_json(a, b) for a, b in state.history]),
+            "log": json.dumps(
+                [_log_json(idem, code, payload) for idem, code, payload in decided.log_rows]
             ),
-            state.waiters_served,
-            CHANNEL,
-            sorted(state.notify),
-        ),
+            "waiters": state.waiters_served,
+            "channel": CHANNEL,
+            "notify": sorted(state.notify),
+        },
     )
+
+
+def _log_json(idem: Idempotency, code: int, payload: bytes) -> dict[str, Any]:
+    """One request_log row for INSERT_LOG (bytea as PostgreSQL reads it from JSON)."""
+    return {
+        "caller": idem.caller,
+        "method": idem.method,
+        "request_id": idem.request_id,
+        "request_hash": "\\x" + idem.request_hash.hex(),
+        "status_code": code,
+        "response": "\\x" + payload.hex(),
+    }
 
 
 def _replay(op: Op, found: tuple[bytes, int | None, Any]) -> Outcome:

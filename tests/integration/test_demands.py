@@ -15,14 +15,23 @@ import pytest
 from google.protobuf.duration_pb2 import Duration
 from google.rpc import error_details_pb2, status_pb2
 from labelrm.v1 import demand_pb2 as dpb
-from labelrm.v1 import demand_pb2_grpc
+from labelrm.v1 import demand_pb2_grpc, resource_pb2
 from labelrm.v1 import resource_manager_pb2 as rpb
 
 from rm_server.app.demands import DemandManager
 from rm_server.clock import ManualClock
 from rm_server.domain.demands.timelang import Span, holds, parse, resolve
 from tests.conftest import InProcessRM, start_in_process, stop_in_process, wait_until
-from tests.helpers import GiB, apply_req, assert_consistent, label_state, lbl, limit_req, load
+from tests.helpers import (
+    GiB,
+    apply_req,
+    assert_consistent,
+    label_state,
+    lbl,
+    limit_req,
+    load,
+    register,
+)
 
 USER = "userCreator=alice-IDE,engineType=spark-3.2.1"
 LIMIT = "userCreator=*,engineType=*"
@@ -505,6 +514,31 @@ async def test_cancel_returns_reservation_and_ticket(drm):
     assert again.demand.state == S.DEMAND_STATE_FAILED
     assert await plain_apply(drm, 2) is not None
     await drm.consistent()
+
+
+async def test_cancel_returns_the_reservation_on_an_ecm_that_changed_type(drm):
+    # An ECM without live tickets may re-register with another resource type: the
+    # reservation a demand holds on its record was made in the old type, and still
+    # comes off when the demand ends (it used to stay there for good).
+    ecm = "emInstance=host7:9000"
+    await drm.rm.rm.RegisterEcm(register("host7:9000", load(8 * GiB, 8000)))
+    await drm.stub.SubmitDemand(
+        dpb.SubmitDemandRequest(
+            demand_id="e",
+            labels=lbl(f"{USER},{ecm}"),
+            resource=load(3 * GiB, 100),
+            user="alice",
+            time_conditions_text="{Start: [+1m, ]}",
+        )
+    )
+    await drm.tick()
+    assert await drm.state("e") == S.DEMAND_STATE_ALLOCATING
+    assert (await label_state(drm.rm, ecm)).HasField("reserved_resource")
+    memory = resource_pb2.Resource(memory=resource_pb2.MemoryResource(memory_bytes=8 * GiB))
+    await drm.rm.rm.RegisterEcm(register("host7:9000", memory))
+    await drm.stub.CancelDemand(dpb.CancelDemandRequest(demand_id="e"))
+    assert not (await label_state(drm.rm, ecm)).HasField("reserved_resource")
+    assert await drm.manager.check_reservations() == []
 
 
 # ----- the interface ---------------------------------------------------------------------------

@@ -22,10 +22,12 @@ from rm_server.domain.ledger import (
     decide_report,
     held_back,
     lock_expired,
+    reserve,
+    unreserve,
 )
 from rm_server.domain.model import Refusal, Ticket, TicketState
 from rm_server.domain.resources import CPU, MEMORY, Resource, headroom
-from rm_server.errors import FailedPrecondition
+from rm_server.errors import FailedPrecondition, InvalidArgument
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 ECM = "emInstance=host1:9000"
@@ -171,3 +173,24 @@ def test_no_sequence_overcommits_or_loses_resource(steps: list[tuple[str, int, i
                 live[ticket.ticket_id] = reported
             accounts.update({a.label: a for a in updated})
         _check(accounts, live)
+
+
+def test_a_reservation_comes_off_an_ecm_record_whatever_its_type_became() -> None:
+    # An ECM's record holds the part of a demand's resource its type measures; an ECM
+    # without live tickets may re-register with another type, and the reservation made
+    # in the old one must still come off in full.
+    demand = Resource.load(3, 2)
+    held = reserve(account(ECM, 10, 10), demand)
+    assert held.reserved == demand
+    assert unreserve(held, demand) is None
+    retyped = replace(held, max_resource=Resource.memory(10))
+    assert unreserve(retyped, demand) is None
+    two = reserve(held, Resource.load(1, 1))
+    assert unreserve(replace(two, max_resource=Resource.memory(10)), demand) == Resource.load(1, 1)
+
+
+def test_a_reservation_of_the_wrong_type_names_the_resource() -> None:
+    with pytest.raises(InvalidArgument) as err:
+        reserve(account(USER, 10, 10), Resource.special({"gpu": 1}))
+    assert err.value.field == "resource"
+    assert err.value.description.startswith(f"does not match label {USER}: ")
