@@ -155,6 +155,9 @@ def held_back(
                 continue  # can never fit this label
             held = part if held is None else held + part
         except (ResourceError, InvalidArgument, ResourceExhausted):
+            # Deliberate: a request this label cannot measure (another type, or a sum
+            # past the largest quantity) can never be granted here, so it holds nothing;
+            # it is refused on its own turn, with the reason.
             continue
     return held
 
