@@ -129,7 +129,7 @@ class Spec:
     meta: Meta
 
     @property
-    def parsed_flag(self) -> str:
+    def refused_flag(self) -> str:
         """The flag of a secret refused on the command line, else `flag`."""
         return self.flag or "--" + self.name.replace("_", "-")
 
@@ -247,7 +247,7 @@ class Program(Generic[S]):
         for spec in self.specs:
             if spec.meta.secret:  # refused with a clear error, not "unrecognized"
                 hidden = f"_refused_{spec.name}"
-                parser.add_argument(spec.parsed_flag, dest=hidden, help=argparse.SUPPRESS)
+                parser.add_argument(spec.refused_flag, dest=hidden, help=argparse.SUPPRESS)
                 continue
             if not spec.flag:
                 continue
@@ -399,7 +399,7 @@ def _ways(spec: Spec) -> list[str]:
 
 def _refused(spec: Spec) -> str:
     ways = _either([*_ways(spec), *spec.meta.also_from])
-    return f"{spec.parsed_flag} would show the {spec.name} to every local user (ps): set {ways}"
+    return f"{spec.refused_flag} would show the {spec.name} to every local user (ps): set {ways}"
 
 
 def _either(ways: Sequence[str]) -> str:

@@ -15,6 +15,7 @@ import pytest
 
 from ecm_agent.main import main as agent_main
 from engineconn.runtime import main as engineconn_main
+from engineconn.settings import ENGINECONN
 from labelrm_common.settings import (
     Program,
     Section,
@@ -138,6 +139,10 @@ def test_every_setting_is_declared_with_a_description() -> None:
     with pytest.raises(TypeError, match="plain is no described setting"):
         load(program, [], {})
     assert {spec.name for spec in RM_SERVER.specs} == set(Settings.__dataclass_fields__)
+    # docs/configuration.md covers the EngineConn runtime from the same declarations.
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    for spec in ENGINECONN.specs:
+        assert f"| `{spec.name}` |" in text and (not spec.env or f"`{spec.env}`" in text)
 
 
 # --- --print-config of the daemons ------------------------------------------------------
