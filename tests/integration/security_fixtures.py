@@ -21,7 +21,7 @@ from labelrm.v1 import (
 
 from clients._channel import ChannelSecurity, aio_channel
 from rm_server.security import pki, tokens
-from tests.conftest import (
+from tests.helpers import (
     ENGINECONN_TEST_SETTINGS,
     InProcessRM,
     start_in_process,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, free_port
+from tests.helpers import ROOT, free_port
 
 
 def agent_cmd(tmp: Path, *extra: str, rm: str = "") -> list[str]:

@@ -3,7 +3,7 @@ EngineConns reporting to a stand-in RM: a user's launches after the first are fo
 a warm interpreter, with every property of a launch through sudo.
 
 Needs root and the test users (scripts/create_test_users.sh); CI=true fails instead of
-skipping (the `sudo_users` / `ec_python` fixtures of tests/conftest.py).
+skipping (the `sudo_users` / `ec_python` fixtures of tests/fixtures/agents.py).
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ from labelrm.v1 import engine_conn_pb2_grpc, executor_pb2, executor_pb2_grpc
 from ecm_agent.forkserver import ForkServer
 from ecm_agent.launch import Launcher, RunningProcess, _group_members, _signal_group
 from ecm_agent.validate import AgentPolicy, LaunchSpec
-from tests.conftest import shared_tmp
-from tests.helpers import wait_until
+from tests.helpers import shared_tmp, wait_until
 
 USER_A = "lrmtest_a"
 USER_B = "lrmtest_b"
@@ -379,7 +378,7 @@ async def test_a_closed_server_exits_after_its_last_engineconn(make_launcher, fa
 
 
 async def test_a_server_that_cannot_start_means_sudo(make_launcher, fake_rm, policy) -> None:
-    from tests.conftest import shared_tmp as tmp
+    from tests.helpers import shared_tmp as tmp
 
     script = tmp("lrm-fake-python-") / "python"
     script.write_text("#!/bin/bash\necho 'no runtime here' >&2\nexit 3\n")

@@ -29,8 +29,8 @@ from rm_server.service.resource_manager import _TICKET_ENCODERS
 from rm_server.store import tickets as ticket_store
 from rm_server.store import waiters as waiter_store
 from rm_server.store.db import Idempotency, Replay
-from tests.conftest import BOTH_PATHS, start_in_process, stop_in_process
 from tests.helpers import (
+    BOTH_PATHS,
     GiB,
     apply_req,
     assert_consistent,
@@ -39,6 +39,8 @@ from tests.helpers import (
     load,
     load_instance,
     register,
+    start_in_process,
+    stop_in_process,
 )
 
 pytestmark = BOTH_PATHS

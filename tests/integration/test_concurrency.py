@@ -12,8 +12,7 @@ import pytest
 from labelrm.v1 import admin_pb2, admin_pb2_grpc, resource_manager_pb2_grpc
 from labelrm.v1 import resource_manager_pb2 as pb
 
-from tests.conftest import BOTH_PATHS
-from tests.helpers import GiB, limit_req, load, load_instance, register
+from tests.helpers import BOTH_PATHS, GiB, limit_req, load, load_instance, register
 from tests.load import ECMS, run_load
 
 STRESS_SECONDS = float(os.environ.get("LABELRM_STRESS_SECONDS", "10"))
@@ -135,7 +134,7 @@ async def test_kill_9_mid_load_then_restart(rm_process_factory):
             resp = await rm.ListTickets(pb.ListTicketsRequest(state=pb.TICKET_STATE_LOCKED))
             return not resp.tickets
 
-    from tests.conftest import wait_until
+    from tests.helpers import wait_until
 
     await wait_until(no_locked, timeout=30, interval=0.2)
     async with grpc.aio.insecure_channel(server.target) as channel:
@@ -172,7 +171,7 @@ def own_postgres():
     """A private embedded PostgreSQL that the test may stop and start (in a directory the
     database user can reach as root: pytest resets its tmp_path root to 0700 at the
     start of every session, so a restart there fails while another session runs)."""
-    from tests.conftest import shared_tmp, start_embedded
+    from tests.helpers import shared_tmp, start_embedded
 
     base = shared_tmp("lrm-own-pg-")
     pgdata = base / "pgdata"
@@ -185,7 +184,7 @@ def own_postgres():
 
 @BOTH_PATHS
 async def test_database_restart_under_load(rm_process_factory, own_postgres):
-    from tests.conftest import start_embedded
+    from tests.helpers import start_embedded
 
     server = rm_process_factory(url=own_postgres["url"])
     server.start()

@@ -30,8 +30,7 @@ from rm_server.config import Settings
 from rm_server.security import tokens
 from rm_server.security.setup import SecurityConfigError, build_security
 from rm_server.service import convert
-from tests.conftest import wait_until
-from tests.helpers import lbl, limit_req, load_instance
+from tests.helpers import lbl, limit_req, load_instance, wait_until
 from tests.integration.security_fixtures import make_pki, secure_cluster
 from tests.integration.test_tenant_isolation import SHELL_A, SHELL_B, start_agent
 

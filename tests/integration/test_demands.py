@@ -21,8 +21,19 @@ from labelrm.v1 import resource_manager_pb2 as rpb
 from rm_server.app.demands import DemandManager
 from rm_server.clock import ManualClock
 from rm_server.domain.demands.timelang import Span, holds, parse, resolve
-from tests.conftest import InProcessRM, start_in_process, stop_in_process, wait_until
-from tests.helpers import GiB, apply_req, assert_consistent, label_state, lbl, limit_req, load
+from tests.helpers import (
+    GiB,
+    InProcessRM,
+    apply_req,
+    assert_consistent,
+    label_state,
+    lbl,
+    limit_req,
+    load,
+    start_in_process,
+    stop_in_process,
+    wait_until,
+)
 
 USER = "userCreator=alice-IDE,engineType=spark-3.2.1"
 LIMIT = "userCreator=*,engineType=*"

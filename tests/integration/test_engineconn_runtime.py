@@ -18,7 +18,7 @@ import pytest
 from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import engine_conn_pb2_grpc, executor_pb2, executor_pb2_grpc
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 IDLE = ec_pb.ENGINE_CONN_STATE_IDLE
 BUSY = ec_pb.ENGINE_CONN_STATE_BUSY

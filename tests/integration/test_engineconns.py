@@ -15,8 +15,15 @@ from labelrm.v1 import admin_pb2, engine_conn_pb2_grpc, executor_pb2, executor_p
 from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as rm_pb
 
-from tests.conftest import wait_until
-from tests.helpers import GiB, assert_consistent, label_state, lbl, load_instance, register
+from tests.helpers import (
+    GiB,
+    assert_consistent,
+    label_state,
+    lbl,
+    load_instance,
+    register,
+    wait_until,
+)
 
 SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"
 LIVE = {
@@ -359,7 +366,7 @@ async def test_launch_exiting_3_fails_with_exit_code_and_stderr(
 
 
 def _shared_script(text: str):
-    from tests.conftest import shared_tmp
+    from tests.helpers import shared_tmp
 
     path = shared_tmp("lrm-script-") / "fake-python"
     path.write_text(text)

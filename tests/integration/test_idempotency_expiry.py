@@ -9,8 +9,15 @@ import grpc
 import pytest
 from labelrm.v1 import resource_manager_pb2 as pb
 
-from tests.conftest import BOTH_PATHS
-from tests.helpers import GiB, apply_req, assert_consistent, label_state, limit_req, load
+from tests.helpers import (
+    BOTH_PATHS,
+    GiB,
+    apply_req,
+    assert_consistent,
+    label_state,
+    limit_req,
+    load,
+)
 
 pytestmark = BOTH_PATHS
 

@@ -7,8 +7,8 @@ import pytest
 from google.protobuf import json_format
 from labelrm.v1 import admin_pb2, resource_manager_pb2, resource_pb2
 
-from tests.conftest import BOTH_PATHS
 from tests.helpers import (
+    BOTH_PATHS,
     GiB,
     apply_req,
     assert_consistent,

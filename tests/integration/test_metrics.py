@@ -14,7 +14,6 @@ from labelrm.v1 import resource_manager_pb2 as pb
 from prometheus_client.parser import text_string_to_metric_families
 
 from rm_server.clock import ManualClock
-from tests.conftest import start_in_process, stop_in_process, wait_until
 from tests.helpers import (
     GiB,
     apply_req,
@@ -23,6 +22,9 @@ from tests.helpers import (
     load,
     load_instance,
     register,
+    start_in_process,
+    stop_in_process,
+    wait_until,
 )
 
 APPLY = "labelrm.v1.ResourceManagerService/Apply"

@@ -14,7 +14,7 @@ from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as rm_pb
 
 from clients import AsyncRMClient, ResourceExhausted, load, load_instance
-from tests.conftest import ROOT, wait_until
+from tests.helpers import ROOT, wait_until
 
 SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"
 

@@ -20,7 +20,7 @@ from labelrm.v1 import engine_conn_pb2 as ec_pb
 
 from clients import AsyncRMClient, ExecOutput, ExecResult, Unauthenticated, rmctl
 from clients.rmctl_engineconn import cmd_ec_logs, with_progress
-from tests.conftest import wait_until
+from tests.helpers import wait_until
 
 SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"
 ENDED = ("SUCCEEDED", "FAILED", "LOST")

@@ -20,7 +20,6 @@ from labelrm.v1 import resource_manager_pb2 as pb
 from labelrm.v1 import resource_pb2 as R
 
 from clients import rmctl
-from tests.conftest import wait_until
 from tests.helpers import (
     GiB,
     apply_req,
@@ -31,6 +30,7 @@ from tests.helpers import (
     load,
     load_instance,
     register,
+    wait_until,
 )
 
 USER = "userCreator=alice-IDE,engineType=spark-3.2.1"

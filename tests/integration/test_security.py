@@ -25,8 +25,18 @@ from rm_server.domain.engineconn import EcState, EngineConn
 from rm_server.security.limits import RATE_LIMITED, TOO_MANY_WAITING
 from rm_server.store import engineconns as ec_store
 from rm_server.store.db import Idempotency
-from tests.conftest import ROOT, free_port, wait_until
-from tests.helpers import GiB, apply_req, beat_on_stream, lbl, load, load_instance, register
+from tests.helpers import (
+    ROOT,
+    GiB,
+    apply_req,
+    beat_on_stream,
+    free_port,
+    lbl,
+    load,
+    load_instance,
+    register,
+    wait_until,
+)
 from tests.integration.security_fixtures import Pki, make_pki, start_secure, stop_secure
 
 ALICE_LABELS = "userCreator=alice-IDE,engineType=spark-3.2.1"

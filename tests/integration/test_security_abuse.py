@@ -27,8 +27,7 @@ from labelrm.v1 import resource_manager_pb2 as pb
 
 from rm_server.security import tokens
 from rm_server.security.limits import RATE_LIMITED, TOO_MANY_AUTH_FAILURES, TOO_MANY_STREAMS
-from tests.conftest import wait_until
-from tests.helpers import GiB, beat_on_stream, lbl, load_instance, register
+from tests.helpers import GiB, beat_on_stream, lbl, load_instance, register, wait_until
 from tests.integration.security_fixtures import Pki, make_pki, start_secure, stop_secure
 from tests.integration.test_security import reason_of
 

@@ -19,8 +19,7 @@ from clients import AsyncRMClient, ExecOutput, ExecResult, Unauthenticated
 from ecm_agent.validate import SECRET_FILE
 from ecm_agent.workdir import LAUNCH_SCRIPT
 from rm_server.security.ec_certs import CERT_FILE, KEY_FILE
-from tests.conftest import wait_until
-from tests.helpers import lbl
+from tests.helpers import lbl, wait_until
 from tests.integration.security_fixtures import secure_cluster
 
 SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"

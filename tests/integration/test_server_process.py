@@ -22,22 +22,20 @@ from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as pb
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from tests.conftest import (
-    ROOT,
-    free_port,
-    shared_tmp,
-    start_in_process,
-    stop_in_process,
-    wait_serving,
-)
 from tests.helpers import (
+    ROOT,
     GiB,
     apply_req,
     assert_consistent,
+    free_port,
     lbl,
     load,
     load_instance,
     register,
+    shared_tmp,
+    start_in_process,
+    stop_in_process,
+    wait_serving,
 )
 
 

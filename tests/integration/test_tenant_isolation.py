@@ -12,7 +12,6 @@ from labelrm.v1 import demand_pb2 as demand_pb
 from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as pb
 
-from tests.conftest import wait_until
 from tests.helpers import (
     GiB,
     apply_req,
@@ -21,6 +20,7 @@ from tests.helpers import (
     limit_req,
     load_instance,
     register,
+    wait_until,
 )
 from tests.integration.security_fixtures import (
     SecureRM,

@@ -10,8 +10,8 @@ from grpc_status import rpc_status
 from labelrm.v1 import resource_manager_pb2 as pb
 from labelrm.v1 import resource_pb2
 
-from tests.conftest import BOTH_PATHS, wait_until
 from tests.helpers import (
+    BOTH_PATHS,
     GiB,
     apply_req,
     assert_consistent,
@@ -19,6 +19,7 @@ from tests.helpers import (
     load,
     load_instance,
     register,
+    wait_until,
 )
 
 pytestmark = BOTH_PATHS
