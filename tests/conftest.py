@@ -14,7 +14,12 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 import pytest
 
 # pytest allows pytest_plugins in the top-level conftest only.
-pytest_plugins = ["tests.fixtures.database", "tests.fixtures.rm", "tests.fixtures.agents"]
+pytest_plugins = [
+    "tests.fixtures.database",
+    "tests.fixtures.rm",
+    "tests.fixtures.agents",
+    "tests.fixtures.engineconns",
+]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

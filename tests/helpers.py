@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,8 @@ from google.protobuf.duration_pb2 import Duration
 from labelrm.v1 import (
     admin_pb2,
     admin_pb2_grpc,
+    engine_conn_pb2,
+    engine_conn_pb2_grpc,
     resource_manager_pb2,
     resource_manager_pb2_grpc,
     resource_pb2,
@@ -342,3 +344,124 @@ async def start_in_process(
 async def stop_in_process(rm: InProcessRM) -> None:
     await rm.channel.close()
     await rm.server.stop(grace=0.5)
+
+
+# ----- a stand-in RM for EngineConns -------------------------------------------------------
+
+
+class FakeRM(engine_conn_pb2_grpc.EngineConnServiceServicer):  # type: ignore[misc]  # grpc: untyped
+    """The RM's EngineConn service as the EngineConns see it: records every state report
+    (in order in `reports`, and for `next_report`), answers shutdown=true once told to.
+    The `fake_rm` fixture (tests/fixtures/engineconns.py) serves one on `target`."""
+
+    def __init__(self) -> None:
+        self.reports: list[engine_conn_pb2.ReportEngineConnStateRequest] = []
+        self._unread: asyncio.Queue[engine_conn_pb2.ReportEngineConnStateRequest] = asyncio.Queue()
+        self.shutdown = False
+        self.target = ""
+
+    async def ReportEngineConnState(
+        self, request: engine_conn_pb2.ReportEngineConnStateRequest, context: Any
+    ) -> engine_conn_pb2.ReportEngineConnStateResponse:
+        self.reports.append(request)
+        await self._unread.put(request)
+        return engine_conn_pb2.ReportEngineConnStateResponse(shutdown=self.shutdown)
+
+    def report(self, ec_id: str, state: int) -> engine_conn_pb2.ReportEngineConnStateRequest | None:
+        """The first report of `ec_id` in `state`, if any came."""
+        for r in self.reports:
+            if r.engine_conn_id == ec_id and r.state == state:
+                return r
+        return None
+
+    async def next_report(
+        self, state: int, timeout: float = 5.0
+    ) -> engine_conn_pb2.ReportEngineConnStateRequest:
+        """The next report not read yet in `state` (earlier ones in other states are
+        skipped)."""
+        name = engine_conn_pb2.EngineConnState.Name
+        seen: list[str] = []
+
+        async def in_state() -> engine_conn_pb2.ReportEngineConnStateRequest | None:
+            while not self._unread.empty():
+                report = self._unread.get_nowait()
+                if report.state == state:
+                    return report
+                seen.append(name(report.state))
+            return None
+
+        found: engine_conn_pb2.ReportEngineConnStateRequest = await wait_until(
+            in_state, timeout, what=lambda: f"a {name(state)} report; saw {seen}", interval=0.02
+        )
+        return found
+
+
+# ----- agents ------------------------------------------------------------------------------
+
+
+async def agent_beating(rm_stub: Any, agent_id: str) -> bool:
+    """Whether agent `agent_id` is registered, RUNNING and has sent a heartbeat (asked
+    through `rm_stub`, a ResourceManagerService stub)."""
+    try:
+        resp = await rm_stub.GetEcm(resource_manager_pb2.GetEcmRequest(instance=agent_id))
+    except grpc.aio.AioRpcError:
+        return False
+    ecm = resp.ecm
+    return bool(
+        ecm.state == resource_manager_pb2.ECM_STATE_RUNNING and ecm.HasField("last_heartbeat_time")
+    )
+
+
+async def start_agent_on(
+    agent_factory: Callable[..., Any],
+    target: str,
+    rm_stub: Any,
+    agent_id: str = "agent1",
+    *extra: str,
+    python: str | None = None,
+) -> Any:
+    """Start an agent of `agent_factory` (the fixture) on the RM at `target` and wait
+    until it beats (`agent_beating` through `rm_stub`); returns the AgentProcess."""
+    agent = agent_factory(target, agent_id, *extra, python=python)
+    agent.start()
+    await wait_until(
+        lambda: agent_beating(rm_stub, agent_id),
+        timeout=30,
+        what=lambda: f"{agent_id} beating; its log:\n{agent.log_text()[-3000:]}",
+    )
+    return agent
+
+
+async def start_agent(
+    rm: InProcessRM,
+    agent_factory: Callable[..., Any],
+    agent_id: str = "agent1",
+    *extra: str,
+    python: str | None = None,
+) -> Any:
+    """`start_agent_on` an in-process RM."""
+    return await start_agent_on(agent_factory, rm.target, rm.rm, agent_id, *extra, python=python)
+
+
+# ----- the SDK and rmctl -------------------------------------------------------------------
+
+# The agent the `client` fixture (tests/fixtures/rm.py) registers for the SDK and rmctl tests.
+CLIENT_ECM = "h1:9101"
+
+
+def ctl(rm: Any, *argv: str) -> Awaitable[int]:
+    """rmctl against `rm` (anything with a `target`) in a thread; an awaitable of its
+    exit code."""
+    from clients import rmctl
+
+    return asyncio.to_thread(rmctl.main, ["--rm", rm.target, *argv])
+
+
+def details(text: str) -> dict[str, str]:
+    """An rmctl detail view (`key = value` lines) as a dict; every line must be one."""
+    out = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(" = ")
+        assert sep, f"not a key = value line: {line!r}"
+        out[key.strip()] = value
+    return out

@@ -15,56 +15,25 @@ import secrets
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 from labelrm.v1 import engine_conn_pb2 as ec_pb
-from labelrm.v1 import engine_conn_pb2_grpc, executor_pb2, executor_pb2_grpc
+from labelrm.v1 import executor_pb2, executor_pb2_grpc
 
 from ecm_agent.forkserver import ForkServer
-from ecm_agent.launch import Launcher, RunningProcess, _group_members, _signal_group
+from ecm_agent.launch import Launcher, RunningProcess, _group_members
 from ecm_agent.validate import AgentPolicy, LaunchSpec
-from tests.helpers import shared_tmp, wait_until
+from tests.helpers import FakeRM, shared_tmp, wait_until
 
 USER_A = "lrmtest_a"
 USER_B = "lrmtest_b"
 DEADLINE = 60.0  # a poll deadline: a cold first launch on a loaded machine takes seconds
 IDLE = ec_pb.ENGINE_CONN_STATE_IDLE
 SUCCEEDED = ec_pb.ENGINE_CONN_STATE_SUCCEEDED
-
-
-class FakeRM(engine_conn_pb2_grpc.EngineConnServiceServicer):
-    """Records the EngineConns' reports."""
-
-    def __init__(self) -> None:
-        self.reports: list[ec_pb.ReportEngineConnStateRequest] = []
-        self.target = ""
-
-    async def ReportEngineConnState(self, request, context):
-        self.reports.append(request)
-        return ec_pb.ReportEngineConnStateResponse()
-
-    def report(self, ec_id: str, state: int) -> ec_pb.ReportEngineConnStateRequest | None:
-        for r in self.reports:
-            if r.engine_conn_id == ec_id and r.state == state:
-                return r
-        return None
-
-
-@pytest.fixture
-async def fake_rm() -> AsyncIterator[FakeRM]:
-    rm = FakeRM()
-    server = grpc.aio.server()
-    engine_conn_pb2_grpc.add_EngineConnServiceServicer_to_server(rm, server)
-    rm.target = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
-    await server.start()
-    try:
-        yield rm
-    finally:
-        await server.stop(grace=0)
 
 
 @pytest.fixture
@@ -83,31 +52,8 @@ def policy(sudo_users, ec_python, tmp_path) -> Iterator[AgentPolicy]:
 
 
 @pytest.fixture
-async def make_launcher(policy) -> AsyncIterator[Callable[..., Launcher]]:
-    """Launchers with fork servers; afterwards every EngineConn is killed and every fork
-    server has exited."""
-    made: list[Launcher] = []
-
-    def make(fork_servers: int = 4) -> Launcher:
-        launcher = Launcher(policy, fork_servers=fork_servers)
-        made.append(launcher)
-        return launcher
-
-    yield make
-    servers: list[ForkServer] = []
-    for launcher in made:
-        servers += [*launcher.forks._servers.values(), *launcher.forks._closed]
-        for proc in [t.proc for t in launcher._tracked.values()]:
-            if _group_members(proc):
-                _signal_group(proc, signal.SIGKILL)
-    for launcher in made:
-        await launcher.close()
-    for server in servers:
-        try:
-            await asyncio.wait_for(server.process.wait(), DEADLINE)
-        except TimeoutError:
-            server.kill()
-            pytest.fail(f"the fork server of {server.user} did not exit after its EngineConns")
+def launcher_fork_servers() -> int:
+    return 4
 
 
 def ec_spec(rm: FakeRM, user: str = USER_A, *extra: str, **over: Any) -> LaunchSpec:
@@ -133,14 +79,15 @@ def proc_title(pid: int) -> str:
 
 
 async def title_when_set(pid: int, prefix: str) -> str:
-    """The process title once it starts with `prefix`, or what it is at the deadline (the
-    fork sets its title just after the server has answered with its pid)."""
-    deadline = time.monotonic() + DEADLINE
-    while True:
-        title = proc_title(pid)
-        if title.startswith(prefix) or time.monotonic() > deadline:
-            return title
-        await asyncio.sleep(0.02)
+    """The process title once it starts with `prefix` (the fork sets its title just
+    after the server has answered with its pid)."""
+    title: str = await wait_until(
+        lambda: (now := proc_title(pid)).startswith(prefix) and now,
+        DEADLINE,
+        what=lambda: f"title of {pid} starting {prefix!r}: {proc_title(pid)!r}",
+        interval=0.02,
+    )
+    return title
 
 
 def status_of(pid: int) -> dict[str, str]:

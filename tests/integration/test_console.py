@@ -31,8 +31,8 @@ from rm_server.security import tokens
 from rm_server.security.setup import SecurityConfigError, build_security
 from rm_server.service import convert
 from tests.helpers import lbl, limit_req, load_instance, wait_until
-from tests.integration.security_fixtures import make_pki, secure_cluster
-from tests.integration.test_tenant_isolation import SHELL_A, SHELL_B, start_agent
+from tests.integration.security_fixtures import make_pki, secure_cluster, start_secure_agent
+from tests.integration.test_tenant_isolation import SHELL_A, SHELL_B
 
 CHROMIUM = "/usr/bin/chromium"
 PAGES = ("overview", "nodes", "engineconns", "resources", "tickets", "demands")
@@ -123,7 +123,7 @@ async def _text(page: Any, selector: str) -> str:
 
 
 async def test_console_pages_show_the_api_figures_live(console, browser, agent_factory, tmp_path):
-    await start_agent(console, agent_factory)
+    await start_secure_agent(console, agent_factory)
     admin = console.stubs(console.channel("root"))
     page = await _signed_in(browser, console, "root")
     shots = tmp_path / "screenshots"
@@ -244,7 +244,7 @@ async def test_console_pages_show_the_api_figures_live(console, browser, agent_f
 
 
 async def test_a_user_sees_only_their_own_engineconns(console, browser, agent_factory):
-    await start_agent(console, agent_factory)
+    await start_secure_agent(console, agent_factory)
     a_ec = await _create(console, "lrmtest_a", SHELL_A)
     b_ec = await _create(console, "lrmtest_b", SHELL_B)
     a_token, b_token = (console.pki.tokens[u] for u in ("lrmtest_a", "lrmtest_b"))

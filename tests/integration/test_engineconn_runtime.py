@@ -9,14 +9,13 @@ import secrets
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from dataclasses import dataclass, field
 
 import grpc
 import pytest
 from labelrm.v1 import engine_conn_pb2 as ec_pb
-from labelrm.v1 import engine_conn_pb2_grpc, executor_pb2, executor_pb2_grpc
+from labelrm.v1 import executor_pb2, executor_pb2_grpc
 
 from tests.helpers import ROOT
 
@@ -27,48 +26,6 @@ SUCCEEDED = ec_pb.ENGINE_CONN_STATE_SUCCEEDED
 FAILED = ec_pb.ENGINE_CONN_STATE_FAILED
 STDOUT = executor_pb2.OUTPUT_STREAM_STDOUT
 STDERR = executor_pb2.OUTPUT_STREAM_STDERR
-
-
-class FakeRM(engine_conn_pb2_grpc.EngineConnServiceServicer):
-    """Records every report; answers shutdown=true once told to."""
-
-    def __init__(self) -> None:
-        self.reports: asyncio.Queue[ec_pb.ReportEngineConnStateRequest] = asyncio.Queue()
-        self.shutdown = False
-
-    async def ReportEngineConnState(self, request, context):
-        await self.reports.put(request)
-        return ec_pb.ReportEngineConnStateResponse(shutdown=self.shutdown)
-
-    async def next_report(self, state, timeout: float = 5.0):
-        """The next report in `state` (earlier ones in other states are skipped)."""
-        deadline = time.monotonic() + timeout
-        seen = []
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise AssertionError(f"no {ec_pb.EngineConnState.Name(state)} report; saw {seen}")
-            try:
-                report = await asyncio.wait_for(self.reports.get(), remaining)
-            except TimeoutError:
-                continue
-            if report.state == state:
-                return report
-            seen.append(ec_pb.EngineConnState.Name(report.state))
-
-
-@pytest.fixture
-async def fake_rm():
-    rm = FakeRM()
-    server = grpc.aio.server()
-    engine_conn_pb2_grpc.add_EngineConnServiceServicer_to_server(rm, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    rm.target = f"127.0.0.1:{port}"
-    try:
-        yield rm
-    finally:
-        await server.stop(grace=0)
 
 
 class AuthedStub:
@@ -392,7 +349,7 @@ async def test_without_a_secret_it_refuses_to_start(start_ec, fake_rm):
     ec = await start_ec("shell", ready=False, secret=None)
     assert await ec.wait_exit() == 2
     assert "nor LABELRM_EC_SECRET is set" in ec.log()
-    assert fake_rm.reports.empty()  # it never served anything nor told the RM it was ready
+    assert not fake_rm.reports  # it never served anything nor told the RM it was ready
 
 
 async def test_insecure_executor_flag_serves_without_a_secret(start_ec):

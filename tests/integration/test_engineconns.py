@@ -17,11 +17,13 @@ from labelrm.v1 import resource_manager_pb2 as rm_pb
 
 from tests.helpers import (
     GiB,
+    agent_beating,
     assert_consistent,
     label_state,
     lbl,
     load_instance,
     register,
+    start_agent,
     wait_until,
 )
 
@@ -36,21 +38,6 @@ LIVE = {
 
 def ecs(rm) -> engine_conn_pb2_grpc.EngineConnServiceStub:
     return engine_conn_pb2_grpc.EngineConnServiceStub(rm.channel)
-
-
-async def agent_registered(rm, agent_id: str) -> bool:
-    try:
-        resp = await rm.rm.GetEcm(rm_pb.GetEcmRequest(instance=agent_id))
-    except grpc.aio.AioRpcError:
-        return False
-    return resp.ecm.state == rm_pb.ECM_STATE_RUNNING and resp.ecm.HasField("last_heartbeat_time")
-
-
-async def start_agent(rm, agent_factory, agent_id="agent1", *extra, python=None):
-    agent = agent_factory(rm.target, agent_id, *extra, python=python)
-    agent.start()
-    await wait_until(lambda: agent_registered(rm, agent_id), timeout=30)
-    return agent
 
 
 async def create(rm, labels=SHELL_A, user="lrmtest_a", request_id="", **params):
@@ -406,7 +393,7 @@ async def test_agent_kill_9_lost_then_fenced(cluster_rm, agent_factory):
     agent.kill()
     # Quick restart (before the 4 s expiry): the EngineConn is re-attached and kept.
     agent.start()
-    await wait_until(lambda: agent_registered(rm, "agent1"), timeout=30)
+    await wait_until(lambda: agent_beating(rm.rm, "agent1"), timeout=30)
     await asyncio.sleep(0)  # let a heartbeat carry the re-attached report
     assert (await get_ec(rm, kept.engine_conn_id)).state == ec_pb.ENGINE_CONN_STATE_IDLE
     pid = os.getpgid((await get_ec(rm, kept.engine_conn_id)).pid)
@@ -419,7 +406,7 @@ async def test_agent_kill_9_lost_then_fenced(cluster_rm, agent_factory):
     assert ecm.state == rm_pb.ECM_STATE_LOST
     agent.start()
     await wait_until(lambda: _async(not group_members(pid)), timeout=30)
-    await wait_until(lambda: agent_registered(rm, "agent1"), timeout=30)
+    await wait_until(lambda: agent_beating(rm.rm, "agent1"), timeout=30)
     await assert_consistent(rm)
 
 
@@ -435,7 +422,7 @@ async def test_excluded_host_refused_refresh_and_decommission(cluster_rm, agent_
     # Lift the exclusion at run time (no RM restart): the agent now gets in.
     await rm.admin.RefreshNodes(admin_pb2.RefreshNodesRequest())
     bad.start()
-    await wait_until(lambda: agent_registered(rm, "agent2"), timeout=30)
+    await wait_until(lambda: agent_beating(rm.rm, "agent2"), timeout=30)
     ec = await create(rm)
     assert ec.ecm_instance == "agent2"
     live = await rm.admin.DecommissionEcm(admin_pb2.DecommissionEcmRequest(instance="agent2"))

@@ -20,7 +20,7 @@ from ecm_agent.validate import SECRET_FILE
 from ecm_agent.workdir import LAUNCH_SCRIPT
 from rm_server.security.ec_certs import CERT_FILE, KEY_FILE
 from tests.helpers import lbl, wait_until
-from tests.integration.security_fixtures import secure_cluster
+from tests.integration.security_fixtures import secure_cluster, start_secure_agent
 
 SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"
 
@@ -32,22 +32,9 @@ async def cluster(database_url, tmp_path, sudo_users):
 
 
 async def test_engineconn_reports_with_the_certificate_the_rm_issued(cluster, agent_factory):
+    agent = await start_secure_agent(cluster, agent_factory)
     keys = cluster.pki
-    cert, key = keys.cert("agent", "agent1")
-    agent = agent_factory(
-        cluster.agent_target, "agent1", "--tls-ca", keys.ca, "--tls-cert", cert, "--tls-key", key
-    )
-    agent.start()
     admin = cluster.stubs(cluster.channel("root"))
-
-    async def registered() -> bool:
-        try:
-            ecm = (await admin.rm.GetEcm(pb.GetEcmRequest(instance="agent1"))).ecm
-        except grpc.aio.AioRpcError:
-            return False
-        return ecm.HasField("last_heartbeat_time")
-
-    await wait_until(registered, timeout=30)
     owner = cluster.stubs(cluster.channel("lrmtest_a"))
     other = cluster.stubs(cluster.channel("lrmtest_b"))
     request = ec_pb.CreateEngineConnRequest(
