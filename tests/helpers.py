@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import psycopg
@@ -40,6 +40,7 @@ from rm_server.server import RMServer
 
 ROOT = Path(__file__).resolve().parent.parent
 GiB = 1024**3
+T = TypeVar("T")
 
 # The sudo test users (scripts/create_test_users.sh) and the EngineConn runtime they run
 # (scripts/install_ec_runtime.sh installs it there).
@@ -64,6 +65,12 @@ GROUPING = {"grouped": 256, "one-by-one": 0}
 # A test module with `pytestmark = BOTH_PATHS` runs every test once per GROUPING value
 # (the `grouping` fixture of tests/fixtures/rm.py).
 BOTH_PATHS = pytest.mark.usefixtures("grouping")
+
+
+def present(value: T | None) -> T:
+    """`value`, which must not be None (narrows an Optional for the type checker)."""
+    assert value is not None
+    return value
 
 
 def lbl(text: str) -> list[resource_pb2.Label]:

@@ -11,6 +11,8 @@ import subprocess
 import sys
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -46,12 +48,12 @@ class AuthedStub:
 class EC:
     proc: asyncio.subprocess.Process
     ec_id: str
-    log_path: object
+    log_path: Path
     secret: str = ""
     address: str = ""
     channel: grpc.aio.Channel | None = None
     stub: AuthedStub | None = None
-    extra: list = field(default_factory=list)
+    extra: list[Any] = field(default_factory=list)
 
     def stub_with(self, secret: str | None) -> AuthedStub:
         assert self.channel is not None
@@ -128,7 +130,9 @@ async def start_ec(fake_rm, tmp_path):
 class Run:
     stdout: str = ""
     stderr: str = ""
-    result: executor_pb2.ExecuteResult | None = None
+    # An ExecuteResult once the call ended with one (the generated protobuf code carries
+    # no types here, so it is Any either way).
+    result: Any = None
 
 
 async def collect(call) -> Run:
@@ -146,6 +150,7 @@ async def collect(call) -> Run:
 
 
 async def execute(ec: EC, code: str, **kwargs) -> Run:
+    assert ec.stub is not None, "started with ready=False"
     return await collect(ec.stub.Execute(executor_pb2.ExecuteRequest(code=code, **kwargs)))
 
 

@@ -3,6 +3,7 @@ together, and a multi-host database URL."""
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -210,7 +211,7 @@ def test_agent_stopping_right_after_a_kill_never_crashes_the_server(
             wait_until_sync(
                 lambda: _agent_running(rm, "agent1"),
                 30,
-                what=lambda agent=agent: "agent1 running\n" + agent.log_text()[-2000:],
+                what=functools.partial(log_tail, agent.log_path, 2000),
                 interval=0.05,
             )
             request = ec_pb.CreateEngineConnRequest(
