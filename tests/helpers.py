@@ -296,7 +296,7 @@ class Postgres:
         return make_conninfo(self.admin_url, dbname=name)
 
     def drop_database(self, url: str) -> None:
-        name = conninfo_to_dict(url)["dbname"]
+        name = str(conninfo_to_dict(url)["dbname"])
         with psycopg.connect(self.admin_url, autocommit=True) as conn:
             conn.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
@@ -472,3 +472,28 @@ def details(text: str) -> dict[str, str]:
         assert sep, f"not a key = value line: {line!r}"
         out[key.strip()] = value
     return out
+
+
+# ----- what the RM holds, and what it says of a bad request ------------------------------------
+
+
+async def snapshot(rm: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Every label record and ticket, as JSON dicts (to compare before and after)."""
+    from google.protobuf import json_format
+
+    records = await rm.rm.ListLabelResources(resource_manager_pb2.ListLabelResourcesRequest())
+    tickets = await rm.rm.ListTickets(resource_manager_pb2.ListTicketsRequest())
+    return json_format.MessageToDict(records), json_format.MessageToDict(tickets)
+
+
+def bad_field(err: grpc.aio.AioRpcError) -> str:
+    """The field a BadRequest detail of `err` names."""
+    from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
+
+    for detail in rpc_status.from_call(err).details:
+        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            detail.Unpack(bad)
+            return str(bad.field_violations[0].field)
+    raise AssertionError(f"no BadRequest detail in {err}")

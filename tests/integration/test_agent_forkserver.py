@@ -105,7 +105,7 @@ async def warm(launcher: Launcher, rm: FakeRM, user: str = USER_A) -> ForkServer
     first = ec_spec(rm, user)
     proc = await launcher.launch(first)
     assert int(status_of(proc.pid)["Uid"].split()[0]) == 0  # sudo: no server was ready yet
-    servers = await wait_until(
+    servers: list[ForkServer] = await wait_until(
         lambda: [s for (u, _), s in launcher.forks.servers().items() if u == user],
         timeout=DEADLINE,
         what=f"the fork server of {user} is ready",
@@ -371,6 +371,7 @@ async def test_fork_server_protocol(sudo_users, ec_python, policy) -> None:
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, cwd=str(work),
     )  # fmt: skip
     assert proc.stdin is not None and proc.stdout is not None
+    stdin, stdout = proc.stdin, proc.stdout
 
     exits: dict[int, int] = {}
     server_pid = 0
@@ -378,15 +379,15 @@ async def test_fork_server_protocol(sudo_users, ec_python, policy) -> None:
     async def answer() -> dict[str, Any]:
         """The next line that is not an exit report (those are kept in `exits`)."""
         while True:
-            message = json.loads(await asyncio.wait_for(proc.stdout.readline(), 30))
+            message = json.loads(await asyncio.wait_for(stdout.readline(), 30))
             if "exit" not in message:
                 return message  # type: ignore[no-any-return]
             exits[message["exit"]] = os.waitstatus_to_exitcode(message["status"])
 
     async def ask(request: object) -> dict[str, Any]:
         line = request if isinstance(request, bytes) else json.dumps(request).encode()
-        proc.stdin.write(line + b"\n")
-        await proc.stdin.drain()
+        stdin.write(line + b"\n")
+        await stdin.drain()
         return await answer()
 
     try:

@@ -93,7 +93,10 @@ async def waiter(rm, labels: str, resource: Resource) -> int:
     """Queue a waiter for `resource` (user "waiter"), holding for a minute."""
     keys = rm.core.charged_keys(_labels(labels))
     hold = rm.core.clock.now() + timedelta(seconds=60)
-    return await rm.core._join_queue(f"w-{uuid.uuid4().hex}", keys, 60, "waiter", resource, hold)
+    seq: int = await rm.core._join_queue(
+        f"w-{uuid.uuid4().hex}", keys, 60, "waiter", resource, hold
+    )
+    return seq
 
 
 # A shared label (an ECM's): waiters hold capacity back there, not on a user's own quota.

@@ -6,13 +6,14 @@ import asyncio
 import os
 import shutil
 import time
+from typing import Any
 
 import grpc
 import pytest
 from labelrm.v1 import admin_pb2, admin_pb2_grpc, resource_manager_pb2_grpc
 from labelrm.v1 import resource_manager_pb2 as pb
 
-from tests.helpers import BOTH_PATHS, GiB, limit_req, load, load_instance, register
+from tests.helpers import BOTH_PATHS, GiB, limit_req, load, load_instance, present, register
 from tests.load import ECMS, run_load
 
 STRESS_SECONDS = float(os.environ.get("LABELRM_STRESS_SECONDS", "10"))
@@ -59,7 +60,7 @@ def assert_all_returned(records: list[pb.LabelResource]) -> None:
         assert locked.memory_bytes == 0 and used.memory_bytes == 0, record
 
 
-async def periodic_checks(target: str, stop_at: float, results: list) -> None:
+async def periodic_checks(target: str, stop_at: float, results: list[Any]) -> None:
     while time.monotonic() < stop_at:
         results.append(await check(target))
         await asyncio.sleep(1.0)
@@ -70,7 +71,7 @@ async def test_64_concurrent_clients_keep_every_invariant(rm_process_factory):
     server = rm_process_factory()
     server.start()
     await seed(server.target)
-    checks: list = []
+    checks: list[Any] = []
     stats = await run_load(
         [server.target],
         STRESS_SECONDS,
@@ -163,7 +164,7 @@ def postmaster_start(url: str):
     import psycopg
 
     with psycopg.connect(url) as conn:
-        return conn.execute("SELECT pg_postmaster_start_time()").fetchone()[0]
+        return present(conn.execute("SELECT pg_postmaster_start_time()").fetchone())[0]
 
 
 @pytest.fixture

@@ -71,7 +71,7 @@ async def browser():
 
 
 def _url(srm: Any) -> str:
-    return srm.server.console.url
+    return str(srm.server.console.url)
 
 
 async def _signed_in(browser: Any, srm: Any, who: str) -> Any:
@@ -170,7 +170,7 @@ async def test_console_pages_show_the_api_figures_live(console, browser, agent_f
             cell = f"[data-testid=totals] tr[data-dim=memory_bytes] td[data-field={field}]"
             if await _text(page, cell) != str(total):
                 return False
-        return report.tickets_checked >= 1
+        return bool(report.tickets_checked >= 1)
 
     await wait_until(figures_match, timeout=20)
     assert await _text(page, "[data-testid=nodes-by-state] .big") == "1"

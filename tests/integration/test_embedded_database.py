@@ -254,8 +254,8 @@ def test_a_data_directory_the_database_user_cannot_reach(sudo_users):
         for path in (RELOCATED_ROOT, RELOCATED_ROOT.parent):
             info = path.stat()
             assert (stat.S_IMODE(info.st_mode), info.st_uid) == (0o755, 0), path
-        said = [line for line in first.log.read_text().splitlines() if str(link) in line]
-        assert len(said) == 1 and "INFO" in said[0] and str(home / "pgdata") in said[0], said
+        lines = [line for line in first.log.read_text().splitlines() if str(link) in line]
+        assert len(lines) == 1 and "INFO" in lines[0] and str(home / "pgdata") in lines[0], lines
         with grpc.insecure_channel(first.target) as channel:
             stub = resource_manager_pb2_grpc.ResourceManagerServiceStub(channel)
             stub.RegisterEcm(register("h:1", load_instance(GiB, 1000, 1)), timeout=10)

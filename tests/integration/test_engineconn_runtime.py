@@ -37,10 +37,10 @@ class AuthedStub:
         self.stub = executor_pb2_grpc.ExecutorServiceStub(channel)
         self.metadata = (("authorization", f"Bearer {secret}"),) if secret else ()
 
-    def Execute(self, request, **kwargs):
+    def Execute(self, request: Any, **kwargs: Any) -> Any:
         return self.stub.Execute(request, metadata=self.metadata, **kwargs)
 
-    def Cancel(self, request, **kwargs):
+    def Cancel(self, request: Any, **kwargs: Any) -> Any:
         return self.stub.Cancel(request, metadata=self.metadata, **kwargs)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import grpc
 import pytest
@@ -56,7 +57,7 @@ def provider(
     )
 
 
-def details(err: grpc.aio.AioRpcError) -> tuple[str, list]:
+def details(err: grpc.aio.AioRpcError) -> tuple[str, list[Any]]:
     status = rpc_status.from_call(err)
     assert isinstance(status, status_pb2.Status)
     reason, shortfalls = "", []
@@ -429,7 +430,7 @@ async def test_a_waiting_apply_is_granted_when_yarn_frees_the_queue(rm, capacity
     await rm.admin.PutExternalProvider(provider(pair.addresses, ttl=0.2))
     app = state.start_app("root.a.a1", 55 * 1024, 1)
 
-    async def wait_for_room():
+    async def wait_for_room() -> Any:
         return await rm.rm.Apply(apply_req(USER + ",cluster=prod", dy("root.a.a1", 10), wait=30))
 
     waiting = asyncio.create_task(wait_for_room())

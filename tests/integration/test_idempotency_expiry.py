@@ -165,7 +165,8 @@ async def test_retention_keeps_up_with_more_ended_tickets_than_a_batch(rm_manual
         return int((await cur.fetchone())[0])
 
     async def old_rows() -> int:
-        return await rm.core.db.run(count)
+        n: int = await rm.core.db.run(count)
+        return n
 
     rm.clock.advance(61)  # past the retention interval since the sweep at start-up
     rounds = 0

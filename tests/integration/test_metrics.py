@@ -21,6 +21,7 @@ from tests.helpers import (
     limit_req,
     load,
     load_instance,
+    present,
     register,
     start_in_process,
     stop_in_process,
@@ -41,7 +42,8 @@ async def rm_metrics(database_url):
         lock_timeout=60.0,
         sweep_interval=3600.0,
     )
-    rm.server.metrics.labels.cache_seconds = 0  # every scrape reads the database
+    metrics = present(rm.server.metrics)
+    present(metrics.labels).cache_seconds = 0  # every scrape reads the database
     try:
         yield rm
     finally:
@@ -56,7 +58,7 @@ def _get(url: str) -> tuple[int, str, str]:
         return err.code, err.headers["Content-Type"], err.read().decode()
 
 
-async def scrape(rm) -> dict[tuple[str, frozenset], float]:
+async def scrape(rm) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     """{(sample name, frozenset of label items): value} from a real HTTP scrape."""
     url = f"http://127.0.0.1:{rm.server.metrics_port}/metrics"
     status, ctype, text = await asyncio.to_thread(_get, url)
@@ -70,7 +72,7 @@ async def scrape(rm) -> dict[tuple[str, frozenset], float]:
 
 
 def value(samples, name: str, **labels) -> float:
-    return samples.get((name, frozenset(labels.items())), 0.0)
+    return float(samples.get((name, frozenset(labels.items())), 0.0))
 
 
 async def test_rpc_counts_and_apply_outcomes(rm_metrics):

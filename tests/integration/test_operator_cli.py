@@ -88,9 +88,9 @@ async def test_global_flags_anywhere_and_output_modes(rm: Any) -> None:
         "--rm", rm.target, "-o", "name",
         stdout=asyncio.subprocess.PIPE, cwd=ROOT,
     )  # fmt: skip
-    out, _ = await asyncio.wait_for(proc.communicate(), 30)
+    printed, _ = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 0
-    assert sorted(out.decode().split()) == ["node/node-a", "node/node-b"]
+    assert sorted(printed.decode().split()) == ["node/node-a", "node/node-b"]
 
     rc, out, _ = await rmctl_run(rm, "node", "list", "-o", "yaml")
     assert rc == 0 and out.startswith("ecms:\n  - instance: node-")

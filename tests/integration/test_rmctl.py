@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import io
 import json
-from typing import Any
+from typing import Any, TextIO
 
 from labelrm.v1 import demand_pb2, demand_pb2_grpc
 
-from clients import load_instance, parse_labels
+from clients import load_instance
 from clients._format import run_watch
+from clients._impl import parse_labels
 from tests.helpers import CLIENT_ECM, ctl, details
 
 GiB = 1024**3
@@ -99,7 +100,7 @@ def test_watch_on_a_terminal_redraws_each_round() -> None:
 
 
 def test_watch_stops_cleanly_on_ctrl_c() -> None:
-    def render(out: io.StringIO) -> int:
+    def render(out: TextIO) -> int:
         raise KeyboardInterrupt
 
     assert run_watch(render, io.StringIO(), interval=0, title="t") == 0

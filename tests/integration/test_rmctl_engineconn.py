@@ -49,7 +49,15 @@ async def test_engineconn_lifecycle_through_rmctl(
     header = capsys.readouterr().out.splitlines()[0]
     assert header.split()[-3:] == ["LABELS", "PROTECTED", "REGISTERED"]
 
-    argv = ("engineconn", "create", "--user", "lrmtest_a", "--labels", SHELL_A, "-q")
+    argv: tuple[str, ...] = (
+        "engineconn",
+        "create",
+        "--user",
+        "lrmtest_a",
+        "--labels",
+        SHELL_A,
+        "-q",
+    )
     assert await ctl(rm, *argv, "--param", "max_idle_seconds=300") == 0
     ec_id = capsys.readouterr().out.strip()
     assert ec_id.startswith("ec-") and "\n" not in ec_id
@@ -155,7 +163,12 @@ async def test_node_drain_refresh_and_errors(
     capsys.readouterr()
 
     # A user the agent refuses: one error line, exit 1.
-    argv = ("engineconn", "create", "--labels", "userCreator=root-IDE,engineType=shell-1")
+    argv: tuple[str, ...] = (
+        "engineconn",
+        "create",
+        "--labels",
+        "userCreator=root-IDE,engineType=shell-1",
+    )
     assert await ctl(rm, *argv) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: FAILED_PRECONDITION") and "refused" in err

@@ -42,8 +42,8 @@ async def test_engineconn_reports_with_the_certificate_the_rm_issued(cluster, ag
     )
     try:
         ec = (await owner.ecs.CreateEngineConn(request, timeout=60)).engine_conn
-    except grpc.aio.AioRpcError as err:  # pragma: no cover - diagnostics
-        pytest.fail(f"{err.code()}: {err.details()}\nagent log:\n{agent.log_text()[-3000:]}")
+    except grpc.aio.AioRpcError as exc:  # pragma: no cover - diagnostics
+        pytest.fail(f"{exc.code()}: {exc.details()}\nagent log:\n{agent.log_text()[-3000:]}")
     # Ready means its IDLE report got through: mutual TLS with the certificate for its id.
     assert ec.state == ec_pb.ENGINE_CONN_STATE_IDLE and ec.user == "lrmtest_a"
     uid = pwd.getpwnam("lrmtest_a").pw_uid
@@ -98,7 +98,7 @@ async def test_engineconn_reports_with_the_certificate_the_rm_issued(cluster, ag
         got = await owner.ecs.GetEngineConn(
             ec_pb.GetEngineConnRequest(engine_conn_id=ec.engine_conn_id)
         )
-        return got.engine_conn.state == ec_pb.ENGINE_CONN_STATE_SUCCEEDED
+        return bool(got.engine_conn.state == ec_pb.ENGINE_CONN_STATE_SUCCEEDED)
 
     await wait_until(ended, timeout=30)
 

@@ -190,7 +190,7 @@ def _agent_running(stub, agent_id: str) -> bool:
         ecm = stub.GetEcm(pb.GetEcmRequest(instance=agent_id), timeout=5).ecm
     except grpc.RpcError:
         return False
-    return ecm.state == pb.ECM_STATE_RUNNING and ecm.HasField("last_heartbeat_time")
+    return bool(ecm.state == pb.ECM_STATE_RUNNING and ecm.HasField("last_heartbeat_time"))
 
 
 def test_agent_stopping_right_after_a_kill_never_crashes_the_server(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
+from typing import Any
 
 import grpc
 import pytest
@@ -36,7 +38,8 @@ async def waiters(rm) -> int:
         cur = await conn.execute("SELECT count(DISTINCT seq) FROM apply_waiter")
         return (await cur.fetchone())[0]
 
-    return await rm.core.db.run(count)
+    n: int = await rm.core.db.run(count)
+    return n
 
 
 async def test_waiting_apply_is_granted_by_a_release(rm):
@@ -112,8 +115,8 @@ async def test_a_users_waiter_does_not_hold_back_their_own_quota(rm):
     await assert_consistent(rm)
 
 
-async def _eq(awaitable, expected):
-    return (await awaitable) == expected
+async def _eq(awaitable: Awaitable[Any], expected: Any) -> bool:
+    return bool((await awaitable) == expected)
 
 
 async def test_cancelled_waiter_leaves_the_queue(rm):

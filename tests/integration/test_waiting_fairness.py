@@ -6,6 +6,7 @@ waiters stop counting within seconds."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import grpc
 import pytest
@@ -37,7 +38,7 @@ async def waiters(rm) -> int:
         return int(row[0])
 
 
-async def _connect(rm):
+async def _connect(rm: Any) -> Any:
     import psycopg
 
     return await psycopg.AsyncConnection.connect(rm.database_url, autocommit=True)

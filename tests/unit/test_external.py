@@ -190,7 +190,7 @@ def test_provider_validation_names_the_field_and_redacts_the_secret():
     again = ProviderConfig.from_stored(p.name, p.type.value, p.cluster, p.to_config_json())
     assert again == p
     assert split_addresses(" http://a:1/ ;http://b:2;") == ("http://a:1", "http://b:2")
-    bad = [
+    bad: list[tuple[dict[str, Any], str]] = [
         ({"name": "Prod"}, "name"),
         ({"type": "k8s"}, "type"),
         ({"cluster": "a b"}, "cluster"),

@@ -125,7 +125,7 @@ async def test_handlers_are_composed_once_and_unknown_methods_are_left_to_grpc()
     add(calls, APPLY, grpc.unary_unary_rpc_method_handler(apply))
     first = composed(calls, APPLY)
     assert calls.service(Details(APPLY)) is first
-    assert await first.unary_unary(pb.ApplyRequest(), Context()) == "ok"
+    assert await composed(calls, APPLY).unary_unary(pb.ApplyRequest(), Context()) == "ok"
     assert calls.service(Details(f"{RM}/Nope")) is None
     # A method only a generic handler knows is composed on its first call, then kept.
     generic = grpc.method_handlers_generic_handler(
