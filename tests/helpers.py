@@ -464,10 +464,11 @@ def ctl(rm: Any, *argv: str) -> Awaitable[int]:
     return asyncio.to_thread(rmctl.main, ["--rm", rm.target, *argv])
 
 
-def details(text: str) -> dict[str, str]:
-    """An rmctl detail view (`key = value` lines) as a dict; every line must be one."""
+def details(text: str, *, head_only: bool = False) -> dict[str, str]:
+    """An rmctl detail view (`key = value` lines) as a dict; every line must be one.
+    `head_only`: only the lines before the first blank one (views that list more below)."""
     out = {}
-    for line in text.splitlines():
+    for line in (text.split("\n\n")[0] if head_only else text).splitlines():
         key, sep, value = line.partition(" = ")
         assert sep, f"not a key = value line: {line!r}"
         out[key.strip()] = value

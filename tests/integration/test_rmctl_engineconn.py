@@ -85,7 +85,7 @@ async def test_engineconn_lifecycle_through_rmctl(
     assert await ctl(rm, "engineconn", "status", ec_id) == 0
     text = capsys.readouterr().out
     assert fresh.secret not in text  # the detail view leaves it out
-    view = details(text)
+    view = details(text, head_only=True)
     assert view["engine_conn_id"] == ec_id and view["state"] == "IDLE"
     assert view["user"] == "lrmtest_a" and view["ecm"] == "agent1"
     assert "max_idle_seconds=300" in view["params"]
@@ -111,7 +111,10 @@ async def test_engineconn_lifecycle_through_rmctl(
 
     assert await ctl(rm, "node", "status", "agent") == 0  # a prefix
     text = capsys.readouterr().out
-    assert details(text)["state"] == "RUNNING" and details(text)["engineconns"] == "1"
+    assert (
+        details(text, head_only=True)["state"] == "RUNNING"
+        and details(text, head_only=True)["engineconns"] == "1"
+    )
     assert ec_id in text.split("\n\n")[1]
 
     # The runtime logs to its stderr.log; the test runs as root, so the files are readable.
@@ -135,7 +138,7 @@ async def test_engineconn_lifecycle_through_rmctl(
     assert "stopping" in out  # written by the EngineConn after the follow had started
 
     assert await ctl(rm, "engineconn", "status", ec_id) == 0
-    view = details(capsys.readouterr().out)
+    view = details(capsys.readouterr().out, head_only=True)
     assert view["state"] in ENDED and view["ended"] != "-"
     assert await ctl(rm, "engineconn", "exec", ec_id, "true") == 1
     assert "has no executor" in capsys.readouterr().err
@@ -181,7 +184,7 @@ async def test_node_drain_refresh_and_errors(
     assert await ctl(rm, "node", "drain", "agent1") == 0
     assert "agent1 DRAINING: 1 live EngineConns" in capsys.readouterr().out
     assert await ctl(rm, "node", "status", "agent1") == 0
-    assert details(capsys.readouterr().out)["state"] == "DRAINING"
+    assert details(capsys.readouterr().out, head_only=True)["state"] == "DRAINING"
     assert await ctl(rm, "engineconn", "create", "--labels", SHELL_A) == 1  # nowhere to go
     assert capsys.readouterr().err.startswith("error: ")
 
@@ -199,10 +202,10 @@ async def test_node_drain_refresh_and_errors(
     assert await ctl(rm, "-o", "json", *argv) == 0
     assert json.loads(capsys.readouterr().out) == {}  # nobody registered is disallowed
     assert await ctl(rm, *argv) == 0
-    view = details(capsys.readouterr().out)
+    view = details(capsys.readouterr().out, head_only=True)
     assert view == {"include": "agent1,agent2", "exclude": "agent9", "disallowed": "-"}
     assert await ctl(rm, "node", "refresh") == 0  # clears both lists
-    assert details(capsys.readouterr().out)["include"] == "(all)"
+    assert details(capsys.readouterr().out, head_only=True)["include"] == "(all)"
     assert await ctl(rm, "check") == 0
 
 
