@@ -63,6 +63,16 @@ class DemandSettings:
 
 
 @dataclass(frozen=True)
+class Refused:
+    """A demand's refused allocation: the capacity of its labels then, and the demand as
+    the planner sees it (its definition does not change: a round that passes it over
+    needs only its rounds and close time from the database)."""
+
+    capacity: tuple[object, ...]
+    view: plan.DemandView
+
+
+@dataclass(frozen=True)
 class Claimed:
     demand: Demand
     ticket: Ticket
@@ -79,7 +89,7 @@ class DemandManager:
     # Per demand, the capacity of its labels when its last allocation was refused: while
     # it is unchanged a round passes the demand over without trying again (the same
     # rows refuse the same allocation). Per replica, in memory: a miss is a full try.
-    _blocked: dict[Key, tuple[object, ...]] = field(default_factory=dict)
+    _blocked: dict[Key, Refused] = field(default_factory=dict)
 
     # ----- submission --------------------------------------------------------------------------
 
@@ -341,26 +351,28 @@ class DemandManager:
         if not candidates:
             return 0
         records = await store.read_capacities(
-            conn, sorted({label for d in candidates for label in d.charged_labels})
+            conn, sorted({label for row in candidates for label in row.charged_labels})
         )
         now = self.clock.now()
         todo: list[rounds_store.PassedOver] = []
         labels: set[str] = set()
-        for d in candidates:
-            refused = self._blocked.get((d.user, d.demand_id))
-            if d.conditions.order_by is not None or refused != store.capacity_of(
-                records, d.charged_labels
+        for row in candidates:
+            refused = self._blocked.get((row.user, row.demand_id))
+            if (
+                refused is None
+                or refused.view.order is not None
+                or refused.capacity != store.capacity_of(records, row.charged_labels)
             ):
                 continue
-            view = d.view()
+            view = replace(refused.view, rounds=row.rounds, closed_at=row.closed_at)
             decision = plan.decide(view, now, self.planner, round_start=start)
             if decision.action is not plan.Action.ALLOCATE:
                 continue
             plan_start, plan_end = plan.occupation(view, now, self.planner)
             todo.append(
-                rounds_store.PassedOver(d.user, d.demand_id, d.rounds, plan_start, plan_end)
+                rounds_store.PassedOver(row.user, row.demand_id, row.rounds, plan_start, plan_end)
             )
-            labels.update(d.charged_labels)
+            labels.update(row.charged_labels)
         if not todo:
             return 0
         await store.lock_plan(conn, sorted(labels))  # their occupations move with the time
@@ -509,7 +521,8 @@ class DemandManager:
         """Allocate under the label locks (``capacity``: what they hold), or pass it over."""
         soon = start + self.planner.round_length
         key = (d.user, d.demand_id)
-        if self._blocked.get(key) == capacity:  # nothing changed since its refusal
+        refused = self._blocked.get(key)
+        if refused is not None and refused.capacity == capacity:  # nothing changed since
             return await store.update(conn, d, now, rounds=d.rounds + 1, next_check_at=soon)
         core = self.core
         # The ticket must outlive the claim window: LOCKED tickets are reclaimed after the
@@ -544,7 +557,7 @@ class DemandManager:
             )
         if len(self._blocked) >= MAX_BLOCKED:
             self._blocked.clear()
-        self._blocked[key] = capacity
+        self._blocked[key] = Refused(capacity, d.view())
         return await store.update(conn, d, now, rounds=d.rounds + 1, next_check_at=soon)
 
     async def _fail(self, conn: Conn, d: Demand, reason: str, now: datetime) -> Demand:

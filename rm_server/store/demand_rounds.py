@@ -17,10 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from rm_server.domain.demands.model import Demand
 from rm_server.domain.demands.state import DemandState
 from rm_server.store.db import Conn
-from rm_server.store.demands import COLUMNS, from_row
 
 ALLOCATING = DemandState.ALLOCATING.value
 
@@ -37,20 +35,35 @@ class PassedOver:
     plan_end: datetime | None
 
 
+@dataclass(frozen=True)
+class BlockedRow:
+    """What a round of a blocked demand reads of its row (its definition is known)."""
+
+    user: str
+    demand_id: str
+    rounds: int
+    closed_at: datetime | None
+    charged_labels: tuple[str, ...]
+
+
 async def blocked_due(
     conn: Conn, keys: Sequence[tuple[str, str]], due: datetime, limit: int
-) -> list[Demand]:
+) -> list[BlockedRow]:
     """Of the (user, demand id) pairs ``keys``, the ALLOCATING demands due by ``due``,
     earliest first, at most ``limit``: read, not locked."""
     if not keys:
         return []
     cur = await conn.execute(
-        f"SELECT {COLUMNS} FROM demand WHERE state = %s AND next_check_at <= %s"  # noqa: S608
+        "SELECT user_name, demand_id, rounds, closed_at, charged_labels FROM demand"
+        " WHERE state = %s AND next_check_at <= %s"
         " AND (user_name, demand_id) IN (SELECT * FROM unnest(%s::text[], %s::text[]))"
         " ORDER BY next_check_at LIMIT %s",
         (ALLOCATING, due, [u for u, _ in keys], [i for _, i in keys], limit),
     )
-    return [from_row(row) for row in await cur.fetchall()]
+    return [
+        BlockedRow(user, demand_id, rounds, closed_at, tuple(charged))
+        for user, demand_id, rounds, closed_at, charged in await cur.fetchall()
+    ]
 
 
 async def pass_over(
