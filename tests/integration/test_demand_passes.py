@@ -14,8 +14,10 @@ import pytest
 from labelrm.v1 import demand_pb2 as dpb
 
 from rm_server.clock import ManualClock
+from tests.helpers import label_state
 from tests.integration.test_demands import (
     ROUND,
+    USER,
     DemandRM,
     drm,  # noqa: F401 - the fixture the tests name
     plain_apply,
@@ -126,4 +128,29 @@ async def test_a_changed_label_ends_the_pass_over(drm, monkeypatch):
     assert tries == ["big", "big"]
     await drm.tick()
     assert tries == ["big", "big"] and (await drm.get("big")).passed_over_rounds == 4
+    await drm.consistent()
+
+
+async def test_a_pass_over_blocked_demands_waits_for_no_label(drm):
+    """An Apply holding the label (its row locked) holds up neither the pass over the
+    demands blocked on it nor a submission on it: neither takes the label's row lock."""
+    import asyncio
+
+    hog = await plain_apply(drm, 4)
+    assert hog is not None
+    names = [f"blocked-{i:02}" for i in range(5)]
+    for name in names:
+        await drm.submit(name, 0.1, "{Start: [NOW, +1h]}")
+    await drm.tick()  # each reserved, tried and refused
+    await drm.tick()  # tried again: the others' reservations changed the label since
+    label = (await label_state(drm.rm, USER)).label
+    drm.clock.advance(ROUND)
+    holder = await psycopg.AsyncConnection.connect(drm.rm.database_url)
+    async with holder, holder.transaction():
+        await holder.execute("SELECT 1 FROM label_resource WHERE label = %s FOR UPDATE", (label,))
+        # A deadline against a hang, not a measure: waiting for the holder never ends.
+        assert await asyncio.wait_for(drm.manager.tick(), 120) == len(names)
+        late = await asyncio.wait_for(drm.submit("late", 0.1, "{Start: [+1h, ]}"), 120)
+        assert late.created
+    assert {(await drm.get(n)).passed_over_rounds for n in names} == {3}
     await drm.consistent()
