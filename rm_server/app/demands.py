@@ -3,11 +3,12 @@
 No gRPC here. Submission admits a demand against the capacity plan in one transaction;
 the planner runs one round per demand per ``round_length``, each round one transaction
 that claims the demand row with ``FOR UPDATE SKIP LOCKED`` (so any number of replicas can
-run it), asks the pure planner what to do, and does it. Allocation hands the demand's
-reserved capacity over to a ticket through the store's Apply path (``tickets.apply``:
-label locks in canonical order, every label checked, all or nothing) in the same
-transaction as the demand's own transition, so a crash never leaves a ticket without its
-demand or a demand without its ticket.
+run it), asks the pure planner what to do, and does it; the blocked demands nothing
+changed for are counted together, one statement a pass (``store.demand_rounds``).
+Allocation hands the demand's reserved capacity over to a ticket through the store's
+Apply path (``tickets.apply``: label locks in canonical order, every label checked, all
+or nothing) in the same transaction as the demand's own transition, so a crash never
+leaves a ticket without its demand or a demand without its ticket.
 """
 
 from __future__ import annotations
