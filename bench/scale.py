@@ -2,6 +2,7 @@
 same run, printed as large / small ratios against their targets.
 
     python -m bench.scale [--quick] [--database-url URL] [--seconds 6]
+                          [--parts cluster heartbeats demands retention]
 
 One embedded PostgreSQL (or a throwaway database on --database-url) and one rm-server
 (ECM expiry 1 day: the bench ECMs do not heartbeat), then:
@@ -16,8 +17,12 @@ One embedded PostgreSQL (or a throwaway database on --database-url) and one rm-s
   BUFFERS) and its time. Target: does not grow with the healthy ECMs (at most one page
   more: a level of the index's B-tree; a scan of every ECM reads ten times the pages).
 - heartbeats: simulated agents (bench/heartbeats.py) at 3 s on a fresh server, a small and
-  a large fleet (1,000 and 5,000; --quick 100 and 500): p99, LOST (missed expiries), and
-  the liveness sweep's passes as the server times them (labelrm_background_pass_seconds).
+  a large fleet (1,000 and 10,000; --quick 100 and 1,000): p99, LOST (missed expiries).
+  The liveness sweep's passes as the server times them (labelrm_background_pass_seconds)
+  during each window (with the registrations and the beats on the same loop), and apart:
+  in a quiet window right after each fleet stopped, its agents registered and still
+  healthy, nothing else running. Target: the pass apart does not grow with the healthy
+  ECMs.
 - demands: SubmitDemand latency and the planner's passes (the same metric) with a tenth,
   then all of 10,000 accepted demands (start in two hours) and 1,000 blocked ones (due
   now on a label an ordinary ticket fills; --quick 1,000 and 100).
@@ -239,7 +244,32 @@ def retention_run(database_url: str, retention_s: float, periods: int) -> dict[s
     return {"retention_s": retention_s, "samples": samples}
 
 
+def sweep_apart(
+    db: BenchDatabase, metrics_port: int, prefix: str, window: float = 8.0
+) -> dict[str, Any]:
+    """The liveness passes of a window with nothing else running on the server: its
+    fleet just stopped beating and is still healthy (within the ECM expiry, 30 s), no
+    registration is under way. How many healthy ECMs, and the passes' mean (exact) and
+    bucket bounds."""
+    before = scrape_passes(metrics_port, "liveness")
+    time.sleep(window)
+    passes = passes_between(before, scrape_passes(metrics_port, "liveness"))
+    import psycopg
+
+    with psycopg.connect(db.url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FILTER (WHERE state <> 'LOST'),"
+            " count(*) FILTER (WHERE state <> 'LOST' AND instance LIKE %s) FROM ecm",
+            (prefix + "%",),
+        ).fetchone()
+    assert row is not None
+    return {"healthy": int(row[0]), "healthy_of_fleet": int(row[1]), **passes}
+
+
 # ----- the run ------------------------------------------------------------------------------
+
+
+PARTS = ("cluster", "heartbeats", "demands", "retention")
 
 
 def ratio(large: float, small: float) -> float | None:
@@ -258,13 +288,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--history-rows", type=int, default=0, help="ticket_history rows of the large cluster"
     )
+    parser.add_argument(
+        "--parts",
+        nargs="+",
+        choices=PARTS,
+        default=list(PARTS),
+        help="what to run (default: all): cluster (apply, sweep query, lists, memory),"
+        " heartbeats, demands, retention",
+    )
     args = parser.parse_args(argv)
     q = args.quick
     seconds = args.seconds or (3.0 if q else 6.0)
     history_rows = args.history_rows or (200_000 if q else 10_000_000)
     tickets = 100_000 if q else 1_000_000
     ecms_small, ecms_large = 10_000, 100_000
-    fleets = (100, 500) if q else (1000, 5000)
+    fleets = (100, 1000) if q else (1000, 10_000)
     mem_first = 300 if q else 1_000
     rows: list[list[Any]] = []
     out: dict[str, Any] = {"quick": q}
@@ -272,120 +310,122 @@ def main(argv: list[str] | None = None) -> int:
     def target(name: str, value: float | None, met: bool | None, note: str = "") -> None:
         rows.append([name, value, {True: "yes", False: "NO", None: "-"}[met], note])
 
-    server_args = ["--ecm-expiry", "86400"]
-    with stack(args.database_url, server_args) as (db, server):
-        asyncio.run(seed(server.target))
-        out["database"] = db.describe
-        # (a) the apply cycle, small cluster (after a warm-up run whose figures are dropped:
-        # the first run on a fresh server and database would be the slowest of all)
-        apply_run(db, server, "spread", SMALL_USERS, 2.0)
-        small = {m: apply_run(db, server, m, SMALL_USERS, seconds) for m in ("spread", "hot")}
-        progress("apply, small cluster", small)
-        seed_healthy_ecms(db.url, ecms_small)
-        out["sweep_small"] = sweep_cost(db.url)
-        # grow it with SQL: first the label records (the load spread over all of them),
-        # then the history rows; each step measured
-        seeded = {
-            "labels_s": clone_rows(
+    def cluster_part() -> None:
+        # (a) apply, (b) the sweep's query, (d) lists, (e) memory: one server, grown with SQL
+        server_args = ["--ecm-expiry", "86400"]
+        with stack(args.database_url, server_args) as (db, server):
+            asyncio.run(seed(server.target))
+            out["database"] = db.describe
+            # (a) the apply cycle, small cluster (after a warm-up run whose figures are dropped:
+            # the first run on a fresh server and database would be the slowest of all)
+            apply_run(db, server, "spread", SMALL_USERS, 2.0)
+            small = {m: apply_run(db, server, m, SMALL_USERS, seconds) for m in ("spread", "hot")}
+            progress("apply, small cluster", small)
+            seed_healthy_ecms(db.url, ecms_small)
+            out["sweep_small"] = sweep_cost(db.url)
+            # grow it with SQL: first the label records (the load spread over all of them),
+            # then the history rows; each step measured
+            seeded = {
+                "labels_s": clone_rows(
+                    db.url,
+                    "label_resource",
+                    "label LIKE '%%userCreator=u0-IDE%%'",
+                    {"label": "replace(t.label, 'u0-IDE', 'u' || (g + 999) || '-IDE')"},
+                    LARGE_USERS - SMALL_USERS,
+                )
+            }
+            labels = {m: apply_run(db, server, m, LARGE_USERS, seconds) for m in ("spread", "hot")}
+            progress("apply, 100,000 labels", labels)
+            # History rows as the RM makes them: ids in the order they were made (the time
+            # in milliseconds first, rm_server/clock.py), ended over the last ten days.
+            seeded["history_s"] = clone_rows(
                 db.url,
-                "label_resource",
-                "label LIKE '%%userCreator=u0-IDE%%'",
-                {"label": "replace(t.label, 'u0-IDE', 'u' || (g + 999) || '-IDE')"},
-                LARGE_USERS - SMALL_USERS,
+                "ticket_history",
+                "true",
+                {
+                    "ticket_id": "'t-' || lpad(to_hex((extract(epoch FROM t.ended_at"
+                    f" - ({history_rows} - g) * interval '86 ms') * 1000)::bigint), 12, '0')"
+                    " || substr(md5(g::text), 1, 20)",
+                    "ended_at": f"t.ended_at - ({history_rows} - g) * interval '86 ms'",
+                },
+                history_rows,
             )
-        }
-        labels = {m: apply_run(db, server, m, LARGE_USERS, seconds) for m in ("spread", "hot")}
-        progress("apply, 100,000 labels", labels)
-        # History rows as the RM makes them: ids in the order they were made (the time
-        # in milliseconds first, rm_server/clock.py), ended over the last ten days.
-        seeded["history_s"] = clone_rows(
-            db.url,
-            "ticket_history",
-            "true",
-            {
-                "ticket_id": "'t-' || lpad(to_hex((extract(epoch FROM t.ended_at"
-                f" - ({history_rows} - g) * interval '86 ms') * 1000)::bigint), 12, '0')"
-                " || substr(md5(g::text), 1, 20)",
-                "ended_at": f"t.ended_at - ({history_rows} - g) * interval '86 ms'",
-            },
-            history_rows,
-        )
-        out["seeded"] = seeded
-        progress("seeded (seconds)", seeded)
-        large = {m: apply_run(db, server, m, LARGE_USERS, seconds) for m in ("spread", "hot")}
-        out["apply"] = {"small": small, "labels": labels, "large": large}
-        progress("apply, 100,000 labels and the history", large)
-        for m in ("spread", "hot"):
-            for big, what in (
-                (labels, "100,000 labels"),
-                (large, f"100,000 labels + {history_rows:,} history rows"),
-            ):
-                tput = ratio(big[m]["cycles_per_s"], small[m]["cycles_per_s"])
-                p99 = ratio(big[m]["cycle_p99_ms"], small[m]["cycle_p99_ms"])
-                target(
-                    f"apply {m}, {what} / small: cycles/s >= 0.9",
-                    tput,
-                    tput is not None and tput >= 0.9,
-                    f"{small[m]['cycles_per_s']} -> {big[m]['cycles_per_s']}/s",
-                )
-                target(
-                    f"apply {m}, {what} / small: cycle p99 <= 1.2",
-                    p99,
-                    p99 is not None and p99 <= 1.2,
-                    f"{small[m]['cycle_p99_ms']} -> {big[m]['cycle_p99_ms']} ms",
-                )
-        # (b) the liveness sweep vs healthy ECMs
-        seed_healthy_ecms(db.url, ecms_large)
-        out["sweep_large"] = sweep_cost(db.url)
-        s_small, s_large = out["sweep_small"], out["sweep_large"]
-        progress("liveness sweep", [s_small, s_large])
-        pages = ratio(s_large["pages"], s_small["pages"])
-        target(
-            # An index lookup reads one page per level of its B-tree: ten times the rows
-            # may add a level. Met when it read at most that one page more (a scan of
-            # every ECM reads ten times the pages).
-            "liveness sweep: pages read, 100,000 / 10,000 healthy ECMs (<= one more level)",
-            pages,
-            s_large["pages"] <= s_small["pages"] + 1,
-            f"{s_small['pages']} -> {s_large['pages']} pages (a scan of every ECM: {s_small['scan_pages']} -> {s_large['scan_pages']}),"
-            f" p50 {s_small['p50_ms']} -> {s_large['p50_ms']} ms",
-        )
-        # (d) lists
-        template = seed_tickets(db, server, tickets)
-        lists = {
-            "labels": asyncio.run(page_through(server.target, "labels")),
-            "tickets": asyncio.run(page_through(server.target, "tickets")),
-        }
-        drop_seeded_tickets(db, server, template)
-        out["lists"] = lists
-        progress("lists", lists)
-        for name, r in lists.items():
-            for stat in ("p50", "p99"):
-                x = ratio(r[f"last_{stat}_ms"], r[f"first_{stat}_ms"])
-                target(
-                    f"list {name}: last/first tenth of the pages, {stat} <= 1.2",
-                    x,
-                    x is not None and x <= 1.2,
-                    f"{r['items']} in {r['pages']} pages of {PAGE},"
-                    f" {r[f'first_{stat}_ms']} -> {r[f'last_{stat}_ms']} ms",
-                )
+            out["seeded"] = seeded
+            progress("seeded (seconds)", seeded)
+            large = {m: apply_run(db, server, m, LARGE_USERS, seconds) for m in ("spread", "hot")}
+            out["apply"] = {"small": small, "labels": labels, "large": large}
+            progress("apply, 100,000 labels and the history", large)
+            for m in ("spread", "hot"):
+                for big, what in (
+                    (labels, "100,000 labels"),
+                    (large, f"100,000 labels + {history_rows:,} history rows"),
+                ):
+                    tput = ratio(big[m]["cycles_per_s"], small[m]["cycles_per_s"])
+                    p99 = ratio(big[m]["cycle_p99_ms"], small[m]["cycle_p99_ms"])
+                    target(
+                        f"apply {m}, {what} / small: cycles/s >= 0.9",
+                        tput,
+                        tput is not None and tput >= 0.9,
+                        f"{small[m]['cycles_per_s']} -> {big[m]['cycles_per_s']}/s",
+                    )
+                    target(
+                        f"apply {m}, {what} / small: cycle p99 <= 1.2",
+                        p99,
+                        p99 is not None and p99 <= 1.2,
+                        f"{small[m]['cycle_p99_ms']} -> {big[m]['cycle_p99_ms']} ms",
+                    )
+            # (b) the liveness sweep vs healthy ECMs
+            seed_healthy_ecms(db.url, ecms_large)
+            out["sweep_large"] = sweep_cost(db.url)
+            s_small, s_large = out["sweep_small"], out["sweep_large"]
+            progress("liveness sweep", [s_small, s_large])
+            pages = ratio(s_large["pages"], s_small["pages"])
             target(
-                f"list {name}: p99 per page of {PAGE} < 20 ms",
-                r["p99_ms"],
-                r["p99_ms"] < 20,
-                "every page",
+                # An index lookup reads one page per level of its B-tree: ten times the rows
+                # may add a level. Met when it read at most that one page more (a scan of
+                # every ECM reads ten times the pages).
+                "liveness sweep: pages read, 100,000 / 10,000 healthy ECMs (<= one more level)",
+                pages,
+                s_large["pages"] <= s_small["pages"] + 1,
+                f"{s_small['pages']} -> {s_large['pages']} pages (a scan of every ECM: {s_small['scan_pages']} -> {s_large['scan_pages']}),"
+                f" p50 {s_small['p50_ms']} -> {s_large['p50_ms']} ms",
             )
-        # (e) memory
-        mem = memory_run(db, server, mem_first, 100)
-        out["memory"] = mem
-        progress("memory", mem)
-        x = ratio(mem["large"]["rss_mib"], mem["small"]["rss_mib"])
-        target(
-            "rm-server RSS after 100 x N cycles / after N <= 1.2",
-            x,
-            x is not None and x <= 1.2,
-            f"{mem['small']['cycles']} cycles {mem['small']['rss_mib']} MiB -> {mem['large']['cycles']} cycles {mem['large']['rss_mib']} MiB",
-        )
+            # (d) lists
+            template = seed_tickets(db, server, tickets)
+            lists = {
+                "labels": asyncio.run(page_through(server.target, "labels")),
+                "tickets": asyncio.run(page_through(server.target, "tickets")),
+            }
+            drop_seeded_tickets(db, server, template)
+            out["lists"] = lists
+            progress("lists", lists)
+            for name, r in lists.items():
+                for stat in ("p50", "p99"):
+                    x = ratio(r[f"last_{stat}_ms"], r[f"first_{stat}_ms"])
+                    target(
+                        f"list {name}: last/first tenth of the pages, {stat} <= 1.2",
+                        x,
+                        x is not None and x <= 1.2,
+                        f"{r['items']} in {r['pages']} pages of {PAGE},"
+                        f" {r[f'first_{stat}_ms']} -> {r[f'last_{stat}_ms']} ms",
+                    )
+                target(
+                    f"list {name}: p99 per page of {PAGE} < 20 ms",
+                    r["p99_ms"],
+                    r["p99_ms"] < 20,
+                    "every page",
+                )
+            # (e) memory
+            mem = memory_run(db, server, mem_first, 100)
+            out["memory"] = mem
+            progress("memory", mem)
+            x = ratio(mem["large"]["rss_mib"], mem["small"]["rss_mib"])
+            target(
+                "rm-server RSS after 100 x N cycles / after N <= 1.2",
+                x,
+                x is not None and x <= 1.2,
+                f"{mem['small']['cycles']} cycles {mem['small']['rss_mib']} MiB -> {mem['large']['cycles']} cycles {mem['large']['rss_mib']} MiB",
+            )
 
     def heartbeats_part() -> None:
         # (b) heartbeats: a fresh server with the default liveness settings
@@ -397,14 +437,27 @@ def main(argv: list[str] | None = None) -> int:
             db,
             server,
         ):
+            out.setdefault("database", db.describe)
             for i, n in enumerate(fleets):
                 before = scrape_passes(metrics_port, "liveness")
                 r = measure_heartbeats(
-                    server, db, n, 10.0 if q else 20.0, 3.0, 2, f"s{i}-", "native", "stream"
+                    server,
+                    db,
+                    n,
+                    10.0 if q else 20.0,
+                    3.0,
+                    max(2, -(-n // 2500)),  # as bench.heartbeats: a process per 2500
+                    f"s{i}-",
+                    "native",
+                    "stream",
                 )
+                # The liveness pass under the load, registrations included (the window's)...
                 r["liveness_passes"] = passes_between(
                     before, scrape_passes(metrics_port, "liveness")
                 )
+                # ...and apart: right after the fleet stopped, with its agents registered
+                # and healthy (not silent past the 30 s expiry yet) and nothing else running.
+                r["sweep_apart"] = sweep_apart(db, metrics_port, f"s{i}-")
                 hb.append(r)
         out["heartbeats"] = hb
         progress(
@@ -419,6 +472,7 @@ def main(argv: list[str] | None = None) -> int:
                         "p99_ms",
                         "lost",
                         "liveness_passes",
+                        "sweep_apart",
                     )
                 }
                 for r in hb
@@ -429,20 +483,31 @@ def main(argv: list[str] | None = None) -> int:
             f"heartbeats: p99 {fleets[1]} agents < 50 ms",
             hb[1]["p99_ms"],
             hb[1]["p99_ms"] < 50,
-            f"{fleets[0]} agents {hb[0]['p99_ms']} ms, ratio {x}",
+            f"{fleets[0]} agents {hb[0]['p99_ms']} ms, ratio {x};"
+            f" {hb[1]['heartbeats_per_s']} of {hb[1]['expected_per_s']} beats/s,"
+            f" other CPU {hb[1]['cpu'].get('other')}",
         )
         target(
             f"heartbeats: no missed expiry with {fleets[1]} agents",
             hb[1]["lost"],
             hb[1]["lost"] == 0,
         )
-        lp = [r["liveness_passes"]["p99_le_ms"] for r in hb]
-        x = ratio(lp[1], lp[0]) if None not in lp else None
+        sw = [r["sweep_apart"] for r in hb]
+        x = ratio(sw[1]["mean_ms"] or 0.0, sw[0]["mean_ms"] or 0.0)
         target(
-            f"liveness pass p99 (histogram bound), {fleets[1]} / {fleets[0]} beating agents <= 1.2",
+            f"liveness pass apart, mean: {sw[1]['healthy']} / {sw[0]['healthy']} healthy ECMs <= 1.2",
             x,
             x is not None and x <= 1.2,
-            f"{lp[0]} -> {lp[1]} ms ({hb[1]['liveness_passes']['passes']} passes)",
+            f"{sw[0]['mean_ms']} -> {sw[1]['mean_ms']} ms ({sw[0]['passes']}, {sw[1]['passes']}"
+            f" passes; p99 <= {sw[0]['p99_le_ms']} -> <= {sw[1]['p99_le_ms']} ms)",
+        )
+        lp = [r["liveness_passes"]["p99_le_ms"] for r in hb]
+        target(
+            f"liveness pass p99 under the load (histogram bound), {fleets[0]} -> {fleets[1]} agents",
+            ratio(lp[1], lp[0]) if None not in lp else None,
+            None,
+            f"{lp[0]} -> {lp[1]} ms ({hb[1]['liveness_passes']['passes']} passes,"
+            " registrations and beats on the same loop: not the pass's own cost)",
         )
 
     def demands_part() -> None:
@@ -480,18 +545,22 @@ def main(argv: list[str] | None = None) -> int:
                 f"rows per period: {series}",
             )
 
+    if "cluster" in args.parts:  # the others' ratios are worth nothing if this fails
+        cluster_part()
     for name, part in (
         ("heartbeats", heartbeats_part),
         ("demands", demands_part),
         ("retention", retention_part),
     ):
+        if name not in args.parts:
+            continue
         try:
             part()
         except Exception as exc:  # one part failing must not lose the others' figures
             progress(f"{name} failed", repr(exc))
             target(name, None, None, f"failed: {exc!r}")
     text = "cost as the cluster grows ({}; {}):\n".format(
-        out["database"], "quick" if q else "full"
+        out.get("database", "-"), "quick" if q else "full"
     ) + table(["measure", "ratio", "met", "figures"], rows)
     emit(
         "scale",
