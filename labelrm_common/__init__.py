@@ -1,5 +1,6 @@
 """What rm-server, ecm-agent, the EngineConn runtime and the clients share.
 
 Nothing here imports any of them: the CLI and the agent install and run without the
-server, and the server builds on the same definitions (version, quantities, log format).
+server, and the server builds on the same definitions (version, quantities, log format,
+roles, and the PKI and token file tools of `rmctl pki` / `rmctl token`).
 """
