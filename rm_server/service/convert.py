@@ -13,6 +13,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 from labelrm.v1 import admin_pb2, engine_conn_pb2, external_pb2, resource_manager_pb2, resource_pb2
 
+from labelrm_common.durations import duration, seconds_to_parts
 from rm_server.domain.engineconn import (
     AgentCommand,
     CommandKind,
@@ -323,12 +324,6 @@ def fill_ticket(msg: resource_manager_pb2.Ticket, t: Ticket) -> None:
         msg.end_reason = t.end_reason
 
 
-def label_resource_to_pb(r: LabelResource) -> resource_manager_pb2.LabelResource:
-    out = resource_manager_pb2.LabelResource()
-    fill_label_resource(out, r)
-    return out
-
-
 def fill_label_resource(msg: resource_manager_pb2.LabelResource, r: LabelResource) -> None:
     """Write `r` into an empty LabelResource message (in place: see `fill_resource`)."""
     msg.label = r.label
@@ -476,10 +471,10 @@ def command_to_pb(cmd: AgentCommand) -> engine_conn_pb2.AgentCommand:
             )
         )
     elif cmd.kind is CommandKind.KILL:
-        grace = Duration()
-        grace.FromNanoseconds(int(cmd.grace_seconds * 1e9))
         out.kill.CopyFrom(
-            engine_conn_pb2.KillCommand(engine_conn_id=cmd.ec_id, reason=cmd.reason, grace=grace)
+            engine_conn_pb2.KillCommand(
+                engine_conn_id=cmd.ec_id, reason=cmd.reason, grace=duration(cmd.grace_seconds)
+            )
         )
     else:
         out.cleanup.CopyFrom(engine_conn_pb2.CleanupCommand(engine_conn_id=cmd.ec_id))
@@ -511,8 +506,8 @@ def fill_heartbeat(
     msg.action = _ACTIONS[outcome.action]
     if outcome.commands:
         msg.commands.extend([command_to_pb(c) for c in outcome.commands])
-    nanos = int(interval * 1e9)  # Duration's own FromNanoseconds is pure Python
-    msg.heartbeat_interval.seconds, msg.heartbeat_interval.nanos = divmod(nanos, NANOS_PER_SECOND)
+    every = msg.heartbeat_interval
+    every.seconds, every.nanos = seconds_to_parts(interval)
     msg.sequence = outcome.sequence
     if outcome.reason:
         msg.reason = outcome.reason
@@ -531,12 +526,6 @@ def ecm_status_to_pb(s: EcmStatus) -> resource_manager_pb2.Ecm:
         live_engine_conns=s.live_engine_conns,
         left_resource=resource_to_pb(s.left) if s.left is not None else None,
     )
-
-
-def duration_of(seconds: float) -> Duration:
-    out = Duration()
-    out.FromNanoseconds(int(seconds * 1e9))
-    return out
 
 
 def provider_from_pb(msg: external_pb2.ExternalProvider, field: str = "provider") -> ProviderConfig:
