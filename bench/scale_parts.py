@@ -256,6 +256,36 @@ def passes_between(before: PassCounts, after: PassCounts) -> dict[str, Any]:
     }
 
 
+def idle_passes(metrics_port: int, window: float = 6.0) -> dict[str, Any]:
+    """The liveness passes of `window` seconds of a server doing nothing else."""
+    time.sleep(1.0)  # the pass running when the seeding ended is not counted
+    before = scrape_passes(metrics_port, "liveness")
+    time.sleep(window)
+    return passes_between(before, scrape_passes(metrics_port, "liveness"))
+
+
+def sweep_apart(
+    db: BenchDatabase, metrics_port: int, prefix: str, window: float = 8.0
+) -> dict[str, Any]:
+    """The liveness passes of a window with nothing else running on the server: its
+    fleet just stopped beating and is still healthy (within the ECM expiry, 30 s), no
+    registration is under way. How many healthy ECMs, and the passes' mean (exact) and
+    bucket bounds."""
+    before = scrape_passes(metrics_port, "liveness")
+    time.sleep(window)
+    passes = passes_between(before, scrape_passes(metrics_port, "liveness"))
+    import psycopg
+
+    with psycopg.connect(db.url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FILTER (WHERE state <> 'LOST'),"
+            " count(*) FILTER (WHERE state <> 'LOST' AND instance LIKE %s) FROM ecm",
+            (prefix + "%",),
+        ).fetchone()
+    assert row is not None
+    return {"healthy": int(row[0]), "healthy_of_fleet": int(row[1]), **passes}
+
+
 def demand_run(database_url: str, accepted: int, blocked: int, window: float) -> dict[str, Any]:
     """SubmitDemand latency and planner passes with few demands, then with `accepted`
     accepted and `blocked` blocked ones (a tenth of each first, as the small case)."""
