@@ -27,6 +27,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from labelrm_common.cli import tool_main
 from labelrm_common.files import replace_file
 
 KINDS = ("server", "agent", "engineconn", "user")
@@ -254,14 +255,7 @@ def dev_pki(directory: Path, agent_id: str, days: float) -> list[Path]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m labelrm_common.pki ...` (same as `rmctl pki ...`)."""
-    parser = argparse.ArgumentParser(prog="labelrm-pki")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    try:
-        return run(args)
-    except (OSError, ValueError) as exc:
-        print(f"error: {exc}")
-        return 1
+    return tool_main("labelrm-pki", add_parser, run, argv)
 
 
 if __name__ == "__main__":
