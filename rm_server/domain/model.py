@@ -14,8 +14,9 @@ import enum
 from dataclasses import dataclass
 from datetime import datetime
 
+from labelrm_common.quantity import Shortfall
 from rm_server.domain.labels import Label
-from rm_server.domain.resources import Resource, Shortfall, headroom
+from rm_server.domain.resources import Resource, headroom
 
 
 class TicketState(enum.StrEnum):
