@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from labelrm_common.quantity import Shortfall
 from rm_server.domain.admission import label_shortfalls
 from rm_server.domain.demands.state import DemandState
 from rm_server.domain.demands.timelang import (
@@ -39,7 +40,7 @@ from rm_server.domain.demands.timelang import (
     order_value,
     segments,
 )
-from rm_server.domain.resources import Resource, ResourceError, Shortfall, total
+from rm_server.domain.resources import Resource, ResourceError, total
 
 
 @dataclass(frozen=True)
