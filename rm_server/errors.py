@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from labelrm_common.quantity import format_quantity
+from labelrm_common.quantity import Shortfall
 from rm_server.domain.errors import DomainError
-from rm_server.domain.resources import Shortfall
 
 
 class LabelrmError(Exception):
@@ -144,10 +143,4 @@ def as_rm_error(exc: BaseException) -> LabelrmError | None:
 
 def describe_shortfalls(shortfalls: Sequence[Shortfall]) -> str:
     """One line naming every label and dimension that fell short."""
-    parts = [
-        f"{s.label or '(request)'} {s.dimension}: requested "
-        f"{format_quantity(s.dimension, s.requested)}, available "
-        f"{format_quantity(s.dimension, s.available)}"
-        for s in shortfalls
-    ]
-    return "; ".join(parts)
+    return "; ".join(str(s) for s in shortfalls)

@@ -10,23 +10,20 @@ import http.client
 import ssl
 import urllib.error
 import urllib.request
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from google.protobuf.duration_pb2 import Duration
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from labelrm.v1 import admin_pb2, resource_pb2
 from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as pb
 
-from labelrm_common import tokens
+from labelrm_common import pki, tokens
 from rm_server.security.limits import RATE_LIMITED, TOO_MANY_AUTH_FAILURES, TOO_MANY_STREAMS
 from tests.helpers import GiB, beat_on_stream, lbl, load_instance, register, wait_until
 from tests.integration.security_fixtures import Pki, make_pki, start_secure, stop_secure
@@ -43,33 +40,11 @@ def keys(tmp_path_factory) -> Pki:
 def host_certificate(keys: Pki, name: str) -> tuple[str, str]:
     """A certificate the client CA signed for a host, as an operator's CA would: CN and
     DNS name `name`, and no labelrm:// identity."""
-    ca_key = serialization.load_pem_private_key(
-        Path(keys.path("ca", "key")).read_bytes(), password=None
-    )
-    ca_cert = x509.load_pem_x509_certificate(Path(keys.ca).read_bytes())
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.now(UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(minutes=5))
-        .not_valid_after(now + timedelta(hours=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
-    )
+    ca = pki.Issued(Path(keys.ca).read_bytes(), Path(keys.path("ca", "key")).read_bytes())
+    host = pki.sign(ca, name, [x509.DNSName(name)], [], valid_for=timedelta(hours=1))
     crt, pem_key = keys.path(f"host-{name}", "crt"), keys.path(f"host-{name}", "key")
-    Path(crt).write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    Path(pem_key).write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
+    Path(crt).write_bytes(host.cert_pem)
+    Path(pem_key).write_bytes(host.key_pem)
     return crt, pem_key
 
 

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from labelrm_common.quantity import Shortfall
 from rm_server.domain.admission import label_shortfalls
 from rm_server.domain.demands.state import DemandState
 from rm_server.domain.demands.timelang import (
@@ -40,7 +41,7 @@ from rm_server.domain.demands.timelang import (
     segments,
 )
 from rm_server.domain.errors import DomainError
-from rm_server.domain.resources import Resource, ResourceError, Shortfall, total
+from rm_server.domain.resources import Resource, ResourceError, total
 
 
 @dataclass(frozen=True)
