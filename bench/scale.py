@@ -1,7 +1,7 @@
 """Cost as the cluster grows: each cost measured on a small and a large cluster in the
 same run, printed as large / small ratios against their targets.
 
-    python -m bench.scale [--quick] [--database-url URL] [--seconds 6]
+    python -m bench.scale [--quick] [--database-url URL] [--seconds 6] [--parts a,b]
 
 One embedded PostgreSQL (or a throwaway database on --database-url) and one rm-server
 (ECM expiry 1 day: the bench ECMs do not heartbeat), then:
@@ -30,6 +30,12 @@ One embedded PostgreSQL (or a throwaway database on --database-url) and one rm-s
   ids) is a few seconds instead of 30 days / 48 hours: the hot load for several retention
   periods while the rows of ticket_history and request_log are counted. Target: the rows in
   the last period <= 1.2 x those in the second (bounded, not growing with the run).
+- agent memory: a real ecm-agent (as bench/launch.py starts it: root, sudo as lrmtest_a)
+  launches and kills EngineConns, 8 at a time; its RSS after N launches and after 10 x N
+  (N = 1,000; --quick 100), nothing live at either point (bench/scale_agent.py). Target
+  <= 1.2 x. Skipped (not failed) without root, the test users or the EngineConn runtime.
+
+--parts picks some of them (cluster = apply, sweep, lists and RM memory on one server).
 
 Prints one table of ratios (target met yes/NO) and one JSON line.
 """
@@ -45,6 +51,7 @@ from typing import Any
 from bench.apply_cycle import seed
 from bench.common import BenchDatabase, Server, emit, pct, run_loadgen, stack, table
 from bench.heartbeats import measure as measure_heartbeats
+from bench.scale_agent import agent_memory_run
 from bench.scale_parts import (
     APPLY_CLIENTS,
     LARGE_USERS,
@@ -258,6 +265,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--history-rows", type=int, default=0, help="ticket_history rows of the large cluster"
     )
+    parser.add_argument(
+        "--parts",
+        default="",
+        help="comma-separated parts to run (default all): cluster (apply, liveness sweep,"
+        " lists, RM memory), heartbeats, demands, retention, agent-memory",
+    )
     args = parser.parse_args(argv)
     q = args.quick
     seconds = args.seconds or (3.0 if q else 6.0)
@@ -273,119 +286,122 @@ def main(argv: list[str] | None = None) -> int:
         rows.append([name, value, {True: "yes", False: "NO", None: "-"}[met], note])
 
     server_args = ["--ecm-expiry", "86400"]
-    with stack(args.database_url, server_args) as (db, server):
-        asyncio.run(seed(server.target))
-        out["database"] = db.describe
-        # (a) the apply cycle, small cluster (after a warm-up run whose figures are dropped:
-        # the first run on a fresh server and database would be the slowest of all)
-        apply_run(db, server, "spread", SMALL_USERS, 2.0)
-        small = {m: apply_run(db, server, m, SMALL_USERS, seconds) for m in ("spread", "hot")}
-        progress("apply, small cluster", small)
-        seed_healthy_ecms(db.url, ecms_small)
-        out["sweep_small"] = sweep_cost(db.url)
-        # grow it with SQL: first the label records (the load spread over all of them),
-        # then the history rows; each step measured
-        seeded = {
-            "labels_s": clone_rows(
+
+    def cluster_part() -> None:
+        # (a) apply, (b) the liveness sweep, (d) lists, (e) RM memory: one server
+        with stack(args.database_url, server_args) as (db, server):
+            asyncio.run(seed(server.target))
+            out["database"] = db.describe
+            # (a) the apply cycle, small cluster (after a warm-up run whose figures are dropped:
+            # the first run on a fresh server and database would be the slowest of all)
+            apply_run(db, server, "spread", SMALL_USERS, 2.0)
+            small = {m: apply_run(db, server, m, SMALL_USERS, seconds) for m in ("spread", "hot")}
+            progress("apply, small cluster", small)
+            seed_healthy_ecms(db.url, ecms_small)
+            out["sweep_small"] = sweep_cost(db.url)
+            # grow it with SQL: first the label records (the load spread over all of them),
+            # then the history rows; each step measured
+            seeded = {
+                "labels_s": clone_rows(
+                    db.url,
+                    "label_resource",
+                    "label LIKE '%%userCreator=u0-IDE%%'",
+                    {"label": "replace(t.label, 'u0-IDE', 'u' || (g + 999) || '-IDE')"},
+                    LARGE_USERS - SMALL_USERS,
+                )
+            }
+            labels = {m: apply_run(db, server, m, LARGE_USERS, seconds) for m in ("spread", "hot")}
+            progress("apply, 100,000 labels", labels)
+            # History rows as the RM makes them: ids in the order they were made (the time
+            # in milliseconds first, rm_server/clock.py), ended over the last ten days.
+            seeded["history_s"] = clone_rows(
                 db.url,
-                "label_resource",
-                "label LIKE '%%userCreator=u0-IDE%%'",
-                {"label": "replace(t.label, 'u0-IDE', 'u' || (g + 999) || '-IDE')"},
-                LARGE_USERS - SMALL_USERS,
+                "ticket_history",
+                "true",
+                {
+                    "ticket_id": "'t-' || lpad(to_hex((extract(epoch FROM t.ended_at"
+                    f" - ({history_rows} - g) * interval '86 ms') * 1000)::bigint), 12, '0')"
+                    " || substr(md5(g::text), 1, 20)",
+                    "ended_at": f"t.ended_at - ({history_rows} - g) * interval '86 ms'",
+                },
+                history_rows,
             )
-        }
-        labels = {m: apply_run(db, server, m, LARGE_USERS, seconds) for m in ("spread", "hot")}
-        progress("apply, 100,000 labels", labels)
-        # History rows as the RM makes them: ids in the order they were made (the time
-        # in milliseconds first, rm_server/clock.py), ended over the last ten days.
-        seeded["history_s"] = clone_rows(
-            db.url,
-            "ticket_history",
-            "true",
-            {
-                "ticket_id": "'t-' || lpad(to_hex((extract(epoch FROM t.ended_at"
-                f" - ({history_rows} - g) * interval '86 ms') * 1000)::bigint), 12, '0')"
-                " || substr(md5(g::text), 1, 20)",
-                "ended_at": f"t.ended_at - ({history_rows} - g) * interval '86 ms'",
-            },
-            history_rows,
-        )
-        out["seeded"] = seeded
-        progress("seeded (seconds)", seeded)
-        large = {m: apply_run(db, server, m, LARGE_USERS, seconds) for m in ("spread", "hot")}
-        out["apply"] = {"small": small, "labels": labels, "large": large}
-        progress("apply, 100,000 labels and the history", large)
-        for m in ("spread", "hot"):
-            for big, what in (
-                (labels, "100,000 labels"),
-                (large, f"100,000 labels + {history_rows:,} history rows"),
-            ):
-                tput = ratio(big[m]["cycles_per_s"], small[m]["cycles_per_s"])
-                p99 = ratio(big[m]["cycle_p99_ms"], small[m]["cycle_p99_ms"])
-                target(
-                    f"apply {m}, {what} / small: cycles/s >= 0.9",
-                    tput,
-                    tput is not None and tput >= 0.9,
-                    f"{small[m]['cycles_per_s']} -> {big[m]['cycles_per_s']}/s",
-                )
-                target(
-                    f"apply {m}, {what} / small: cycle p99 <= 1.2",
-                    p99,
-                    p99 is not None and p99 <= 1.2,
-                    f"{small[m]['cycle_p99_ms']} -> {big[m]['cycle_p99_ms']} ms",
-                )
-        # (b) the liveness sweep vs healthy ECMs
-        seed_healthy_ecms(db.url, ecms_large)
-        out["sweep_large"] = sweep_cost(db.url)
-        s_small, s_large = out["sweep_small"], out["sweep_large"]
-        progress("liveness sweep", [s_small, s_large])
-        pages = ratio(s_large["pages"], s_small["pages"])
-        target(
-            # An index lookup reads one page per level of its B-tree: ten times the rows
-            # may add a level. Met when it read at most that one page more (a scan of
-            # every ECM reads ten times the pages).
-            "liveness sweep: pages read, 100,000 / 10,000 healthy ECMs (<= one more level)",
-            pages,
-            s_large["pages"] <= s_small["pages"] + 1,
-            f"{s_small['pages']} -> {s_large['pages']} pages (a scan of every ECM: {s_small['scan_pages']} -> {s_large['scan_pages']}),"
-            f" p50 {s_small['p50_ms']} -> {s_large['p50_ms']} ms",
-        )
-        # (d) lists
-        template = seed_tickets(db, server, tickets)
-        lists = {
-            "labels": asyncio.run(page_through(server.target, "labels")),
-            "tickets": asyncio.run(page_through(server.target, "tickets")),
-        }
-        drop_seeded_tickets(db, server, template)
-        out["lists"] = lists
-        progress("lists", lists)
-        for name, r in lists.items():
-            for stat in ("p50", "p99"):
-                x = ratio(r[f"last_{stat}_ms"], r[f"first_{stat}_ms"])
-                target(
-                    f"list {name}: last/first tenth of the pages, {stat} <= 1.2",
-                    x,
-                    x is not None and x <= 1.2,
-                    f"{r['items']} in {r['pages']} pages of {PAGE},"
-                    f" {r[f'first_{stat}_ms']} -> {r[f'last_{stat}_ms']} ms",
-                )
+            out["seeded"] = seeded
+            progress("seeded (seconds)", seeded)
+            large = {m: apply_run(db, server, m, LARGE_USERS, seconds) for m in ("spread", "hot")}
+            out["apply"] = {"small": small, "labels": labels, "large": large}
+            progress("apply, 100,000 labels and the history", large)
+            for m in ("spread", "hot"):
+                for big, what in (
+                    (labels, "100,000 labels"),
+                    (large, f"100,000 labels + {history_rows:,} history rows"),
+                ):
+                    tput = ratio(big[m]["cycles_per_s"], small[m]["cycles_per_s"])
+                    p99 = ratio(big[m]["cycle_p99_ms"], small[m]["cycle_p99_ms"])
+                    target(
+                        f"apply {m}, {what} / small: cycles/s >= 0.9",
+                        tput,
+                        tput is not None and tput >= 0.9,
+                        f"{small[m]['cycles_per_s']} -> {big[m]['cycles_per_s']}/s",
+                    )
+                    target(
+                        f"apply {m}, {what} / small: cycle p99 <= 1.2",
+                        p99,
+                        p99 is not None and p99 <= 1.2,
+                        f"{small[m]['cycle_p99_ms']} -> {big[m]['cycle_p99_ms']} ms",
+                    )
+            # (b) the liveness sweep vs healthy ECMs
+            seed_healthy_ecms(db.url, ecms_large)
+            out["sweep_large"] = sweep_cost(db.url)
+            s_small, s_large = out["sweep_small"], out["sweep_large"]
+            progress("liveness sweep", [s_small, s_large])
+            pages = ratio(s_large["pages"], s_small["pages"])
             target(
-                f"list {name}: p99 per page of {PAGE} < 20 ms",
-                r["p99_ms"],
-                r["p99_ms"] < 20,
-                "every page",
+                # An index lookup reads one page per level of its B-tree: ten times the rows
+                # may add a level. Met when it read at most that one page more (a scan of
+                # every ECM reads ten times the pages).
+                "liveness sweep: pages read, 100,000 / 10,000 healthy ECMs (<= one more level)",
+                pages,
+                s_large["pages"] <= s_small["pages"] + 1,
+                f"{s_small['pages']} -> {s_large['pages']} pages (a scan of every ECM: {s_small['scan_pages']} -> {s_large['scan_pages']}),"
+                f" p50 {s_small['p50_ms']} -> {s_large['p50_ms']} ms",
             )
-        # (e) memory
-        mem = memory_run(db, server, mem_first, 100)
-        out["memory"] = mem
-        progress("memory", mem)
-        x = ratio(mem["large"]["rss_mib"], mem["small"]["rss_mib"])
-        target(
-            "rm-server RSS after 100 x N cycles / after N <= 1.2",
-            x,
-            x is not None and x <= 1.2,
-            f"{mem['small']['cycles']} cycles {mem['small']['rss_mib']} MiB -> {mem['large']['cycles']} cycles {mem['large']['rss_mib']} MiB",
-        )
+            # (d) lists
+            template = seed_tickets(db, server, tickets)
+            lists = {
+                "labels": asyncio.run(page_through(server.target, "labels")),
+                "tickets": asyncio.run(page_through(server.target, "tickets")),
+            }
+            drop_seeded_tickets(db, server, template)
+            out["lists"] = lists
+            progress("lists", lists)
+            for name, r in lists.items():
+                for stat in ("p50", "p99"):
+                    x = ratio(r[f"last_{stat}_ms"], r[f"first_{stat}_ms"])
+                    target(
+                        f"list {name}: last/first tenth of the pages, {stat} <= 1.2",
+                        x,
+                        x is not None and x <= 1.2,
+                        f"{r['items']} in {r['pages']} pages of {PAGE},"
+                        f" {r[f'first_{stat}_ms']} -> {r[f'last_{stat}_ms']} ms",
+                    )
+                target(
+                    f"list {name}: p99 per page of {PAGE} < 20 ms",
+                    r["p99_ms"],
+                    r["p99_ms"] < 20,
+                    "every page",
+                )
+            # (e) memory
+            mem = memory_run(db, server, mem_first, 100)
+            out["memory"] = mem
+            progress("memory", mem)
+            x = ratio(mem["large"]["rss_mib"], mem["small"]["rss_mib"])
+            target(
+                "rm-server RSS after 100 x N cycles / after N <= 1.2",
+                x,
+                x is not None and x <= 1.2,
+                f"{mem['small']['cycles']} cycles {mem['small']['rss_mib']} MiB -> {mem['large']['cycles']} cycles {mem['large']['rss_mib']} MiB",
+            )
 
     def heartbeats_part() -> None:
         # (b) heartbeats: a fresh server with the default liveness settings
@@ -480,18 +496,48 @@ def main(argv: list[str] | None = None) -> int:
                 f"rows per period: {series}",
             )
 
-    for name, part in (
+    def agent_memory_part() -> None:
+        # (g) the ecm-agent's memory as launches accumulate (bench/scale_agent.py)
+        first = 100 if q else 1_000
+        mem = agent_memory_run(args.database_url, first, 10)
+        out["agent_memory"] = mem
+        progress("agent memory, done", {k: v for k, v in mem.items() if k != "samples"})
+        if "skipped" in mem:
+            target("ecm-agent RSS after 10 x N launches / after N <= 1.2", None, None,
+                   f"skipped: {mem['skipped']}")  # fmt: skip
+            return
+        small, large = mem["small"], mem["large"]
+        x = ratio(large["rss_mib"], small["rss_mib"])
+        target(
+            "ecm-agent RSS after 10 x N launches / after N <= 1.2",
+            x,
+            x is not None and x <= 1.2,
+            f"{small['launches']} launches {small['rss_mib']} MiB -> {large['launches']}"
+            f" launches {large['rss_mib']} MiB in {mem['seconds']} s ({mem['launches_per_s']}/s,"
+            f" other {mem['cpu_before'].get('other')} cores before); fds {small['fds']} -> {large['fds']},"
+            f" state files {small['state_files']} -> {large['state_files']}",
+        )
+
+    parts = (
+        ("cluster", cluster_part),
         ("heartbeats", heartbeats_part),
         ("demands", demands_part),
         ("retention", retention_part),
-    ):
+        ("agent-memory", agent_memory_part),
+    )
+    chosen = set(args.parts.split(",")) if args.parts else {name for name, _ in parts}
+    if unknown := chosen - {name for name, _ in parts}:
+        parser.error(f"unknown parts: {', '.join(sorted(unknown))}")
+    for name, part in parts:
+        if name not in chosen:
+            continue
         try:
             part()
         except Exception as exc:  # one part failing must not lose the others' figures
             progress(f"{name} failed", repr(exc))
             target(name, None, None, f"failed: {exc!r}")
     text = "cost as the cluster grows ({}; {}):\n".format(
-        out["database"], "quick" if q else "full"
+        out.get("database", "-"), "quick" if q else "full"
     ) + table(["measure", "ratio", "met", "figures"], rows)
     emit(
         "scale",
