@@ -1,7 +1,7 @@
 """Cost as the cluster grows: each cost measured on a small and a large cluster in the
 same run, printed as large / small ratios against their targets.
 
-    python -m bench.scale [--quick] [--database-url URL] [--seconds 6] [--parts a,b]
+    python -m bench.scale [--quick] [--database-url URL] [--seconds 6] [--only PART ...]
 
 One embedded PostgreSQL (or a throwaway database on --database-url) and one rm-server
 (ECM expiry 1 day: the bench ECMs do not heartbeat), then:
@@ -35,7 +35,7 @@ One embedded PostgreSQL (or a throwaway database on --database-url) and one rm-s
   (N = 1,000; --quick 100), nothing live at either point (bench/scale_agent.py). Target
   <= 1.2 x. Skipped (not failed) without root, the test users or the EngineConn runtime.
 
---parts picks some of them (cluster = apply, sweep, lists and RM memory on one server).
+--only picks some of them (cluster = apply, sweep, lists and RM memory on one server).
 
 Prints one table of ratios (target met yes/NO) and one JSON line.
 """
@@ -248,6 +248,8 @@ def retention_run(database_url: str, retention_s: float, periods: int) -> dict[s
 
 # ----- the run ------------------------------------------------------------------------------
 
+PARTS = ("cluster", "heartbeats", "demands", "retention", "agent-memory")
+
 
 def ratio(large: float, small: float) -> float | None:
     return round(large / small, 2) if small else None
@@ -266,10 +268,10 @@ def main(argv: list[str] | None = None) -> int:
         "--history-rows", type=int, default=0, help="ticket_history rows of the large cluster"
     )
     parser.add_argument(
-        "--parts",
-        default="",
-        help="comma-separated parts to run (default all): cluster (apply, liveness sweep,"
-        " lists, RM memory), heartbeats, demands, retention, agent-memory",
+        "--only",
+        action="append",
+        choices=PARTS,
+        help="run only this part (repeatable; default: all). cluster: apply, sweep, lists, memory",
     )
     args = parser.parse_args(argv)
     q = args.quick
@@ -288,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     server_args = ["--ecm-expiry", "86400"]
 
     def cluster_part() -> None:
-        # (a) apply, (b) the liveness sweep, (d) lists, (e) RM memory: one server
+        # (a) apply, (b) the liveness sweep, (d) lists, (e) memory: one server, one database
         with stack(args.database_url, server_args) as (db, server):
             asyncio.run(seed(server.target))
             out["database"] = db.describe
@@ -518,18 +520,14 @@ def main(argv: list[str] | None = None) -> int:
             f" state files {small['state_files']} -> {large['state_files']}",
         )
 
-    parts = (
+    for name, part in (
         ("cluster", cluster_part),
         ("heartbeats", heartbeats_part),
         ("demands", demands_part),
         ("retention", retention_part),
         ("agent-memory", agent_memory_part),
-    )
-    chosen = set(args.parts.split(",")) if args.parts else {name for name, _ in parts}
-    if unknown := chosen - {name for name, _ in parts}:
-        parser.error(f"unknown parts: {', '.join(sorted(unknown))}")
-    for name, part in parts:
-        if name not in chosen:
+    ):
+        if args.only and name not in args.only:
             continue
         try:
             part()
@@ -537,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
             progress(f"{name} failed", repr(exc))
             target(name, None, None, f"failed: {exc!r}")
     text = "cost as the cluster grows ({}; {}):\n".format(
-        out.get("database", "-"), "quick" if q else "full"
+        out.get("database", "a database per part"), "quick" if q else "full"
     ) + table(["measure", "ratio", "met", "figures"], rows)
     emit(
         "scale",
