@@ -517,7 +517,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{small['launches']} launches {small['rss_mib']} MiB -> {large['launches']}"
             f" launches {large['rss_mib']} MiB in {mem['seconds']} s ({mem['launches_per_s']}/s,"
             f" other {mem['cpu_before'].get('other')} cores before); fds {small['fds']} -> {large['fds']},"
-            f" state files {small['state_files']} -> {large['state_files']}",
+            f" state files {small['state_files']} -> {large['state_files']};"
+            f" the RM {small['rm_rss_mib']} -> {large['rm_rss_mib']} MiB",
         )
 
     for name, part in (
