@@ -199,3 +199,22 @@ def agent_memory_run(
         "large": samples[-1],
         "samples": samples,
     }
+
+
+def agent_memory_target(mem: dict[str, Any]) -> tuple[str, float | None, bool | None, str]:
+    """The table row of an agent_memory_run result: (measure, ratio, met, figures)."""
+    name = "ecm-agent RSS after 10 x N launches / after N <= 1.2"
+    if "skipped" in mem:
+        return name, None, None, f"skipped: {mem['skipped']}"
+    small, large = mem["small"], mem["large"]
+    x = round(large["rss_mib"] / small["rss_mib"], 2) if small["rss_mib"] else None
+    return (
+        name,
+        x,
+        x is not None and x <= 1.2,
+        f"{small['launches']} launches {small['rss_mib']} MiB -> {large['launches']}"
+        f" launches {large['rss_mib']} MiB in {mem['seconds']} s ({mem['launches_per_s']}/s,"
+        f" other {mem['cpu_before'].get('other')} cores before); fds {small['fds']} ->"
+        f" {large['fds']}, state files {small['state_files']} -> {large['state_files']};"
+        f" the RM {small['rm_rss_mib']} -> {large['rm_rss_mib']} MiB",
+    )

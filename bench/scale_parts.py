@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from bench.apply_cycle import seed
-from bench.common import BenchDatabase, Server, pct, stack
+from bench.common import BenchDatabase, CpuMeter, Server, pct, stack
 
 APPLY_CLIENTS = 64
 SMALL_USERS = 1_000
@@ -200,8 +201,33 @@ async def block_label(target: str, blocked: int) -> None:
         await rm.ReportUsed(pb.ReportUsedRequest(ticket_id=t.ticket_id))
 
 
-def scrape_passes(metrics_port: int, job: str) -> dict[float, float]:
-    """Cumulative bucket counts of labelrm_background_pass_seconds{job} (upper bound ->)."""
+def blocked_rounds(url: str) -> tuple[int, int]:
+    """The rounds counted on the blocked demands (passed over), and how many there are."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT coalesce(sum(rounds), 0), count(*) FROM demand WHERE user_name = %s",
+            (BLOCKED_USER.removesuffix("-IDE"),),
+        ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+class PassCounts(NamedTuple):
+    """A scrape of labelrm_background_pass_seconds{job}: cumulative bucket counts (upper
+    bound ->) and the seconds of all passes together (the histogram's sum)."""
+
+    buckets: dict[float, float]
+    seconds: float
+
+    @property
+    def total(self) -> float:
+        return self.buckets.get(float("inf"), 0.0)
+
+
+def scrape_passes(metrics_port: int, job: str) -> PassCounts:
+    """The passes of background job `job` so far (labelrm_background_pass_seconds{job})."""
     import urllib.request
 
     text = (
@@ -209,17 +235,25 @@ def scrape_passes(metrics_port: int, job: str) -> dict[float, float]:
         .read()
         .decode()
     )
-    out: dict[float, float] = {}
+    buckets: dict[float, float] = {}
+    seconds = 0.0
     for line in text.splitlines():
-        if line.startswith("labelrm_background_pass_seconds_bucket{") and f'job="{job}"' in line:
+        if f'job="{job}"' not in line:
+            continue
+        if line.startswith("labelrm_background_pass_seconds_bucket{"):
             le = line.split('le="', 1)[1].split('"', 1)[0]
-            out[float("inf") if le == "+Inf" else float(le)] = float(line.rsplit(" ", 1)[1])
-    return out
+            buckets[float("inf") if le == "+Inf" else float(le)] = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("labelrm_background_pass_seconds_sum{"):
+            seconds = float(line.rsplit(" ", 1)[1])
+    return PassCounts(buckets, seconds)
 
 
-def passes_between(before: dict[float, float], after: dict[float, float]) -> dict[str, Any]:
-    """Passes in a window from two scrapes: how many, and the bucket bound of their p50/p99."""
-    counts = {le: after.get(le, 0.0) - before.get(le, 0.0) for le in sorted(after)}
+def passes_between(before: PassCounts, after: PassCounts) -> dict[str, Any]:
+    """Passes in a window from two scrapes: how many, their mean (exact: the histogram's
+    sum), and the bucket bound of their p50/p99."""
+    counts = {
+        le: after.buckets.get(le, 0.0) - before.buckets.get(le, 0.0) for le in sorted(after.buckets)
+    }
     total = counts.get(float("inf"), 0.0)
 
     def quantile(q: float) -> float | None:
@@ -228,7 +262,42 @@ def passes_between(before: dict[float, float], after: dict[float, float]) -> dic
                 return le * 1000
         return None
 
-    return {"passes": int(total), "p50_le_ms": quantile(0.5), "p99_le_ms": quantile(0.99)}
+    return {
+        "passes": int(total),
+        "mean_ms": round((after.seconds - before.seconds) / total * 1000, 3) if total else None,
+        "p50_le_ms": quantile(0.5),
+        "p99_le_ms": quantile(0.99),
+    }
+
+
+def idle_passes(metrics_port: int, window: float = 6.0) -> dict[str, Any]:
+    """The liveness passes of `window` seconds of a server doing nothing else."""
+    time.sleep(1.0)  # the pass running when the seeding ended is not counted
+    before = scrape_passes(metrics_port, "liveness")
+    time.sleep(window)
+    return passes_between(before, scrape_passes(metrics_port, "liveness"))
+
+
+def sweep_apart(
+    db: BenchDatabase, metrics_port: int, prefix: str, window: float = 8.0
+) -> dict[str, Any]:
+    """The liveness passes of a window with nothing else running on the server: its
+    fleet just stopped beating and is still healthy (within the ECM expiry, 30 s), no
+    registration is under way. How many healthy ECMs, and the passes' mean (exact) and
+    bucket bounds."""
+    before = scrape_passes(metrics_port, "liveness")
+    time.sleep(window)
+    passes = passes_between(before, scrape_passes(metrics_port, "liveness"))
+    import psycopg
+
+    with psycopg.connect(db.url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FILTER (WHERE state <> 'LOST'),"
+            " count(*) FILTER (WHERE state <> 'LOST' AND instance LIKE %s) FROM ecm",
+            (prefix + "%",),
+        ).fetchone()
+    assert row is not None
+    return {"healthy": int(row[0]), "healthy_of_fleet": int(row[1]), **passes}
 
 
 def demand_run(database_url: str, accepted: int, blocked: int, window: float) -> dict[str, Any]:
@@ -253,18 +322,33 @@ def demand_run(database_url: str, accepted: int, blocked: int, window: float) ->
                 blocked // 10,
             ),
         ):
+            # CPU in cores while submitting and during the window; `other` is the rest of
+            # the machine (other users' work: a large `other` means disturbed figures).
+            groups = {"server": server.pids, "postgres": db.postgres_pids()}
+            meter = CpuMeter({**groups, "bench": [os.getpid()]})
+            meter.start()
             times = asyncio.run(submit_demands(server.target, "accepted", acc0, n_acc))
             times += asyncio.run(submit_demands(server.target, "blocked", blk0, n_blk))
+            submit_cpu = meter.stop()
             # Steady state: every new demand has had its first round (two passes that
             # began after the last submission have ended).
-            started = scrape_passes(port, "demand-planner").get(float("inf"), 0.0)
+            started = scrape_passes(port, "demand-planner").total
             deadline = time.monotonic() + 600
             while time.monotonic() < deadline:
                 time.sleep(1.0)
-                if scrape_passes(port, "demand-planner").get(float("inf"), 0.0) >= started + 3:
+                if scrape_passes(port, "demand-planner").total >= started + 3:
                     break
             before = scrape_passes(port, "demand-planner")
+            rounds0 = blocked_rounds(db.url)
+            meter = CpuMeter(groups)
+            meter.start()
+            t0 = time.monotonic()
             time.sleep(window)
+            window_cpu = meter.stop()
+            rounds1 = blocked_rounds(db.url)
+            # Rounds each blocked demand was given per second: 1 / demand_interval when
+            # every pass gives each one its round, half that when every second pass does.
+            rate = (rounds1[0] - rounds0[0]) / max(rounds1[1], 1) / (time.monotonic() - t0)
             passes = passes_between(before, scrape_passes(port, "demand-planner"))
             tail = times[-min(len(times), 500) :]
             out[phase] = {
@@ -272,6 +356,9 @@ def demand_run(database_url: str, accepted: int, blocked: int, window: float) ->
                 "submit_p50_ms": round(pct(tail, 0.5), 2),
                 "submit_p99_ms": round(pct(tail, 0.99), 2),
                 "planner": passes,
+                "blocked_rounds_per_s": round(rate, 2),
+                "cpu_submitting": submit_cpu,
+                "cpu_window": window_cpu,
             }
             progress(f"demands, {phase}", out[phase])
     return out

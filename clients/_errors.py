@@ -10,7 +10,6 @@ matching `RMError` subclass with those details as attributes.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -19,7 +18,7 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from labelrm.v1 import resource_pb2
 
-from labelrm_common.quantity import format_quantity
+from labelrm_common.quantity import Shortfall
 
 DOMAIN = "labelrm.io"
 
@@ -36,23 +35,6 @@ __all__ = [
     "Unavailable",
     "from_rpc_error",
 ]
-
-
-@dataclass(frozen=True)
-class Shortfall:
-    """One dimension of one resource-carrying label that could not satisfy a request."""
-
-    label: str
-    dimension: str
-    requested: int
-    available: int
-
-    def __str__(self) -> str:
-        return (
-            f"{self.label or '(request)'} {self.dimension}: "
-            f"requested {format_quantity(self.dimension, self.requested)}, "
-            f"available {format_quantity(self.dimension, self.available)}"
-        )
 
 
 class RMError(Exception):

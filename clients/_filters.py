@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 __all__ = [
     "LOST_NODE_AGE_OUT",
@@ -18,10 +18,19 @@ __all__ = [
     "add_sort_by",
     "fmt_age",
     "matches",
+    "selected",
     "selector_arg",
     "sort_rows",
     "state_arg",
 ]
+
+
+class _Labelled(Protocol):
+    @property
+    def labels(self) -> Iterable[Any]: ...
+
+
+L = TypeVar("L", bound=_Labelled)
 
 LOST_NODE_AGE_OUT = 3600.0
 """Seconds after its last heartbeat that a LOST node leaves `rmctl node list` (-A shows it)."""
@@ -57,6 +66,12 @@ def matches(labels: Iterable[Any], selector: Sequence[tuple[str, str]]) -> bool:
     """Whether label messages (key, value) carry every pair of `selector`."""
     have = {(lb.key, lb.value) for lb in labels}
     return all(pair in have for pair in selector)
+
+
+def selected(items: Iterable[L], selector: Sequence[tuple[str, str]]) -> list[L]:
+    """The items (messages with a ``labels`` field) whose labels carry every pair of
+    `selector`, in their order."""
+    return [item for item in items if matches(item.labels, selector)]
 
 
 def state_arg(names: Iterable[str]) -> Callable[[str], str]:

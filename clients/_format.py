@@ -7,7 +7,7 @@ import io
 import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 from google.protobuf import json_format
 from labelrm.v1 import resource_manager_pb2
@@ -22,11 +22,15 @@ __all__ = [
     "fmt_time",
     "opt",
     "print_details",
+    "print_json",
+    "print_list",
     "print_table",
     "run_watch",
     "set_table_headers",
     "to_json",
 ]
+
+T = TypeVar("T")
 
 STATE_NAMES = {
     resource_manager_pb2.TICKET_STATE_UNSPECIFIED: "-",
@@ -118,6 +122,33 @@ def print_table(out: TextIO, header: Sequence[str], rows: Iterable[Sequence[str]
     for row in all_rows[0 if _TABLE["headers"] else 1 :]:
         cells = [c.ljust(w) for c, w in zip(row[:-1], widths[:-1], strict=True)]
         print("   ".join([*cells, row[-1]]).rstrip(), file=out)
+
+
+def print_json(out: TextIO, output: str, message: Any) -> bool:
+    """With ``-o json``, print `message` as JSON and return True (the command is done);
+    otherwise print nothing and return False."""
+    if output != "json":
+        return False
+    print(to_json(message), file=out)
+    return True
+
+
+def print_list(
+    out: TextIO,
+    output: str,
+    response: Any,
+    items: Iterable[T],
+    row: Callable[[T, bool], Sequence[str]],
+    headers: tuple[Sequence[str], Sequence[str]],
+) -> int:
+    """A list command's output, exit code 0: the List...Response `response` as JSON with
+    ``-o json``; otherwise a table of ``row(item, wide)`` under ``headers`` (normal, wide),
+    the wide ones with ``-o wide``."""
+    if print_json(out, output, response):
+        return 0
+    wide = output == "wide"
+    print_table(out, headers[1] if wide else headers[0], (row(item, wide) for item in items))
+    return 0
 
 
 def run_watch(

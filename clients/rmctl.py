@@ -28,7 +28,7 @@ from labelrm.v1 import admin_pb2, resource_manager_pb2
 from clients import load, load_instance
 from clients._completion import SCRIPTS, candidates
 from clients._errors import NotFound, RMError
-from clients._filters import add_selector, matches, state_arg
+from clients._filters import add_selector, matches, selected, state_arg
 from clients._format import (
     STATE_NAMES,
     fmt_labels,
@@ -36,6 +36,8 @@ from clients._format import (
     fmt_time,
     opt,
     print_details,
+    print_json,
+    print_list,
     print_table,
     run_watch,
     set_table_headers,
@@ -92,6 +94,27 @@ def parse_cores(text: str) -> int:
         return parse_cpu(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_resource_args(c: argparse.ArgumentParser) -> None:
+    """``--memory``, ``--cpu`` and ``--instances``: a resource, read by `resource_arg`."""
+    c.add_argument(
+        "--memory",
+        type=parse_size,
+        required=True,
+        metavar="QUANTITY",
+        help="512Mi, 2Gi (binary), 1G (decimal) or bytes",
+    )
+    c.add_argument("--cpu", type=parse_cores, required=True, metavar="QUANTITY",
+                   help="cores (2, 0.5) or millicores (500m)")  # fmt: skip
+    c.add_argument("--instances", type=_non_negative, default=None, metavar="N")
+
+
+def resource_arg(args: argparse.Namespace) -> Any:
+    """The resource `add_resource_args` read: a load, or a load with instances."""
+    if args.instances is None:
+        return load(args.memory, args.cpu)
+    return load_instance(args.memory, args.cpu, args.instances)
 
 
 def _non_negative(text: str) -> int:
@@ -181,16 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c = lim.add_parser("set", help="create or replace a limit")
     c.add_argument("pattern", type=_labels_arg, metavar="PATTERN", help='"k=v,k2=*"')
-    c.add_argument(
-        "--memory",
-        type=parse_size,
-        required=True,
-        metavar="QUANTITY",
-        help="512Mi, 2Gi (binary), 1G (decimal) or bytes",
-    )
-    c.add_argument("--cpu", type=parse_cores, required=True, metavar="QUANTITY",
-                   help="cores (2, 0.5) or millicores (500m)")  # fmt: skip
-    c.add_argument("--instances", type=_non_negative, default=None, metavar="N")
+    add_resource_args(c)
     c.set_defaults(func=cmd_limit_set)
     c = lim.add_parser("list", help="list limits")
     _watchable(c)
@@ -326,8 +340,7 @@ def cmd_resource_show(client: RMClient, args: argparse.Namespace, out: TextIO) -
         if len(found) != 1:
             raise
         r = found[0]
-    if args.output == "json":
-        print(to_json(r), file=out)
+    if print_json(out, args.output, r):
         return 0
     rows = [
         ("label", r.label),
@@ -396,26 +409,15 @@ def resolve_ticket(client: RMClient, given: str) -> Any:
 
 def cmd_ticket_list(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     """`rmctl ticket list`."""
-    tickets = [
-        t
-        for t in client.list_tickets(label=args.label, state=args.state)
-        if matches(t.labels, args.selector)
-    ]
-    if args.output == "json":
-        print(to_json(resource_manager_pb2.ListTicketsResponse(tickets=tickets)), file=out)
-        return 0
-    wide = args.output == "wide"
-    print_table(
-        out, _TICKET_WIDE if wide else _TICKET_HEADER, (_ticket_row(t, wide) for t in tickets)
-    )
-    return 0
+    tickets = selected(client.list_tickets(label=args.label, state=args.state), args.selector)
+    resp = resource_manager_pb2.ListTicketsResponse(tickets=tickets)
+    return print_list(out, args.output, resp, tickets, _ticket_row, (_TICKET_HEADER, _TICKET_WIDE))
 
 
 def cmd_ticket_show(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     """`rmctl ticket show ID`."""
     t = resolve_ticket(client, args.ticket_id)
-    if args.output == "json":
-        print(to_json(t), file=out)
+    if print_json(out, args.output, t):
         return 0
     rows = [
         ("ticket_id", t.ticket_id),
@@ -437,13 +439,8 @@ def cmd_ticket_show(client: RMClient, args: argparse.Namespace, out: TextIO) -> 
 
 def cmd_limit_set(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     """`rmctl limit set PATTERN --memory QUANTITY --cpu QUANTITY [--instances N]`."""
-    if args.instances is None:
-        maximum = load(args.memory, args.cpu)
-    else:
-        maximum = load_instance(args.memory, args.cpu, args.instances)
-    limit = client.set_label_limit(args.pattern, maximum)
-    if args.output == "json":
-        print(to_json(limit), file=out)
+    limit = client.set_label_limit(args.pattern, resource_arg(args))
+    if print_json(out, args.output, limit):
         return 0
     print_table(
         out,
@@ -456,8 +453,7 @@ def cmd_limit_set(client: RMClient, args: argparse.Namespace, out: TextIO) -> in
 def cmd_limit_list(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     """`rmctl limit list`."""
     limits = list(client.list_label_limits())
-    if args.output == "json":
-        print(to_json(admin_pb2.ListLabelLimitsResponse(limits=limits)), file=out)
+    if print_json(out, args.output, admin_pb2.ListLabelLimitsResponse(limits=limits)):
         return 0
     print_table(
         out,

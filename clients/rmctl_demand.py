@@ -13,9 +13,17 @@ from typing import Any, TextIO
 
 from labelrm.v1 import demand_pb2
 
-from clients import load, load_instance
-from clients._filters import add_selector, matches
-from clients._format import fmt_labels, fmt_resource, fmt_time, opt, print_details, print_table
+from clients._filters import add_selector, selected
+from clients._format import (
+    fmt_labels,
+    fmt_resource,
+    fmt_time,
+    opt,
+    print_details,
+    print_json,
+    print_list,
+    print_table,
+)
 from clients._format import to_json as _to_json
 from clients._impl import RMClient
 from clients._requests import DEMAND_STATES as STATES
@@ -29,7 +37,7 @@ def add_demand_commands(cmds: Any) -> None:
     """Register ``rmctl demand ...`` on rmctl's sub-command parsers (``add_subparsers()``)."""
     # rmctl imports this module; importing its argument types here, at call time, avoids
     # an import cycle.
-    from clients.rmctl import _labels_arg, _non_negative, parse_cores, parse_size
+    from clients.rmctl import _labels_arg, add_resource_args
 
     dem = cmds.add_parser("demand", help="time-aware demands").add_subparsers(
         dest="sub", required=True, metavar="SUBCOMMAND"
@@ -41,16 +49,7 @@ def add_demand_commands(cmds: Any) -> None:
     )
     c.add_argument("demand_id", metavar="ID", help="client-chosen id (the idempotency key)")
     c.add_argument("--labels", type=_labels_arg, required=True, metavar="LABELS")
-    c.add_argument(
-        "--memory",
-        type=parse_size,
-        required=True,
-        metavar="QUANTITY",
-        help="512Mi, 2Gi (binary), 1G (decimal) or bytes",
-    )
-    c.add_argument("--cpu", type=parse_cores, required=True, metavar="QUANTITY",
-                   help="cores (2, 0.5) or millicores (500m)")  # fmt: skip
-    c.add_argument("--instances", type=_non_negative, default=None, metavar="N")
+    add_resource_args(c)
     c.add_argument("--user", default="", help="on whose behalf")
     when = c.add_mutually_exclusive_group()
     when.add_argument(
@@ -163,13 +162,11 @@ def cmd_demand_submit(client: RMClient, args: argparse.Namespace, out: TextIO) -
         else:
             with open(args.when_file, encoding="utf-8") as fh:
                 text = fh.read()
-    if args.instances is None:
-        resource = load(args.memory, args.cpu)
-    else:
-        resource = load_instance(args.memory, args.cpu, args.instances)
+    from clients.rmctl import resource_arg  # at call time: rmctl imports this module
+
+    resource = resource_arg(args)
     resp = client.submit_demand(args.demand_id, args.labels, resource, text, args.user)
-    if args.output == "json":
-        print(_to_json(resp), file=out)
+    if print_json(out, args.output, resp):
         return 0
     verb = "submitted" if resp.created else "already submitted"
     print(f"{verb}: {resp.demand.demand_id} {_state(resp.demand.state)}", file=out)
@@ -179,24 +176,15 @@ def cmd_demand_submit(client: RMClient, args: argparse.Namespace, out: TextIO) -
 
 def cmd_demand_list(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     """`rmctl demand list [--state S] [--user U] [-l k=v,...]`."""
-    demands = [
-        d
-        for d in client.list_demands(state=args.state, user=args.user)
-        if matches(d.labels, args.selector)
-    ]
-    if args.output == "json":
-        print(_to_json(demand_pb2.ListDemandsResponse(demands=demands)), file=out)
-        return 0
-    wide = args.output == "wide"
-    print_table(out, _WIDE if wide else _HEADER, (_row(d, wide) for d in demands))
-    return 0
+    demands = selected(client.list_demands(state=args.state, user=args.user), args.selector)
+    resp = demand_pb2.ListDemandsResponse(demands=demands)
+    return print_list(out, args.output, resp, demands, _row, (_HEADER, _WIDE))
 
 
 def cmd_demand_show(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     """`rmctl demand show ID`: the demand and every transition with its time and reason."""
     d = client.get_demand(args.demand_id, args.user)
-    if args.output == "json":
-        print(_to_json(d), file=out)
+    if print_json(out, args.output, d):
         return 0
     _print_demand(d, out)
     return 0

@@ -35,7 +35,7 @@ from clients._format import (
     fmt_time,
     opt,
     print_details,
-    print_table,
+    print_list,
     to_json,
 )
 from clients._impl import RMClient
@@ -336,12 +336,8 @@ def cmd_ec_list(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     """`rmctl engineconn list [-A] [--user U] [--state S]... [--ecm NAME] [-l K=V]
     [--sort-by COLUMN]`."""
     ecs = list_filtered(client, args)
-    if args.output == "json":
-        print(to_json(engine_conn_pb2.ListEngineConnsResponse(engine_conns=ecs)), file=out)
-        return 0
-    wide = args.output == "wide"
-    print_table(out, _WIDE if wide else _HEADER, (_row(ec, wide) for ec in ecs))
-    return 0
+    resp = engine_conn_pb2.ListEngineConnsResponse(engine_conns=ecs)
+    return print_list(out, args.output, resp, ecs, _row, (_HEADER, _WIDE))
 
 
 def cmd_ec_status(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:

@@ -15,13 +15,21 @@ from labelrm.v1 import admin_pb2, resource_manager_pb2
 
 from clients._engineconn import LIVE_EC_STATES, ec_state_name, ecm_state_name
 from clients._errors import NotFound
-from clients._filters import LOST_NODE_AGE_OUT, add_selector, add_sort_by, matches, sort_rows
+from clients._filters import (
+    LOST_NODE_AGE_OUT,
+    add_selector,
+    add_sort_by,
+    selected,
+    sort_rows,
+)
 from clients._format import (
     fmt_labels,
     fmt_resource,
     fmt_time,
     opt,
     print_details,
+    print_json,
+    print_list,
     print_table,
     to_json,
 )
@@ -164,24 +172,17 @@ def cmd_node_list(client: RMClient, args: argparse.Namespace, out: TextIO) -> in
     """`rmctl node list [-A] [-l K=V] [--sort-by COLUMN]`."""
     now = time.time()
     ecms = [
-        e
-        for e in client.list_ecms()
-        if matches(e.labels, args.selector) and (args.all or not _aged_out(e, now))
+        e for e in selected(client.list_ecms(), args.selector) if args.all or not _aged_out(e, now)
     ]
     ecms = sort_rows(ecms, args.sort_by, _SORT_KEYS)
-    if args.output == "json":
-        print(to_json(resource_manager_pb2.ListEcmsResponse(ecms=ecms)), file=out)
-        return 0
-    wide = args.output == "wide"
-    print_table(out, _WIDE if wide else _HEADER, (_row(e, wide) for e in ecms))
-    return 0
+    resp = resource_manager_pb2.ListEcmsResponse(ecms=ecms)
+    return print_list(out, args.output, resp, ecms, _row, (_HEADER, _WIDE))
 
 
 def cmd_node_status(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     """`rmctl node status NAME`: the ECM, then its live EngineConns."""
     e = resolve_ecm(client, args.name)
-    if args.output == "json":
-        print(to_json(e), file=out)
+    if print_json(out, args.output, e):
         return 0
     print_details(
         out,

@@ -14,7 +14,7 @@ from typing import Any, TextIO
 
 from labelrm.v1 import admin_pb2, external_pb2
 
-from clients._format import fmt_bytes, fmt_time, print_table, to_json
+from clients._format import fmt_bytes, fmt_time, print_json, print_table, to_json
 from clients._impl import RMClient
 
 __all__ = ["add_provider_commands"]
@@ -90,8 +90,7 @@ def cmd_provider_add(client: RMClient, args: argparse.Namespace, out: TextIO) ->
         capacity_guaranteed=args.capacity_guaranteed,
     )
     stored = client.put_external_provider(provider)
-    if args.output == "json":
-        print(to_json(stored), file=out)
+    if print_json(out, args.output, stored):
         return 0
     _print_providers(out, [stored])
     return 0
@@ -100,8 +99,7 @@ def cmd_provider_add(client: RMClient, args: argparse.Namespace, out: TextIO) ->
 def cmd_provider_list(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     """`rmctl provider list`."""
     providers = client.list_external_providers()
-    if args.output == "json":
-        print(to_json(admin_pb2.ListExternalProvidersResponse(providers=providers)), file=out)
+    if print_json(out, args.output, admin_pb2.ListExternalProvidersResponse(providers=providers)):
         return 0
     _print_providers(out, providers)
     return 0
@@ -148,8 +146,7 @@ def _apps(n: int) -> str:
 def cmd_provider_test(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     """`rmctl provider test NAME`: the queues the provider's active RM reports now."""
     seen = client.test_external_provider(args.name)
-    if args.output == "json":
-        print(to_json(seen), file=out)
+    if print_json(out, args.output, seen):
         return 0
     fetched = fmt_time(seen.queues[0].fetch_time) if seen.queues else "-"
     print(

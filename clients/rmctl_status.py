@@ -18,7 +18,7 @@ from labelrm.v1 import demand_pb2
 
 from clients._engineconn import LIVE_EC_STATES, ec_state_name, ecm_state_name
 from clients._filters import fmt_age
-from clients._format import print_details, print_table, to_json
+from clients._format import print_details, print_json, print_table
 from clients._impl import RMClient
 from labelrm_common.quantity import format_bytes, format_cpu
 from labelrm_common.version import VERSION
@@ -93,8 +93,7 @@ def cmd_status(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     ]
     records = list(client.list_label_resources())
     demands = list(client.list_demands())
-    if args.output == "json":
-        print(to_json(info), file=out)
+    if print_json(out, args.output, info):
         return 0
     nodes = [r for r in records if r.source == "ecm"]
     replicas = "; ".join(

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
+from labelrm_common.launch import MaterialFile
+
 __all__ = [
     "AGENT_ENV_NAMES",
     "DENIED_ENV_NAMES",
@@ -161,15 +163,6 @@ class AgentPolicy:
             raise ValueError("min_uid must be at least 1: root never runs EngineConns")
         if self.kill_grace < 0:
             raise ValueError("kill_grace must not be negative")
-
-
-@dataclass(frozen=True)
-class MaterialFile:
-    """A file the request wants written into the work directory before launch."""
-
-    name: str
-    content: bytes
-    executable: bool = False
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from labelrm_common.cli import tool_main
 from labelrm_common.files import replace_file
 
 KINDS = ("server", "agent", "engineconn", "user")
@@ -119,21 +120,36 @@ def issue(
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}")
     check_name(name)
-    ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
-    ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
-    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
-        raise ValueError("the CA key must be an EC key (as `rmctl pki init` makes)")
-    key = _key()
-    now = now or datetime.now(UTC)
     alt: list[x509.GeneralName] = [x509.UniformResourceIdentifier(f"{URI_SCHEME}{kind}/{name}")]
     alt += [x509.DNSName(d) for d in dns]
     alt += [x509.IPAddress(ipaddress.ip_address(a)) for a in ips]
     usage = [ExtendedKeyUsageOID.CLIENT_AUTH]
     if kind == "server":
         usage.insert(0, ExtendedKeyUsageOID.SERVER_AUTH)
-    cert = (
+    return sign(ca, name, alt, usage, valid_for=valid_for, now=now)
+
+
+def sign(
+    ca: Issued,
+    common_name: str,
+    alt: Sequence[x509.GeneralName],
+    usage: Sequence[x509.ObjectIdentifier],
+    *,
+    valid_for: timedelta,
+    now: datetime | None = None,
+) -> Issued:
+    """A new key and its certificate signed by `ca`: subject `common_name`, subject
+    alternative names `alt`, extended key usage `usage` (none: the extension is left out,
+    as some operators' CAs do)."""
+    ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
+    ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise ValueError("the CA key must be an EC key (as `rmctl pki init` makes)")
+    key = _key()
+    now = now or datetime.now(UTC)
+    builder = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
@@ -141,14 +157,15 @@ def issue(
         .not_valid_after(now + valid_for)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.SubjectAlternativeName(alt), critical=False)
-        .add_extension(x509.ExtendedKeyUsage(usage), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
             critical=False,
         )
-        .sign(ca_key, hashes.SHA256())
     )
+    if usage:
+        builder = builder.add_extension(x509.ExtendedKeyUsage(usage), critical=False)
+    cert = builder.sign(ca_key, hashes.SHA256())
     return Issued(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
 
 
@@ -254,14 +271,7 @@ def dev_pki(directory: Path, agent_id: str, days: float) -> list[Path]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m labelrm_common.pki ...` (same as `rmctl pki ...`)."""
-    parser = argparse.ArgumentParser(prog="labelrm-pki")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    try:
-        return run(args)
-    except (OSError, ValueError) as exc:
-        print(f"error: {exc}")
-        return 1
+    return tool_main("labelrm-pki", add_parser, run, argv)
 
 
 if __name__ == "__main__":

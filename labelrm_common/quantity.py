@@ -10,9 +10,17 @@ never a kibibyte count for a host's memory. Pure functions, no I/O.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
-__all__ = ["format_bytes", "format_cpu", "format_quantity", "parse_cpu", "parse_memory"]
+__all__ = [
+    "Shortfall",
+    "format_bytes",
+    "format_cpu",
+    "format_quantity",
+    "parse_cpu",
+    "parse_memory",
+]
 
 _BINARY = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5}
 _DECIMAL = {"k": 1, "K": 1, "M": 2, "G": 3, "T": 4, "P": 5}
@@ -79,3 +87,23 @@ def format_quantity(dimension: str, value: int) -> str:
     if dimension.endswith("cpu_millis"):
         return f"{value}m"
     return str(value)
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    """One dimension in which a request exceeds what is left under ``label`` (the RM's
+    refusal, and the client's view of it: labelrm.v1.Shortfalls)."""
+
+    label: str
+    dimension: str
+    requested: int
+    available: int
+
+    def __str__(self) -> str:
+        """``label dimension: requested X, available Y`` with quantities for people; an
+        empty label is the request itself."""
+        return (
+            f"{self.label or '(request)'} {self.dimension}: "
+            f"requested {format_quantity(self.dimension, self.requested)}, "
+            f"available {format_quantity(self.dimension, self.available)}"
+        )

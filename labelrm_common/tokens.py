@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from labelrm_common.cli import tool_main
 from labelrm_common.files import replace_file
 from labelrm_common.roles import TOKEN_ROLES, Role
 
@@ -212,14 +213,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m labelrm_common.tokens ...` (same as `rmctl token ...`)."""
-    parser = argparse.ArgumentParser(prog="labelrm-token")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    try:
-        return run(args)
-    except (OSError, ValueError) as exc:
-        print(f"error: {exc}")
-        return 1
+    return tool_main("labelrm-token", add_parser, run, argv)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from labelrm_common.quantity import format_quantity
-from rm_server.domain.resources import Shortfall
+from labelrm_common.quantity import Shortfall
 
 
 class LabelrmError(Exception):
@@ -128,10 +127,4 @@ class PermissionDenied(LabelrmError):
 
 def describe_shortfalls(shortfalls: Sequence[Shortfall]) -> str:
     """One line naming every label and dimension that fell short."""
-    parts = [
-        f"{s.label or '(request)'} {s.dimension}: requested "
-        f"{format_quantity(s.dimension, s.requested)}, available "
-        f"{format_quantity(s.dimension, s.available)}"
-        for s in shortfalls
-    ]
-    return "; ".join(parts)
+    return "; ".join(str(s) for s in shortfalls)

@@ -21,7 +21,7 @@ from datetime import datetime
 from rm_server.domain.admission import ECM_SOURCE, charged_part, label_shortfalls
 from rm_server.domain.external import QueueCheck
 from rm_server.domain.labels import USER_CREATOR, Label, ecm_instance
-from rm_server.domain.model import Refusal, Ticket, TicketState
+from rm_server.domain.model import LabelRecord, Refusal, Ticket, TicketState
 from rm_server.domain.resources import (
     MAX_QUANTITY,
     Resource,
@@ -41,16 +41,10 @@ from rm_server.errors import (
 
 
 @dataclass(frozen=True)
-class LabelAccount:
-    """One label's record: its maximum (None: unlimited) and what is held on it."""
+class LabelAccount(LabelRecord):
+    """One label's record as the ledger decides on it: its maximum (None: unlimited) and
+    what is held on it."""
 
-    label: str
-    source: str
-    max_resource: Resource | None
-    protected: Resource
-    used: Resource
-    locked: Resource
-    live_tickets: int
     # Held for ALLOCATING time-aware demands: counted as in use by check_accounts.
     reserved: Resource | None = None
     # The state of the ECM whose record this is (RUNNING, DRAINING, LOST), read with it

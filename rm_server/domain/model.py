@@ -14,8 +14,9 @@ import enum
 from dataclasses import dataclass
 from datetime import datetime
 
+from labelrm_common.quantity import Shortfall
 from rm_server.domain.labels import Label
-from rm_server.domain.resources import Resource, Shortfall, headroom
+from rm_server.domain.resources import Resource, headroom
 
 
 class TicketState(enum.StrEnum):
@@ -49,7 +50,10 @@ class Ticket:
 
 
 @dataclass(frozen=True)
-class LabelResource:
+class LabelRecord:
+    """What one label's record holds (its maximum, None: unlimited), the fields the ledger's
+    LabelAccount and the read model's LabelResource both start with, in this order."""
+
     label: str
     source: str
     max_resource: Resource | None
@@ -57,6 +61,12 @@ class LabelResource:
     used: Resource
     locked: Resource
     live_tickets: int
+
+
+@dataclass(frozen=True)
+class LabelResource(LabelRecord):
+    """A label's record as read for GetLabelResource and the console."""
+
     updated_at: datetime
     # Held for demands in their reservation window (an Apply counts it as in use).
     reserved: Resource | None = None

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from labelrm_common.quantity import Shortfall as Shortfall  # re-exported: the domain names it here
 from rm_server.domain.text import clip, short
 
 
@@ -606,16 +607,6 @@ def convert(r: Resource, kind: ResourceKind) -> Resource:
         raise ResourceTypeError(f"cannot convert {r.kind.value} to {kind.value}")
     queue = r.queue if kind in _YARN_KINDS else ""
     return Resource._trusted(kind, tuple((d, r.get(d)) for d in _SORTED_DIMS[kind]), queue)
-
-
-@dataclass(frozen=True)
-class Shortfall:
-    """One dimension in which a request exceeds what is left under ``label``."""
-
-    label: str
-    dimension: str
-    requested: int
-    available: int
 
 
 def fits(left: Resource, request: Resource, label: str = "") -> list[Shortfall]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from labelrm_common.launch import MaterialFile
 from rm_server.engines import python, shell, spark
 from rm_server.engines.base import (
     PARAMS,
@@ -16,7 +17,6 @@ from rm_server.engines.base import (
     InvalidParam,
     LaunchContext,
     LaunchRequest,
-    MaterialFile,
     RuntimeEnginePlugin,
     effective_params,
     resolve_params,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Protocol
 
+from labelrm_common.launch import MaterialFile
 from rm_server.domain.labels import Label
 from rm_server.domain.resources import Resource
 
@@ -46,15 +47,6 @@ class LaunchContext:
     version: str
     labels: tuple[Label, ...]
     params: Mapping[str, str]
-
-
-@dataclass(frozen=True)
-class MaterialFile:
-    """A file the agent writes into the EngineConn's work directory before launch."""
-
-    name: str
-    content: bytes
-    executable: bool = False
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 from labelrm.v1 import admin_pb2, engine_conn_pb2, external_pb2, resource_manager_pb2, resource_pb2
 
-from labelrm_common.durations import duration
+from labelrm_common.durations import duration, seconds_to_parts
 from rm_server.domain.engineconn import (
     AgentCommand,
     CommandKind,
@@ -223,11 +223,12 @@ def labels_to_pb(labels: Sequence[Label]) -> list[resource_pb2.Label]:
 
 
 def label_text_to_pb(text: str) -> list[resource_pb2.Label]:
-    out = []
-    for part in text.split(","):
-        key, _, value = part.partition("=")
-        out.append(resource_pb2.Label(key=key, value=value))
-    return out
+    return [resource_pb2.Label(key=key, value=value) for key, value in label_pairs(text)]
+
+
+def label_pairs(text: str) -> list[tuple[str, str]]:
+    """A stored label text (``key=value,...``) as (key, value) pairs."""
+    return [(key, value) for key, _, value in (p.partition("=") for p in text.split(","))]
 
 
 # google.protobuf.Duration's own range (duration.proto): about +-10,000 years.
@@ -323,21 +324,25 @@ def fill_ticket(msg: resource_manager_pb2.Ticket, t: Ticket) -> None:
         msg.end_reason = t.end_reason
 
 
-def label_resource_to_pb(r: LabelResource) -> resource_manager_pb2.LabelResource:
-    left = r.left()
-    return resource_manager_pb2.LabelResource(
-        label=r.label,
-        labels=label_text_to_pb(r.label),
-        source=r.source,
-        max_resource=resource_to_pb(r.max_resource) if r.max_resource is not None else None,
-        protected_resource=resource_to_pb(r.protected),
-        used_resource=resource_to_pb(r.used),
-        locked_resource=resource_to_pb(r.locked),
-        left_resource=resource_to_pb(left) if left is not None else None,
-        live_tickets=r.live_tickets,
-        update_time=ts(r.updated_at),
-        reserved_resource=resource_to_pb(r.reserved) if r.reserved is not None else None,
-    )
+def fill_label_resource(msg: resource_manager_pb2.LabelResource, r: LabelResource) -> None:
+    """Write `r` into an empty LabelResource message (in place: see `fill_resource`)."""
+    msg.label = r.label
+    add_label = msg.labels.add
+    for key, value in label_pairs(r.label):
+        add_label(key=key, value=value)
+    msg.source = r.source
+    if r.max_resource is not None:
+        fill_resource(msg.max_resource, r.max_resource)
+        left = r.left()
+        if left is not None:
+            fill_resource(msg.left_resource, left)
+    fill_resource(msg.protected_resource, r.protected)
+    fill_resource(msg.used_resource, r.used)
+    fill_resource(msg.locked_resource, r.locked)
+    msg.live_tickets = r.live_tickets
+    fill_time(msg.update_time, r.updated_at)
+    if r.reserved is not None:
+        fill_resource(msg.reserved_resource, r.reserved)
 
 
 def ecm_to_pb(e: Ecm) -> resource_manager_pb2.Ecm:
@@ -493,16 +498,19 @@ def process_from_pb(msg: engine_conn_pb2.EngineConnProcess, field: str) -> Proce
     )
 
 
-def heartbeat_to_pb(
-    outcome: HeartbeatOutcome, interval: float
-) -> resource_manager_pb2.HeartbeatResponse:
-    return resource_manager_pb2.HeartbeatResponse(
-        action=_ACTIONS[outcome.action],
-        commands=[command_to_pb(c) for c in outcome.commands],
-        heartbeat_interval=duration(interval),
-        sequence=outcome.sequence,
-        reason=outcome.reason,
-    )
+def fill_heartbeat(
+    msg: resource_manager_pb2.HeartbeatResponse, outcome: HeartbeatOutcome, interval: float
+) -> None:
+    """Write `outcome` into an empty HeartbeatResponse (in place: see `fill_resource`; a
+    beat's own cost, paid thousands of times a second by a large fleet)."""
+    msg.action = _ACTIONS[outcome.action]
+    if outcome.commands:
+        msg.commands.extend([command_to_pb(c) for c in outcome.commands])
+    every = msg.heartbeat_interval
+    every.seconds, every.nanos = seconds_to_parts(interval)
+    msg.sequence = outcome.sequence
+    if outcome.reason:
+        msg.reason = outcome.reason
 
 
 def ecm_status_to_pb(s: EcmStatus) -> resource_manager_pb2.Ecm:

@@ -63,6 +63,24 @@ def _instance(value: str, field: str = "instance") -> str:
         raise InvalidArgument(field, exc.message) from exc
 
 
+# Agent ids already validated: every beat of a fleet names one of a few thousand, and
+# validating a label costs a heartbeat as much as building its answer. Bounded: emptied
+# when full.
+_AGENT_IDS_SEEN: set[str] = set()
+MAX_AGENT_IDS_SEEN = 65536
+
+
+def _agent_id(value: str, field: str) -> str:
+    """A heartbeat's agent id: an ECM instance (`_instance`), validated once per process."""
+    if value in _AGENT_IDS_SEEN:
+        return value
+    checked = _instance(value, field)
+    if len(_AGENT_IDS_SEEN) >= MAX_AGENT_IDS_SEEN:
+        _AGENT_IDS_SEEN.clear()
+    _AGENT_IDS_SEEN.add(checked)
+    return checked
+
+
 class ResourceManagerServicer(pb_grpc.ResourceManagerServiceServicer):
     def __init__(self, core: RMCore, hub: AgentHub) -> None:
         self.core = core
@@ -170,7 +188,9 @@ class ResourceManagerServicer(pb_grpc.ResourceManagerServiceServicer):
     ) -> pb.GetLabelResourceResponse:
         labels = convert.labels_from_pb(request.labels)
         record = await self.core.get_label_resource(str(LabelKey(labels)))
-        return pb.GetLabelResourceResponse(label_resource=await self._record_to_pb(record))
+        response = pb.GetLabelResourceResponse()
+        await self._fill_record(response.label_resource, record)
+        return response
 
     async def ListLabelResources(
         self, request: pb.ListLabelResourcesRequest, context: grpc.aio.ServicerContext
@@ -179,24 +199,29 @@ class ResourceManagerServicer(pb_grpc.ResourceManagerServiceServicer):
         if request.source not in ("", "ecm", "limit", "external"):
             raise InvalidArgument("source", "must be empty, 'ecm', 'limit' or 'external'")
         records = await self.core.list_label_resources(page.after, page.size + 1, request.source)
-        return pb.ListLabelResourcesResponse(
-            label_resources=[await self._record_to_pb(r) for r in records[: page.size]],
-            next_page_token=next_token(records, page, lambda r: r.label),
+        response = pb.ListLabelResourcesResponse(
+            next_page_token=next_token(records, page, lambda r: r.label)
         )
+        add = response.label_resources.add
+        for record in records[: page.size]:
+            await self._fill_record(add(), record)
+        return response
 
-    async def _record_to_pb(self, record: LabelResource) -> pb.LabelResource:
-        """A label record; an external queue's with YARN's figures beside labelrm's."""
-        msg = convert.label_resource_to_pb(record)
+    async def _fill_record(self, msg: pb.LabelResource, record: LabelResource) -> None:
+        """A label record into an empty message; an external queue's with YARN's figures
+        beside labelrm's."""
+        convert.fill_label_resource(msg, record)
         if record.source == "external" and self.core.external is not None:
             found = await self.core.external.label_view(record.label, record.locked)
             if found is not None:
                 msg.external_queue.CopyFrom(convert.queue_view_to_pb(*found))
-        return msg
 
     async def Heartbeat(
         self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext
     ) -> pb.HeartbeatResponse:
-        return await self._heartbeat(request)
+        response = pb.HeartbeatResponse()
+        await self._heartbeat(request, response)
+        return response
 
     async def HeartbeatStream(
         self,
@@ -206,12 +231,17 @@ class ResourceManagerServicer(pb_grpc.ResourceManagerServiceServicer):
         """Heartbeat, one message at a time on one long-lived call, answered in order. A
         message Heartbeat would refuse ends the stream with that status."""
         async for request in requests:
-            answer = await self._heartbeat(request.heartbeat, "heartbeat.")
-            yield pb.HeartbeatStreamResponse(heartbeat=answer)
+            response = pb.HeartbeatStreamResponse()
+            await self._heartbeat(request.heartbeat, response.heartbeat, "heartbeat.")
+            yield response
 
-    async def _heartbeat(self, request: pb.HeartbeatRequest, at: str = "") -> pb.HeartbeatResponse:
-        """One heartbeat (`at`: where it sits in the request, for the field an error names)."""
-        agent_id = _instance(request.agent_id, f"{at}agent_id")
+    async def _heartbeat(
+        self, request: pb.HeartbeatRequest, out: pb.HeartbeatResponse, at: str = ""
+    ) -> None:
+        """One heartbeat, its answer written into `out` (in place: a copy into the
+        stream's message would cost as much again); `at`: where it sits in the request,
+        for the field an error names."""
+        agent_id = _agent_id(request.agent_id, f"{at}agent_id")
         if request.sequence < 1:
             raise InvalidArgument(f"{at}sequence", "must be >= 1")
         if len(request.engine_conns) > 10_000:
@@ -221,22 +251,27 @@ class ResourceManagerServicer(pb_grpc.ResourceManagerServiceServicer):
             for i, p in enumerate(request.engine_conns)
         ]
         interval = self.hub.settings.agent_heartbeat_interval
-        built: list[pb.HeartbeatResponse] = []  # the answer encoded for storage, kept
+        encoded_here = False
 
         def encode(outcome: HeartbeatOutcome) -> bytes:
-            message = convert.heartbeat_to_pb(outcome, interval)
-            built.append(message)
-            encoded: bytes = message.SerializeToString()
+            # The answer is built once, where it is sent, and its bytes stored as this
+            # sequence's answer (for a resend).
+            nonlocal encoded_here
+            encoded_here = True
+            out.Clear()
+            convert.fill_heartbeat(out, outcome, interval)
+            encoded: bytes = out.SerializeToString()
             return encoded
 
         outcome = await self.hub.heartbeat(
             agent_id, request.sequence, processes, list(request.done_command_ids)[:10_000], encode
         )
-        if built:  # answered now: the message stored as this sequence's answer
-            return built[-1]
+        if encoded_here:  # answered now: `out` holds the answer stored for this sequence
+            return
         if isinstance(outcome, bytes):  # a resend: the previous answer, verbatim
-            return pb.HeartbeatResponse.FromString(outcome)
-        return convert.heartbeat_to_pb(outcome, interval)
+            out.MergeFromString(outcome)
+        else:
+            convert.fill_heartbeat(out, outcome, interval)
 
     async def GetEcm(
         self, request: pb.GetEcmRequest, context: grpc.aio.ServicerContext

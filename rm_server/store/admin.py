@@ -24,13 +24,14 @@ from rm_server.domain.resources import Resource, ResourceError, headroom
 from rm_server.errors import FailedPrecondition, NotFound
 from rm_server.store.codec import (
     TICKET_COLUMNS,
+    at,
     jlabels,
     jres,
     opt_res,
     res,
     ticket_from_row,
 )
-from rm_server.store.db import LIMITS_LOCK_ID, Conn, RetryTransaction, page_filters
+from rm_server.store.db import LIMITS_LOCK_ID, Conn, RetryTransaction, page_filters, page_rows
 from rm_server.store.ecms import node_lists
 from rm_server.store.engineconns import LIVE
 from rm_server.store.notify import notify_freed
@@ -41,9 +42,11 @@ log = logging.getLogger(__name__)
 LABEL_RESOURCE_COLUMNS = (
     "label, source, max_resource, protected, used, locked, live_tickets, updated_at, reserved"
 )
+LABEL_RESOURCE_NAMES = tuple(c.strip() for c in LABEL_RESOURCE_COLUMNS.split(","))
 
 
-def _label_resource(row: tuple[Any, ...]) -> LabelResource:
+def _label_resource(row: Sequence[Any]) -> LabelResource:
+    """A record from its LABEL_RESOURCE_COLUMNS values (as selected, or read as JSON)."""
     label, source, maximum, protected, used, locked, live, updated, reserved = row
     return LabelResource(
         label,
@@ -53,7 +56,7 @@ def _label_resource(row: tuple[Any, ...]) -> LabelResource:
         res(used),
         res(locked),
         live,
-        updated,
+        at(updated),
         opt_res(reserved),
     )
 
@@ -337,12 +340,14 @@ async def list_label_resources(
 ) -> list[LabelResource]:
     """A page of label records in label order after `after`, of one source if set."""
     where, values = page_filters(("label > %s", after), ("source = %s", source))
-    cur = await conn.execute(
+    rows = await page_rows(
+        conn,
         f"SELECT {LABEL_RESOURCE_COLUMNS} FROM label_resource WHERE {where}"  # noqa: S608
         " ORDER BY label LIMIT %s",
         (*values, limit),
+        "label",
     )
-    return [_label_resource(r) for r in await cur.fetchall()]
+    return [_label_resource([r[n] for n in LABEL_RESOURCE_NAMES]) for r in rows]
 
 
 async def check_consistency(conn: Conn) -> ConsistencyReport:

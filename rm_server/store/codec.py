@@ -14,13 +14,36 @@ from rm_server.domain.ledger import LabelAccount, Waiter
 from rm_server.domain.model import Ticket, TicketState
 from rm_server.domain.resources import Resource
 
+# Resources read back from rows, by their stored items: a list page decodes four or five
+# per row, mostly the same few (the sizes engines ask for, zero), and a Resource is
+# immutable. Bounded: emptied when full.
+_RESOURCES: dict[tuple[tuple[str, Any], ...], Resource] = {}
+MAX_RESOURCES_SEEN = 4096
+
 
 def res(value: Any) -> Resource:
-    return Resource.from_dict(value)
+    """A stored resource (Resource.to_dict's form), decoded once per process."""
+    try:
+        key = tuple(value.items())
+        found = _RESOURCES.get(key)
+    except (AttributeError, TypeError):  # not a mapping, or a nested one (special kinds)
+        key, found = (), None
+    if not key:
+        return Resource.from_dict(value)
+    if found is None:
+        found = Resource.from_dict(value)
+        # To a dict, True and 1.0 are the key 1: they would find the resource of a 1,
+        # which from_dict refuses. Stored resources hold neither; the cache must not
+        # change that: only ints and texts are kept.
+        if all(type(v) is int or type(v) is str for _, v in key):
+            if len(_RESOURCES) >= MAX_RESOURCES_SEEN:
+                _RESOURCES.clear()
+            _RESOURCES[key] = found
+    return found
 
 
 def opt_res(value: Any) -> Resource | None:
-    return None if value is None else Resource.from_dict(value)
+    return None if value is None else res(value)
 
 
 def jres(resource: Resource | None) -> Jsonb | None:
@@ -35,7 +58,7 @@ def labels_of(value: Any) -> tuple[Label, ...]:
     return tuple(Label(str(k), str(v)) for k, v in value)
 
 
-def _at(value: Any) -> datetime:
+def at(value: Any) -> datetime:
     """A timestamptz as psycopg gives it, or as PostgreSQL writes it in JSON."""
     if isinstance(value, datetime):
         return value
@@ -43,7 +66,7 @@ def _at(value: Any) -> datetime:
 
 
 def _opt_at(value: Any) -> datetime | None:
-    return None if value is None else _at(value)
+    return None if value is None else at(value)
 
 
 def _json_time(value: datetime | None) -> str | None:
@@ -141,8 +164,8 @@ def ticket_from_json(obj: dict[str, Any]) -> Ticket:
         requested=res(obj["requested"]),
         locked=res(obj["locked"]),
         used=res(obj["used"]) if state is TicketState.USED else None,
-        created_at=_at(obj["created_at"]),
-        updated_at=_at(obj["updated_at"]),
+        created_at=at(obj["created_at"]),
+        updated_at=at(obj["updated_at"]),
         lock_expires_at=_opt_at(obj["lock_expires_at"]),
         engine_conn_id=obj.get("engine_conn_id") or "",
     )

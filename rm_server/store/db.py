@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
@@ -319,3 +319,17 @@ def page_filters(*conditions: tuple[str, Any]) -> tuple[str, list[Any]]:
     parts = [fragment for fragment, value in conditions if value not in ("", None)]
     values = [value for _, value in conditions if value not in ("", None)]
     return " AND ".join(parts) or "true", values
+
+
+async def page_rows(conn: Conn, query: str, params: Sequence[Any], order: str) -> list[Any]:
+    """The rows of a list page (`query`, in the order of its column `order`), each as a
+    JSON object of its columns (timestamps as ISO 8601 text), read as one JSON document:
+    decoding it in one call costs a fraction of what psycopg's decoding of each JSON
+    column of each row apart costs (four or five calls per row of a page of 500)."""
+    cur = await conn.execute(
+        f"SELECT coalesce(json_agg(q ORDER BY q.{order}), '[]') FROM ({query}) q",  # noqa: S608
+        params,
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return list(row[0])

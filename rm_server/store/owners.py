@@ -5,8 +5,8 @@ the transaction that later acts on the object is safe."""
 from __future__ import annotations
 
 from rm_server.domain.model import Ticket
-from rm_server.store.codec import TICKET_COLUMNS, ticket_from_row
-from rm_server.store.db import Conn, page_filters
+from rm_server.store.codec import TICKET_COLUMNS, ticket_from_json
+from rm_server.store.db import Conn, page_filters, page_rows
 
 
 async def _one(conn: Conn, sql: str, *params: str) -> str | None:
@@ -39,9 +39,11 @@ async def list_user_tickets(
         ("charged_labels @> ARRAY[%s]::text[]", label),
         ("state = %s", state),
     )
-    cur = await conn.execute(
+    rows = await page_rows(
+        conn,
         f"SELECT {TICKET_COLUMNS} FROM ticket WHERE user_name = %s AND {where}"  # noqa: S608
         " ORDER BY ticket_id LIMIT %s",
         (user, *values, limit),
+        "ticket_id",
     )
-    return [ticket_from_row(r) for r in await cur.fetchall()]
+    return [ticket_from_json(r) for r in rows]

@@ -77,6 +77,7 @@ from rm_server.store.db import (
     RetryTransaction,
     is_final,
     page_filters,
+    page_rows,
 )
 from rm_server.store.notify import CHANNEL
 
@@ -681,9 +682,11 @@ async def list_tickets(conn: Conn, after: str, limit: int, label: str, state: st
         ("charged_labels @> ARRAY[%s]::text[]", label),
         ("state = %s", state),
     )
-    cur = await conn.execute(
+    rows = await page_rows(
+        conn,
         f"SELECT {TICKET_COLUMNS} FROM ticket WHERE {where}"  # noqa: S608
         " ORDER BY ticket_id LIMIT %s",
         (*values, limit),
+        "ticket_id",
     )
-    return [ticket_from_row(r) for r in await cur.fetchall()]
+    return [ticket_from_json(r) for r in rows]

@@ -10,25 +10,22 @@ import http.client
 import ssl
 import urllib.error
 import urllib.request
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from google.protobuf.duration_pb2 import Duration
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from labelrm.v1 import admin_pb2, resource_pb2
 from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as pb
 
-from labelrm_common import tokens
+from labelrm_common import pki, tokens
 from rm_server.security.limits import RATE_LIMITED, TOO_MANY_AUTH_FAILURES, TOO_MANY_STREAMS
-from tests.conftest import wait_until
-from tests.helpers import GiB, beat_on_stream, lbl, load_instance, register
+from tests.helpers import GiB, beat_on_stream, lbl, load_instance, register, wait_until
 from tests.integration.security_fixtures import Pki, make_pki, start_secure, stop_secure
 from tests.integration.test_security import reason_of
 
@@ -43,33 +40,11 @@ def keys(tmp_path_factory) -> Pki:
 def host_certificate(keys: Pki, name: str) -> tuple[str, str]:
     """A certificate the client CA signed for a host, as an operator's CA would: CN and
     DNS name `name`, and no labelrm:// identity."""
-    ca_key = serialization.load_pem_private_key(
-        Path(keys.path("ca", "key")).read_bytes(), password=None
-    )
-    ca_cert = x509.load_pem_x509_certificate(Path(keys.ca).read_bytes())
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.now(UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(minutes=5))
-        .not_valid_after(now + timedelta(hours=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
-    )
+    ca = pki.Issued(Path(keys.ca).read_bytes(), Path(keys.path("ca", "key")).read_bytes())
+    host = pki.sign(ca, name, [x509.DNSName(name)], [], valid_for=timedelta(hours=1))
     crt, pem_key = keys.path(f"host-{name}", "crt"), keys.path(f"host-{name}", "key")
-    Path(crt).write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    Path(pem_key).write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
+    Path(crt).write_bytes(host.cert_pem)
+    Path(pem_key).write_bytes(host.key_pem)
     return crt, pem_key
 
 
@@ -107,11 +82,11 @@ async def test_token_guessing_never_locks_out_valid_tokens(database_url, keys):
 # ----- a revoked token ends the streams it opened ----------------------------------------------------
 
 
-def launch_on_agent1(srm, request_id: str) -> asyncio.Future:
+def launch_on_agent1(srm: Any, request_id: str) -> asyncio.Future[Any]:
     """alice's CreateEngineConn on agent1, in the background: it queues a launch command
     (with the EngineConn's secret and key) for agent1's command stream."""
     alice = srm.stubs(srm.channel("alice"))
-    return asyncio.ensure_future(
+    launched: asyncio.Future[Any] = asyncio.ensure_future(
         alice.ecs.CreateEngineConn(
             ec_pb.CreateEngineConnRequest(
                 request_id=request_id,
@@ -121,9 +96,10 @@ def launch_on_agent1(srm, request_id: str) -> asyncio.Future:
             timeout=30,
         )
     )
+    return launched
 
 
-async def open_command_stream(srm, agent) -> tuple[object, asyncio.Future]:
+async def open_command_stream(srm: Any, agent: Any) -> tuple[Any, asyncio.Future[Any]]:
     """agent1's StreamAgentCommands, shown open (admitted) by a first launch it delivers."""
     await agent.rm.RegisterEcm(register("agent1", load_instance(8 * GiB, 8000, 8)))
     commands = agent.ecs.StreamAgentCommands(
@@ -336,9 +312,9 @@ async def test_one_users_flood_is_rate_limited_without_starving_others(database_
         for _ in range(20):
             try:
                 await bob.rm.GetLabelResource(request, timeout=10)
-            except grpc.aio.AioRpcError as err:
-                assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-                assert reason_of(err) == RATE_LIMITED and "call_rate" in (err.details() or "")
+            except grpc.aio.AioRpcError as exc:
+                assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert reason_of(exc) == RATE_LIMITED and "call_rate" in (exc.details() or "")
                 refused += 1
         assert refused >= 14  # a burst of 5, then about one call in ten seconds
         # Every kind of user RPC counts, not only Apply: bob's other calls are refused too.
