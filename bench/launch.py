@@ -215,6 +215,25 @@ def _cpu_seconds(pids: list[int]) -> float:
     return total
 
 
+async def wait_registered(rm: Any, instance: str, within: float = 60.0) -> None:
+    """Until the agent `instance` has registered and heartbeated (SystemExit after
+    `within` seconds); `rm` is a ResourceManagerServiceStub on an aio channel."""
+    import grpc
+    from labelrm.v1 import resource_manager_pb2 as rm_pb
+
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            ecm = (await rm.GetEcm(rm_pb.GetEcmRequest(instance=instance))).ecm
+            if ecm.state == rm_pb.ECM_STATE_RUNNING and ecm.HasField("last_heartbeat_time"):
+                return
+        except grpc.aio.AioRpcError:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the agent did not register within {within:g} s")
+        await asyncio.sleep(0.2)
+
+
 async def launches(
     target: str,
     user: str,
@@ -233,7 +252,6 @@ async def launches(
     from google.protobuf.duration_pb2 import Duration
     from labelrm.v1 import engine_conn_pb2 as ec_pb
     from labelrm.v1 import engine_conn_pb2_grpc, resource_manager_pb2_grpc, resource_pb2
-    from labelrm.v1 import resource_manager_pb2 as rm_pb
 
     labels = [
         resource_pb2.Label(key="userCreator", value=f"{user}-IDE"),
@@ -242,17 +260,7 @@ async def launches(
     async with grpc.aio.insecure_channel(target) as ch:
         ecs = engine_conn_pb2_grpc.EngineConnServiceStub(ch)
         rm = resource_manager_pb2_grpc.ResourceManagerServiceStub(ch)
-        deadline = time.monotonic() + 60
-        while True:  # the agent is up when it has registered and heartbeated
-            try:
-                ecm = (await rm.GetEcm(rm_pb.GetEcmRequest(instance="bench-agent"))).ecm
-                if ecm.state == rm_pb.ECM_STATE_RUNNING and ecm.HasField("last_heartbeat_time"):
-                    break
-            except grpc.aio.AioRpcError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit("the agent did not register within 60 s")
-            await asyncio.sleep(0.2)
+        await wait_registered(rm, "bench-agent")
 
         live_states = {
             ec_pb.ENGINE_CONN_STATE_STARTING,
