@@ -146,7 +146,7 @@ class RMServer:
         self.metrics.attach(self.core.capacity)
         self.metrics.attach_external(external)
         await self.core.replicas.join()
-        # Each background job runs on the one replica that holds its lease (background.py).
+        # Each background job runs on the one replica that holds its lease (app/background.py).
         lease = Lease(
             self._db,
             self.core.replica_id,
