@@ -35,7 +35,7 @@ TEST_ENV := $(if $(LABELRM_TEST_DATABASE_URL),env LABELRM_TEST_DATABASE_URL='$(L
 
 TYPED := labelrm_common rm_server clients ecm_agent engineconn bench
 
-.PHONY: ha-up ha-down ha-status help venv run docs test test-setup test-all-dbs format lint typecheck protos protos-check bench bench-native clean distclean
+.PHONY: ha-up ha-down ha-status help venv run docs test test-setup test-all-dbs format lint typecheck protos protos-check sync-client bench bench-native clean distclean
 
 help: ## list the targets
 	@echo "labelrm make targets:"
@@ -78,9 +78,10 @@ format: $(STAMP) ## ruff format + ruff check --fix
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-lint: $(STAMP) ## ruff check + ruff format --check + import layering (lint-imports) + buf lint (protos)
+lint: $(STAMP) ## ruff check + ruff format --check + import layering (lint-imports) + buf lint (protos) + generated sync client up to date
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(PY) scripts/gen_sync_client.py --check
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/buf lint protos
 
@@ -93,6 +94,9 @@ docs: $(STAMP) ## regenerate the settings tables of docs/configuration.md from t
 protos: $(STAMP) ## regenerate protos/labelrm/v1/*_pb2*.py(i) from the .proto files, then buf lint
 	$(PY) scripts/gen_protos.py
 	$(BIN)/buf lint protos
+
+sync-client: $(STAMP) ## regenerate the SDK's blocking client (clients/_sync_*.py) from the async one (clients/_aio_*.py)
+	$(PY) scripts/gen_sync_client.py
 
 protos-check: $(STAMP) ## regenerate into the tree; fail (and show the diff) if protos/ differs from git HEAD
 	bash scripts/ci_check_drift.sh

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 
 from labelrm.v1 import resource_pb2
 
-from clients._engineconn import ExecItem, ExecOutput, ExecResult, ec_state
+from clients._engineconn import AskResult, ExecItem, ExecOutput, ExecResult, ec_state
 from clients._errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -42,6 +42,7 @@ from clients._errors import (
 from clients._impl import AsyncRMClient, LabelsLike, RMClient, parse_labels, to_labels
 
 __all__ = [
+    "AskResult",
     "AsyncRMClient",
     "DeadlineExceeded",
     "ExecItem",

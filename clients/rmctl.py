@@ -8,8 +8,9 @@ without screen control codes; with `-o json`, one JSON line per object that was 
 modified or deleted). Global options may also follow the subcommand. Ticket ids may be
 abbreviated to a unique prefix.
 
-Exit codes: 0 ok, 1 error (or an inconsistent `check`), 2 usage. An error is one line
-on stderr: the status code, the reason and the message (a refusal's message names the
+Exit codes: 0 ok, 1 error (or an inconsistent `check`), 2 usage, 127 `rmctl dev` without
+rm-server installed (otherwise rmctl becomes rm-server and exits as it does). An error is one
+line on stderr: the status code, the reason and the message (a refusal's message names the
 shortfall per label and dimension).
 """
 
@@ -50,6 +51,7 @@ from clients._output import (
 )
 from clients.rmctl_demand import add_demand_commands
 from clients.rmctl_describe import add_describe_commands
+from clients.rmctl_dev import exec_rm_server_dev
 from clients.rmctl_engineconn import add_engineconn_commands
 from clients.rmctl_node import add_node_commands
 from clients.rmctl_provider import add_provider_commands
@@ -144,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     c = cmds.add_parser(
         "dev",
         help="start an RM on the embedded database plus one local agent (foreground)",
-        description="Same as `rm-server --dev ARGS` (for example --data-dir, --listen).",
+        description="Runs the installed `rm-server --dev ARGS` (for example --data-dir,"
+        " --listen); exit code 127 when rm-server is not installed.",
     )
     c.set_defaults(func=None)  # handled in main(): argparse cannot pass options through
 
@@ -536,10 +539,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     at = _command_index(words)
     if at is not None and words[at] == "dev" and not {"-h", "--help"} & set(words):
-        # rm-server is part of the same distribution; the RM runs in this process.
-        from rm_server.main import main as rm_server_main
-
-        return rm_server_main(["--dev", *words[at + 1 :]])
+        return exec_rm_server_dev(words[at + 1 :])  # rm-server's own process from here on
     parser = build_parser()
     if words[:1] == ["__complete"] and len(words) > 2 and words[1].isdigit():
         print("\n".join(candidates(parser, words[2:], int(words[1]))))

@@ -1,30 +1,25 @@
 """`rmctl demand submit|list|show|cancel|claim`: time-aware demands (docs/demands.md).
 
 Wired into rmctl by one call in ``build_parser``: ``add_demand_commands(cmds)``. The
-commands have rmctl's signature ``(client, args, out) -> exit code`` and reuse the
-client's channel, deadline, retries and error decoding.
+commands have rmctl's signature ``(client, args, out) -> exit code`` and call the SDK's
+demand methods (submit_demand, list_demands, get_demand, cancel_demand, claim_demand).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import uuid
 from typing import Any, TextIO
 
-from labelrm.v1 import demand_pb2, demand_pb2_grpc
+from labelrm.v1 import demand_pb2
 
 from clients import load, load_instance
 from clients._filters import add_selector, matches
 from clients._format import fmt_labels, fmt_resource, fmt_time, opt, print_details, print_table
 from clients._format import to_json as _to_json
 from clients._impl import RMClient
+from clients._requests import DEMAND_STATES as STATES
 
-STATES = {
-    name.removeprefix("DEMAND_STATE_").lower(): value
-    for name, value in demand_pb2.DemandState.items()
-    if value != demand_pb2.DEMAND_STATE_UNSPECIFIED
-}
 _STATE_NAMES = {v: k.upper() for k, v in STATES.items()}
 
 EXAMPLE = "{DemandID: 1234, OrderBy: 1200, Duration: {Time: [NOW, +20m], Strategy: loose}}"
@@ -91,11 +86,6 @@ def add_demand_commands(cmds: Any) -> None:
     c.add_argument("demand_id", metavar="ID")
     c.add_argument("--user", default="", help="whose demand (ids are per user; admins only)")
     c.set_defaults(func=cmd_demand_claim)
-
-
-def _stub(client: RMClient) -> Any:
-    # The client owns the channel, deadline and retry policy; demands ride on the same.
-    return demand_pb2_grpc.DemandServiceStub(client._channel)
 
 
 def _state(value: int) -> str:
@@ -177,12 +167,7 @@ def cmd_demand_submit(client: RMClient, args: argparse.Namespace, out: TextIO) -
         resource = load(args.memory, args.cpu)
     else:
         resource = load_instance(args.memory, args.cpu, args.instances)
-    req = demand_pb2.SubmitDemandRequest(
-        demand_id=args.demand_id, user=args.user, labels=args.labels, resource=resource
-    )
-    if text.strip():
-        req.time_conditions_text = text
-    resp = client._call(_stub(client).SubmitDemand, req)
+    resp = client.submit_demand(args.demand_id, args.labels, resource, text, args.user)
     if args.output == "json":
         print(_to_json(resp), file=out)
         return 0
@@ -194,13 +179,9 @@ def cmd_demand_submit(client: RMClient, args: argparse.Namespace, out: TextIO) -
 
 def cmd_demand_list(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     """`rmctl demand list [--state S] [--user U] [-l k=v,...]`."""
-    req = demand_pb2.ListDemandsRequest(
-        state=STATES[args.state] if args.state else demand_pb2.DEMAND_STATE_UNSPECIFIED,
-        user=args.user,
-    )
     demands = [
         d
-        for d in client._pages(_stub(client).ListDemands, req, "demands")
+        for d in client.list_demands(state=args.state, user=args.user)
         if matches(d.labels, args.selector)
     ]
     if args.output == "json":
@@ -213,14 +194,11 @@ def cmd_demand_list(client: RMClient, args: argparse.Namespace, out: TextIO) -> 
 
 def cmd_demand_show(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     """`rmctl demand show ID`: the demand and every transition with its time and reason."""
-    d = client._call(
-        _stub(client).GetDemand,
-        demand_pb2.GetDemandRequest(demand_id=args.demand_id, user=args.user),
-    )
+    d = client.get_demand(args.demand_id, args.user)
     if args.output == "json":
-        print(_to_json(d.demand), file=out)
+        print(_to_json(d), file=out)
         return 0
-    _print_demand(d.demand, out)
+    _print_demand(d, out)
     return 0
 
 
@@ -229,9 +207,7 @@ def show_demand_details(
 ) -> Any:
     """Print a demand's fields (JSON for ``-o json``), without its transitions (`rmctl
     describe demand` prints them as Events); returns the Demand."""
-    d = client._call(
-        _stub(client).GetDemand, demand_pb2.GetDemandRequest(demand_id=demand_id, user=user)
-    ).demand
+    d = client.get_demand(demand_id, user)
     if output == "json":
         print(_to_json(d), file=out)
     else:
@@ -241,28 +217,17 @@ def show_demand_details(
 
 def cmd_demand_cancel(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     """`rmctl demand cancel ID [--reason TEXT]`."""
-    req = demand_pb2.CancelDemandRequest(
-        request_id=str(uuid.uuid4()),
-        demand_id=args.demand_id,
-        reason=args.reason,
-        user=args.user,
-    )
-    resp = client._call(_stub(client).CancelDemand, req)
+    d = client.cancel_demand(args.demand_id, args.reason, args.user)
     if args.output == "json":
-        print(_to_json(resp.demand), file=out)
+        print(_to_json(d), file=out)
     else:
-        print(
-            f"{resp.demand.demand_id} {_state(resp.demand.state)}: {resp.demand.reason}", file=out
-        )
+        print(f"{d.demand_id} {_state(d.state)}: {d.reason}", file=out)
     return 0
 
 
 def cmd_demand_claim(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     """`rmctl demand claim ID`: the demand moves to MONITORING; prints its ticket."""
-    req = demand_pb2.ClaimDemandRequest(
-        request_id=str(uuid.uuid4()), demand_id=args.demand_id, user=args.user
-    )
-    resp = client._call(_stub(client).ClaimDemand, req)
+    resp = client.claim_demand(args.demand_id, args.user)
     if args.output == "json":
         print(_to_json(resp), file=out)
     else:

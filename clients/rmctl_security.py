@@ -41,7 +41,7 @@ def client_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def add_local_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """`pki` and `token`: they work on local files and set `local_func`."""
-    from rm_server.security import pki, tokens
+    from labelrm_common import pki, tokens
 
     pki.add_parser(commands)
     tokens.add_parser(commands)

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any, TextIO
 
-from labelrm.v1 import demand_pb2, demand_pb2_grpc
+from labelrm.v1 import demand_pb2
 
 from clients._engineconn import LIVE_EC_STATES, ec_state_name, ecm_state_name
 from clients._filters import fmt_age
@@ -92,8 +92,7 @@ def cmd_status(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
         for ec in client.list_engine_conns(state=ec_state_name(st).lower())
     ]
     records = list(client.list_label_resources())
-    stub = demand_pb2_grpc.DemandServiceStub(client._channel)
-    demands = list(client._pages(stub.ListDemands, demand_pb2.ListDemandsRequest(), "demands"))
+    demands = list(client.list_demands())
     if args.output == "json":
         print(to_json(info), file=out)
         return 0

@@ -1,6 +1,7 @@
 """EngineConns, ECM records with liveness, and agent commands.
 
-EngineConn lifecycle (SPEC §5; LOST when it or its ECM falls silent):
+EngineConn lifecycle (after the Apache Linkis EngineConn node states; LOST when it or
+its ECM falls silent):
 
     STARTING ──first IDLE report──> IDLE <──> BUSY
        │                              │        │

@@ -9,8 +9,8 @@ import getpass
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from labelrm_common import pki, tokens
 from rm_server.config import Settings
-from rm_server.security import pki, tokens
 
 DEV_AGENT = "local-agent"
 DEV_ADMIN_NOTE = "rm-server --dev-tls"

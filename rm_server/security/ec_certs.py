@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
-from rm_server.security import pki
+from labelrm_common import pki
 
 CA_FILE = "labelrm-rm-ca.crt"
 CERT_FILE = "labelrm-engineconn.crt"

@@ -17,7 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-URI_SCHEME = "labelrm://"
+from labelrm_common.pki import URI_SCHEME
+from labelrm_common.roles import Role
 
 
 class Kind(StrEnum):
@@ -25,16 +26,6 @@ class Kind(StrEnum):
     AGENT = "agent"
     ENGINECONN = "engineconn"
     ANONYMOUS = "anonymous"
-
-
-class Role(StrEnum):
-    USER = "user"
-    ADMIN = "admin"
-    AGENT = "agent"
-    ENGINECONN = "engineconn"  # only ever from an EngineConn certificate
-
-
-TOKEN_ROLES = frozenset({Role.USER, Role.ADMIN, Role.AGENT})
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
+from labelrm_common.roles import Role
 from rm_server.domain.labels import (
     DEFAULT_RULES,
     MAX_LABELS,
@@ -46,7 +47,7 @@ from rm_server.domain.labels import (
     user_rule_keys,
 )
 from rm_server.errors import PermissionDenied, Unauthenticated
-from rm_server.security.identity import Kind, Principal, Role
+from rm_server.security.identity import Kind, Principal
 
 RM = "labelrm.v1.ResourceManagerService/"
 ADMIN = "labelrm.v1.AdminService/"

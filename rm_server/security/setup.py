@@ -28,14 +28,16 @@ from pathlib import Path
 
 import grpc
 
+from labelrm_common import pki
+from labelrm_common.roles import Role
+from labelrm_common.tokens import TokenFileError
 from rm_server.config import Settings
 from rm_server.domain.labels import parse_rules
-from rm_server.security import pki
 from rm_server.security.ec_certs import EcCredentials, EngineConnIssuer
-from rm_server.security.identity import Role, bearer_token
+from rm_server.security.identity import bearer_token
 from rm_server.security.interceptor import AuthInterceptor, DbOwners
 from rm_server.security.limits import Limits, LimitSettings
-from rm_server.security.tokens import TokenFile, TokenFileError
+from rm_server.security.tokens import TokenFile
 from rm_server.store.db import Database
 
 log = logging.getLogger(__name__)

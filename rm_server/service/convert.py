@@ -13,6 +13,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 from labelrm.v1 import admin_pb2, engine_conn_pb2, external_pb2, resource_manager_pb2, resource_pb2
 
+from labelrm_common.durations import duration
 from rm_server.domain.engineconn import (
     AgentCommand,
     CommandKind,
@@ -465,10 +466,10 @@ def command_to_pb(cmd: AgentCommand) -> engine_conn_pb2.AgentCommand:
             )
         )
     elif cmd.kind is CommandKind.KILL:
-        grace = Duration()
-        grace.FromNanoseconds(int(cmd.grace_seconds * 1e9))
         out.kill.CopyFrom(
-            engine_conn_pb2.KillCommand(engine_conn_id=cmd.ec_id, reason=cmd.reason, grace=grace)
+            engine_conn_pb2.KillCommand(
+                engine_conn_id=cmd.ec_id, reason=cmd.reason, grace=duration(cmd.grace_seconds)
+            )
         )
     else:
         out.cleanup.CopyFrom(engine_conn_pb2.CleanupCommand(engine_conn_id=cmd.ec_id))
@@ -495,12 +496,10 @@ def process_from_pb(msg: engine_conn_pb2.EngineConnProcess, field: str) -> Proce
 def heartbeat_to_pb(
     outcome: HeartbeatOutcome, interval: float
 ) -> resource_manager_pb2.HeartbeatResponse:
-    every = Duration()
-    every.FromNanoseconds(int(interval * 1e9))
     return resource_manager_pb2.HeartbeatResponse(
         action=_ACTIONS[outcome.action],
         commands=[command_to_pb(c) for c in outcome.commands],
-        heartbeat_interval=every,
+        heartbeat_interval=duration(interval),
         sequence=outcome.sequence,
         reason=outcome.reason,
     )
@@ -519,12 +518,6 @@ def ecm_status_to_pb(s: EcmStatus) -> resource_manager_pb2.Ecm:
         live_engine_conns=s.live_engine_conns,
         left_resource=resource_to_pb(s.left) if s.left is not None else None,
     )
-
-
-def duration_of(seconds: float) -> Duration:
-    out = Duration()
-    out.FromNanoseconds(int(seconds * 1e9))
-    return out
 
 
 def provider_from_pb(msg: external_pb2.ExternalProvider, field: str = "provider") -> ProviderConfig:

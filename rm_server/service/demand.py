@@ -14,6 +14,7 @@ from google.protobuf.duration_pb2 import Duration
 from labelrm.v1 import demand_pb2 as pb
 from labelrm.v1 import demand_pb2_grpc as pb_grpc
 
+from labelrm_common.durations import duration
 from rm_server.app.demands import Claimed, DemandManager
 from rm_server.domain.demands import codec
 from rm_server.domain.demands.model import Demand, DemandSpec
@@ -216,12 +217,6 @@ def spec_from_pb(request: pb.SubmitDemandRequest) -> DemandSpec:
 # ----- domain -> protobuf ---------------------------------------------------------------------
 
 
-def _duration(seconds: float) -> Duration:
-    out = Duration()
-    out.FromNanoseconds(round(seconds * 1e9))
-    return out
-
-
 def _point_to_pb(p: End | None) -> pb.TimePoint | None:
     if p is None:
         return None
@@ -230,7 +225,7 @@ def _point_to_pb(p: End | None) -> pb.TimePoint | None:
     if isinstance(p, Absolute):
         return pb.TimePoint(absolute=convert.ts(p.at))
     if isinstance(p, Relative):
-        return pb.TimePoint(relative=_duration(p.seconds))
+        return pb.TimePoint(relative=duration(p.seconds))
     return pb.TimePoint(rounds=p.count)
 
 
@@ -271,7 +266,7 @@ def conditions_to_pb(c: Conditions) -> pb.TimeConditions:
     if c.duration is not None:
         out.duration.CopyFrom(
             pb.DurationCondition(
-                duration=_duration(c.duration.seconds), strategy=_STRATEGIES[c.duration.strategy]
+                duration=duration(c.duration.seconds), strategy=_STRATEGIES[c.duration.strategy]
             )
         )
     if c.deadline is not None:
@@ -301,7 +296,7 @@ def demand_to_pb(d: Demand) -> pb.Demand:
         planned_start_time=convert.ts(d.planned_start),
         plan_start_time=convert.ts(d.plan_start),
         plan_end_time=convert.ts(d.plan_end),
-        slip=_duration(d.slip.total_seconds()),
+        slip=duration(d.slip.total_seconds()),
         passed_over_rounds=d.rounds,
         ticket_id=d.ticket_id or "",
         allocate_time=convert.ts(d.allocated_at),

@@ -9,6 +9,7 @@ import grpc
 from labelrm.v1 import engine_conn_pb2 as pb
 from labelrm.v1 import engine_conn_pb2_grpc as pb_grpc
 
+from labelrm_common.durations import duration
 from rm_server.app.agents import AgentHub
 from rm_server.app.engineconns import CreateRequest, EngineConnManager
 from rm_server.domain.engineconn import EcState
@@ -138,5 +139,5 @@ class EngineConnServicer(pb_grpc.EngineConnServiceServicer):
         shutdown = await self.hub.report_state(
             ec_id, state, request.address, used, request.reason[:2000]
         )
-        interval = convert.duration_of(self.ecs.settings.ec_heartbeat_interval)
+        interval = duration(self.ecs.settings.ec_heartbeat_interval)
         return pb.ReportEngineConnStateResponse(shutdown=shutdown, heartbeat_interval=interval)

@@ -20,7 +20,7 @@ from labelrm.v1 import (
 )
 
 from clients._channel import ChannelSecurity, aio_channel
-from rm_server.security import pki, tokens
+from labelrm_common import pki, tokens
 from tests.conftest import (
     ENGINECONN_TEST_SETTINGS,
     InProcessRM,

@@ -26,8 +26,8 @@ from labelrm.v1 import demand_pb2 as demand_pb
 from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as pb
 
+from labelrm_common import tokens
 from rm_server.config import Settings
-from rm_server.security import tokens
 from rm_server.security.setup import SecurityConfigError, build_security
 from rm_server.service import convert
 from tests.conftest import wait_until

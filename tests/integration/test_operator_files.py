@@ -12,7 +12,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from rm_server.security.tokens import parse_tokens
+from labelrm_common.tokens import parse_tokens
 from tests.conftest import ROOT, shared_tmp
 
 

@@ -25,7 +25,7 @@ from labelrm.v1 import admin_pb2, resource_pb2
 from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as pb
 
-from rm_server.security import tokens
+from labelrm_common import tokens
 from rm_server.security.limits import RATE_LIMITED, TOO_MANY_AUTH_FAILURES, TOO_MANY_STREAMS
 from tests.conftest import wait_until
 from tests.helpers import GiB, beat_on_stream, lbl, load_instance, register

@@ -12,12 +12,12 @@ from google.rpc import status_pb2
 from labelrm.v1 import resource_manager_pb2 as pb
 from prometheus_client import CollectorRegistry
 
+from labelrm_common.roles import Role
+from labelrm_common.tokens import TokenEntry
 from rm_server.errors import NotFound, ResourceExhausted
 from rm_server.observability.metrics import Metrics
-from rm_server.security.identity import Role
 from rm_server.security.interceptor import AuthInterceptor
 from rm_server.security.limits import Limits, LimitSettings
-from rm_server.security.tokens import TokenEntry
 from rm_server.service.errors import reason_of
 from rm_server.service.interceptor import STATUS_DETAILS_KEY, Interceptor
 

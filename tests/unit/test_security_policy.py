@@ -11,6 +11,7 @@ from labelrm.v1 import (
     resource_pb2,
 )
 
+from labelrm_common.roles import Role
 from rm_server.errors import PermissionDenied, Unauthenticated
 from rm_server.security import policy
 from rm_server.security.identity import (
@@ -18,7 +19,6 @@ from rm_server.security.identity import (
     DEV_ADMIN,
     Kind,
     Principal,
-    Role,
     from_token_entry,
 )
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
+from labelrm_common import pki
 from rm_server.config import Settings, load_config
-from rm_server.security import pki
 from rm_server.security.ec_certs import EngineConnIssuer
 from rm_server.security.setup import SecurityConfigError, build_security, is_loopback
 

@@ -8,16 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from rm_server.security import tokens
+from labelrm_common import tokens
+from labelrm_common.roles import Role
 from rm_server.security.identity import (
     BadCredentials,
     Kind,
-    Role,
     bearer_token,
     from_auth_context,
     from_token_entry,
     peer_host,
 )
+from rm_server.security.tokens import TokenFile
 
 
 @pytest.mark.parametrize("name", ["tokens.toml", "tokens.json"])
@@ -30,7 +31,7 @@ def test_add_lookup_revoke(tmp_path, name):
     assert alice not in text and root not in text  # only hashes are stored
     assert tokens.hash_token(alice) in text
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    table = tokens.TokenFile(path)
+    table = TokenFile(path)
     entry = table.lookup(alice)
     assert entry is not None and entry.user == "alice" and entry.roles == {Role.USER}
     assert entry.note == "laptop"
@@ -51,14 +52,14 @@ def test_revoke_by_hash_prefix(tmp_path):
     with pytest.raises(ValueError, match="at least 8"):
         tokens.revoke(path, prefix="abc")
     assert tokens.revoke(path, prefix=prefix) == 1
-    assert len(tokens.TokenFile(path)) == 0
+    assert len(TokenFile(path)) == 0
 
 
 @pytest.mark.parametrize("damage", ["unparsable", "deleted", "group-writable"])
 def test_a_broken_file_fails_closed(tmp_path, damage):
     path = tmp_path / "t.toml"
     token = tokens.add_token(path, "bob", ["user"])
-    table = tokens.TokenFile(path, check_interval=0)
+    table = TokenFile(path, check_interval=0)
     key, _ = table.find(token)
     if damage == "unparsable":
         path.write_text("this is [ not toml")
@@ -70,7 +71,7 @@ def test_a_broken_file_fails_closed(tmp_path, damage):
     assert table.lookup(token) is None
     assert table.current(key) is None
     with pytest.raises(tokens.TokenFileError):
-        tokens.TokenFile(path)  # at start-up a broken file stops the RM
+        TokenFile(path)  # at start-up a broken file stops the RM
 
 
 @pytest.mark.parametrize("mode", [0o602, 0o620, 0o666])
@@ -79,9 +80,9 @@ def test_a_token_file_others_can_write_is_refused_at_start(tmp_path, mode):
     tokens.add_token(path, "bob", ["user"])
     path.chmod(mode)
     with pytest.raises(tokens.TokenFileError, match="writable by group or others"):
-        tokens.TokenFile(path)
+        TokenFile(path)
     path.chmod(0o640)  # readable by the group is fine: it holds hashes only
-    assert len(tokens.TokenFile(path)) == 1
+    assert len(TokenFile(path)) == 1
 
 
 def test_a_token_file_of_another_user_is_refused_at_start(tmp_path):
@@ -92,7 +93,7 @@ def test_a_token_file_of_another_user_is_refused_at_start(tmp_path):
     else:
         path = Path("/etc/passwd")  # root's, and we are not root
     with pytest.raises(tokens.TokenFileError, match="not to the RM's user"):
-        tokens.TokenFile(path)
+        TokenFile(path)
 
 
 @pytest.mark.parametrize(
@@ -116,7 +117,7 @@ def test_token_cli_prints_the_token_once(tmp_path, capsys):
     path = tmp_path / "t.toml"
     assert tokens.main(["token", "add", "--file", str(path), "--user", "carol"]) == 0
     token = capsys.readouterr().out.splitlines()[0]
-    assert tokens.TokenFile(path).lookup(token).user == "carol"
+    assert TokenFile(path).lookup(token).user == "carol"
     assert tokens.main(["token", "list", "--file", str(path)]) == 0
     listed = capsys.readouterr().out
     assert "carol" in listed and token not in listed

@@ -2,12 +2,14 @@
 certificates of the RM (server), agents, EngineConns and users.
 
 Every certificate names its holder twice: ``CN=<name>`` and the URI SAN
-``labelrm://<kind>/<name>``. The RM takes the kind from the URI (see identity.py), so
-an EngineConn certificate can never pass for an agent's even when one CA issues both.
-Server certificates also carry the DNS names and IP addresses clients dial.
+``labelrm://<kind>/<name>``. The RM takes the kind from the URI
+(rm_server/security/identity.py), so an EngineConn certificate can never pass for an
+agent's even when one CA issues both. Server certificates also carry the DNS names and
+IP addresses clients dial.
 
-`rmctl pki` is the command line (``init``, ``issue``, ``dev``); the RM itself uses
-`issue` to give each EngineConn a short-lived certificate (engineconns.py).
+`rmctl pki` is the command line (``init``, ``issue``, ``dev``) and needs no RM; the RM
+itself uses `issue` to give each EngineConn a short-lived certificate
+(rm_server/security/ec_certs.py).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from rm_server.security.files import replace_file
+from labelrm_common.files import replace_file
 
 KINDS = ("server", "agent", "engineconn", "user")
 URI_SCHEME = "labelrm://"
@@ -160,6 +162,7 @@ def write_private(path: Path, data: bytes) -> None:
 
 
 def load_ca(directory: Path) -> Issued:
+    """The CA `rmctl pki init` wrote into `directory` (ca.crt, ca.key)."""
     return Issued((directory / "ca.crt").read_bytes(), (directory / "ca.key").read_bytes())
 
 
@@ -169,6 +172,7 @@ def file_stem(kind: str, name: str) -> str:
 
 
 def save(directory: Path, stem: str, issued: Issued) -> tuple[Path, Path]:
+    """Write `stem`.crt (world-readable) and `stem`.key (owner only) into `directory`."""
     cert, key = directory / f"{stem}.crt", directory / f"{stem}.key"
     replace_file(cert, issued.cert_pem, 0o644)
     write_private(key, issued.key_pem)
@@ -249,7 +253,7 @@ def dev_pki(directory: Path, agent_id: str, days: float) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m rm_server.security.pki ...` (same as `rmctl pki ...`)."""
+    """`python -m labelrm_common.pki ...` (same as `rmctl pki ...`)."""
     parser = argparse.ArgumentParser(prog="labelrm-pki")
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)

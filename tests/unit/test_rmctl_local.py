@@ -1,0 +1,87 @@
+"""rmctl without the server: `pki` and `token` work on local files with rm_server not
+importable, and `dev` runs the installed rm-server program (or says it is missing)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from clients import rmctl_dev
+from clients.rmctl import main
+from tests.conftest import ROOT
+
+
+def test_pki_and_token_run_without_the_server_installed(tmp_path):
+    # `sys.modules[name] = None` makes every import of rm_server fail, as on a host where
+    # only the CLI is installed.
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.modules["rm_server"] = None
+        from clients.rmctl import main
+        assert main(["pki", "dev", "--dir", {str(tmp_path / "pki")!r}, "--agent-id", "a1"]) == 0
+        assert main(["token", "add", "--file", {str(tmp_path / "t.toml")!r}, "--user", "u"]) == 0
+        assert main(["token", "list", "--file", {str(tmp_path / "t.toml")!r}]) == 0
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "pki" / "agent-a1.crt").exists()
+    assert "token for u added" in done.stdout
+
+
+def _no_rm_server(monkeypatch, tmp_path: Path) -> None:
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    monkeypatch.setattr(rmctl_dev.sysconfig, "get_path", lambda name: str(empty))
+    monkeypatch.setenv("PATH", str(empty))
+
+
+def test_dev_without_rm_server_is_one_line_and_exit_127(monkeypatch, tmp_path, capsys):
+    _no_rm_server(monkeypatch, tmp_path)
+    assert main(["dev", "--data-dir", str(tmp_path / "data")]) == rmctl_dev.NOT_INSTALLED == 127
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1 and "rm-server" in err and "not installed" in err
+
+
+class _Exec(Exception):
+    pass
+
+
+def test_dev_execs_the_installed_rm_server_with_the_same_arguments(monkeypatch, tmp_path):
+    _no_rm_server(monkeypatch, tmp_path)
+    on_path = tmp_path / "bin"
+    on_path.mkdir()
+    program = on_path / "rm-server"
+    program.write_text("#!/bin/sh\n")
+    program.chmod(0o755)
+    monkeypatch.setenv("PATH", str(on_path))
+    calls: list[tuple[str, list[str]]] = []
+
+    def fake_execv(path: str, argv: list[str]) -> None:
+        calls.append((path, argv))
+        raise _Exec
+
+    monkeypatch.setattr(rmctl_dev.os, "execv", fake_execv)
+    with pytest.raises(_Exec):
+        main(["--rm", "h:1", "dev", "--data-dir", "d", "--listen", "127.0.0.1:0"])
+    assert calls == [
+        (str(program), ["rm-server", "--dev", "--data-dir", "d", "--listen", "127.0.0.1:0"])
+    ]
+
+
+def test_dev_prefers_the_rm_server_beside_rmctl(monkeypatch, tmp_path):
+    beside = tmp_path / "scripts"
+    beside.mkdir()
+    program = beside / "rm-server"
+    program.write_text("#!/bin/sh\n")
+    program.chmod(0o755)
+    monkeypatch.setattr(rmctl_dev.sysconfig, "get_path", lambda name: str(beside))
+    assert rmctl_dev.find_rm_server() == str(program)
