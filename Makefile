@@ -88,7 +88,7 @@ lint: $(STAMP) ## ruff check + ruff format --check + import layering (lint-impor
 typecheck: $(STAMP) ## mypy (strict) on labelrm_common, rm_server, clients, ecm_agent, engineconn and bench
 	$(BIN)/mypy $(TYPED)
 
-docs: $(STAMP) ## regenerate the settings tables of docs/configuration.md from the settings definitions
+docs: $(STAMP) ## regenerate the settings tables of docs/configuration.md from the settings declarations (rm-server, ecm-agent, EngineConn runtime)
 	$(PY) -m rm_server.settings_doc --write docs/configuration.md
 
 protos: $(STAMP) ## regenerate protos/labelrm/v1/*_pb2*.py(i) from the .proto files, then buf lint

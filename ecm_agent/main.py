@@ -14,8 +14,9 @@ import signal
 import sys
 
 from ecm_agent.agent import RegistrationRefused, build_agent
-from ecm_agent.settings import AgentSettings, SettingsError, check_files, load_agent_config
+from ecm_agent.settings import AGENT, AgentSettings, SettingsError, check_files, load_agent_config
 from labelrm_common.logging import setup_logging
+from labelrm_common.settings import error_exit_code
 
 
 async def _run(settings: AgentSettings) -> None:
@@ -35,8 +36,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         check_files(config.settings)
     except SettingsError as exc:
-        print(f"ecm-agent: error: {exc}", file=sys.stderr)
-        return 2
+        return error_exit_code(AGENT.prog, exc)
     # The same structured lines as rm-server's (text: logfmt, or JSON), so that `make run`
     # shows one format and a log collector parses both daemons alike.
     setup_logging(config.settings.log_level, config.settings.log_format, sys.stderr)

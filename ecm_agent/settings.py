@@ -1,218 +1,161 @@
-"""ecm-agent settings: defaults < TOML file < LABELRM_AGENT_* environment < flags."""
+"""ecm-agent settings: defaults < TOML file < LABELRM_AGENT_* environment < flags.
+
+Each setting is declared once below; the shared loader (labelrm_common/settings.py) derives
+the flags, `--help`, `--print-config` and the tables of docs/configuration.md.
+"""
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import socket
 import stat
 import sys
-import tomllib
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from labelrm.v1 import resource_pb2
 
+from labelrm_common.logging import LOG_FORMATS
+from labelrm_common.settings import Loaded, Program, Section, SettingsError, load, one_of_levels
+from labelrm_common.version import VERSION
+
+__all__ = ["AGENT", "HELP", "AgentSettings", "SettingsError", "load_agent_config"]
+
 ENV_PREFIX = "LABELRM_AGENT_"
+
+RM = Section("rm", "The RM and this ECM's identity")
+RESOURCES = Section("resources", "Resources offered")
+LAUNCH = Section("launch", "EngineConn launches")
+TIMINGS = Section("timings", "Timings")
+LOGGING = Section("logging", "Logs")
+TLS = Section("tls", "Reaching the RM securely (security.md)")
 
 
 @dataclass(frozen=True)
 class AgentSettings:
-    rm: str = "127.0.0.1:7100"
-    agent_id: str = ""  # default: the host name; becomes the label emInstance=<agent_id>
-    labels: str = ""  # "cluster=c1,tenant=t1": matched against requests' labels
-    total_memory_bytes: int = 0  # 0: detected from /proc/meminfo
-    total_cpu_millis: int = 0  # 0: detected from the CPU count
-    total_instances: int = 64
-    protected_memory_bytes: int = 0
-    protected_cpu_millis: int = 0
-    work_root: Path = Path("/var/lib/labelrm/work")
-    state_dir: Path = Path("/var/lib/labelrm/agent-state")
-    allowed_users: str = ""  # comma-separated; nobody else runs anything
-    min_uid: int = 1000
-    heartbeat_interval: float = 3.0
-    kill_grace: float = 5.0
-    python: str = sys.executable  # the interpreter EngineConns run with
+    """Everything ecm-agent can be told; one declaration per setting."""
+
+    rm: str = RM.setting(
+        "127.0.0.1:7100", "the RM's address HOST:PORT (its agent_listen, or a load balancer)"
+    )
+    # Becomes the label emInstance=<agent_id>; filled in from the host name by the loader.
+    agent_id: str = RM.setting(
+        "",
+        "the ECM instance name, also its emInstance label (default: short host name)",
+        doc_default="the short host name",
+    )
+    labels: str = RM.setting(
+        "", "key=value[,key=value...] matched against the placement labels of requests"
+    )
+
+    total_memory_bytes: int = RESOURCES.setting(
+        0, "memory offered in bytes (0: MemTotal of /proc/meminfo)"
+    )
+    total_cpu_millis: int = RESOURCES.setting(
+        0, "CPU offered in millicores (0: the CPU count x 1000)"
+    )
+    total_instances: int = RESOURCES.setting(64, "EngineConns at most")
+    protected_memory_bytes: int = RESOURCES.setting(0, "memory kept for the host, never handed out")
+    protected_cpu_millis: int = RESOURCES.setting(0, "CPU kept for the host, never handed out")
+
+    work_root: Path = LAUNCH.setting(
+        Path("/var/lib/labelrm/work"), "directory of the EngineConn work directories (must exist)"
+    )
+    state_dir: Path = LAUNCH.setting(
+        Path("/var/lib/labelrm/agent-state"),
+        "one JSON file per running EngineConn (created 0700 when missing)",
+    )
+    allowed_users: str = LAUNCH.setting(
+        "", "comma-separated users EngineConns may run as (empty: nobody)"
+    )
+    min_uid: int = LAUNCH.setting(1000, "lowest uid an EngineConn may run as (at least 1)")
+    python: str = LAUNCH.setting(
+        sys.executable,
+        "the interpreter EngineConns run with (default: the agent's own)",
+        doc_default="the agent's own interpreter",
+    )
     # Users with a warm fork server at a time (ecm_agent/forkserver.py): their
     # `python -m engineconn` launches are forks of it instead of sudo + a cold start.
-    # 0: every launch goes through sudo and a fresh interpreter.
-    fork_servers: int = 8
-    fork_server_idle: float = 600.0  # seconds without a launch before one is closed
-    log_level: str = "INFO"
-    log_format: str = "text"  # text (logfmt) or json: the same lines as rm-server's
-    # Reaching the RM (docs/security.md): tls_ca turns TLS on; tls_cert + tls_key are this
-    # agent's certificate (its CN / SAN must be agent_id); or a bearer token (agent role).
-    tls_ca: str = ""
-    tls_cert: str = ""
-    tls_key: str = ""
-    # The token comes from the config file, LABELRM_AGENT_TOKEN or token_file (owner
-    # only), never from a flag: the command line shows in `ps` to every local user.
-    token: str = field(default="", repr=False)
-    token_file: str = ""
-
-
-HELP: dict[str, str] = {
-    "rm": "the RM's address HOST:PORT (its agent_listen, or a load balancer)",
-    "agent_id": "the ECM instance name, also its emInstance label (default: short host name)",
-    "labels": "key=value[,key=value...] matched against the placement labels of requests",
-    "total_memory_bytes": "memory offered in bytes (0: MemTotal of /proc/meminfo)",
-    "total_cpu_millis": "CPU offered in millicores (0: the CPU count x 1000)",
-    "total_instances": "EngineConns at most",
-    "protected_memory_bytes": "memory kept for the host, never handed out",
-    "protected_cpu_millis": "CPU kept for the host, never handed out",
-    "work_root": "directory of the EngineConn work directories (must exist)",
-    "state_dir": "one JSON file per running EngineConn (created 0700 when missing)",
-    "allowed_users": "comma-separated users EngineConns may run as (empty: nobody)",
-    "min_uid": "lowest uid an EngineConn may run as (at least 1)",
-    "heartbeat_interval": "seconds between heartbeats until the RM's answer sets it",
-    "kill_grace": "seconds between TERM and KILL (the RM's kill command can say otherwise)",
-    "python": "the interpreter EngineConns run with (default: the agent's own)",
-    "fork_servers": "users with a warm fork server at a time (0: every launch a cold start)",
-    "fork_server_idle": "seconds without a launch before a user's fork server is closed",
-    "log_level": "DEBUG, INFO, WARNING or ERROR",
-    "log_format": "`text` (logfmt key=value pairs) or `json` (one object per line), as rm-server",
-    "tls_ca": "PEM CA bundle verifying the RM; turns TLS on",
-    "tls_cert": "this agent's certificate (PEM); its CN or a DNS SAN is agent_id",
-    "tls_key": "this agent's private key (PEM)",
-    "token": "bearer token with the agent role (config file or environment only, never a flag)",
-    "token_file": "file holding the token (the agent's user only may read or write it)",
-}
-"""One line per setting: the flag's --help text, --print-config's comment and the table of
-docs/configuration.md (a test checks that every setting has one)."""
-
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-
-
-class SettingsError(ValueError):
-    """A setting that cannot be used: ecm-agent prints it as one line and exits 2."""
-
-
-def _coerce(kind: Any, raw: Any) -> Any:
-    if kind in ("int", int):
-        return int(raw)
-    if kind in ("float", float):
-        return float(raw)
-    if kind in ("Path", Path):
-        return Path(raw)
-    return str(raw)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """ecm-agent's command line: one flag per setting, with its description."""
-    from ecm_agent import __version__
-    from rm_server.config import OneLineErrorParser
-
-    parser = OneLineErrorParser(
-        prog="ecm-agent",
-        description="labelrm ECM agent: registers this host with the RM and launches "
-        "EngineConns as their users. Settings: defaults < --config TOML < "
-        f"{ENV_PREFIX}<NAME> environment < flags.",
+    fork_servers: int = LAUNCH.setting(
+        8, "users with a warm fork server at a time (0: every launch a cold start)"
     )
-    parser.add_argument("--config", help="TOML file with settings (keys: the setting names)")
-    parser.add_argument(
-        "--print-config",
-        action="store_true",
-        help="print the effective configuration with the source of each value, and exit",
+    fork_server_idle: float = LAUNCH.setting(
+        600.0, "seconds without a launch before a user's fork server is closed"
     )
-    parser.add_argument("--version", action="version", version=f"ecm-agent {__version__}")
-    for f in fields(AgentSettings):
-        parser.add_argument(
-            "--" + f.name.replace("_", "-"),
-            dest=f.name,
-            default=None,
-            metavar=f.name.upper(),
-            help=f"{HELP.get(f.name, '')} [{ENV_PREFIX}{f.name.upper()}]",
-        )
-    return parser
+
+    heartbeat_interval: float = TIMINGS.setting(
+        3.0, "seconds between heartbeats until the RM's answer sets it"
+    )
+    kill_grace: float = TIMINGS.setting(
+        5.0, "seconds between TERM and KILL (the RM's kill command can say otherwise)"
+    )
+
+    log_level: str = LOGGING.setting("INFO", "DEBUG, INFO, WARNING or ERROR", check=one_of_levels)
+    log_format: str = LOGGING.setting(
+        "text",
+        "`text` (logfmt key=value pairs) or `json` (one object per line), as rm-server",
+        choices=LOG_FORMATS,
+    )
+
+    # tls_ca turns TLS on; tls_cert + tls_key are this agent's certificate (its CN / SAN
+    # must be agent_id); or a bearer token (agent role).
+    tls_ca: str = TLS.setting("", "PEM CA bundle verifying the RM; turns TLS on")
+    tls_cert: str = TLS.setting(
+        "", "this agent's certificate (PEM); its CN or a DNS SAN is agent_id"
+    )
+    tls_key: str = TLS.setting("", "this agent's private key (PEM)")
+    # A secret: from the config file, LABELRM_AGENT_TOKEN or token_file (owner only), never
+    # from a flag: the command line shows in `ps` to every local user.
+    token: str = TLS.setting(
+        "",
+        "bearer token with the agent role (config file or environment only, never a flag)",
+        secret=True,
+        also_from=("--token-file",),
+    )
+    token_file: str = TLS.setting(
+        "", "file holding the token (the agent's user only may read or write it)"
+    )
 
 
-@dataclass(frozen=True)
-class LoadedAgentConfig:
-    """The effective settings, where each came from, and whether to print them."""
-
-    settings: AgentSettings
-    sources: dict[str, str]
-    config_file: str = ""
-    print_config: bool = False
-
-    def describe(self) -> str:
-        """The effective configuration as TOML, each value annotated with its source."""
-        lines = ["# ecm-agent effective configuration (source: default < file < env < flag)"]
-        if self.config_file:
-            lines.append(f"# config file: {self.config_file}")
-        for f in fields(AgentSettings):
-            value = getattr(self.settings, f.name)
-            if f.name == "token" and value:
-                value = "***"
-            text = repr(value) if isinstance(value, int | float) else json.dumps(str(value))
-            env = ENV_PREFIX + f.name.upper()
-            flag = "--" + f.name.replace("_", "-")
-            source = self.sources.get(f.name, "default")
-            lines.append(f"{f.name} = {text}  # {source} ({env}, {flag})")
-        return "\n".join(lines)
-
-
-def load_agent_config(
-    argv: list[str] | None = None, environ: dict[str, str] | None = None
-) -> LoadedAgentConfig:
-    """Parse the command line, the TOML file and the environment. Raises SettingsError
-    (one line) for an unreadable file, an unknown key or a value of the wrong type."""
-    env = os.environ if environ is None else environ
-    args = build_parser().parse_args(argv)
-    if args.token is not None:
-        raise SettingsError(
-            "--token would show the token to every local user (ps): set LABELRM_AGENT_TOKEN,"
-            " token in the config file, or --token-file"
-        )
-    kinds = {f.name: f.type for f in fields(AgentSettings)}
-    values: dict[str, Any] = {}
-    sources: dict[str, str] = {}
-
-    def put(name: str, raw: Any, source: str, where: str) -> None:
-        try:
-            values[name] = _coerce(kinds[name], raw)
-        except (TypeError, ValueError):
-            raise SettingsError(f"invalid value {raw!r} for {name} ({where})") from None
-        sources[name] = source
-
-    if args.config:
-        try:
-            with open(args.config, "rb") as fh:
-                table = tomllib.load(fh)
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise SettingsError(f"cannot read config file {args.config}: {exc}") from None
-        for key, raw in table.items():
-            name = key.replace("-", "_")
-            if name not in kinds:
-                raise SettingsError(f"unknown setting {key!r} in {args.config}")
-            put(name, raw, "file", args.config)
-    for name in kinds:
-        raw = env.get(ENV_PREFIX + name.upper())
-        if raw is not None:
-            put(name, raw, "env", ENV_PREFIX + name.upper())
-        if getattr(args, name) is not None:
-            put(name, getattr(args, name), "flag", "--" + name.replace("_", "-"))
-    if not values.get("agent_id"):
+def _finish(values: dict[str, Any], sources: Mapping[str, str]) -> None:
+    """The host name as the default agent_id; the token read from token_file."""
+    if not values["agent_id"]:
         values["agent_id"] = socket.gethostname().split(".")[0]
-    if values.get("token_file"):
+    if values["token_file"]:
         try:
             values["token"] = read_token_file(Path(values["token_file"]))
         except ValueError as exc:
             raise SettingsError(str(exc)) from None
-    level = str(values.get("log_level", "INFO")).upper()
-    if level not in LOG_LEVELS:
-        raise SettingsError(f"log_level must be one of {', '.join(LOG_LEVELS)}, not {level!r}")
-    if values.get("log_format", "text") not in ("text", "json"):
-        raise SettingsError(f"log_format must be text or json, not {values['log_format']!r}")
-    return LoadedAgentConfig(
-        AgentSettings(**values), sources, args.config or "", bool(args.print_config)
-    )
+
+
+AGENT: Program[AgentSettings] = Program(
+    prog="ecm-agent",
+    settings=AgentSettings,
+    description="labelrm ECM agent: registers this host with the RM and launches "
+    "EngineConns as their users.",
+    version=VERSION,
+    env_prefix=ENV_PREFIX,
+    finish=_finish,
+)
+
+HELP: dict[str, str] = {spec.name: spec.meta.help for spec in AGENT.specs}
+"""The description of each setting (as --help, --print-config and the docs show it)."""
+
+LoadedAgentConfig = Loaded[AgentSettings]
+
+
+def load_agent_config(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> LoadedAgentConfig:
+    """Parse the command line, the TOML file and the environment. Raises SettingsError
+    (one line) for an unreadable file, an unknown key or a value of the wrong type."""
+    return load(AGENT, argv, environ)
 
 
 def load_agent_settings(
-    argv: list[str] | None = None, environ: dict[str, str] | None = None
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
 ) -> AgentSettings:
     """The effective settings (see `load_agent_config`)."""
     return load_agent_config(argv, environ).settings

@@ -9,7 +9,6 @@ runs, report SUCCEEDED, exit 0. A fatal error reports FAILED (if it can) and exi
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
@@ -19,18 +18,17 @@ import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
 import grpc
 from labelrm.v1 import engine_conn_pb2, engine_conn_pb2_grpc, executor_pb2_grpc
 
-from engineconn import __version__
 from engineconn.auth import SECRET_ENV, SECRET_FILE_ENV, SecretAuth
-from engineconn.engines import ENGINES, load_engine
+from engineconn.engines import load_engine
 from engineconn.executor import Executor
+from engineconn.settings import EngineConnSettings, load_settings, pairs
 
 log = logging.getLogger("engineconn")
 
@@ -79,35 +77,21 @@ class CreationContext:
         return "creation context: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in fields)
 
 
-@dataclass(frozen=True)
-class Settings:
-    """How this EngineConn runs (not part of what it was created as)."""
+Settings = EngineConnSettings
+"""How this EngineConn runs (engineconn/settings.py declares each setting)."""
 
-    rm: str
-    listen: str
-    advertise_host: str
-    max_idle_seconds: float
-    heartbeat_interval: float
-    # TLS to the RM: the CA that verifies it and this EngineConn's certificate, which the
-    # RM issued for its id (material files of the launch; docs/security.md). Empty: plaintext.
-    tls_ca: str = ""
-    tls_cert: str = ""
-    tls_key: str = ""
-    # The bearer token every executor call must carry (LABELRM_EC_SECRET, from the RM).
-    # Empty only with --insecure-executor. Out of repr: never in a log line.
-    executor_secret: str = field(default="", repr=False)
 
-    def rm_channel(self, options: Sequence[tuple[str, Any]]) -> grpc.aio.Channel:
-        """The channel to the RM: mutual TLS when the launch gave us a certificate."""
-        if not (self.tls_ca or self.tls_cert):
-            return grpc.aio.insecure_channel(self.rm, options=list(options))
-        # Read once at start-up: the files are ours (0640), and a key that vanishes
-        # later must not break a running EngineConn.
-        root = _read(self.tls_ca) if self.tls_ca else None
-        key = _read(self.tls_key) if self.tls_key else None
-        chain = _read(self.tls_cert) if self.tls_cert else None
-        creds = grpc.ssl_channel_credentials(root, key, chain)
-        return grpc.aio.secure_channel(self.rm, creds, options=list(options))
+def rm_channel(settings: Settings, options: Sequence[tuple[str, Any]]) -> grpc.aio.Channel:
+    """The channel to the RM: mutual TLS when the launch gave us a certificate."""
+    if not (settings.tls_ca or settings.tls_cert):
+        return grpc.aio.insecure_channel(settings.rm, options=list(options))
+    # Read once at start-up: the files are ours (0640), and a key that vanishes
+    # later must not break a running EngineConn.
+    root = _read(settings.tls_ca) if settings.tls_ca else None
+    key = _read(settings.tls_key) if settings.tls_key else None
+    chain = _read(settings.tls_cert) if settings.tls_cert else None
+    creds = grpc.ssl_channel_credentials(root, key, chain)
+    return grpc.aio.secure_channel(settings.rm, creds, options=list(options))
 
 
 def _read(path: str) -> bytes:
@@ -126,123 +110,16 @@ def _user() -> str:
     return pwd.getpwuid(os.getuid()).pw_name
 
 
-def _pairs(values: Sequence[str], what: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in values:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise argparse.ArgumentTypeError(f"{what} {item!r} is not key=value")
-        out[key] = value
-    return out
-
-
-def _env_list(env: Mapping[str, str], name: str) -> list[str]:
-    raw = env.get(name, "")
-    return [part for part in raw.split(",") if part]
-
-
-def parse_args(
-    argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
-) -> tuple[CreationContext, Settings]:
-    """Flags first, then LABELRM_* environment variables, then defaults."""
-    env = os.environ if env is None else env
-    parser = argparse.ArgumentParser(
-        prog="python -m engineconn",
-        description="An EngineConn: serves ExecutorService and reports its state to the RM.",
-    )
-    parser.add_argument("--version", action="version", version=f"engineconn {__version__}")
-    parser.add_argument("--ec-id", default=env.get("LABELRM_EC_ID"), help="[LABELRM_EC_ID]")
-    parser.add_argument("--rm", default=env.get("LABELRM_RM"), help="RM host:port [LABELRM_RM]")
-    parser.add_argument(
-        "--engine",
-        default=env.get("LABELRM_ENGINE"),
-        choices=sorted(ENGINES),
-        help="[LABELRM_ENGINE]",
-    )
-    parser.add_argument(
-        "--listen",
-        default=env.get("LABELRM_EC_LISTEN", "127.0.0.1:0"),
-        help="executor address; port 0 = a free port [LABELRM_EC_LISTEN]",
-    )
-    parser.add_argument(
-        "--advertise-host",
-        default=env.get("LABELRM_EC_ADVERTISE_HOST", "127.0.0.1"),
-        help="host reported to the RM [LABELRM_EC_ADVERTISE_HOST]",
-    )
-    parser.add_argument(
-        "--max-idle-seconds",
-        type=float,
-        default=float(env.get("LABELRM_MAX_IDLE_SECONDS", "600")),
-        help="exit after this long without an execution; 0 = never [LABELRM_MAX_IDLE_SECONDS]",
-    )
-    parser.add_argument(
-        "--heartbeat-interval",
-        type=float,
-        default=float(env.get("LABELRM_HEARTBEAT_INTERVAL", "3")),
-        help="seconds between state reports [LABELRM_HEARTBEAT_INTERVAL]",
-    )
-    parser.add_argument(
-        "--label", action="append", default=None, help="k=v, repeatable [LABELRM_LABELS=k=v,...]"
-    )
-    parser.add_argument(
-        "--param", action="append", default=None, help="k=v, repeatable [LABELRM_PARAMS=k=v,...]"
-    )
-    for name in ("ca", "cert", "key"):
-        var = f"LABELRM_TLS_{name.upper()}"
-        parser.add_argument(f"--tls-{name}", default=env.get(var, ""), help=f"PEM file [{var}]")
-    # The secret comes only from the environment: a flag would show in `ps` to every user.
-    parser.add_argument(
-        "--insecure-executor",
-        action="store_true",
-        help=f"serve the executor without {SECRET_ENV} (no authentication: any local user "
-        "could run code as this user); for tests and development only",
-    )
-    args = parser.parse_args(argv)
-    secret = env.get(SECRET_ENV, "")
-    if not secret and env.get(SECRET_FILE_ENV):
-        try:
-            secret = Path(env[SECRET_FILE_ENV]).read_text().strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            parser.error(f"cannot read {SECRET_FILE_ENV}: {exc}")
-    if not secret and not args.insecure_executor:
-        parser.error(
-            f"neither {SECRET_FILE_ENV} nor {SECRET_ENV} is set: the executor would run"
-            " anyone's code as this user (launches by the RM set the file; --insecure-executor"
-            " runs without authentication)"
-        )
-    if bool(args.tls_cert) != bool(args.tls_key):
-        parser.error("--tls-cert and --tls-key go together")
-    for name in ("ec_id", "rm", "engine"):
-        if not getattr(args, name):
-            parser.error(f"--{name.replace('_', '-')} is required")
-    if args.heartbeat_interval <= 0:
-        parser.error("--heartbeat-interval must be positive")
-    try:
-        labels = _pairs(args.label or _env_list(env, "LABELRM_LABELS"), "label")
-        params = _pairs(args.param or _env_list(env, "LABELRM_PARAMS"), "param")
-    except argparse.ArgumentTypeError as exc:
-        parser.error(str(exc))
-    context = CreationContext(
-        ec_id=args.ec_id,
-        engine=args.engine,
-        labels=MappingProxyType(labels),
-        params=MappingProxyType(params),
+def creation_context(settings: Settings) -> CreationContext:
+    """What the settings say this EngineConn was created as, with its user and directory."""
+    return CreationContext(
+        ec_id=settings.ec_id,
+        engine=settings.engine,
+        labels=MappingProxyType(pairs(settings.labels)),
+        params=MappingProxyType(pairs(settings.params)),
         user=_user(),
         work_dir=os.getcwd(),
     )
-    settings = Settings(
-        rm=args.rm,
-        listen=args.listen,
-        advertise_host=args.advertise_host,
-        max_idle_seconds=args.max_idle_seconds,
-        heartbeat_interval=args.heartbeat_interval,
-        # Absolute now: the launch names them relative to the work directory.
-        tls_ca=os.path.abspath(args.tls_ca) if args.tls_ca else "",
-        tls_cert=os.path.abspath(args.tls_cert) if args.tls_cert else "",
-        tls_key=os.path.abspath(args.tls_key) if args.tls_key else "",
-        executor_secret=secret,
-    )
-    return context, settings
 
 
 class Runtime:
@@ -273,7 +150,7 @@ class Runtime:
             loop.add_signal_handler(sig, self.request_stop, f"signal {sig.name}")
         server: grpc.aio.Server | None = None
         try:
-            self._channel = self.settings.rm_channel(_CHANNEL_OPTIONS)
+            self._channel = rm_channel(self.settings, _CHANNEL_OPTIONS)
         except OSError as exc:
             log.error("cannot read the TLS files: %s", exc)
             return 1
@@ -452,7 +329,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    context, settings = parse_args(argv)
+    loaded = load_settings(argv)
+    if loaded.print_config:
+        print(loaded.describe())
+        return 0
+    settings = loaded.settings
+    context = creation_context(settings)
     # Executions inherit this process's environment: the secret is the executor's, not
     # something user code (which may print its environment anywhere) needs to see.
     os.environ.pop(SECRET_ENV, None)

@@ -38,6 +38,8 @@ def run_on_loop(main: Coroutine[Any, Any, None], event_loop: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run rm-server (or print its settings) until it is stopped; returns the exit code.
+    A bad setting exits 2 with one line on stderr (load_config)."""
     config = load_config(argv)
     if config.print_config:
         print(config.describe())
@@ -46,8 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(settings.log_level, settings.log_format)
     try:
         with contextlib.suppress(KeyboardInterrupt):
-            if config.dev:
-                run_on_loop(run_dev(settings, tls=config.dev_tls), settings.event_loop)
+            if config.switches["dev"]:
+                dev = run_dev(settings, tls=config.switches["dev_tls"])
+                run_on_loop(dev, settings.event_loop)
             else:
                 run_on_loop(RMServer(settings).run_until_signalled(), settings.event_loop)
     except SecurityConfigError as exc:
