@@ -33,7 +33,7 @@ LABELRM_TEST_DATABASE_URL ?=
 unexport LABELRM_TEST_DATABASE_URL
 TEST_ENV := $(if $(LABELRM_TEST_DATABASE_URL),env LABELRM_TEST_DATABASE_URL='$(LABELRM_TEST_DATABASE_URL)',env -u LABELRM_TEST_DATABASE_URL)
 
-TYPED := labelrm_common rm_server clients ecm_agent engineconn bench
+TYPED := labelrm_common rm_server clients ecm_agent engineconn bench tests
 
 .PHONY: ha-up ha-down ha-status help venv run docs test test-setup test-all-dbs format lint typecheck protos protos-check sync-client bench bench-native clean distclean
 
@@ -85,7 +85,7 @@ lint: $(STAMP) ## ruff check + ruff format --check + import layering (lint-impor
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/buf lint protos
 
-typecheck: $(STAMP) ## mypy (strict) on labelrm_common, rm_server, clients, ecm_agent, engineconn and bench
+typecheck: $(STAMP) ## mypy (strict) on labelrm_common, rm_server, clients, ecm_agent, engineconn and bench; tests (untyped defs allowed)
 	$(BIN)/mypy $(TYPED)
 
 docs: $(STAMP) ## regenerate the settings tables of docs/configuration.md from the settings declarations (rm-server, ecm-agent, EngineConn runtime)

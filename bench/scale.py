@@ -1,7 +1,7 @@
 """Cost as the cluster grows: each cost measured on a small and a large cluster in the
 same run, printed as large / small ratios against their targets.
 
-    python -m bench.scale [--quick] [--database-url URL] [--seconds 6]
+    python -m bench.scale [--quick] [--database-url URL] [--seconds 6] [--only PART ...]
 
 One embedded PostgreSQL (or a throwaway database on --database-url) and one rm-server
 (ECM expiry 1 day: the bench ECMs do not heartbeat), then:
@@ -20,7 +20,8 @@ One embedded PostgreSQL (or a throwaway database on --database-url) and one rm-s
   the liveness sweep's passes as the server times them (labelrm_background_pass_seconds).
 - demands: SubmitDemand latency and the planner's passes (the same metric) with a tenth,
   then all of 10,000 accepted demands (start in two hours) and 1,000 blocked ones (due
-  now on a label an ordinary ticket fills; --quick 1,000 and 100).
+  now on a label an ordinary ticket fills; --quick 1,000 and 100), the rounds each
+  blocked demand gets per second, and the CPU (with `other`: the rest of the machine).
 - lists: ListLabelResources through 100,000 labels and ListTickets through 1,000,000 live
   tickets (--quick: 100,000; seeded with SQL, deleted afterwards), pages of 500: p50 and
   p99 of the last tenth of the pages / of the first tenth, target <= 1.2 x (keyset
@@ -241,6 +242,8 @@ def retention_run(database_url: str, retention_s: float, periods: int) -> dict[s
 
 # ----- the run ------------------------------------------------------------------------------
 
+PARTS = ("cluster", "heartbeats", "demands", "retention")
+
 
 def ratio(large: float, small: float) -> float | None:
     return round(large / small, 2) if small else None
@@ -258,6 +261,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--history-rows", type=int, default=0, help="ticket_history rows of the large cluster"
     )
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=PARTS,
+        help="run only this part (repeatable; default: all). cluster: apply, sweep, lists, memory",
+    )
     args = parser.parse_args(argv)
     q = args.quick
     seconds = args.seconds or (3.0 if q else 6.0)
@@ -273,119 +282,122 @@ def main(argv: list[str] | None = None) -> int:
         rows.append([name, value, {True: "yes", False: "NO", None: "-"}[met], note])
 
     server_args = ["--ecm-expiry", "86400"]
-    with stack(args.database_url, server_args) as (db, server):
-        asyncio.run(seed(server.target))
-        out["database"] = db.describe
-        # (a) the apply cycle, small cluster (after a warm-up run whose figures are dropped:
-        # the first run on a fresh server and database would be the slowest of all)
-        apply_run(db, server, "spread", SMALL_USERS, 2.0)
-        small = {m: apply_run(db, server, m, SMALL_USERS, seconds) for m in ("spread", "hot")}
-        progress("apply, small cluster", small)
-        seed_healthy_ecms(db.url, ecms_small)
-        out["sweep_small"] = sweep_cost(db.url)
-        # grow it with SQL: first the label records (the load spread over all of them),
-        # then the history rows; each step measured
-        seeded = {
-            "labels_s": clone_rows(
+
+    def cluster_part() -> None:
+        # (a) apply, (b) the liveness sweep, (d) lists, (e) memory: one server, one database
+        with stack(args.database_url, server_args) as (db, server):
+            asyncio.run(seed(server.target))
+            out["database"] = db.describe
+            # (a) the apply cycle, small cluster (after a warm-up run whose figures are dropped:
+            # the first run on a fresh server and database would be the slowest of all)
+            apply_run(db, server, "spread", SMALL_USERS, 2.0)
+            small = {m: apply_run(db, server, m, SMALL_USERS, seconds) for m in ("spread", "hot")}
+            progress("apply, small cluster", small)
+            seed_healthy_ecms(db.url, ecms_small)
+            out["sweep_small"] = sweep_cost(db.url)
+            # grow it with SQL: first the label records (the load spread over all of them),
+            # then the history rows; each step measured
+            seeded = {
+                "labels_s": clone_rows(
+                    db.url,
+                    "label_resource",
+                    "label LIKE '%%userCreator=u0-IDE%%'",
+                    {"label": "replace(t.label, 'u0-IDE', 'u' || (g + 999) || '-IDE')"},
+                    LARGE_USERS - SMALL_USERS,
+                )
+            }
+            labels = {m: apply_run(db, server, m, LARGE_USERS, seconds) for m in ("spread", "hot")}
+            progress("apply, 100,000 labels", labels)
+            # History rows as the RM makes them: ids in the order they were made (the time
+            # in milliseconds first, rm_server/clock.py), ended over the last ten days.
+            seeded["history_s"] = clone_rows(
                 db.url,
-                "label_resource",
-                "label LIKE '%%userCreator=u0-IDE%%'",
-                {"label": "replace(t.label, 'u0-IDE', 'u' || (g + 999) || '-IDE')"},
-                LARGE_USERS - SMALL_USERS,
+                "ticket_history",
+                "true",
+                {
+                    "ticket_id": "'t-' || lpad(to_hex((extract(epoch FROM t.ended_at"
+                    f" - ({history_rows} - g) * interval '86 ms') * 1000)::bigint), 12, '0')"
+                    " || substr(md5(g::text), 1, 20)",
+                    "ended_at": f"t.ended_at - ({history_rows} - g) * interval '86 ms'",
+                },
+                history_rows,
             )
-        }
-        labels = {m: apply_run(db, server, m, LARGE_USERS, seconds) for m in ("spread", "hot")}
-        progress("apply, 100,000 labels", labels)
-        # History rows as the RM makes them: ids in the order they were made (the time
-        # in milliseconds first, rm_server/clock.py), ended over the last ten days.
-        seeded["history_s"] = clone_rows(
-            db.url,
-            "ticket_history",
-            "true",
-            {
-                "ticket_id": "'t-' || lpad(to_hex((extract(epoch FROM t.ended_at"
-                f" - ({history_rows} - g) * interval '86 ms') * 1000)::bigint), 12, '0')"
-                " || substr(md5(g::text), 1, 20)",
-                "ended_at": f"t.ended_at - ({history_rows} - g) * interval '86 ms'",
-            },
-            history_rows,
-        )
-        out["seeded"] = seeded
-        progress("seeded (seconds)", seeded)
-        large = {m: apply_run(db, server, m, LARGE_USERS, seconds) for m in ("spread", "hot")}
-        out["apply"] = {"small": small, "labels": labels, "large": large}
-        progress("apply, 100,000 labels and the history", large)
-        for m in ("spread", "hot"):
-            for big, what in (
-                (labels, "100,000 labels"),
-                (large, f"100,000 labels + {history_rows:,} history rows"),
-            ):
-                tput = ratio(big[m]["cycles_per_s"], small[m]["cycles_per_s"])
-                p99 = ratio(big[m]["cycle_p99_ms"], small[m]["cycle_p99_ms"])
-                target(
-                    f"apply {m}, {what} / small: cycles/s >= 0.9",
-                    tput,
-                    tput is not None and tput >= 0.9,
-                    f"{small[m]['cycles_per_s']} -> {big[m]['cycles_per_s']}/s",
-                )
-                target(
-                    f"apply {m}, {what} / small: cycle p99 <= 1.2",
-                    p99,
-                    p99 is not None and p99 <= 1.2,
-                    f"{small[m]['cycle_p99_ms']} -> {big[m]['cycle_p99_ms']} ms",
-                )
-        # (b) the liveness sweep vs healthy ECMs
-        seed_healthy_ecms(db.url, ecms_large)
-        out["sweep_large"] = sweep_cost(db.url)
-        s_small, s_large = out["sweep_small"], out["sweep_large"]
-        progress("liveness sweep", [s_small, s_large])
-        pages = ratio(s_large["pages"], s_small["pages"])
-        target(
-            # An index lookup reads one page per level of its B-tree: ten times the rows
-            # may add a level. Met when it read at most that one page more (a scan of
-            # every ECM reads ten times the pages).
-            "liveness sweep: pages read, 100,000 / 10,000 healthy ECMs (<= one more level)",
-            pages,
-            s_large["pages"] <= s_small["pages"] + 1,
-            f"{s_small['pages']} -> {s_large['pages']} pages (a scan of every ECM: {s_small['scan_pages']} -> {s_large['scan_pages']}),"
-            f" p50 {s_small['p50_ms']} -> {s_large['p50_ms']} ms",
-        )
-        # (d) lists
-        template = seed_tickets(db, server, tickets)
-        lists = {
-            "labels": asyncio.run(page_through(server.target, "labels")),
-            "tickets": asyncio.run(page_through(server.target, "tickets")),
-        }
-        drop_seeded_tickets(db, server, template)
-        out["lists"] = lists
-        progress("lists", lists)
-        for name, r in lists.items():
-            for stat in ("p50", "p99"):
-                x = ratio(r[f"last_{stat}_ms"], r[f"first_{stat}_ms"])
-                target(
-                    f"list {name}: last/first tenth of the pages, {stat} <= 1.2",
-                    x,
-                    x is not None and x <= 1.2,
-                    f"{r['items']} in {r['pages']} pages of {PAGE},"
-                    f" {r[f'first_{stat}_ms']} -> {r[f'last_{stat}_ms']} ms",
-                )
+            out["seeded"] = seeded
+            progress("seeded (seconds)", seeded)
+            large = {m: apply_run(db, server, m, LARGE_USERS, seconds) for m in ("spread", "hot")}
+            out["apply"] = {"small": small, "labels": labels, "large": large}
+            progress("apply, 100,000 labels and the history", large)
+            for m in ("spread", "hot"):
+                for big, what in (
+                    (labels, "100,000 labels"),
+                    (large, f"100,000 labels + {history_rows:,} history rows"),
+                ):
+                    tput = ratio(big[m]["cycles_per_s"], small[m]["cycles_per_s"])
+                    p99 = ratio(big[m]["cycle_p99_ms"], small[m]["cycle_p99_ms"])
+                    target(
+                        f"apply {m}, {what} / small: cycles/s >= 0.9",
+                        tput,
+                        tput is not None and tput >= 0.9,
+                        f"{small[m]['cycles_per_s']} -> {big[m]['cycles_per_s']}/s",
+                    )
+                    target(
+                        f"apply {m}, {what} / small: cycle p99 <= 1.2",
+                        p99,
+                        p99 is not None and p99 <= 1.2,
+                        f"{small[m]['cycle_p99_ms']} -> {big[m]['cycle_p99_ms']} ms",
+                    )
+            # (b) the liveness sweep vs healthy ECMs
+            seed_healthy_ecms(db.url, ecms_large)
+            out["sweep_large"] = sweep_cost(db.url)
+            s_small, s_large = out["sweep_small"], out["sweep_large"]
+            progress("liveness sweep", [s_small, s_large])
+            pages = ratio(s_large["pages"], s_small["pages"])
             target(
-                f"list {name}: p99 per page of {PAGE} < 20 ms",
-                r["p99_ms"],
-                r["p99_ms"] < 20,
-                "every page",
+                # An index lookup reads one page per level of its B-tree: ten times the rows
+                # may add a level. Met when it read at most that one page more (a scan of
+                # every ECM reads ten times the pages).
+                "liveness sweep: pages read, 100,000 / 10,000 healthy ECMs (<= one more level)",
+                pages,
+                s_large["pages"] <= s_small["pages"] + 1,
+                f"{s_small['pages']} -> {s_large['pages']} pages (a scan of every ECM: {s_small['scan_pages']} -> {s_large['scan_pages']}),"
+                f" p50 {s_small['p50_ms']} -> {s_large['p50_ms']} ms",
             )
-        # (e) memory
-        mem = memory_run(db, server, mem_first, 100)
-        out["memory"] = mem
-        progress("memory", mem)
-        x = ratio(mem["large"]["rss_mib"], mem["small"]["rss_mib"])
-        target(
-            "rm-server RSS after 100 x N cycles / after N <= 1.2",
-            x,
-            x is not None and x <= 1.2,
-            f"{mem['small']['cycles']} cycles {mem['small']['rss_mib']} MiB -> {mem['large']['cycles']} cycles {mem['large']['rss_mib']} MiB",
-        )
+            # (d) lists
+            template = seed_tickets(db, server, tickets)
+            lists = {
+                "labels": asyncio.run(page_through(server.target, "labels")),
+                "tickets": asyncio.run(page_through(server.target, "tickets")),
+            }
+            drop_seeded_tickets(db, server, template)
+            out["lists"] = lists
+            progress("lists", lists)
+            for name, r in lists.items():
+                for stat in ("p50", "p99"):
+                    x = ratio(r[f"last_{stat}_ms"], r[f"first_{stat}_ms"])
+                    target(
+                        f"list {name}: last/first tenth of the pages, {stat} <= 1.2",
+                        x,
+                        x is not None and x <= 1.2,
+                        f"{r['items']} in {r['pages']} pages of {PAGE},"
+                        f" {r[f'first_{stat}_ms']} -> {r[f'last_{stat}_ms']} ms",
+                    )
+                target(
+                    f"list {name}: p99 per page of {PAGE} < 20 ms",
+                    r["p99_ms"],
+                    r["p99_ms"] < 20,
+                    "every page",
+                )
+            # (e) memory
+            mem = memory_run(db, server, mem_first, 100)
+            out["memory"] = mem
+            progress("memory", mem)
+            x = ratio(mem["large"]["rss_mib"], mem["small"]["rss_mib"])
+            target(
+                "rm-server RSS after 100 x N cycles / after N <= 1.2",
+                x,
+                x is not None and x <= 1.2,
+                f"{mem['small']['cycles']} cycles {mem['small']['rss_mib']} MiB -> {mem['large']['cycles']} cycles {mem['large']['rss_mib']} MiB",
+            )
 
     def heartbeats_part() -> None:
         # (b) heartbeats: a fresh server with the default liveness settings
@@ -455,13 +467,16 @@ def main(argv: list[str] | None = None) -> int:
             dl["planner"]["p99_le_ms"],
             dl["planner"]["p99_le_ms"] is not None and dl["planner"]["p99_le_ms"] <= 200,
             f"histogram bucket bounds; {ds['demands']} demands: p99 <= {ds['planner']['p99_le_ms']} ms,"
-            f" {dl['demands']}: <= {dl['planner']['p99_le_ms']} ms ({dl['planner']['passes']} passes)",
+            f" {dl['demands']}: <= {dl['planner']['p99_le_ms']} ms ({dl['planner']['passes']} passes);"
+            f" blocked demands' rounds/s {ds['blocked_rounds_per_s']} -> {dl['blocked_rounds_per_s']};"
+            f" other CPU {dl['cpu_window']['other']} cores",
         )
         target(
             f"demands: SubmitDemand p99 with {dl['demands']} demands < 50 ms",
             dl["submit_p99_ms"],
             dl["submit_p99_ms"] < 50,
-            f"{ds['demands']} demands: {ds['submit_p99_ms']} ms; ratio {ratio(dl['submit_p99_ms'], ds['submit_p99_ms'])}",
+            f"{ds['demands']} demands: {ds['submit_p99_ms']} ms; ratio {ratio(dl['submit_p99_ms'], ds['submit_p99_ms'])};"
+            f" other CPU {dl['cpu_submitting']['other']} cores",
         )
 
     def retention_part() -> None:
@@ -481,17 +496,20 @@ def main(argv: list[str] | None = None) -> int:
             )
 
     for name, part in (
+        ("cluster", cluster_part),
         ("heartbeats", heartbeats_part),
         ("demands", demands_part),
         ("retention", retention_part),
     ):
+        if args.only and name not in args.only:
+            continue
         try:
             part()
         except Exception as exc:  # one part failing must not lose the others' figures
             progress(f"{name} failed", repr(exc))
             target(name, None, None, f"failed: {exc!r}")
     text = "cost as the cluster grows ({}; {}):\n".format(
-        out["database"], "quick" if q else "full"
+        out.get("database", "a database per part"), "quick" if q else "full"
     ) + table(["measure", "ratio", "met", "figures"], rows)
     emit(
         "scale",

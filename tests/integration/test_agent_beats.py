@@ -15,7 +15,7 @@ from labelrm.v1 import resource_manager_pb2_grpc
 
 from ecm_agent.agent import RETRYABLE
 from ecm_agent.beats import HeartbeatSender
-from tests.helpers import GiB, load_instance, register
+from tests.helpers import GiB, load_instance, register, wait_until
 
 SERVICE = "labelrm.v1.ResourceManagerService"
 CONTINUE = pb.HEARTBEAT_ACTION_CONTINUE
@@ -157,12 +157,15 @@ async def _until_answered(
     sender: HeartbeatSender, beat: pb.HeartbeatRequest
 ) -> pb.HeartbeatResponse:
     # As the agent's retry loop does (without its backoff): only retryable codes.
-    while True:
+    async def answer() -> pb.HeartbeatResponse | None:
         try:
             return await sender.send(beat)
         except grpc.aio.AioRpcError as err:
             assert err.code() in RETRYABLE, err
-            await asyncio.sleep(0.05)
+            return None
+
+    response: pb.HeartbeatResponse = await wait_until(answer, 60, what="the beat answered")
+    return response
 
 
 async def test_a_process_reported_while_a_beat_is_in_flight_goes_out_at_once(tmp_path):

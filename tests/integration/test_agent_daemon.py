@@ -6,12 +6,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, free_port
+from tests.helpers import ROOT, free_port, wait_until_sync
 
 
 def agent_cmd(tmp: Path, *extra: str, rm: str = "") -> list[str]:
@@ -32,13 +31,6 @@ def run_agent(tmp: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def wait_for(predicate: object, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
-
-
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_stops_on_a_signal_while_the_rm_is_unreachable(tmp_path: Path, sig: int) -> None:
     """The agent retries an unreachable RM with one log line per retry and a growing
@@ -47,7 +39,7 @@ def test_stops_on_a_signal_while_the_rm_is_unreachable(tmp_path: Path, sig: int)
     with log.open("w") as fh:
         proc = subprocess.Popen(agent_cmd(tmp_path), stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT)
     try:
-        wait_for(lambda: log.read_text().count(" unreachable ") >= 3, 60)
+        wait_until_sync(lambda: log.read_text().count(" unreachable ") >= 3, 60, interval=0.05)
         proc.send_signal(sig)
         assert proc.wait(timeout=20) == 0
     finally:
@@ -135,7 +127,7 @@ def test_json_log_lines(tmp_path: Path) -> None:
             stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT,
         )  # fmt: skip
     try:
-        wait_for(lambda: log.read_text().count("unreachable") >= 2, 60)
+        wait_until_sync(lambda: log.read_text().count("unreachable") >= 2, 60, interval=0.05)
         proc.terminate()
         assert proc.wait(timeout=20) == 0
     finally:

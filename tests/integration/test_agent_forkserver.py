@@ -3,7 +3,7 @@ EngineConns reporting to a stand-in RM: a user's launches after the first are fo
 a warm interpreter, with every property of a launch through sudo.
 
 Needs root and the test users (scripts/create_test_users.sh); CI=true fails instead of
-skipping (the `sudo_users` / `ec_python` fixtures of tests/conftest.py).
+skipping (the `sudo_users` / `ec_python` fixtures of tests/fixtures/agents.py).
 """
 
 from __future__ import annotations
@@ -15,57 +15,25 @@ import secrets
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 from labelrm.v1 import engine_conn_pb2 as ec_pb
-from labelrm.v1 import engine_conn_pb2_grpc, executor_pb2, executor_pb2_grpc
+from labelrm.v1 import executor_pb2, executor_pb2_grpc
 
 from ecm_agent.forkserver import ForkServer
-from ecm_agent.launch import Launcher, RunningProcess, _group_members, _signal_group
+from ecm_agent.launch import Launcher, RunningProcess, _group_members
 from ecm_agent.validate import AgentPolicy, LaunchSpec
-from tests.conftest import shared_tmp
-from tests.helpers import wait_until
+from tests.helpers import FakeRM, shared_tmp, wait_until
 
 USER_A = "lrmtest_a"
 USER_B = "lrmtest_b"
 DEADLINE = 60.0  # a poll deadline: a cold first launch on a loaded machine takes seconds
 IDLE = ec_pb.ENGINE_CONN_STATE_IDLE
 SUCCEEDED = ec_pb.ENGINE_CONN_STATE_SUCCEEDED
-
-
-class FakeRM(engine_conn_pb2_grpc.EngineConnServiceServicer):
-    """Records the EngineConns' reports."""
-
-    def __init__(self) -> None:
-        self.reports: list[ec_pb.ReportEngineConnStateRequest] = []
-        self.target = ""
-
-    async def ReportEngineConnState(self, request, context):
-        self.reports.append(request)
-        return ec_pb.ReportEngineConnStateResponse()
-
-    def report(self, ec_id: str, state: int) -> ec_pb.ReportEngineConnStateRequest | None:
-        for r in self.reports:
-            if r.engine_conn_id == ec_id and r.state == state:
-                return r
-        return None
-
-
-@pytest.fixture
-async def fake_rm() -> AsyncIterator[FakeRM]:
-    rm = FakeRM()
-    server = grpc.aio.server()
-    engine_conn_pb2_grpc.add_EngineConnServiceServicer_to_server(rm, server)
-    rm.target = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
-    await server.start()
-    try:
-        yield rm
-    finally:
-        await server.stop(grace=0)
 
 
 @pytest.fixture
@@ -84,31 +52,8 @@ def policy(sudo_users, ec_python, tmp_path) -> Iterator[AgentPolicy]:
 
 
 @pytest.fixture
-async def make_launcher(policy) -> AsyncIterator[Callable[..., Launcher]]:
-    """Launchers with fork servers; afterwards every EngineConn is killed and every fork
-    server has exited."""
-    made: list[Launcher] = []
-
-    def make(fork_servers: int = 4) -> Launcher:
-        launcher = Launcher(policy, fork_servers=fork_servers)
-        made.append(launcher)
-        return launcher
-
-    yield make
-    servers: list[ForkServer] = []
-    for launcher in made:
-        servers += [*launcher.forks._servers.values(), *launcher.forks._closed]
-        for proc in [t.proc for t in launcher._tracked.values()]:
-            if _group_members(proc):
-                _signal_group(proc, signal.SIGKILL)
-    for launcher in made:
-        await launcher.close()
-    for server in servers:
-        try:
-            await asyncio.wait_for(server.process.wait(), DEADLINE)
-        except TimeoutError:
-            server.kill()
-            pytest.fail(f"the fork server of {server.user} did not exit after its EngineConns")
+def launcher_fork_servers() -> int:
+    return 4
 
 
 def ec_spec(rm: FakeRM, user: str = USER_A, *extra: str, **over: Any) -> LaunchSpec:
@@ -134,14 +79,15 @@ def proc_title(pid: int) -> str:
 
 
 async def title_when_set(pid: int, prefix: str) -> str:
-    """The process title once it starts with `prefix`, or what it is at the deadline (the
-    fork sets its title just after the server has answered with its pid)."""
-    deadline = time.monotonic() + DEADLINE
-    while True:
-        title = proc_title(pid)
-        if title.startswith(prefix) or time.monotonic() > deadline:
-            return title
-        await asyncio.sleep(0.02)
+    """The process title once it starts with `prefix` (the fork sets its title just
+    after the server has answered with its pid)."""
+    title: str = await wait_until(
+        lambda: (now := proc_title(pid)).startswith(prefix) and now,
+        DEADLINE,
+        what=lambda: f"title of {pid} starting {prefix!r}: {proc_title(pid)!r}",
+        interval=0.02,
+    )
+    return title
 
 
 def status_of(pid: int) -> dict[str, str]:
@@ -159,7 +105,7 @@ async def warm(launcher: Launcher, rm: FakeRM, user: str = USER_A) -> ForkServer
     first = ec_spec(rm, user)
     proc = await launcher.launch(first)
     assert int(status_of(proc.pid)["Uid"].split()[0]) == 0  # sudo: no server was ready yet
-    servers = await wait_until(
+    servers: list[ForkServer] = await wait_until(
         lambda: [s for (u, _), s in launcher.forks.servers().items() if u == user],
         timeout=DEADLINE,
         what=f"the fork server of {user} is ready",
@@ -379,7 +325,7 @@ async def test_a_closed_server_exits_after_its_last_engineconn(make_launcher, fa
 
 
 async def test_a_server_that_cannot_start_means_sudo(make_launcher, fake_rm, policy) -> None:
-    from tests.conftest import shared_tmp as tmp
+    from tests.helpers import shared_tmp as tmp
 
     script = tmp("lrm-fake-python-") / "python"
     script.write_text("#!/bin/bash\necho 'no runtime here' >&2\nexit 3\n")
@@ -425,6 +371,7 @@ async def test_fork_server_protocol(sudo_users, ec_python, policy) -> None:
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, cwd=str(work),
     )  # fmt: skip
     assert proc.stdin is not None and proc.stdout is not None
+    stdin, stdout = proc.stdin, proc.stdout
 
     exits: dict[int, int] = {}
     server_pid = 0
@@ -432,15 +379,15 @@ async def test_fork_server_protocol(sudo_users, ec_python, policy) -> None:
     async def answer() -> dict[str, Any]:
         """The next line that is not an exit report (those are kept in `exits`)."""
         while True:
-            message = json.loads(await asyncio.wait_for(proc.stdout.readline(), 30))
+            message = json.loads(await asyncio.wait_for(stdout.readline(), 30))
             if "exit" not in message:
                 return message  # type: ignore[no-any-return]
             exits[message["exit"]] = os.waitstatus_to_exitcode(message["status"])
 
     async def ask(request: object) -> dict[str, Any]:
         line = request if isinstance(request, bytes) else json.dumps(request).encode()
-        proc.stdin.write(line + b"\n")
-        await proc.stdin.drain()
+        stdin.write(line + b"\n")
+        await stdin.drain()
         return await answer()
 
     try:

@@ -8,7 +8,6 @@ skipping them.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import os
 import pwd
@@ -19,14 +18,13 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from ecm_agent.launch import (
     ExitInfo,
-    Launcher,
     RunningProcess,
     _group_members,
     _signal_group,
@@ -87,34 +85,6 @@ def policy(test_users, work_root, tmp_path) -> AgentPolicy:
         programs={"bash": "/bin/bash", "python": sys.executable},
         kill_grace=3.0,
     )
-
-
-@pytest.fixture
-async def make_launcher(policy) -> AsyncIterator[Callable[..., Launcher]]:
-    """Launchers on the test policy; every process they started is killed afterwards."""
-    made: list[Launcher] = []
-
-    def make(p: AgentPolicy = policy) -> Launcher:
-        launcher = Launcher(p)
-        made.append(launcher)
-        return launcher
-
-    yield make
-    for launcher in made:
-        for proc in [t.proc for t in launcher._tracked.values()]:
-            if _group_members(proc):
-                _signal_group(proc, signal.SIGKILL)
-    for launcher in made:
-        for proc in [t.proc for t in launcher._tracked.values()]:
-            await wait_until(
-                functools.partial(_no_members, proc),
-                timeout=DEADLINE,
-                what="cleanup: group still alive",
-            )
-
-
-def _no_members(proc: RunningProcess) -> bool:
-    return not _group_members(proc)
 
 
 def ec_spec(**over: object) -> LaunchSpec:

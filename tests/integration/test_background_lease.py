@@ -57,7 +57,7 @@ def test_each_job_runs_on_one_replica_and_moves_when_it_dies(rm_process_factory,
 
         def reclaimed() -> bool:
             found = rm.GetTicket(pb.GetTicketRequest(ticket_id=ticket.ticket_id), timeout=5)
-            return found.ticket.state == pb.TICKET_STATE_EXPIRED
+            return bool(found.ticket.state == pb.TICKET_STATE_EXPIRED)
 
         # Lease time to live (5 s) + lock timeout (1 s) + a margin for a loaded machine.
         wait_until_sync(reclaimed, 30, what="the survivor reclaims the expired ticket")

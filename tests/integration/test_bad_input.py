@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from google.protobuf import json_format
-from grpc_status import rpc_status
 from labelrm.v1 import resource_manager_pb2 as pb
 from labelrm.v1 import resource_pb2
 
@@ -13,20 +11,16 @@ from tests.helpers import (
     GiB,
     apply_req,
     assert_consistent,
+    bad_field,
     lbl,
     limit_req,
     load,
     load_instance,
     register,
+    snapshot,
 )
 
 USER = "userCreator=alice-IDE,engineType=spark-3.2.1"
-
-
-async def snapshot(rm):
-    records = await rm.rm.ListLabelResources(pb.ListLabelResourcesRequest())
-    tickets = await rm.rm.ListTickets(pb.ListTicketsRequest())
-    return json_format.MessageToDict(records), json_format.MessageToDict(tickets)
 
 
 @pytest.fixture
@@ -35,18 +29,6 @@ async def seeded(rm):
     await rm.admin.SetLabelLimit(limit_req("userCreator=*,engineType=*", load(4 * GiB, 4000)))
     held = await rm.rm.Apply(apply_req(USER + ",emInstance=host1:9000", load(GiB, 1000)))
     return rm, held.ticket
-
-
-def field_of(err: grpc.aio.AioRpcError) -> str:
-    from google.rpc import error_details_pb2
-
-    status = rpc_status.from_call(err)
-    for detail in status.details:
-        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-            bad = error_details_pb2.BadRequest()
-            detail.Unpack(bad)
-            return bad.field_violations[0].field
-    raise AssertionError(f"no BadRequest detail in {err}")
 
 
 def resource(**kw) -> resource_pb2.Resource:
@@ -78,7 +60,7 @@ async def test_invalid_apply_names_the_field_and_changes_nothing(seeded, case):
     with pytest.raises(grpc.aio.AioRpcError) as exc:
         await rm.rm.Apply(request)
     assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert field_of(exc.value) == field, exc.value.details()
+    assert bad_field(exc.value) == field, exc.value.details()
     assert await snapshot(rm) == before
     await assert_consistent(rm)
 
@@ -137,7 +119,7 @@ async def test_resource_type_that_cannot_combine_with_a_label_is_invalid(seeded)
     with pytest.raises(grpc.aio.AioRpcError) as exc:
         await rm.rm.Apply(apply_req(USER + ",emInstance=host1:9000", yarn))
     assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert field_of(exc.value) == "resource"
+    assert bad_field(exc.value) == "resource"
     assert await snapshot(rm) == before
 
 
@@ -152,7 +134,7 @@ async def test_invalid_registration(rm):
         with pytest.raises(grpc.aio.AioRpcError) as exc:
             await rm.rm.RegisterEcm(request)
         assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert field_of(exc.value) == field
+        assert bad_field(exc.value) == field
     records = await rm.rm.ListLabelResources(pb.ListLabelResourcesRequest())
     assert list(records.label_resources) == []
 
@@ -163,4 +145,4 @@ async def test_bad_page_token_and_size(rm):
     assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     with pytest.raises(grpc.aio.AioRpcError) as exc:
         await rm.rm.ListTickets(pb.ListTicketsRequest(page_size=-1))
-    assert field_of(exc.value) == "page_size"
+    assert bad_field(exc.value) == "page_size"

@@ -29,8 +29,8 @@ from rm_server.service.resource_manager import _TICKET_ENCODERS
 from rm_server.store import tickets as ticket_store
 from rm_server.store import waiters as waiter_store
 from rm_server.store.db import Idempotency, Replay
-from tests.conftest import BOTH_PATHS, start_in_process, stop_in_process
 from tests.helpers import (
+    BOTH_PATHS,
     GiB,
     apply_req,
     assert_consistent,
@@ -39,6 +39,8 @@ from tests.helpers import (
     load,
     load_instance,
     register,
+    start_in_process,
+    stop_in_process,
 )
 
 pytestmark = BOTH_PATHS
@@ -91,9 +93,10 @@ async def waiter(rm, labels: str, resource: Resource) -> int:
     """Queue a waiter for `resource` (user "waiter"), holding for a minute."""
     keys = rm.core.tickets.charged_keys(_labels(labels))
     hold = rm.core.clock.now() + timedelta(seconds=60)
-    return await rm.core.tickets._join_queue(
+    seq: int = await rm.core.tickets._join_queue(
         f"w-{uuid.uuid4().hex}", keys, 60, "waiter", resource, hold
     )
+    return seq
 
 
 # A shared label (an ECM's): waiters hold capacity back there, not on a user's own quota.

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from bench.common import BenchDatabase
-from tests.conftest import Postgres
+from tests.helpers import Postgres
 
 
 @pytest.fixture

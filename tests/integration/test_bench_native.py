@@ -20,8 +20,16 @@ import pytest
 from labelrm.v1 import resource_manager_pb2 as pb
 
 from bench.native import NativeUnavailable, loadgen_binary
-from tests.conftest import start_in_process, stop_in_process, wait_until
-from tests.helpers import GiB, assert_consistent, label_state, load_instance, register
+from tests.helpers import (
+    GiB,
+    assert_consistent,
+    label_state,
+    load_instance,
+    register,
+    start_in_process,
+    stop_in_process,
+    wait_until,
+)
 from tests.integration.test_metrics import scrape, value
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")

@@ -18,7 +18,6 @@ from labelrm.v1 import admin_pb2, resource_manager_pb2
 
 import clients
 from clients import (
-    AsyncRMClient,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
@@ -30,24 +29,13 @@ from clients import (
     load_instance,
     rmctl,
 )
+from tests.helpers import CLIENT_ECM, ctl
 
 GiB = 1024**3
-ECM = "h1:9101"
+ECM = CLIENT_ECM
 ECM_LABEL = f"emInstance={ECM}"
 USER = "userCreator=alice-IDE,engineType=spark-3.2.1"
 REQUEST = f"{ECM_LABEL},{USER}"
-
-
-@pytest.fixture
-async def client(rm: Any) -> Any:
-    async with AsyncRMClient(rm.target, timeout=5.0) as c:
-        await c.register_ecm(ECM, load_instance(8 * GiB, 8000, 50))
-        yield c
-
-
-def ctl(rm: Any, *argv: str) -> Any:
-    """Run rmctl against `rm` in a thread; returns an awaitable of its exit code."""
-    return asyncio.to_thread(rmctl.main, ["--rm", rm.target, *argv])
 
 
 # --- typed errors ----------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 BIN = Path(sys.executable).parent
 

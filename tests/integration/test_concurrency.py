@@ -6,14 +6,14 @@ import asyncio
 import os
 import shutil
 import time
+from typing import Any
 
 import grpc
 import pytest
 from labelrm.v1 import admin_pb2, admin_pb2_grpc, resource_manager_pb2_grpc
 from labelrm.v1 import resource_manager_pb2 as pb
 
-from tests.conftest import BOTH_PATHS
-from tests.helpers import GiB, limit_req, load, load_instance, register
+from tests.helpers import BOTH_PATHS, GiB, limit_req, load, load_instance, present, register
 from tests.load import ECMS, run_load
 
 STRESS_SECONDS = float(os.environ.get("LABELRM_STRESS_SECONDS", "10"))
@@ -60,7 +60,7 @@ def assert_all_returned(records: list[pb.LabelResource]) -> None:
         assert locked.memory_bytes == 0 and used.memory_bytes == 0, record
 
 
-async def periodic_checks(target: str, stop_at: float, results: list) -> None:
+async def periodic_checks(target: str, stop_at: float, results: list[Any]) -> None:
     while time.monotonic() < stop_at:
         results.append(await check(target))
         await asyncio.sleep(1.0)
@@ -71,7 +71,7 @@ async def test_64_concurrent_clients_keep_every_invariant(rm_process_factory):
     server = rm_process_factory()
     server.start()
     await seed(server.target)
-    checks: list = []
+    checks: list[Any] = []
     stats = await run_load(
         [server.target],
         STRESS_SECONDS,
@@ -135,7 +135,7 @@ async def test_kill_9_mid_load_then_restart(rm_process_factory):
             resp = await rm.ListTickets(pb.ListTicketsRequest(state=pb.TICKET_STATE_LOCKED))
             return not resp.tickets
 
-    from tests.conftest import wait_until
+    from tests.helpers import wait_until
 
     await wait_until(no_locked, timeout=30, interval=0.2)
     async with grpc.aio.insecure_channel(server.target) as channel:
@@ -164,7 +164,7 @@ def postmaster_start(url: str):
     import psycopg
 
     with psycopg.connect(url) as conn:
-        return conn.execute("SELECT pg_postmaster_start_time()").fetchone()[0]
+        return present(conn.execute("SELECT pg_postmaster_start_time()").fetchone())[0]
 
 
 @pytest.fixture
@@ -172,7 +172,7 @@ def own_postgres():
     """A private embedded PostgreSQL that the test may stop and start (in a directory the
     database user can reach as root: pytest resets its tmp_path root to 0700 at the
     start of every session, so a restart there fails while another session runs)."""
-    from tests.conftest import shared_tmp, start_embedded
+    from tests.helpers import shared_tmp, start_embedded
 
     base = shared_tmp("lrm-own-pg-")
     pgdata = base / "pgdata"
@@ -185,7 +185,7 @@ def own_postgres():
 
 @BOTH_PATHS
 async def test_database_restart_under_load(rm_process_factory, own_postgres):
-    from tests.conftest import start_embedded
+    from tests.helpers import start_embedded
 
     server = rm_process_factory(url=own_postgres["url"])
     server.start()

@@ -30,10 +30,9 @@ from labelrm_common import tokens
 from rm_server.config import Settings
 from rm_server.security.setup import SecurityConfigError, build_security
 from rm_server.service import convert
-from tests.conftest import wait_until
-from tests.helpers import lbl, limit_req, load_instance
-from tests.integration.security_fixtures import make_pki, secure_cluster
-from tests.integration.test_tenant_isolation import SHELL_A, SHELL_B, start_agent
+from tests.helpers import lbl, limit_req, load_instance, wait_until
+from tests.integration.security_fixtures import make_pki, secure_cluster, start_secure_agent
+from tests.integration.test_tenant_isolation import SHELL_A, SHELL_B
 
 CHROMIUM = "/usr/bin/chromium"
 PAGES = ("overview", "nodes", "engineconns", "resources", "tickets", "demands")
@@ -72,7 +71,7 @@ async def browser():
 
 
 def _url(srm: Any) -> str:
-    return srm.server.console.url
+    return str(srm.server.console.url)
 
 
 async def _signed_in(browser: Any, srm: Any, who: str) -> Any:
@@ -124,7 +123,7 @@ async def _text(page: Any, selector: str) -> str:
 
 
 async def test_console_pages_show_the_api_figures_live(console, browser, agent_factory, tmp_path):
-    await start_agent(console, agent_factory)
+    await start_secure_agent(console, agent_factory)
     admin = console.stubs(console.channel("root"))
     page = await _signed_in(browser, console, "root")
     shots = tmp_path / "screenshots"
@@ -171,7 +170,7 @@ async def test_console_pages_show_the_api_figures_live(console, browser, agent_f
             cell = f"[data-testid=totals] tr[data-dim=memory_bytes] td[data-field={field}]"
             if await _text(page, cell) != str(total):
                 return False
-        return report.tickets_checked >= 1
+        return bool(report.tickets_checked >= 1)
 
     await wait_until(figures_match, timeout=20)
     assert await _text(page, "[data-testid=nodes-by-state] .big") == "1"
@@ -245,7 +244,7 @@ async def test_console_pages_show_the_api_figures_live(console, browser, agent_f
 
 
 async def test_a_user_sees_only_their_own_engineconns(console, browser, agent_factory):
-    await start_agent(console, agent_factory)
+    await start_secure_agent(console, agent_factory)
     a_ec = await _create(console, "lrmtest_a", SHELL_A)
     b_ec = await _create(console, "lrmtest_b", SHELL_B)
     a_token, b_token = (console.pki.tokens[u] for u in ("lrmtest_a", "lrmtest_b"))

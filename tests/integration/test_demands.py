@@ -21,8 +21,19 @@ from labelrm.v1 import resource_manager_pb2 as rpb
 from rm_server.app.demands import DemandManager
 from rm_server.clock import ManualClock
 from rm_server.domain.demands.timelang import Span, holds, parse, resolve
-from tests.conftest import InProcessRM, start_in_process, stop_in_process, wait_until
-from tests.helpers import GiB, apply_req, assert_consistent, label_state, lbl, limit_req, load
+from tests.helpers import (
+    GiB,
+    InProcessRM,
+    apply_req,
+    assert_consistent,
+    label_state,
+    lbl,
+    limit_req,
+    load,
+    start_in_process,
+    stop_in_process,
+    wait_until,
+)
 
 USER = "userCreator=alice-IDE,engineType=spark-3.2.1"
 LIMIT = "userCreator=*,engineType=*"
@@ -61,7 +72,8 @@ class DemandRM:
         return (await self.stub.GetDemand(dpb.GetDemandRequest(demand_id=demand_id))).demand
 
     async def state(self, demand_id: str) -> int:
-        return (await self.get(demand_id)).state
+        state: int = (await self.get(demand_id)).state
+        return state
 
     async def claim(self, demand_id: str) -> dpb.ClaimDemandResponse:
         return await self.stub.ClaimDemand(dpb.ClaimDemandRequest(demand_id=demand_id))
@@ -89,6 +101,7 @@ async def drm(database_url):
         demand_default_duration=3600.0,
     )
     manager = rm.server.demands
+    assert manager is not None
     await manager.stop_background()  # the tests drive the rounds
     await rm.admin.SetLabelLimit(limit_req(LIMIT, load(4 * GiB, 4000)))
     try:
@@ -329,7 +342,7 @@ async def test_a_pass_decides_each_round_at_its_own_time(drm):
 
 
 async def _at_least(count, n: int) -> bool:
-    return await count >= n
+    return bool(await count >= n)
 
 
 async def test_blocked_demands_are_not_tried_again_until_their_labels_change(drm, monkeypatch):
@@ -660,7 +673,7 @@ async def test_random_demands_and_ticks_never_overcommit_or_misallocate(drm, see
         if not allocations:
             continue
         at = allocations[0].time.ToDatetime(tzinfo=t0.tzinfo)
-        window = resolve(parse(text).start.expr, t0)  # type: ignore[union-attr]
+        window: Any = resolve(parse(text).start.expr, t0)  # type: ignore[union-attr]
         if "strict" in text:
             assert holds(window, at, d.passed_over_rounds), (demand_id, text, at)
         else:

@@ -12,7 +12,6 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,15 +32,17 @@ from labelrm.v1 import resource_manager_pb2 as pb
 
 from rm_server.dev import NO_DEV_USER
 from rm_server.embedded import BINARIES_ROOT
-from tests.conftest import (
+from tests.helpers import (
     ROOT,
     free_port,
+    lbl,
+    log_tail,
     private_tmp,
     remove_with_relocated,
     shared_tmp,
     wait_serving,
+    wait_until_sync,
 )
-from tests.helpers import lbl
 
 USER = "lrmtest_a"
 
@@ -154,10 +155,11 @@ def test_make_run_from_a_fresh_clone_as_a_normal_user(user_home, ec_python):
         finally:
             stop(proc)
     # Everything `make run` started (rm-server, its agent, the database) is gone.
-    deadline = time.monotonic() + 30
-    while left := [p.pid for p in psutil.process_iter() if _works_in(p, clone)]:
-        assert time.monotonic() < deadline, (left, log.read_text()[-3000:])
-        time.sleep(0.1)
+    wait_until_sync(
+        lambda: not [p.pid for p in psutil.process_iter() if _works_in(p, clone)],
+        30,
+        what=lambda: "what make run started gone\n" + log_tail(log),
+    )
     assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
 
 
@@ -170,20 +172,16 @@ def _works_in(proc: psutil.Process, directory: Path) -> bool:
 
 def launch_engineconns(target: str, log: Path, rounds: int) -> None:
     """The local agent comes up and launches EngineConns as USER that run code."""
-    try:
-        wait_serving(target, 90)
-    except TimeoutError:
-        raise AssertionError(log.read_text()[-3000:]) from None
+    wait_serving(target, 90, log=log)
     with grpc.insecure_channel(target) as channel:
         rm = resource_manager_pb2_grpc.ResourceManagerServiceStub(channel)
         ecs = engine_conn_pb2_grpc.EngineConnServiceStub(channel)
-        deadline = time.monotonic() + 30
-        while True:
+
+        def agent_running() -> bool:
             states = {e.instance: e.state for e in rm.ListEcms(pb.ListEcmsRequest()).ecms}
-            if states.get("local-agent") == pb.ECM_STATE_RUNNING:
-                break
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.1)
+            return bool(states.get("local-agent") == pb.ECM_STATE_RUNNING)
+
+        wait_until_sync(agent_running, 30, what=lambda: "local-agent RUNNING\n" + log_tail(log))
         for round_ in range(rounds):
             request = ec_pb.CreateEngineConnRequest(
                 user=USER,
@@ -208,18 +206,25 @@ def wait_ended(
 ) -> None:
     """A killed EngineConn ends: its process is gone and the RM records it ended."""
     ended = (ec_pb.ENGINE_CONN_STATE_SUCCEEDED, ec_pb.ENGINE_CONN_STATE_FAILED)
-    deadline = time.monotonic() + 30
-    while True:
+
+    def state_and_gone() -> tuple[int, bool]:
         request = ec_pb.GetEngineConnRequest(engine_conn_id=ec.engine_conn_id)
         state = ecs.GetEngineConn(request, timeout=10).engine_conn.state
         try:
             gone = psutil.Process(ec.pid).status() == psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:
             gone = True
-        if gone and state in ended:
-            return
-        assert time.monotonic() < deadline, (state, gone, log.read_text()[-3000:])
-        time.sleep(0.1)
+        return state, gone
+
+    def done() -> bool:
+        state, gone = state_and_gone()
+        return gone and state in ended
+
+    wait_until_sync(
+        done,
+        30,
+        what=lambda: f"EngineConn ended (state, gone: {state_and_gone()})\n" + log_tail(log),
+    )
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -309,10 +314,12 @@ def test_make_run_as_root_without_a_dev_user_says_what_to_do(data_root):
     )  # fmt: skip
     try:
         wait_serving(f"127.0.0.1:{port}", 90)
-        deadline = time.monotonic() + 10
-        while NO_DEV_USER not in err.read_text():
-            assert time.monotonic() < deadline, err.read_text()[-2000:]
-            time.sleep(0.05)
+        wait_until_sync(
+            lambda: NO_DEV_USER in err.read_text(),
+            10,
+            what=lambda: "the no-dev-user advice\n" + log_tail(err, 2000),
+            interval=0.05,
+        )
         said = [line for line in err.read_text().splitlines() if "LABELRM_DEV_USERS" in line]
         assert said == [NO_DEV_USER] or said[-1] == NO_DEV_USER, said
     finally:

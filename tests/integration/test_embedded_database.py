@@ -12,7 +12,6 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,15 +22,20 @@ from labelrm.v1 import resource_manager_pb2 as pb
 from labelrm.v1 import resource_manager_pb2_grpc
 
 from rm_server.embedded import RELOCATED_ROOT
-from tests.conftest import (
+from tests.helpers import (
     ROOT,
+    GiB,
+    apply_req,
     free_port,
+    load,
+    load_instance,
     private_tmp,
+    register,
     remove_with_relocated,
     shared_tmp,
     wait_serving,
+    wait_until_sync,
 )
-from tests.helpers import GiB, apply_req, load, load_instance, register
 
 
 @pytest.fixture
@@ -80,14 +84,7 @@ class Server:
 
     def wait_serving(self) -> None:
         """Serving within the deadline, or fail at once with the log if it exited."""
-        deadline = time.monotonic() + 90
-        while True:
-            assert self.proc.poll() is None, self.log.read_text()[-3000:]
-            try:
-                wait_serving(self.target, 1)
-                return
-            except TimeoutError:
-                assert time.monotonic() < deadline, self.log.read_text()[-3000:]
+        wait_serving(self.target, 90, self.proc, self.log)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -142,10 +139,12 @@ def test_restart_right_after_kill_9_of_the_server_and_its_postmaster(data_root):
         postmaster = postmaster_pid(data_dir)
         os.kill(server_pid, signal.SIGKILL)
         os.kill(postmaster, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while psutil.Process(postmaster).status() != psutil.STATUS_ZOMBIE:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_until_sync(
+            lambda: psutil.Process(postmaster).status() == psutil.STATUS_ZOMBIE,
+            10,
+            what="the killed postmaster a zombie",
+            interval=0.02,
+        )
 
         second = Server(data_dir, data_root / "rm2.log")
         second.wait_serving()
@@ -255,8 +254,8 @@ def test_a_data_directory_the_database_user_cannot_reach(sudo_users):
         for path in (RELOCATED_ROOT, RELOCATED_ROOT.parent):
             info = path.stat()
             assert (stat.S_IMODE(info.st_mode), info.st_uid) == (0o755, 0), path
-        said = [line for line in first.log.read_text().splitlines() if str(link) in line]
-        assert len(said) == 1 and "INFO" in said[0] and str(home / "pgdata") in said[0], said
+        lines = [line for line in first.log.read_text().splitlines() if str(link) in line]
+        assert len(lines) == 1 and "INFO" in lines[0] and str(home / "pgdata") in lines[0], lines
         with grpc.insecure_channel(first.target) as channel:
             stub = resource_manager_pb2_grpc.ResourceManagerServiceStub(channel)
             stub.RegisterEcm(register("h:1", load_instance(GiB, 1000, 1)), timeout=10)

@@ -9,16 +9,17 @@ import secrets
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from labelrm.v1 import engine_conn_pb2 as ec_pb
-from labelrm.v1 import engine_conn_pb2_grpc, executor_pb2, executor_pb2_grpc
+from labelrm.v1 import executor_pb2, executor_pb2_grpc
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 IDLE = ec_pb.ENGINE_CONN_STATE_IDLE
 BUSY = ec_pb.ENGINE_CONN_STATE_BUSY
@@ -29,48 +30,6 @@ STDOUT = executor_pb2.OUTPUT_STREAM_STDOUT
 STDERR = executor_pb2.OUTPUT_STREAM_STDERR
 
 
-class FakeRM(engine_conn_pb2_grpc.EngineConnServiceServicer):
-    """Records every report; answers shutdown=true once told to."""
-
-    def __init__(self) -> None:
-        self.reports: asyncio.Queue[ec_pb.ReportEngineConnStateRequest] = asyncio.Queue()
-        self.shutdown = False
-
-    async def ReportEngineConnState(self, request, context):
-        await self.reports.put(request)
-        return ec_pb.ReportEngineConnStateResponse(shutdown=self.shutdown)
-
-    async def next_report(self, state, timeout: float = 5.0):
-        """The next report in `state` (earlier ones in other states are skipped)."""
-        deadline = time.monotonic() + timeout
-        seen = []
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise AssertionError(f"no {ec_pb.EngineConnState.Name(state)} report; saw {seen}")
-            try:
-                report = await asyncio.wait_for(self.reports.get(), remaining)
-            except TimeoutError:
-                continue
-            if report.state == state:
-                return report
-            seen.append(ec_pb.EngineConnState.Name(report.state))
-
-
-@pytest.fixture
-async def fake_rm():
-    rm = FakeRM()
-    server = grpc.aio.server()
-    engine_conn_pb2_grpc.add_EngineConnServiceServicer_to_server(rm, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    rm.target = f"127.0.0.1:{port}"
-    try:
-        yield rm
-    finally:
-        await server.stop(grace=0)
-
-
 class AuthedStub:
     """The executor stub with `authorization: Bearer <secret>` on every call (None: none)."""
 
@@ -78,10 +37,10 @@ class AuthedStub:
         self.stub = executor_pb2_grpc.ExecutorServiceStub(channel)
         self.metadata = (("authorization", f"Bearer {secret}"),) if secret else ()
 
-    def Execute(self, request, **kwargs):
+    def Execute(self, request: Any, **kwargs: Any) -> Any:
         return self.stub.Execute(request, metadata=self.metadata, **kwargs)
 
-    def Cancel(self, request, **kwargs):
+    def Cancel(self, request: Any, **kwargs: Any) -> Any:
         return self.stub.Cancel(request, metadata=self.metadata, **kwargs)
 
 
@@ -89,12 +48,12 @@ class AuthedStub:
 class EC:
     proc: asyncio.subprocess.Process
     ec_id: str
-    log_path: object
+    log_path: Path
     secret: str = ""
     address: str = ""
     channel: grpc.aio.Channel | None = None
     stub: AuthedStub | None = None
-    extra: list = field(default_factory=list)
+    extra: list[Any] = field(default_factory=list)
 
     def stub_with(self, secret: str | None) -> AuthedStub:
         assert self.channel is not None
@@ -171,7 +130,9 @@ async def start_ec(fake_rm, tmp_path):
 class Run:
     stdout: str = ""
     stderr: str = ""
-    result: executor_pb2.ExecuteResult | None = None
+    # An ExecuteResult once the call ended with one (the generated protobuf code carries
+    # no types here, so it is Any either way).
+    result: Any = None
 
 
 async def collect(call) -> Run:
@@ -189,6 +150,7 @@ async def collect(call) -> Run:
 
 
 async def execute(ec: EC, code: str, **kwargs) -> Run:
+    assert ec.stub is not None, "started with ready=False"
     return await collect(ec.stub.Execute(executor_pb2.ExecuteRequest(code=code, **kwargs)))
 
 
@@ -392,7 +354,7 @@ async def test_without_a_secret_it_refuses_to_start(start_ec, fake_rm):
     ec = await start_ec("shell", ready=False, secret=None)
     assert await ec.wait_exit() == 2
     assert "nor LABELRM_EC_SECRET is set" in ec.log()
-    assert fake_rm.reports.empty()  # it never served anything nor told the RM it was ready
+    assert not fake_rm.reports  # it never served anything nor told the RM it was ready
 
 
 async def test_insecure_executor_flag_serves_without_a_secret(start_ec):

@@ -4,9 +4,11 @@ as real unprivileged users, the real EngineConn runtime, real processes."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import pwd
 from pathlib import Path
+from typing import Any, TypeVar
 
 import grpc
 import pytest
@@ -15,10 +17,20 @@ from labelrm.v1 import admin_pb2, engine_conn_pb2_grpc, executor_pb2, executor_p
 from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as rm_pb
 
-from tests.conftest import wait_until
-from tests.helpers import GiB, assert_consistent, label_state, lbl, load_instance, register
+from tests.helpers import (
+    GiB,
+    agent_beating,
+    assert_consistent,
+    label_state,
+    lbl,
+    load_instance,
+    register,
+    start_agent,
+    wait_until,
+)
 
 SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"
+T = TypeVar("T")
 LIVE = {
     ec_pb.ENGINE_CONN_STATE_STARTING,
     ec_pb.ENGINE_CONN_STATE_IDLE,
@@ -27,26 +39,13 @@ LIVE = {
 }
 
 
-def ecs(rm) -> engine_conn_pb2_grpc.EngineConnServiceStub:
+def ecs(rm: Any) -> engine_conn_pb2_grpc.EngineConnServiceStub:
     return engine_conn_pb2_grpc.EngineConnServiceStub(rm.channel)
 
 
-async def agent_registered(rm, agent_id: str) -> bool:
-    try:
-        resp = await rm.rm.GetEcm(rm_pb.GetEcmRequest(instance=agent_id))
-    except grpc.aio.AioRpcError:
-        return False
-    return resp.ecm.state == rm_pb.ECM_STATE_RUNNING and resp.ecm.HasField("last_heartbeat_time")
-
-
-async def start_agent(rm, agent_factory, agent_id="agent1", *extra, python=None):
-    agent = agent_factory(rm.target, agent_id, *extra, python=python)
-    agent.start()
-    await wait_until(lambda: agent_registered(rm, agent_id), timeout=30)
-    return agent
-
-
-async def create(rm, labels=SHELL_A, user="lrmtest_a", request_id="", **params):
+async def create(
+    rm: Any, labels: str = SHELL_A, user: str = "lrmtest_a", request_id: str = "", **params: Any
+) -> Any:
     return (
         await ecs(rm).CreateEngineConn(
             ec_pb.CreateEngineConnRequest(
@@ -61,20 +60,22 @@ async def create(rm, labels=SHELL_A, user="lrmtest_a", request_id="", **params):
     ).engine_conn
 
 
-async def get_ec(rm, ec_id):
+async def get_ec(rm: Any, ec_id: str) -> Any:
     return (
         await ecs(rm).GetEngineConn(ec_pb.GetEngineConnRequest(engine_conn_id=ec_id))
     ).engine_conn
 
 
-async def execute(ec, code: str, secret: str | None = None) -> tuple[str, str, int]:
+async def execute(ec: Any, code: str, secret: str | None = None) -> tuple[str, str, int | None]:
     """Run `code` in `ec` (an EngineConn from Create / Ask / Get) with its secret, or with
     `secret` instead ("" sends no authorization at all)."""
     secret = ec.secret if secret is None else secret
     metadata = (("authorization", f"Bearer {secret}"),) if secret else ()
     async with grpc.aio.insecure_channel(ec.address) as channel:
         stub = executor_pb2_grpc.ExecutorServiceStub(channel)
-        out, err, code_ = [], [], None
+        out: list[str] = []
+        err: list[str] = []
+        code_: int | None = None
         request = executor_pb2.ExecuteRequest(code=code)
         async for event in stub.Execute(request, timeout=30, metadata=metadata):
             if event.HasField("output"):
@@ -116,13 +117,14 @@ def uid_of(pid: int) -> int:
     raise AssertionError("no Uid line")
 
 
-async def ended(rm, ec_id):
+async def ended(rm: Any, ec_id: str) -> Any:
     ec = await get_ec(rm, ec_id)
     return ec if ec.state not in LIVE else None
 
 
-async def ticket_state(rm, ticket_id):
-    return (await rm.rm.GetTicket(rm_pb.GetTicketRequest(ticket_id=ticket_id))).ticket.state
+async def ticket_state(rm: Any, ticket_id: str) -> int:
+    state: int = (await rm.rm.GetTicket(rm_pb.GetTicketRequest(ticket_id=ticket_id))).ticket.state
+    return state
 
 
 async def test_shell_engineconn_runs_as_the_user_and_kill_releases(cluster_rm, agent_factory):
@@ -200,7 +202,7 @@ async def test_executor_needs_the_secret_only_its_owner_gets(cluster_rm, agent_f
     await assert_consistent(rm)
 
 
-async def state_gauges(rm) -> dict[tuple[str, str], float]:
+async def state_gauges(rm: Any) -> dict[tuple[str, str], float]:
     from prometheus_client.parser import text_string_to_metric_families
 
     text = (await rm.server.metrics.exposition()).decode()
@@ -212,7 +214,7 @@ async def state_gauges(rm) -> dict[tuple[str, str], float]:
     }
 
 
-async def _async(value):
+async def _async(value: T) -> T:
     return value
 
 
@@ -229,7 +231,7 @@ async def test_idle_engineconns_of_two_users_exit_by_themselves(cluster_rm, agen
     assert {e.user for e in made} == {"lrmtest_a", "lrmtest_b"}
     assert all(e.pid and e.work_dir for e in made)  # the agent's report is part of ready
     for ec in made:
-        final = await wait_until(lambda e=ec: ended(rm, e.engine_conn_id), timeout=30)
+        final = await wait_until(functools.partial(ended, rm, ec.engine_conn_id), timeout=30)
         assert final.state == ec_pb.ENGINE_CONN_STATE_SUCCEEDED, final
         assert await ticket_state(rm, ec.ticket_id) == rm_pb.TICKET_STATE_RELEASED
     await assert_consistent(rm)
@@ -287,7 +289,7 @@ async def test_an_engineconn_ask_created_is_held_for_its_caller(cluster_rm, agen
     await assert_consistent(rm)
 
 
-def replace_request_id(request, request_id: str):
+def replace_request_id(request: Any, request_id: str) -> Any:
     copy = type(request)()
     copy.CopyFrom(request)
     copy.request_id = request_id
@@ -338,8 +340,8 @@ async def test_create_answers_with_the_process_its_agent_reported(rm):
     await assert_consistent(rm)
 
 
-async def _is_busy(rm, ec_id) -> bool:
-    return (await get_ec(rm, ec_id)).state == ec_pb.ENGINE_CONN_STATE_BUSY
+async def _is_busy(rm: Any, ec_id: str) -> bool:
+    return bool((await get_ec(rm, ec_id)).state == ec_pb.ENGINE_CONN_STATE_BUSY)
 
 
 async def test_launch_exiting_3_fails_with_exit_code_and_stderr(
@@ -358,8 +360,8 @@ async def test_launch_exiting_3_fails_with_exit_code_and_stderr(
     await assert_consistent(rm)
 
 
-def _shared_script(text: str):
-    from tests.conftest import shared_tmp
+def _shared_script(text: str) -> Path:
+    from tests.helpers import shared_tmp
 
     path = shared_tmp("lrm-script-") / "fake-python"
     path.write_text(text)
@@ -399,7 +401,7 @@ async def test_agent_kill_9_lost_then_fenced(cluster_rm, agent_factory):
     agent.kill()
     # Quick restart (before the 4 s expiry): the EngineConn is re-attached and kept.
     agent.start()
-    await wait_until(lambda: agent_registered(rm, "agent1"), timeout=30)
+    await wait_until(lambda: agent_beating(rm.rm, "agent1"), timeout=30)
     await asyncio.sleep(0)  # let a heartbeat carry the re-attached report
     assert (await get_ec(rm, kept.engine_conn_id)).state == ec_pb.ENGINE_CONN_STATE_IDLE
     pid = os.getpgid((await get_ec(rm, kept.engine_conn_id)).pid)
@@ -412,7 +414,7 @@ async def test_agent_kill_9_lost_then_fenced(cluster_rm, agent_factory):
     assert ecm.state == rm_pb.ECM_STATE_LOST
     agent.start()
     await wait_until(lambda: _async(not group_members(pid)), timeout=30)
-    await wait_until(lambda: agent_registered(rm, "agent1"), timeout=30)
+    await wait_until(lambda: agent_beating(rm.rm, "agent1"), timeout=30)
     await assert_consistent(rm)
 
 
@@ -428,7 +430,7 @@ async def test_excluded_host_refused_refresh_and_decommission(cluster_rm, agent_
     # Lift the exclusion at run time (no RM restart): the agent now gets in.
     await rm.admin.RefreshNodes(admin_pb2.RefreshNodesRequest())
     bad.start()
-    await wait_until(lambda: agent_registered(rm, "agent2"), timeout=30)
+    await wait_until(lambda: agent_beating(rm.rm, "agent2"), timeout=30)
     ec = await create(rm)
     assert ec.ecm_instance == "agent2"
     live = await rm.admin.DecommissionEcm(admin_pb2.DecommissionEcmRequest(instance="agent2"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import grpc
 import pytest
@@ -14,8 +15,7 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 from labelrm.v1 import admin_pb2, external_pb2, resource_manager_pb2, resource_pb2
 
-from tests.conftest import wait_until
-from tests.helpers import GiB, apply_req, assert_consistent, label_state, limit_req
+from tests.helpers import GiB, apply_req, assert_consistent, label_state, limit_req, wait_until
 from tests.yarn_standin import HAPair, StandinRM, capacity_cluster, fair_cluster
 
 USER = "userCreator=alice-IDE,engineType=spark-3.2.1"
@@ -57,7 +57,7 @@ def provider(
     )
 
 
-def details(err: grpc.aio.AioRpcError) -> tuple[str, list]:
+def details(err: grpc.aio.AioRpcError) -> tuple[str, list[Any]]:
     status = rpc_status.from_call(err)
     assert isinstance(status, status_pb2.Status)
     reason, shortfalls = "", []
@@ -430,7 +430,7 @@ async def test_a_waiting_apply_is_granted_when_yarn_frees_the_queue(rm, capacity
     await rm.admin.PutExternalProvider(provider(pair.addresses, ttl=0.2))
     app = state.start_app("root.a.a1", 55 * 1024, 1)
 
-    async def wait_for_room():
+    async def wait_for_room() -> Any:
         return await rm.rm.Apply(apply_req(USER + ",cluster=prod", dy("root.a.a1", 10), wait=30))
 
     waiting = asyncio.create_task(wait_for_room())
@@ -465,7 +465,7 @@ async def test_per_user_queue_caps_are_ordinary_label_limits(rm, capacity):
 
 
 async def test_metrics_export_queue_figures_without_asking_yarn(database_url, capacity):
-    from tests.conftest import start_in_process, stop_in_process
+    from tests.helpers import start_in_process, stop_in_process
     from tests.integration.test_metrics import scrape, value
 
     state, pair = capacity
@@ -505,7 +505,7 @@ async def test_metrics_export_queue_figures_without_asking_yarn(database_url, ca
 async def test_two_replicas_never_share_a_queue_headroom(rm, capacity):
     """Each replica has its own cache of YARN's figures; the in-flight part is read from the
     shared record under its row lock, so replicas cannot over-grant either."""
-    from tests.conftest import start_in_process, stop_in_process
+    from tests.helpers import start_in_process, stop_in_process
 
     state, pair = capacity
     await rm.admin.PutExternalProvider(provider(pair.addresses, ttl=300))

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -142,15 +141,17 @@ async def test_a_waiting_apply_is_woken_after_a_switchover(
             if waiting.done():  # it must still wait: the failover is not its answer
                 pytest.fail(f"the waiting Apply ended at the switchover: {waiting.exception()!r}")
             release = pb.ReleaseRequest(ticket_id=holder.ticket_id, request_id="wake-release")
-            deadline = time.monotonic() + 60
-            while True:
+
+            async def released() -> bool:
                 try:
                     await rm_two.Release(release, timeout=5)
-                    break
                 except grpc.aio.AioRpcError as exc:
-                    if exc.code() not in RETRY_CODES or time.monotonic() > deadline:
+                    if exc.code() not in RETRY_CODES:
                         raise
-                    await asyncio.sleep(0.2)
+                    return False
+                return True
+
+            await wait_until(released, 60, what="the Release through the failover", interval=0.2)
             granted = (await asyncio.wait_for(waiting, 60)).ticket
             assert granted.state == pb.TICKET_STATE_LOCKED
             report = await check_consistency(second)

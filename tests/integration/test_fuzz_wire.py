@@ -11,7 +11,7 @@ raw random bytes. The budget is bounded and derandomized: the same examples each
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from labelrm.v1 import admin_pb2, admin_pb2_grpc, resource_manager_pb2_grpc
 
 from rm_server.server import SERVICE_NAMES
-from tests.helpers import GiB, apply_req, lbl, limit_req, load, load_instance, register
+from tests.helpers import GiB, apply_req, lbl, limit_req, load, load_instance, present, register
 
 CALL_TIMEOUT = 0.5  # seconds: Applies that wait, launches without an agent, streams
 MAX_DEPTH = 3
@@ -95,7 +95,7 @@ def _any_scalar(field: FieldDescriptor) -> st.SearchStrategy[Any]:
     if t == FieldDescriptor.TYPE_BOOL:
         return st.booleans()
     if t == FieldDescriptor.TYPE_ENUM:  # proto3 enums are open: unknown numbers too
-        known = [v.number for v in field.enum_type.values]
+        known = [v.number for v in present(field.enum_type).values]
         return st.one_of(st.sampled_from(known), st.integers(-3, 40))
     if t in (
         FieldDescriptor.TYPE_INT32,
@@ -119,7 +119,7 @@ def _any_scalar(field: FieldDescriptor) -> st.SearchStrategy[Any]:
 
 def _field_value(field: FieldDescriptor, depth: int) -> st.SearchStrategy[Any]:
     if field.type == FieldDescriptor.TYPE_MESSAGE:
-        return messages(field.message_type, depth + 1)
+        return messages(present(field.message_type), depth + 1)
     return _scalar(field)
 
 
@@ -130,7 +130,7 @@ def _set_field(draw: Any, msg: Message, field: FieldDescriptor, depth: int) -> N
         key_f = field.message_type.fields_by_name["key"]
         value_f = field.message_type.fields_by_name["value"]
         values = (
-            messages(value_f.message_type, depth + 1)
+            messages(present(value_f.message_type), depth + 1)
             if value_f.type == FieldDescriptor.TYPE_MESSAGE
             else _any_scalar(value_f)  # a map entry's "key" and "value" are not names
         )
@@ -207,7 +207,9 @@ def _mutated(draw: Any, template: Message) -> Message:
     """`template` (valid) with one or two of its fields given drawn values."""
     msg = type(template)()
     msg.CopyFrom(template)
-    for field in _some_fields(draw, template.DESCRIPTOR, 2):
+    # protobuf's stubs type DESCRIPTOR as either implementation's Descriptor.
+    descriptor = cast(Descriptor, template.DESCRIPTOR)
+    for field in _some_fields(draw, descriptor, 2):
         _set_field(draw, msg, field, 1)
     return msg
 
@@ -252,7 +254,7 @@ def invoke(
         else:
             channel.unary_unary(path)(payloads[0], timeout=CALL_TIMEOUT)
     except grpc.RpcError as err:
-        return err.code()  # type: ignore[no-any-return,attr-defined]
+        return err.code()
     return grpc.StatusCode.OK
 
 

@@ -8,13 +8,15 @@ import json
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 from tests.helpers import assert_consistent
 
 GRPCURL = shutil.which("grpcurl") or str(Path(sys.executable).parent / "grpcurl")
 
 
-async def grpcurl(*args: str, data: str | None = None) -> dict | str:
+async def grpcurl(*args: str, data: str | None = None) -> Any:
+    """grpcurl's answer: the JSON object it printed, or its text."""
     cmd = [GRPCURL, "-plaintext", *(("-d", data) if data is not None else ()), *args]
     proc = await asyncio.create_subprocess_exec(
         *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE

@@ -9,8 +9,15 @@ import grpc
 import pytest
 from labelrm.v1 import resource_manager_pb2 as pb
 
-from tests.conftest import BOTH_PATHS
-from tests.helpers import GiB, apply_req, assert_consistent, label_state, limit_req, load
+from tests.helpers import (
+    BOTH_PATHS,
+    GiB,
+    apply_req,
+    assert_consistent,
+    label_state,
+    limit_req,
+    load,
+)
 
 pytestmark = BOTH_PATHS
 
@@ -158,7 +165,8 @@ async def test_retention_keeps_up_with_more_ended_tickets_than_a_batch(rm_manual
         return int((await cur.fetchone())[0])
 
     async def old_rows() -> int:
-        return await rm.core.db.run(count)
+        n: int = await rm.core.db.run(count)
+        return n
 
     rm.clock.advance(61)  # past the retention interval since the sweep at start-up
     rounds = 0

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 import pytest
 from google.protobuf import json_format
 from labelrm.v1 import admin_pb2, resource_manager_pb2, resource_pb2
 
-from tests.conftest import BOTH_PATHS
 from tests.helpers import (
+    BOTH_PATHS,
     GiB,
     apply_req,
     assert_consistent,
@@ -46,7 +48,7 @@ def wrap(field: str, msg) -> resource_pb2.Resource:
     return resource_pb2.Resource(**{field: msg})
 
 
-def as_json(msg) -> dict:
+def as_json(msg: Any) -> dict[str, Any]:
     return json_format.MessageToDict(msg, preserving_proto_field_name=True)
 
 
@@ -92,7 +94,7 @@ async def test_full_lifecycle_for_each_resource_type(rm, kind):
 def _numbers(msg) -> list[int]:
     out: list[int] = []
 
-    def walk(value):
+    def walk(value: Any) -> None:
         if isinstance(value, dict):
             for v in value.values():
                 walk(v)

@@ -7,7 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 
 def test_make_test_lists_skip_reasons_and_how_to_run_everything(tmp_path: Path) -> None:

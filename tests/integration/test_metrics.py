@@ -14,7 +14,6 @@ from labelrm.v1 import resource_manager_pb2 as pb
 from prometheus_client.parser import text_string_to_metric_families
 
 from rm_server.clock import ManualClock
-from tests.conftest import start_in_process, stop_in_process, wait_until
 from tests.helpers import (
     GiB,
     apply_req,
@@ -22,7 +21,11 @@ from tests.helpers import (
     limit_req,
     load,
     load_instance,
+    present,
     register,
+    start_in_process,
+    stop_in_process,
+    wait_until,
 )
 
 APPLY = "labelrm.v1.ResourceManagerService/Apply"
@@ -39,7 +42,8 @@ async def rm_metrics(database_url):
         lock_timeout=60.0,
         sweep_interval=3600.0,
     )
-    rm.server.metrics.labels.cache_seconds = 0  # every scrape reads the database
+    metrics = present(rm.server.metrics)
+    present(metrics.labels).cache_seconds = 0  # every scrape reads the database
     try:
         yield rm
     finally:
@@ -54,7 +58,7 @@ def _get(url: str) -> tuple[int, str, str]:
         return err.code, err.headers["Content-Type"], err.read().decode()
 
 
-async def scrape(rm) -> dict[tuple[str, frozenset], float]:
+async def scrape(rm) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     """{(sample name, frozenset of label items): value} from a real HTTP scrape."""
     url = f"http://127.0.0.1:{rm.server.metrics_port}/metrics"
     status, ctype, text = await asyncio.to_thread(_get, url)
@@ -68,7 +72,7 @@ async def scrape(rm) -> dict[tuple[str, frozenset], float]:
 
 
 def value(samples, name: str, **labels) -> float:
-    return samples.get((name, frozenset(labels.items())), 0.0)
+    return float(samples.get((name, frozenset(labels.items())), 0.0))
 
 
 async def test_rpc_counts_and_apply_outcomes(rm_metrics):

@@ -19,8 +19,7 @@ from labelrm.v1 import resource_manager_pb2 as pb
 
 from bench.node_modules import PROTO_ROOT, WKT_DIR, NodeUnavailable
 from bench.node_modules import node_modules as install_node_modules
-from tests.conftest import ROOT
-from tests.helpers import GiB, assert_consistent, label_state
+from tests.helpers import ROOT, GiB, assert_consistent, label_state
 
 NODE_DIR = ROOT / "tests" / "nodejs"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")

@@ -14,7 +14,7 @@ from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as rm_pb
 
 from clients import AsyncRMClient, ResourceExhausted, load, load_instance
-from tests.conftest import ROOT, wait_until
+from tests.helpers import ROOT, start_agent, wait_until
 
 SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"
 
@@ -44,19 +44,6 @@ async def rmctl_run(rm: Any, *argv: str, deadline: float = 30.0) -> tuple[int, s
         ) from None
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
-
-
-async def start_agent(rm: Any, agent_factory: Any, agent_id: str = "agent1") -> Any:
-    agent = agent_factory(rm.target, agent_id)
-    agent.start()
-    async with AsyncRMClient(rm.target, timeout=10.0) as client:
-
-        async def running() -> bool:
-            ecms = [e async for e in client.list_ecms()]
-            return any(e.instance == agent_id and e.HasField("last_heartbeat_time") for e in ecms)
-
-        await wait_until(running, timeout=30)
-    return agent
 
 
 async def test_exec_by_id_prefix_always_exits(cluster_rm: Any, agent_factory: Any) -> None:
@@ -101,9 +88,9 @@ async def test_global_flags_anywhere_and_output_modes(rm: Any) -> None:
         "--rm", rm.target, "-o", "name",
         stdout=asyncio.subprocess.PIPE, cwd=ROOT,
     )  # fmt: skip
-    out, _ = await asyncio.wait_for(proc.communicate(), 30)
+    printed, _ = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 0
-    assert sorted(out.decode().split()) == ["node/node-a", "node/node-b"]
+    assert sorted(printed.decode().split()) == ["node/node-a", "node/node-b"]
 
     rc, out, _ = await rmctl_run(rm, "node", "list", "-o", "yaml")
     assert rc == 0 and out.startswith("ecms:\n  - instance: node-")

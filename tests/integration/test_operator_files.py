@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 
 from labelrm_common.tokens import parse_tokens
-from tests.conftest import ROOT, shared_tmp
+from tests.helpers import ROOT, shared_tmp
 
 
 def rmctl(*argv: str) -> subprocess.CompletedProcess[str]:

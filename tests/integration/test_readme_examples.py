@@ -12,8 +12,7 @@ import asyncio
 import os
 import re
 
-from tests.conftest import ROOT
-from tests.helpers import assert_consistent
+from tests.helpers import ROOT, assert_consistent
 
 README = ROOT / "README.md"
 README_TARGET = "127.0.0.1:7100"

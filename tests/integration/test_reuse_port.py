@@ -12,8 +12,7 @@ from labelrm.v1 import resource_manager_pb2_grpc
 
 from rm_server.config import Settings
 from rm_server.server import RMServer
-from tests.conftest import free_port, start_in_process, stop_in_process
-from tests.helpers import GiB, load_instance, register
+from tests.helpers import GiB, free_port, load_instance, register, start_in_process, stop_in_process
 
 
 async def test_replicas_share_the_port_only_with_reuse_port(database_url):

@@ -3,41 +3,21 @@ unique prefix, `--watch` (bounded here by the hidden --watch-rounds), one-line e
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
-from typing import Any
+from typing import Any, TextIO
 
-import pytest
 from labelrm.v1 import demand_pb2, demand_pb2_grpc
 
-from clients import AsyncRMClient, load_instance, parse_labels, rmctl
+from clients import load_instance
 from clients._format import run_watch
+from clients._impl import parse_labels
+from tests.helpers import CLIENT_ECM, ctl, details
 
 GiB = 1024**3
-ECM = "h1:9101"
+ECM = CLIENT_ECM
 ECM_LABEL = f"emInstance={ECM}"
 REQUEST = f"{ECM_LABEL},userCreator=alice-IDE,engineType=spark-3.2.1"
-
-
-@pytest.fixture
-async def client(rm: Any) -> Any:
-    async with AsyncRMClient(rm.target, timeout=5.0) as c:
-        await c.register_ecm(ECM, load_instance(8 * GiB, 8000, 50))
-        yield c
-
-
-def ctl(rm: Any, *argv: str) -> Any:
-    return asyncio.to_thread(rmctl.main, ["--rm", rm.target, *argv])
-
-
-def details(text: str) -> dict[str, str]:
-    out = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition(" = ")
-        assert sep, f"not a key = value line: {line!r}"
-        out[key.strip()] = value
-    return out
 
 
 async def test_wide_lists_add_columns(client: Any, rm: Any, capsys: Any) -> None:
@@ -120,7 +100,7 @@ def test_watch_on_a_terminal_redraws_each_round() -> None:
 
 
 def test_watch_stops_cleanly_on_ctrl_c() -> None:
-    def render(out: io.StringIO) -> int:
+    def render(out: TextIO) -> int:
         raise KeyboardInterrupt
 
     assert run_watch(render, io.StringIO(), interval=0, title="t") == 0

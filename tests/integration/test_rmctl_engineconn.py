@@ -18,27 +18,12 @@ import pytest
 from google.protobuf import json_format
 from labelrm.v1 import engine_conn_pb2 as ec_pb
 
-from clients import AsyncRMClient, ExecOutput, ExecResult, Unauthenticated, rmctl
+from clients import AsyncRMClient, ExecOutput, ExecResult, Unauthenticated
 from clients.rmctl_engineconn import cmd_ec_logs, with_progress
-from tests.conftest import wait_until
+from tests.helpers import ctl, details, start_agent, wait_until, wait_until_sync
 
 SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"
 ENDED = ("SUCCEEDED", "FAILED", "LOST")
-
-
-def ctl(rm: Any, *argv: str) -> Any:
-    """rmctl against `rm`, in a thread; an awaitable of its exit code."""
-    return asyncio.to_thread(rmctl.main, ["--rm", rm.target, *argv])
-
-
-def details(text: str) -> dict[str, str]:
-    """The `key = value` lines of a detail view (stops at the first blank line)."""
-    out = {}
-    for line in text.split("\n\n")[0].splitlines():
-        key, sep, value = line.partition(" = ")
-        assert sep, f"not a key = value line: {line!r}"
-        out[key.strip()] = value
-    return out
 
 
 @pytest.fixture
@@ -47,23 +32,11 @@ async def client(cluster_rm: Any) -> Any:
         yield c
 
 
-async def start_agent(rm: Any, client: Any, agent_factory: Any, agent_id: str = "agent1") -> Any:
-    agent = agent_factory(rm.target, agent_id)
-    agent.start()
-
-    async def running() -> bool:
-        ecms = [e async for e in client.list_ecms()]
-        return any(e.instance == agent_id and e.HasField("last_heartbeat_time") for e in ecms)
-
-    await wait_until(running, timeout=30)
-    return agent
-
-
 async def test_engineconn_lifecycle_through_rmctl(
     cluster_rm: Any, client: Any, agent_factory: Any, capsys: Any
 ) -> None:
     rm = cluster_rm
-    await start_agent(rm, client, agent_factory)
+    await start_agent(rm, agent_factory)
     capsys.readouterr()
 
     assert await ctl(rm, "node", "list") == 0
@@ -76,7 +49,15 @@ async def test_engineconn_lifecycle_through_rmctl(
     header = capsys.readouterr().out.splitlines()[0]
     assert header.split()[-3:] == ["LABELS", "PROTECTED", "REGISTERED"]
 
-    argv = ("engineconn", "create", "--user", "lrmtest_a", "--labels", SHELL_A, "-q")
+    argv: tuple[str, ...] = (
+        "engineconn",
+        "create",
+        "--user",
+        "lrmtest_a",
+        "--labels",
+        SHELL_A,
+        "-q",
+    )
     assert await ctl(rm, *argv, "--param", "max_idle_seconds=300") == 0
     ec_id = capsys.readouterr().out.strip()
     assert ec_id.startswith("ec-") and "\n" not in ec_id
@@ -89,20 +70,22 @@ async def test_engineconn_lifecycle_through_rmctl(
 
     # -o json is the protobuf JSON of GetEngineConn's EngineConn. Its state may still move
     # (the BUSY / IDLE reports of the executions above can land late): compare again then.
-    for _ in range(50):
+    async def shown_and_fresh() -> tuple[ec_pb.EngineConn, ec_pb.EngineConn] | None:
         assert await ctl(rm, "-o", "json", "engineconn", "status", ec_id) == 0
         shown = json_format.Parse(capsys.readouterr().out, ec_pb.EngineConn())
         fresh = await client.get_engine_conn(ec_id)
         for ec in (shown, fresh):  # moved by the EngineConn's own heartbeats
             ec.ClearField("update_time")
         if shown == fresh and shown.state == ec_pb.ENGINE_CONN_STATE_IDLE:
-            break
-        await asyncio.sleep(0.1)
+            return shown, fresh
+        return None
+
+    shown, fresh = await wait_until(shown_and_fresh, 10, what="status -o json settled on IDLE")
     assert shown == fresh and fresh.secret  # JSON: GetEngineConn's, secret included
     assert await ctl(rm, "engineconn", "status", ec_id) == 0
     text = capsys.readouterr().out
     assert fresh.secret not in text  # the detail view leaves it out
-    view = details(text)
+    view = details(text, head_only=True)
     assert view["engine_conn_id"] == ec_id and view["state"] == "IDLE"
     assert view["user"] == "lrmtest_a" and view["ecm"] == "agent1"
     assert "max_idle_seconds=300" in view["params"]
@@ -128,7 +111,10 @@ async def test_engineconn_lifecycle_through_rmctl(
 
     assert await ctl(rm, "node", "status", "agent") == 0  # a prefix
     text = capsys.readouterr().out
-    assert details(text)["state"] == "RUNNING" and details(text)["engineconns"] == "1"
+    assert (
+        details(text, head_only=True)["state"] == "RUNNING"
+        and details(text, head_only=True)["engineconns"] == "1"
+    )
     assert ec_id in text.split("\n\n")[1]
 
     # The runtime logs to its stderr.log; the test runs as root, so the files are readable.
@@ -152,7 +138,7 @@ async def test_engineconn_lifecycle_through_rmctl(
     assert "stopping" in out  # written by the EngineConn after the follow had started
 
     assert await ctl(rm, "engineconn", "status", ec_id) == 0
-    view = details(capsys.readouterr().out)
+    view = details(capsys.readouterr().out, head_only=True)
     assert view["state"] in ENDED and view["ended"] != "-"
     assert await ctl(rm, "engineconn", "exec", ec_id, "true") == 1
     assert "has no executor" in capsys.readouterr().err
@@ -163,7 +149,7 @@ async def test_node_drain_refresh_and_errors(
     cluster_rm: Any, client: Any, agent_factory: Any, capsys: Any
 ) -> None:
     rm = cluster_rm
-    await start_agent(rm, client, agent_factory)
+    await start_agent(rm, agent_factory)
     # The async SDK: create and execute.
     ec = await client.create_engine_conn(SHELL_A, user="lrmtest_a", timeout=30)
     items = [item async for item in client.execute(ec, "echo hi; echo ho >&2")]
@@ -180,7 +166,12 @@ async def test_node_drain_refresh_and_errors(
     capsys.readouterr()
 
     # A user the agent refuses: one error line, exit 1.
-    argv = ("engineconn", "create", "--labels", "userCreator=root-IDE,engineType=shell-1")
+    argv: tuple[str, ...] = (
+        "engineconn",
+        "create",
+        "--labels",
+        "userCreator=root-IDE,engineType=shell-1",
+    )
     assert await ctl(rm, *argv) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: FAILED_PRECONDITION") and "refused" in err
@@ -193,7 +184,7 @@ async def test_node_drain_refresh_and_errors(
     assert await ctl(rm, "node", "drain", "agent1") == 0
     assert "agent1 DRAINING: 1 live EngineConns" in capsys.readouterr().out
     assert await ctl(rm, "node", "status", "agent1") == 0
-    assert details(capsys.readouterr().out)["state"] == "DRAINING"
+    assert details(capsys.readouterr().out, head_only=True)["state"] == "DRAINING"
     assert await ctl(rm, "engineconn", "create", "--labels", SHELL_A) == 1  # nowhere to go
     assert capsys.readouterr().err.startswith("error: ")
 
@@ -211,10 +202,10 @@ async def test_node_drain_refresh_and_errors(
     assert await ctl(rm, "-o", "json", *argv) == 0
     assert json.loads(capsys.readouterr().out) == {}  # nobody registered is disallowed
     assert await ctl(rm, *argv) == 0
-    view = details(capsys.readouterr().out)
+    view = details(capsys.readouterr().out, head_only=True)
     assert view == {"include": "agent1,agent2", "exclude": "agent9", "disallowed": "-"}
     assert await ctl(rm, "node", "refresh") == 0  # clears both lists
-    assert details(capsys.readouterr().out)["include"] == "(all)"
+    assert details(capsys.readouterr().out, head_only=True)["include"] == "(all)"
     assert await ctl(rm, "check") == 0
 
 
@@ -259,17 +250,17 @@ class _FakeTty(io.StringIO):
 
 
 def test_create_progress_only_on_a_terminal() -> None:
-    def slow() -> str:
-        import time
+    tty = _FakeTty()
 
-        time.sleep(0.3)
+    def once_shown() -> str:
+        # The call ends once the spinner is on the terminal: no guess at how long that takes.
+        wait_until_sync(lambda: "starting shell-1" in tty.getvalue(), 10, interval=0.01)
         return "ec-1"
 
-    tty = _FakeTty()
-    assert with_progress("starting shell-1", slow, tty) == "ec-1"
+    assert with_progress("starting shell-1", once_shown, tty) == "ec-1"
     assert "starting shell-1 0s" in tty.getvalue() and tty.getvalue().endswith("\r\x1b[K")
     piped = io.StringIO()
-    assert with_progress("starting shell-1", slow, piped) == "ec-1"
+    assert with_progress("starting shell-1", lambda: "ec-1", piped) == "ec-1"
     assert piped.getvalue() == ""
 
     def fails() -> str:

@@ -11,7 +11,6 @@ import logging
 
 import grpc
 import pytest
-from google.protobuf import json_format
 from google.protobuf.duration_pb2 import Duration
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
@@ -20,39 +19,25 @@ from labelrm.v1 import resource_manager_pb2 as pb
 from labelrm.v1 import resource_pb2 as R
 
 from clients import rmctl
-from tests.conftest import wait_until
 from tests.helpers import (
     GiB,
     apply_req,
     assert_consistent,
+    bad_field,
     label_state,
     lbl,
     limit_req,
     load,
     load_instance,
     register,
+    snapshot,
+    wait_until,
 )
 
 USER = "userCreator=alice-IDE,engineType=spark-3.2.1"
 ECM = "host1:9000"
 ECM_LABEL = f"emInstance={ECM}"
 MAX = 2**63 - 1
-
-
-async def snapshot(rm) -> tuple[dict, dict]:
-    records = await rm.rm.ListLabelResources(pb.ListLabelResourcesRequest())
-    tickets = await rm.rm.ListTickets(pb.ListTicketsRequest())
-    return json_format.MessageToDict(records), json_format.MessageToDict(tickets)
-
-
-def bad_field(err: grpc.aio.AioRpcError) -> str:
-    """The field a BadRequest detail names."""
-    for detail in rpc_status.from_call(err).details:
-        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-            bad = error_details_pb2.BadRequest()
-            detail.Unpack(bad)
-            return str(bad.field_violations[0].field)
-    raise AssertionError(f"no BadRequest detail in {err}")
 
 
 def reason(err: grpc.aio.AioRpcError) -> str:

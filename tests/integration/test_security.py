@@ -22,11 +22,22 @@ from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as pb
 
 from rm_server.domain.engineconn import EcState, EngineConn
+from rm_server.domain.resources import Resource
 from rm_server.security.limits import RATE_LIMITED, TOO_MANY_WAITING
 from rm_server.store import engineconns as ec_store
 from rm_server.store.db import Idempotency
-from tests.conftest import ROOT, free_port, wait_until
-from tests.helpers import GiB, apply_req, beat_on_stream, lbl, load, load_instance, register
+from tests.helpers import (
+    ROOT,
+    GiB,
+    apply_req,
+    beat_on_stream,
+    free_port,
+    lbl,
+    load,
+    load_instance,
+    register,
+    wait_until,
+)
 from tests.integration.security_fixtures import Pki, make_pki, start_secure, stop_secure
 
 ALICE_LABELS = "userCreator=alice-IDE,engineType=spark-3.2.1"
@@ -114,7 +125,7 @@ def reason_of(err: grpc.aio.AioRpcError) -> str:
         if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
             info = error_details_pb2.ErrorInfo()
             detail.Unpack(info)
-            return info.reason
+            return str(info.reason)
     return ""
 
 
@@ -145,7 +156,8 @@ async def call(channel, service, method, request_id: str) -> grpc.StatusCode:
                     if name in field.message_type.fields_by_name:
                         setattr(getattr(request, field.name), name, value)
     if "request_id" in method.input_type.fields_by_name:
-        request.request_id = request_id
+        # A message class built at run time from its descriptor: no attributes known statically.
+        request.request_id = request_id  # type: ignore[attr-defined]
     response_type = message_factory.GetMessageClass(method.output_type)
     path = f"/{service.full_name}/{method.name}"
     kwargs = {
@@ -208,8 +220,8 @@ async def test_certificates_are_verified(srm):
             resp = await stub.Heartbeat(hb, timeout=5)
             outcome = grpc.StatusCode.OK
             assert resp.action == pb.HEARTBEAT_ACTION_REREGISTER  # not registered yet
-        except grpc.aio.AioRpcError as err:
-            outcome = err.code()
+        except grpc.aio.AioRpcError as exc:
+            outcome = exc.code()
         # A refused handshake ends before any RPC: the client sees UNAVAILABLE.
         good = cert == keys.cert("agent", "agent1")
         assert outcome == (grpc.StatusCode.OK if good else grpc.StatusCode.UNAVAILABLE), cert
@@ -294,9 +306,7 @@ async def test_heartbeat_reports_of_engineconns_on_another_ecm_are_ignored(srm):
     assert stored.state is EcState.IDLE  # agent1 cannot end agent2's EngineConn
 
 
-def load_resource():
-    from rm_server.domain.resources import Resource
-
+def load_resource() -> Resource:
     return Resource.load_instance(GiB, 100, 1)
 
 
@@ -360,7 +370,8 @@ async def _waiters(srm) -> int:
         row = await cur.fetchone()
         return int(row[0]) if row else 0
 
-    return await srm.inner.core.db.run(count, read_only=True)
+    n: int = await srm.inner.core.db.run(count, read_only=True)
+    return n
 
 
 async def test_apply_rate_and_waiting_limits(database_url, keys):

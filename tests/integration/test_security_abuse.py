@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -27,8 +28,7 @@ from labelrm.v1 import resource_manager_pb2 as pb
 
 from labelrm_common import tokens
 from rm_server.security.limits import RATE_LIMITED, TOO_MANY_AUTH_FAILURES, TOO_MANY_STREAMS
-from tests.conftest import wait_until
-from tests.helpers import GiB, beat_on_stream, lbl, load_instance, register
+from tests.helpers import GiB, beat_on_stream, lbl, load_instance, register, wait_until
 from tests.integration.security_fixtures import Pki, make_pki, start_secure, stop_secure
 from tests.integration.test_security import reason_of
 
@@ -107,11 +107,11 @@ async def test_token_guessing_never_locks_out_valid_tokens(database_url, keys):
 # ----- a revoked token ends the streams it opened ----------------------------------------------------
 
 
-def launch_on_agent1(srm, request_id: str) -> asyncio.Future:
+def launch_on_agent1(srm: Any, request_id: str) -> asyncio.Future[Any]:
     """alice's CreateEngineConn on agent1, in the background: it queues a launch command
     (with the EngineConn's secret and key) for agent1's command stream."""
     alice = srm.stubs(srm.channel("alice"))
-    return asyncio.ensure_future(
+    launched: asyncio.Future[Any] = asyncio.ensure_future(
         alice.ecs.CreateEngineConn(
             ec_pb.CreateEngineConnRequest(
                 request_id=request_id,
@@ -121,9 +121,10 @@ def launch_on_agent1(srm, request_id: str) -> asyncio.Future:
             timeout=30,
         )
     )
+    return launched
 
 
-async def open_command_stream(srm, agent) -> tuple[object, asyncio.Future]:
+async def open_command_stream(srm: Any, agent: Any) -> tuple[Any, asyncio.Future[Any]]:
     """agent1's StreamAgentCommands, shown open (admitted) by a first launch it delivers."""
     await agent.rm.RegisterEcm(register("agent1", load_instance(8 * GiB, 8000, 8)))
     commands = agent.ecs.StreamAgentCommands(
@@ -336,9 +337,9 @@ async def test_one_users_flood_is_rate_limited_without_starving_others(database_
         for _ in range(20):
             try:
                 await bob.rm.GetLabelResource(request, timeout=10)
-            except grpc.aio.AioRpcError as err:
-                assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-                assert reason_of(err) == RATE_LIMITED and "call_rate" in (err.details() or "")
+            except grpc.aio.AioRpcError as exc:
+                assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert reason_of(exc) == RATE_LIMITED and "call_rate" in (exc.details() or "")
                 refused += 1
         assert refused >= 14  # a burst of 5, then about one call in ten seconds
         # Every kind of user RPC counts, not only Apply: bob's other calls are refused too.

@@ -19,9 +19,8 @@ from clients import AsyncRMClient, ExecOutput, ExecResult, Unauthenticated
 from ecm_agent.validate import SECRET_FILE
 from ecm_agent.workdir import LAUNCH_SCRIPT
 from rm_server.security.ec_certs import CERT_FILE, KEY_FILE
-from tests.conftest import wait_until
-from tests.helpers import lbl
-from tests.integration.security_fixtures import secure_cluster
+from tests.helpers import lbl, wait_until
+from tests.integration.security_fixtures import secure_cluster, start_secure_agent
 
 SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"
 
@@ -33,22 +32,9 @@ async def cluster(database_url, tmp_path, sudo_users):
 
 
 async def test_engineconn_reports_with_the_certificate_the_rm_issued(cluster, agent_factory):
+    agent = await start_secure_agent(cluster, agent_factory)
     keys = cluster.pki
-    cert, key = keys.cert("agent", "agent1")
-    agent = agent_factory(
-        cluster.agent_target, "agent1", "--tls-ca", keys.ca, "--tls-cert", cert, "--tls-key", key
-    )
-    agent.start()
     admin = cluster.stubs(cluster.channel("root"))
-
-    async def registered() -> bool:
-        try:
-            ecm = (await admin.rm.GetEcm(pb.GetEcmRequest(instance="agent1"))).ecm
-        except grpc.aio.AioRpcError:
-            return False
-        return ecm.HasField("last_heartbeat_time")
-
-    await wait_until(registered, timeout=30)
     owner = cluster.stubs(cluster.channel("lrmtest_a"))
     other = cluster.stubs(cluster.channel("lrmtest_b"))
     request = ec_pb.CreateEngineConnRequest(
@@ -56,8 +42,8 @@ async def test_engineconn_reports_with_the_certificate_the_rm_issued(cluster, ag
     )
     try:
         ec = (await owner.ecs.CreateEngineConn(request, timeout=60)).engine_conn
-    except grpc.aio.AioRpcError as err:  # pragma: no cover - diagnostics
-        pytest.fail(f"{err.code()}: {err.details()}\nagent log:\n{agent.log_text()[-3000:]}")
+    except grpc.aio.AioRpcError as exc:  # pragma: no cover - diagnostics
+        pytest.fail(f"{exc.code()}: {exc.details()}\nagent log:\n{agent.log_text()[-3000:]}")
     # Ready means its IDLE report got through: mutual TLS with the certificate for its id.
     assert ec.state == ec_pb.ENGINE_CONN_STATE_IDLE and ec.user == "lrmtest_a"
     uid = pwd.getpwnam("lrmtest_a").pw_uid
@@ -112,7 +98,7 @@ async def test_engineconn_reports_with_the_certificate_the_rm_issued(cluster, ag
         got = await owner.ecs.GetEngineConn(
             ec_pb.GetEngineConnRequest(engine_conn_id=ec.engine_conn_id)
         )
-        return got.engine_conn.state == ec_pb.ENGINE_CONN_STATE_SUCCEEDED
+        return bool(got.engine_conn.state == ec_pb.ENGINE_CONN_STATE_SUCCEEDED)
 
     await wait_until(ended, timeout=30)
 

@@ -3,13 +3,13 @@ together, and a multi-host database URL."""
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,22 +22,22 @@ from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as pb
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from tests.conftest import (
+from tests.helpers import (
     ROOT,
+    GiB,
+    apply_req,
+    assert_consistent,
     free_port,
+    lbl,
+    load,
+    load_instance,
+    log_tail,
+    register,
     shared_tmp,
     start_in_process,
     stop_in_process,
     wait_serving,
-)
-from tests.helpers import (
-    GiB,
-    apply_req,
-    assert_consistent,
-    lbl,
-    load,
-    load_instance,
-    register,
+    wait_until_sync,
 )
 
 
@@ -90,10 +90,11 @@ def test_embedded_database_and_graceful_sigterm(tmp_path, reachable_tmp):
         assert proc.wait(30) == 0
         text = (tmp_path / "rm.log").read_text()
         assert "draining" in text
-        deadline = time.monotonic() + 20
-        while postgres_processes_for(data_dir / "pgdata") and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not postgres_processes_for(data_dir / "pgdata")  # embedded server stopped
+        wait_until_sync(
+            lambda: not postgres_processes_for(data_dir / "pgdata"),
+            20,
+            what="the embedded server stopped",
+        )
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -169,12 +170,14 @@ def test_rmctl_dev_starts_rm_and_local_agent(tmp_path, reachable_tmp):
         wait_serving(f"127.0.0.1:{port}", 60)
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = resource_manager_pb2_grpc.ResourceManagerServiceStub(channel)
-            deadline = time.monotonic() + 30
-            names: list[str] = []
-            while time.monotonic() < deadline and "local-agent" not in names:
-                names = [e.instance for e in stub.ListEcms(pb.ListEcmsRequest(), timeout=5).ecms]
-                time.sleep(0.1)
-        assert "local-agent" in names, (tmp_path / "dev.log").read_text()[-2000:]
+            wait_until_sync(
+                lambda: (
+                    "local-agent"
+                    in [e.instance for e in stub.ListEcms(pb.ListEcmsRequest(), timeout=5).ecms]
+                ),
+                30,
+                what=lambda: "local-agent registered\n" + log_tail(tmp_path / "dev.log", 2000),
+            )
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
     finally:
@@ -187,7 +190,7 @@ def _agent_running(stub, agent_id: str) -> bool:
         ecm = stub.GetEcm(pb.GetEcmRequest(instance=agent_id), timeout=5).ecm
     except grpc.RpcError:
         return False
-    return ecm.state == pb.ECM_STATE_RUNNING and ecm.HasField("last_heartbeat_time")
+    return bool(ecm.state == pb.ECM_STATE_RUNNING and ecm.HasField("last_heartbeat_time"))
 
 
 def test_agent_stopping_right_after_a_kill_never_crashes_the_server(
@@ -205,10 +208,12 @@ def test_agent_stopping_right_after_a_kill_never_crashes_the_server(
         for round_ in range(30):
             agent = agent_factory(server.target, "agent1")
             agent.start()
-            deadline = time.monotonic() + 30
-            while not _agent_running(rm, "agent1"):
-                assert time.monotonic() < deadline, agent.log_text()[-2000:]
-                time.sleep(0.05)
+            wait_until_sync(
+                lambda: _agent_running(rm, "agent1"),
+                30,
+                what=functools.partial(log_tail, agent.log_path, 2000),
+                interval=0.05,
+            )
             request = ec_pb.CreateEngineConnRequest(
                 user="lrmtest_a",
                 labels=lbl("userCreator=lrmtest_a-IDE,engineType=shell-1"),

@@ -12,7 +12,6 @@ from labelrm.v1 import demand_pb2 as demand_pb
 from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as pb
 
-from tests.conftest import wait_until
 from tests.helpers import (
     GiB,
     apply_req,
@@ -23,10 +22,10 @@ from tests.helpers import (
     register,
 )
 from tests.integration.security_fixtures import (
-    SecureRM,
     make_pki,
     secure_cluster,
     start_secure,
+    start_secure_agent,
     stop_secure,
 )
 from tests.integration.test_security import reason_of
@@ -42,26 +41,6 @@ async def cluster(database_url, tmp_path, sudo_users):
         yield srm
 
 
-async def start_agent(cluster: SecureRM, agent_factory) -> None:
-    """A real agent on the mutual-TLS listener, registered and beating."""
-    keys = cluster.pki
-    cert, key = keys.cert("agent", "agent1")
-    agent = agent_factory(
-        cluster.agent_target, "agent1", "--tls-ca", keys.ca, "--tls-cert", cert, "--tls-key", key
-    )
-    agent.start()
-    admin = cluster.stubs(cluster.channel("root"))
-
-    async def registered() -> bool:
-        try:
-            ecm = (await admin.rm.GetEcm(pb.GetEcmRequest(instance="agent1"))).ecm
-        except grpc.aio.AioRpcError:
-            return False
-        return ecm.HasField("last_heartbeat_time")
-
-    await wait_until(registered, timeout=30)
-
-
 async def refused(call, request) -> grpc.aio.AioRpcError:
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await call(request, timeout=60)
@@ -74,7 +53,7 @@ async def refused(call, request) -> grpc.aio.AioRpcError:
 async def test_another_users_request_id_is_a_new_engineconn(cluster, agent_factory):
     """B replays A's CreateEngineConn / AskEngineConn request id: B gets an EngineConn of
     its own (running as B), never A's EngineConn or its executor secret."""
-    await start_agent(cluster, agent_factory)
+    await start_secure_agent(cluster, agent_factory)
     alice = cluster.stubs(cluster.channel("lrmtest_a"))
     bob = cluster.stubs(cluster.channel("lrmtest_b"))
     timeout = Duration(seconds=30)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
+from typing import Any
 
 import grpc
 import pytest
@@ -10,8 +12,8 @@ from grpc_status import rpc_status
 from labelrm.v1 import resource_manager_pb2 as pb
 from labelrm.v1 import resource_pb2
 
-from tests.conftest import BOTH_PATHS, wait_until
 from tests.helpers import (
+    BOTH_PATHS,
     GiB,
     apply_req,
     assert_consistent,
@@ -19,6 +21,7 @@ from tests.helpers import (
     load,
     load_instance,
     register,
+    wait_until,
 )
 
 pytestmark = BOTH_PATHS
@@ -35,7 +38,8 @@ async def waiters(rm) -> int:
         cur = await conn.execute("SELECT count(DISTINCT seq) FROM apply_waiter")
         return (await cur.fetchone())[0]
 
-    return await rm.core.db.run(count)
+    n: int = await rm.core.db.run(count)
+    return n
 
 
 async def test_waiting_apply_is_granted_by_a_release(rm):
@@ -111,8 +115,8 @@ async def test_a_users_waiter_does_not_hold_back_their_own_quota(rm):
     await assert_consistent(rm)
 
 
-async def _eq(awaitable, expected):
-    return (await awaitable) == expected
+async def _eq(awaitable: Awaitable[Any], expected: Any) -> bool:
+    return bool((await awaitable) == expected)
 
 
 async def test_cancelled_waiter_leaves_the_queue(rm):

@@ -6,13 +6,14 @@ waiters stop counting within seconds."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import grpc
 import pytest
 from labelrm.v1 import resource_manager_pb2 as pb
 
-from tests.conftest import BOTH_PATHS, wait_until
 from tests.helpers import (
+    BOTH_PATHS,
     GiB,
     apply_req,
     assert_consistent,
@@ -20,6 +21,7 @@ from tests.helpers import (
     load,
     load_instance,
     register,
+    wait_until,
 )
 
 pytestmark = BOTH_PATHS
@@ -36,7 +38,7 @@ async def waiters(rm) -> int:
         return int(row[0])
 
 
-async def _connect(rm):
+async def _connect(rm: Any) -> Any:
     import psycopg
 
     return await psycopg.AsyncConnection.connect(rm.database_url, autocommit=True)
@@ -113,7 +115,7 @@ async def test_a_waiter_over_its_own_quota_holds_nothing_on_the_ecm(rm):
 
 
 async def test_a_waiters_hold_is_bounded(database_url, grouping_overrides):
-    from tests.conftest import start_in_process, stop_in_process
+    from tests.helpers import start_in_process, stop_in_process
 
     rm = await start_in_process(database_url, waiter_hold=1.0, **grouping_overrides)
     try:

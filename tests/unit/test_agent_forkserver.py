@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -68,7 +70,7 @@ def test_forkable_env(names: list[str], expected: bool) -> None:
 
 
 def test_fork_server_launch_script_keeps_stdout_for_the_agent() -> None:
-    args = {
+    args: dict[str, Any] = {
         "work_dir": Path("/w/alice/20260101/forkserver/fs-1"),
         "program_path": PYTHON,
         "argv": ("-m", "engineconn", "--fork-server"),
@@ -85,7 +87,7 @@ def test_fork_server_launch_script_keeps_stdout_for_the_agent() -> None:
 
 
 @pytest.fixture
-async def stand_in() -> ForkServer:
+async def stand_in() -> AsyncIterator[ForkServer]:
     """A ForkServer object around a harmless process of ours (not a real fork server)."""
     proc = await asyncio.create_subprocess_exec(
         "sleep", "30", stdin=asyncio.subprocess.PIPE, start_new_session=True

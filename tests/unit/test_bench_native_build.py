@@ -3,6 +3,7 @@ naming the packages, and a built binary is reused while its sources are unchange
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import bench.native as native
 
 def test_missing_tools_name_the_packages(monkeypatch, tmp_path):
     monkeypatch.setattr(
-        native.shutil, "which", lambda t: None if t == "grpc_cpp_plugin" else f"/usr/bin/{t}"
+        shutil, "which", lambda t: None if t == "grpc_cpp_plugin" else f"/usr/bin/{t}"
     )
     with pytest.raises(native.NativeUnavailable) as err:
         native.loadgen_binary(tmp_path)
@@ -22,7 +23,7 @@ def test_missing_tools_name_the_packages(monkeypatch, tmp_path):
 
 
 def test_a_built_binary_is_reused_until_a_source_changes(monkeypatch, tmp_path):
-    monkeypatch.setattr(native.shutil, "which", lambda t: f"/usr/bin/{t}")
+    monkeypatch.setattr(shutil, "which", lambda t: f"/usr/bin/{t}")
     builds: list[Path] = []
 
     def fake_build(out: Path) -> None:
@@ -43,7 +44,7 @@ def test_a_built_binary_is_reused_until_a_source_changes(monkeypatch, tmp_path):
 
 
 def test_a_failed_build_leaves_nothing(monkeypatch, tmp_path):
-    monkeypatch.setattr(native.shutil, "which", lambda t: f"/usr/bin/{t}")
+    monkeypatch.setattr(shutil, "which", lambda t: f"/usr/bin/{t}")
 
     def failing_build(out: Path) -> None:
         (out / "half.o").write_text("")

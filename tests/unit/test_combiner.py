@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from rm_server.app.batching import Combiner
-from tests.conftest import wait_until
+from tests.helpers import wait_until
 
 
 @dataclass(eq=False)
@@ -118,7 +118,7 @@ async def test_linger_gathers_company_but_a_full_group_leaves_at_once():
     await settle()
     assert rec.groups == []  # waits for company instead of leaving alone
     second = asyncio.ensure_future(combiner.submit(FakeOp("b")))
-    assert await asyncio.wait_for(asyncio.gather(first, second), 5) == ["done a", "done b"]
+    assert list(await asyncio.wait_for(asyncio.gather(first, second), 5)) == ["done a", "done b"]
     assert rec.groups == [["a", "b"]]
     # Three (max_batch) at once: no waiting for the linger to end.
     full = [asyncio.ensure_future(combiner.submit(FakeOp(r))) for r in "cde"]

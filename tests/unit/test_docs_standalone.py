@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # An absolute date-time as the condition language writes it: 26-03-01 14:00[:00] or

@@ -5,6 +5,7 @@ queue admission (rm_server/domain/external.py). Documents come from the stand-in
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -25,6 +26,7 @@ from rm_server.domain.external import (
     split_addresses,
 )
 from rm_server.domain.resources import Resource
+from tests.helpers import present
 from tests.yarn_standin import Queue, YarnState, capacity_cluster, fair_cluster
 
 GiB = 1024**3
@@ -152,7 +154,8 @@ def test_unsupported_and_malformed_documents_are_named_errors():
     negative["scheduler"]["schedulerInfo"]["queues"]["queue"][1]["absoluteMaxCapacity"] = -1
     with pytest.raises(MalformedResponse, match="negative"):
         parse_scheduler(negative, cap.metrics_doc())
-    for junk in (None, [], {"scheduler": 3}, {"scheduler": {"schedulerInfo": []}}):
+    junks: tuple[Any, ...] = (None, [], {"scheduler": 3}, {"scheduler": {"schedulerInfo": []}})
+    for junk in junks:
         with pytest.raises((MalformedResponse, UnsupportedScheduler)):
             parse_scheduler(junk)
     nameless = fair_cluster().scheduler_doc()
@@ -187,7 +190,7 @@ def test_provider_validation_names_the_field_and_redacts_the_secret():
     again = ProviderConfig.from_stored(p.name, p.type.value, p.cluster, p.to_config_json())
     assert again == p
     assert split_addresses(" http://a:1/ ;http://b:2;") == ("http://a:1", "http://b:2")
-    bad = [
+    bad: list[tuple[dict[str, Any], str]] = [
         ({"name": "Prod"}, "name"),
         ({"type": "k8s"}, "type"),
         ({"cluster": "a b"}, "cluster"),
@@ -284,6 +287,6 @@ def test_every_capacity_queue_is_found_at_its_path_and_never_exceeds_the_cluster
     assert set(snap.queues) == expected
     for path, figures in snap.queues.items():
         assert snap.resolve(path) is figures
-        assert figures.leaf == (not state._find(path).children)
+        assert figures.leaf == (not present(state._find(path)).children)
         assert 0 <= figures.maximum.get("yarn.memory_bytes") <= total_gib * GiB
         assert 0 <= figures.maximum.get("yarn.cpu_millis") <= total_gib * 1000

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -18,6 +19,7 @@ from rm_server.errors import NotFound, ResourceExhausted
 from rm_server.observability.metrics import Metrics
 from rm_server.security.interceptor import AuthInterceptor
 from rm_server.security.limits import Limits, LimitSettings
+from rm_server.security.tokens import TokenFile
 from rm_server.service.errors import reason_of
 from rm_server.service.interceptor import STATUS_DETAILS_KEY, Interceptor
 
@@ -27,11 +29,11 @@ APPLY = f"{RM}/Apply"
 
 @dataclass
 class Context:
-    metadata: tuple = ()
+    metadata: tuple[tuple[str, str], ...] = ()
     status: object = None
     details: str = ""
-    trailing: tuple = field(default_factory=tuple)
-    written: list = field(default_factory=list)
+    trailing: tuple[tuple[str, Any], ...] = field(default_factory=tuple)
+    written: list[Any] = field(default_factory=list)
     stalled: asyncio.Event | None = None  # set: each write waits forever (a stalled peer)
 
     def peer(self) -> str:
@@ -43,16 +45,16 @@ class Context:
             self.stalled.set()
             await asyncio.Event().wait()
 
-    def invocation_metadata(self) -> tuple:
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         return self.metadata
 
-    def auth_context(self) -> dict:
+    def auth_context(self) -> dict[str, Any]:
         return {}
 
     def code(self) -> object:
         return self.status
 
-    def trailing_metadata(self) -> tuple:
+    def trailing_metadata(self) -> tuple[tuple[str, Any], ...]:
         return self.trailing
 
     async def abort_with_status(self, status) -> None:
@@ -84,13 +86,25 @@ class Owners:
     async def ticket_owner(self, ticket_id: str) -> str | None:
         return "bob"
 
+    async def engine_conn_owner(self, ec_id: str) -> str | None:
+        return None
+
 
 def interceptor(*, auth: bool = False, metrics: Metrics | None = None) -> Interceptor:
     guard = None
     if auth:
         limits = Limits(LimitSettings(apply_rate=0, max_waiting_applies=1))
-        guard = AuthInterceptor(enabled=True, tokens=Tokens(), owners=Owners(), limits=limits)
+        # Tokens stands in for a TokenFile: the interceptor only calls find().
+        tokens = cast(TokenFile, Tokens())
+        guard = AuthInterceptor(enabled=True, tokens=tokens, owners=Owners(), limits=limits)
     return Interceptor(auth=guard, metrics=metrics)
+
+
+def composed(calls: Interceptor, method: str) -> Any:
+    """The handler the interceptor composed for `method` (there must be one)."""
+    handler = calls.service(Details(method))
+    assert handler is not None, method
+    return handler
 
 
 def add(calls: Interceptor, method: str, handler: grpc.RpcMethodHandler) -> None:
@@ -110,9 +124,9 @@ async def test_handlers_are_composed_once_and_unknown_methods_are_left_to_grpc()
         return "ok"
 
     add(calls, APPLY, grpc.unary_unary_rpc_method_handler(apply))
-    first = calls.service(Details(APPLY))
+    first = composed(calls, APPLY)
     assert calls.service(Details(APPLY)) is first
-    assert await first.unary_unary(pb.ApplyRequest(), Context()) == "ok"
+    assert await composed(calls, APPLY).unary_unary(pb.ApplyRequest(), Context()) == "ok"
     assert calls.service(Details(f"{RM}/Nope")) is None
     # A method only a generic handler knows is composed on its first call, then kept.
     generic = grpc.method_handlers_generic_handler(
@@ -133,8 +147,8 @@ def test_install_registers_the_hot_methods_and_serves_the_rest_through_the_fallb
     add(calls, f"{RM}/GetTicket", grpc.unary_unary_rpc_method_handler(apply))
 
     class Server:
-        registered: dict = {}
-        generic: tuple = ()
+        registered: dict[str, Any] = {}
+        generic: tuple[Any, ...] = ()
 
         def add_registered_method_handlers(self, service, handlers):
             self.registered[service] = handlers
@@ -159,7 +173,7 @@ async def test_errors_become_rich_statuses_and_metrics_count_them():
         return "ok"
 
     add(calls, APPLY, grpc.unary_unary_rpc_method_handler(apply))
-    handler = calls.service(Details(APPLY)).unary_unary
+    handler = composed(calls, APPLY).unary_unary
     await handler(pb.ApplyRequest(), Context())
     context = Context()
     with pytest.raises(grpc.aio.AbortError):
@@ -185,7 +199,7 @@ async def test_waiting_applies_are_counted_while_they_wait_and_cancellations_rec
     add(calls, APPLY, grpc.unary_unary_rpc_method_handler(apply))
     request = pb.ApplyRequest()
     request.wait_timeout.seconds = 30
-    task = asyncio.create_task(calls.service(Details(APPLY)).unary_unary(request, Context()))
+    task = asyncio.create_task(composed(calls, APPLY).unary_unary(request, Context()))
     await started.wait()
     assert sample(metrics, "labelrm_apply_waiting") == 1
     task.cancel()
@@ -205,7 +219,7 @@ async def test_the_auth_step_runs_before_the_servicer_and_releases_after_it():
         return "ok"
 
     add(calls, APPLY, grpc.unary_unary_rpc_method_handler(apply))
-    handler = calls.service(Details(APPLY)).unary_unary
+    handler = composed(calls, APPLY).unary_unary
     anonymous = Context()
     with pytest.raises(grpc.aio.AbortError):
         await handler(pb.ApplyRequest(), anonymous)
@@ -221,7 +235,7 @@ async def test_the_auth_step_runs_before_the_servicer_and_releases_after_it():
     assert ran == ["alice", "alice"]  # the policy filled in the caller
     # Health checks are public: no credentials needed.
     add(calls, "grpc.health.v1.Health/Check", grpc.unary_unary_rpc_method_handler(apply))
-    check = calls.service(Details("grpc.health.v1.Health/Check")).unary_unary
+    check = composed(calls, "grpc.health.v1.Health/Check").unary_unary
     assert await check(pb.ApplyRequest(user="probe"), Context()) == "ok"
 
 
@@ -234,7 +248,7 @@ async def test_guarded_methods_refuse_shapes_without_a_request_message():
     add(calls, f"{RM}/Upload", grpc.stream_unary_rpc_method_handler(upload))
     context = Context((("authorization", "Bearer alice-token"),))
     with pytest.raises(grpc.aio.AbortError):
-        await calls.service(Details(f"{RM}/Upload")).unary_unary(None, context)
+        await composed(calls, f"{RM}/Upload").unary_unary(None, context)
     assert context.status == grpc.StatusCode.PERMISSION_DENIED
     assert "no access check" in context.details
 
@@ -252,7 +266,7 @@ async def test_streaming_calls_get_the_same_treatment():
     add(calls, method, grpc.unary_stream_rpc_method_handler(stream))
     context = Context()
     with pytest.raises(grpc.aio.AbortError):
-        await calls.service(Details(method)).unary_stream(None, context)
+        await composed(calls, method).unary_stream(None, context)
     assert context.written == [1, 2]
     assert context.status == grpc.StatusCode.NOT_FOUND and context.reason() == "NOT_FOUND"
     assert sample(metrics, "labelrm_rpc_total", method=method, code="NOT_FOUND") == 1
@@ -275,8 +289,9 @@ async def test_a_stream_ends_inside_its_handler_task():
 
     add(calls, method, grpc.unary_stream_rpc_method_handler(stream))
     context = Context(stalled=asyncio.Event())
-    handler = calls.service(Details(method)).unary_stream
+    handler = composed(calls, method).unary_stream
     task = asyncio.create_task(handler(None, context))
+    assert context.stalled is not None
     await asyncio.wait_for(context.stalled.wait(), 5)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):

@@ -9,6 +9,7 @@ import logging
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -27,7 +28,7 @@ class FakeContext:
 
     peer_name: str = "ipv4:127.0.0.1:50000"
     status: object = None
-    trailing: tuple = field(default_factory=tuple)
+    trailing: tuple[tuple[str, Any], ...] = field(default_factory=tuple)
 
     def peer(self) -> str:
         return self.peer_name
@@ -35,7 +36,7 @@ class FakeContext:
     def code(self) -> object:
         return self.status
 
-    def trailing_metadata(self) -> tuple:
+    def trailing_metadata(self) -> tuple[tuple[str, Any], ...]:
         return self.trailing
 
     async def abort_with_status(self, status) -> None:
@@ -54,7 +55,9 @@ class Details:
         self.invocation_metadata = ()
 
 
-async def call(behavior, request, context=None, method="labelrm.v1.X/Apply"):
+async def call(
+    behavior: Any, request: Any, context: Any = None, method: str = "labelrm.v1.X/Apply"
+) -> Any:
     """Run `behavior` as the server's interceptor runs a unary call of `method`."""
     service, name = method.split("/")
     calls = Interceptor()
@@ -62,6 +65,7 @@ async def call(behavior, request, context=None, method="labelrm.v1.X/Apply"):
         service, {name: grpc.unary_unary_rpc_method_handler(behavior)}
     )
     handler = calls.service(Details("/" + method))
+    assert handler is not None, method
     return await handler.unary_unary(request, context or FakeContext())
 
 

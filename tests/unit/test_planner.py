@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import cast
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -34,6 +35,7 @@ from rm_server.domain.demands.timelang import (
     holds,
 )
 from rm_server.domain.resources import Resource
+from tests.helpers import present
 
 T = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 SET = PlannerSettings(
@@ -169,7 +171,8 @@ def test_accepted_placements_never_overcommit(specs):
         )
         p = place(c, entries, CAP, SET)
         if isinstance(p, Placement):
-            assert c.window.lo <= p.start  # type: ignore[attr-defined]
+            window = cast(Span, c.window)  # the Span built above
+            assert present(window.lo) <= p.start
             assert p.start <= m(start + length) + (SET.loose_slip if loose else timedelta())
             entries.append(entry(c, p))
     for probe in {e.start for e in entries}:

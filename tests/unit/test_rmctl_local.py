@@ -3,8 +3,10 @@ importable, and `dev` runs the installed rm-server program (or says it is missin
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import sysconfig
 import textwrap
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import pytest
 
 from clients import rmctl_dev
 from clients.rmctl import main
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 
 def test_pki_and_token_run_without_the_server_installed(tmp_path):
@@ -39,7 +41,7 @@ def test_pki_and_token_run_without_the_server_installed(tmp_path):
 def _no_rm_server(monkeypatch, tmp_path: Path) -> None:
     empty = tmp_path / "empty-bin"
     empty.mkdir()
-    monkeypatch.setattr(rmctl_dev.sysconfig, "get_path", lambda name: str(empty))
+    monkeypatch.setattr(sysconfig, "get_path", lambda name: str(empty))
     monkeypatch.setenv("PATH", str(empty))
 
 
@@ -69,7 +71,7 @@ def test_dev_execs_the_installed_rm_server_with_the_same_arguments(monkeypatch, 
         calls.append((path, argv))
         raise _Exec
 
-    monkeypatch.setattr(rmctl_dev.os, "execv", fake_execv)
+    monkeypatch.setattr(os, "execv", fake_execv)
     with pytest.raises(_Exec):
         main(["--rm", "h:1", "dev", "--data-dir", "d", "--listen", "127.0.0.1:0"])
     assert calls == [
@@ -83,5 +85,5 @@ def test_dev_prefers_the_rm_server_beside_rmctl(monkeypatch, tmp_path):
     program = beside / "rm-server"
     program.write_text("#!/bin/sh\n")
     program.chmod(0o755)
-    monkeypatch.setattr(rmctl_dev.sysconfig, "get_path", lambda name: str(beside))
+    monkeypatch.setattr(sysconfig, "get_path", lambda name: str(beside))
     assert rmctl_dev.find_rm_server() == str(program)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import stat
 from datetime import timedelta
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 from cryptography import x509
@@ -13,6 +14,7 @@ from labelrm_common import pki
 from rm_server.config import Settings, load_config
 from rm_server.security.ec_certs import EngineConnIssuer
 from rm_server.security.setup import SecurityConfigError, build_security, is_loopback
+from tests.helpers import present
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +114,7 @@ def test_tls_settings_are_checked(ca_dir):
         (dict(tls_cert=str(ca_dir / "missing.crt"), tls_key=key), "cannot read"),
     ):
         with pytest.raises(SecurityConfigError, match=match):
-            build_security(Settings(**bad))
+            build_security(Settings(**cast(dict[str, Any], bad)))
     full = build_security(
         Settings(
             tls_cert=cert,
@@ -140,7 +142,9 @@ def test_dev_tls_prepares_a_secured_loopback_setup(tmp_path):
     first = devtls.prepare(Settings(data_dir=tmp_path))
     sec = build_security(first.settings)
     assert sec.auth_enabled and sec.issuer is not None
-    assert TokenFile(Path(first.settings.token_file)).lookup(first.admin_token).roles >= {"admin"}
+    assert present(TokenFile(Path(first.settings.token_file)).lookup(first.admin_token)).roles >= {
+        "admin"
+    }
     second = devtls.prepare(Settings(data_dir=tmp_path))  # a restart: same CA, new token
     table = TokenFile(Path(second.settings.token_file))
     assert table.lookup(first.admin_token) is None and table.lookup(second.admin_token)

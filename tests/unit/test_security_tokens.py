@@ -19,6 +19,7 @@ from rm_server.security.identity import (
     peer_host,
 )
 from rm_server.security.tokens import TokenFile
+from tests.helpers import present
 
 
 @pytest.mark.parametrize("name", ["tokens.toml", "tokens.json"])
@@ -35,7 +36,7 @@ def test_add_lookup_revoke(tmp_path, name):
     entry = table.lookup(alice)
     assert entry is not None and entry.user == "alice" and entry.roles == {Role.USER}
     assert entry.note == "laptop"
-    assert table.lookup(root).roles == {Role.ADMIN, Role.USER}
+    assert present(table.lookup(root)).roles == {Role.ADMIN, Role.USER}
     assert table.lookup("lrm_guess") is None
     assert table.lookup("") is None and table.lookup("x" * 10_000) is None
     assert tokens.revoke(path, user="alice") == 1
@@ -60,7 +61,7 @@ def test_a_broken_file_fails_closed(tmp_path, damage):
     path = tmp_path / "t.toml"
     token = tokens.add_token(path, "bob", ["user"])
     table = TokenFile(path, check_interval=0)
-    key, _ = table.find(token)
+    key, _ = present(table.find(token))
     if damage == "unparsable":
         path.write_text("this is [ not toml")
     elif damage == "deleted":
@@ -117,7 +118,7 @@ def test_token_cli_prints_the_token_once(tmp_path, capsys):
     path = tmp_path / "t.toml"
     assert tokens.main(["token", "add", "--file", str(path), "--user", "carol"]) == 0
     token = capsys.readouterr().out.splitlines()[0]
-    assert TokenFile(path).lookup(token).user == "carol"
+    assert present(TokenFile(path).lookup(token)).user == "carol"
     assert tokens.main(["token", "list", "--file", str(path)]) == 0
     listed = capsys.readouterr().out
     assert "carol" in listed and token not in listed
@@ -141,19 +142,21 @@ def test_identities_from_certificates():
     # named host certificates: then it is an agent known by its names.
     with pytest.raises(BadCredentials, match="allow_host_certificates"):
         from_auth_context(host_cert)
-    agent = from_auth_context(host_cert, allow_host_certificates=True)
+    agent = present(from_auth_context(host_cert, allow_host_certificates=True))
     assert agent.kind is Kind.AGENT and agent.roles == {Role.AGENT}
     assert agent.claims("host1") and agent.claims("host1.example") and not agent.claims("host2")
-    ec = from_auth_context(
-        {
-            "x509_common_name": [b"ec-1"],
-            "x509_subject_alternative_name": [b"labelrm://engineconn/ec-1"],
-        }
+    ec = present(
+        from_auth_context(
+            {
+                "x509_common_name": [b"ec-1"],
+                "x509_subject_alternative_name": [b"labelrm://engineconn/ec-1"],
+            }
+        )
     )
     assert ec.kind is Kind.ENGINECONN and ec.name == "ec-1" and ec.roles == {Role.ENGINECONN}
     # The URI decides: an EngineConn certificate never passes for an agent, whatever its CN.
     assert not ec.claims("host1")
-    user = from_auth_context({"x509_subject_alternative_name": [b"labelrm://user/alice"]})
+    user = present(from_auth_context({"x509_subject_alternative_name": [b"labelrm://user/alice"]}))
     assert user.kind is Kind.USER and user.roles == {Role.USER}
     assert from_auth_context({"transport_security_type": [b"ssl"]}) is None
     for bad in (

@@ -10,7 +10,7 @@ from dataclasses import fields
 from ecm_agent.settings import HELP, AgentSettings
 from rm_server.config import Settings
 from rm_server.settings_doc import RM_HELP, render_tables, update_file
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 
 def test_every_setting_has_a_description() -> None:

@@ -290,16 +290,22 @@ def decide(
     settings: PlannerSettings,
     finished: Mapping[str, bool | None] | None = None,
     ticket: TicketStatus | None = None,
+    *,
+    round_start: datetime | None = None,
 ) -> Decision:
     """The next step for one demand at ``now``.
 
     ``finished`` maps each OrderBy id to True (FINISHED), False (FAILED) or None; ``ticket``
     is the state of the demand's ticket (ALLOCATED and MONITORING demands).
+    ``round_start``: the start of the planner pass this round belongs to (default ``now``).
+    The next round is dated one ``round_length`` after it, not after ``now``: passes start
+    one interval apart, and a round decided a little into its pass, dated from its own
+    time, would not yet be due when the next pass starts, and get a round every *two*.
     """
     S = DemandState
-    soon = now + settings.round_length
+    soon = (round_start or now) + settings.round_length
     if d.state in (S.ACCEPTED, S.ALLOCATING):
-        return _before_allocation(d, now, settings, dict(finished or {}))
+        return _before_allocation(d, now, soon, settings, dict(finished or {}))
     if d.state is S.ALLOCATED:
         assert ticket is not None and d.claim_expires_at is not None
         if not ticket.live:
@@ -342,10 +348,13 @@ def decide(
 
 
 def _before_allocation(
-    d: DemandView, now: datetime, settings: PlannerSettings, finished: dict[str, bool | None]
+    d: DemandView,
+    now: datetime,
+    soon: datetime,
+    settings: PlannerSettings,
+    finished: dict[str, bool | None],
 ) -> Decision:
     S = DemandState
-    soon = now + settings.round_length
     satisfied: bool | None = True
     if d.order is not None:
         satisfied = order_value(d.order, finished)
