@@ -26,10 +26,10 @@ from labelrm.v1 import (
 )
 
 from rm_server.app.agents import AgentHub
+from rm_server.app.background import Lease, run_periodically
 from rm_server.app.core import CoreSettings, RMCore
 from rm_server.app.demands import DemandManager, DemandSettings
 from rm_server.app.engineconns import EcSettings, EngineConnManager
-from rm_server.background import Lease, run_periodically
 from rm_server.clock import Clock, IdFactory, SystemClock, random_ids
 from rm_server.config import Settings
 from rm_server.console.app import Console, Sources
@@ -132,20 +132,28 @@ class RMServer:
             node_include_required=self.settings.node_include_required,
             waiter_hold=timedelta(seconds=self.settings.waiter_hold),
         )
-        self.core = RMCore(self._db, self._notifier, core_settings, self.clock, self.new_id)
-        self.core.external = ExternalResources(self._db, self.clock)
         self.metrics = Metrics(label_cap=self.settings.metrics_label_cap)
-        self.metrics.attach(self.core)  # before start_background: it counts the sweeps
-        self.metrics.attach_external(self.core.external)
-        await self.core.join_replicas()
-        # Each background job runs on the one replica that holds its lease (background.py).
+        external = ExternalResources(self._db, self.clock)
+        self.core = RMCore(
+            self._db,
+            self._notifier,
+            core_settings,
+            self.clock,
+            self.new_id,
+            external=external,
+            on_reclaimed=self.metrics.count_reclaims,
+        )
+        self.metrics.attach(self.core.capacity)
+        self.metrics.attach_external(external)
+        await self.core.replicas.join()
+        # Each background job runs on the one replica that holds its lease (app/background.py).
         lease = Lease(
             self._db,
             self.core.replica_id,
             self.clock,
             ttl=timedelta(seconds=max(5.0, 3 * self.settings.sweep_interval)),
         )
-        self.core.start_background(lease)
+        self.core.start_background(lease, self.metrics.observe_pass)
 
         limit = self.settings.max_message_bytes
         self._server = grpc.aio.server(
@@ -166,9 +174,14 @@ class RMServer:
         )
         self.hub = AgentHub(self.engine_conns)
         self.metrics.attach_states(self.hub)
-        self.metrics.time_passes(self.hub, "sweep", "liveness")
         self._liveness = asyncio.create_task(
-            run_periodically("liveness", self.settings.sweep_interval, self.hub.sweep, lease),
+            run_periodically(
+                "liveness",
+                self.settings.sweep_interval,
+                self.hub.sweep,
+                lease,
+                self.metrics.observe_pass,
+            ),
             name="liveness",
         )
         # Every service is added to the interceptor, which wraps each method once with
@@ -191,8 +204,7 @@ class RMServer:
         self.demands = DemandManager(
             self._db, self._notifier, self.clock, self.core, self._demand_settings()
         )
-        self.metrics.time_passes(self.demands, "tick", "demand-planner")
-        self.demands.start_background(lease)
+        self.demands.start_background(lease, self.metrics.observe_pass)
         demand_pb2_grpc.add_DemandServiceServicer_to_server(DemandServicer(self.demands), calls)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, calls)

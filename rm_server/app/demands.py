@@ -20,8 +20,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import partial
 
+from rm_server.app.background import Lease, PassObserver, run_periodically
 from rm_server.app.core import RMCore
-from rm_server.background import Lease, run_periodically
 from rm_server.clock import Clock
 from rm_server.domain.demands import codec
 from rm_server.domain.demands import planner as plan
@@ -108,7 +108,7 @@ class DemandManager:
                 f"DemandID {c.demand_id} does not match demand_id {spec.demand_id}",
             )
         spec = replace(spec, conditions=replace(c, demand_id=None))
-        charged = self.core.charged_keys(spec.labels)
+        charged = self.core.tickets.charged_keys(spec.labels)
         digest = codec.definition_hash(
             spec.user,
             [[lb.key, lb.value] for lb in spec.labels],
@@ -304,9 +304,14 @@ class DemandManager:
 
     # ----- the planner -------------------------------------------------------------------------
 
-    def start_background(self, lease: Lease | None = None) -> None:
-        """Start the planner (with a lease: only while this replica holds it)."""
-        planner = run_periodically("demand-planner", self.settings.interval, self.tick, lease)
+    def start_background(
+        self, lease: Lease | None = None, observe: PassObserver | None = None
+    ) -> None:
+        """Start the planner (with a lease: only while this replica holds it; each pass
+        told to `observe`)."""
+        planner = run_periodically(
+            "demand-planner", self.settings.interval, self.tick, lease, observe
+        )
         self._task = asyncio.create_task(planner, name="demand-planner")
 
     async def stop_background(self) -> None:

@@ -356,7 +356,7 @@ class EngineConnManager:
 
         labels = (*[lb for lb in ec.labels if lb.key != EM_INSTANCE], Label(EM_INSTANCE, ecm))
         idem = Idempotency.of("CreateEngineConn.Apply", f"{ec.ec_id}/{attempt}", b"")
-        outcome = await self.core.apply(
+        outcome = await self.core.tickets.apply(
             idem,
             user,
             labels,

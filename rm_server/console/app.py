@@ -2,7 +2,7 @@
 serving the single-page front end (static/, every asset in the package: no CDN) and
 JSON endpoints under /api/.
 
-Every endpoint reads through the same core, managers and store functions as the RPCs,
+Every endpoint reads through the same use cases (rm_server/app/) as the RPCs,
 and is authorized by THE access policy (security/policy.py) as the RPC it mirrors:
 ``/api/engineconns`` is ListEngineConns, ``/api/engineconns/{id}`` GetEngineConn, and
 so on. The caller signs in with a bearer token from the RM's token file (the page keeps
@@ -33,7 +33,7 @@ from rm_server.app.demands import DemandManager
 from rm_server.app.engineconns import EngineConnManager
 from rm_server.console import views
 from rm_server.domain.labels import EM_INSTANCE, Label
-from rm_server.domain.model import Ticket
+from rm_server.domain.model import LabelResource, Ticket
 from rm_server.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -47,7 +47,6 @@ from rm_server.security import policy
 from rm_server.security.identity import DEV_ADMIN, Principal, from_token_entry
 from rm_server.security.interceptor import AuthInterceptor
 from rm_server.security.setup import Security
-from rm_server.store import overview, owners
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +180,7 @@ class Api:
         async with self._consistency_lock:
             now = time.monotonic()
             if self._consistency is None or now - self._consistency[0] > CONSISTENCY_TTL:
-                report = views.consistency(await self.src.core.check_consistency())
+                report = views.consistency(await self.src.core.consistency.check())
                 self._consistency = (now, report)
             return self._consistency[1]
 
@@ -249,13 +248,13 @@ class Api:
         )
         core = self.src.core
         nodes = await self.src.hub.list_ecm_status("", 10_000)
-        records = await core.list_label_resources("", 100_000, "")
-        counts = await core.db.run(lambda c: overview.cluster_counts(c, user), read_only=True)
+        records = await core.capacity.list_label_resources("", 100_000, "")
+        counts = await core.cluster.counts(user)
         report = None
         if await self.may(
             p, policy.ADMIN + "CheckConsistency", admin_pb2.CheckConsistencyRequest()
         ):
-            report = views.consistency(await core.check_consistency())
+            report = views.consistency(await core.consistency.check())
         node_states: dict[str, int] = {}
         for n in nodes:
             node_states[n.state.value] = node_states.get(n.state.value, 0) + 1
@@ -285,11 +284,16 @@ class Api:
     async def nodes(self, request: web.Request) -> web.Response:
         p = self.principal(request)
         await self.allow(p, policy.RM + "ListEcms", resource_manager_pb2.ListEcmsRequest())
-        records = {r.label: r for r in await self.src.core.list_label_resources("", 100_000, "ecm")}
+        records = await self._ecm_records()
         out = []
         for s in await self.src.hub.list_ecm_status("", 10_000):
             out.append(views.node(s, _record_of(records, s.instance)))
         return web.json_response({"nodes": out})
+
+    async def _ecm_records(self) -> dict[str, LabelResource]:
+        """The ECMs' label records by label."""
+        found = await self.src.core.capacity.list_label_resources("", 100_000, "ecm")
+        return {r.label: r for r in found}
 
     async def node(self, request: web.Request) -> web.Response:
         p = self.principal(request)
@@ -298,7 +302,7 @@ class Api:
             p, policy.RM + "GetEcm", resource_manager_pb2.GetEcmRequest(instance=instance)
         )
         status = await self.src.hub.ecm_status(instance)
-        records = {r.label: r for r in await self.src.core.list_label_resources("", 100_000, "ecm")}
+        records = await self._ecm_records()
         user = await self.own_user(
             p, policy.EC + "ListEngineConns", engine_conn_pb2.ListEngineConnsRequest()
         )
@@ -350,12 +354,12 @@ class Api:
         await self.allow(
             p, policy.RM + "ListLabelResources", resource_manager_pb2.ListLabelResourcesRequest()
         )
-        records = await self.src.core.list_label_resources("", 100_000, "")
+        records = await self.src.core.capacity.list_label_resources("", 100_000, "")
         labels = [views.label_resource(r) for r in records]
         tickets = await self._tickets(p)
         limits = None
         if await self.may(p, policy.ADMIN + "ListLabelLimits", admin_pb2.ListLabelLimitsRequest()):
-            stored = await self.src.core.list_limits("", 100_000)
+            stored = await self.src.core.capacity.list_limits("", 100_000)
             limits = [views.limit(lim) for lim in stored]
             for label in labels:
                 label["limit"] = views.winning_limit(label["label"], stored)
@@ -386,10 +390,8 @@ class Api:
         )
         core = self.src.core
         if user:  # as ListTickets does for every caller but admins
-            return await core.db.run(
-                lambda c: owners.list_user_tickets(c, user, "", MAX_ROWS, "", ""), read_only=True
-            )
-        return await core.list_tickets("", MAX_ROWS, "", "")
+            return await core.tickets.list_user_tickets(user, "", MAX_ROWS, "", "")
+        return await core.tickets.list_tickets("", MAX_ROWS, "", "")
 
     async def demands(self, request: web.Request) -> web.Response:
         p = self.principal(request)

@@ -30,7 +30,7 @@ import logging
 import re
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -67,7 +67,7 @@ _REASON_RE = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
 
 
 class LabelSource(Protocol):
-    """What the collector needs of the core (RMCore satisfies it)."""
+    """What the collector needs of the core (RMCore's `capacity` satisfies it)."""
 
     async def list_label_resources(
         self, after: str, limit: int, source: str
@@ -131,6 +131,7 @@ class Metrics:
             buckets=PASS_BUCKETS,
             registry=r,
         )
+        self._passes: dict[str, Histogram] = {}  # background_pass by job, resolved once
         self.reclaims = Counter(
             "labelrm_lock_expiry_reclaims",
             "LOCKED tickets reclaimed by this process because their lock timed out.",
@@ -144,27 +145,22 @@ class Metrics:
         """What records the calls of `method` ("labelrm.v1.ResourceManagerService/Apply")."""
         return RpcMetrics(self, method)
 
-    def attach(self, core: Any) -> None:
-        """Export the core's label records and count its lock-expiry reclaims."""
-        self.labels = LabelResourceCollector(core, self.label_cap, self.cache_seconds)
+    def attach(self, labels: LabelSource) -> None:
+        """Export the label records `labels` reads."""
+        self.labels = LabelResourceCollector(labels, self.label_cap, self.cache_seconds)
         self.registry.register(self.labels)
-        core.on_reclaimed = self.reclaims.inc
-        self.time_passes(core, "sweep", "ticket-sweep")
 
-    def time_passes(self, owner: Any, method: str, job: str) -> None:
-        """Time every pass of background job `job`: `owner.method` is what its loop calls
-        (through the instance, so the wrapper set here is what runs)."""
-        original: Callable[[], Awaitable[Any]] = getattr(owner, method)
-        histogram = self.background_pass.labels(job)
+    def count_reclaims(self, count: int) -> None:
+        """`count` LOCKED tickets were reclaimed (the sweep's `on_reclaimed` hook)."""
+        self.reclaims.inc(count)
 
-        async def timed() -> Any:
-            started = time.perf_counter()
-            try:
-                return await original()
-            finally:
-                histogram.observe(time.perf_counter() - started)
-
-        setattr(owner, method, timed)
+    def observe_pass(self, job: str, seconds: float) -> None:
+        """One pass of background job `job` took `seconds` (the periodic loop's `observe`
+        hook, app/background.py)."""
+        histogram = self._passes.get(job)
+        if histogram is None:
+            histogram = self._passes[job] = self.background_pass.labels(job)
+        histogram.observe(seconds)
 
     def attach_external(self, source: Any) -> None:
         """Export the YARN queues labelrm admits against (`ExternalResources`)."""

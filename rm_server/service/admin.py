@@ -10,6 +10,7 @@ from labelrm.v1 import admin_pb2_grpc as pb_grpc
 
 from labelrm_common.version import VERSION
 from rm_server.app.agents import AgentHub
+from rm_server.app.cluster import EVENT_TABLES
 from rm_server.app.core import RMCore
 from rm_server.domain.external import ProviderConfig
 from rm_server.domain.labels import EM_INSTANCE
@@ -18,7 +19,6 @@ from rm_server.errors import FailedPrecondition, InvalidArgument
 from rm_server.external import ExternalResources
 from rm_server.service import convert
 from rm_server.service.common import ProtoEncoder, idempotency, next_token, page_of, respond
-from rm_server.store.cluster import EVENT_TABLES, cluster_info, state_events
 
 _SET = ProtoEncoder[tuple[StoredLimit, int]](
     lambda r: pb.SetLabelLimitResponse(limit=convert.limit_to_pb(r[0]), affected_labels=r[1])
@@ -51,7 +51,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
                 " (RegisterEcm total_resource)",
             )
         maximum = convert.resource_from_pb(request.max_resource, "max_resource")
-        outcome = await self.core.set_limit(
+        outcome = await self.core.capacity.set_limit(
             idempotency("SetLabelLimit", request), pattern, maximum, _SET
         )
         return respond(outcome, _SET, pb.SetLabelLimitResponse)
@@ -60,7 +60,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         self, request: pb.ListLabelLimitsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListLabelLimitsResponse:
         page = page_of(request)
-        limits = await self.core.list_limits(page.after, page.size + 1)
+        limits = await self.core.capacity.list_limits(page.after, page.size + 1)
         return pb.ListLabelLimitsResponse(
             limits=[convert.limit_to_pb(lim) for lim in limits[: page.size]],
             next_page_token=next_token(limits, page, lambda lim: lim.pattern),
@@ -70,7 +70,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         self, request: pb.DeleteLabelLimitRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeleteLabelLimitResponse:
         pattern = convert.pattern_from_pb(request.labels)
-        outcome = await self.core.delete_limit(
+        outcome = await self.core.capacity.delete_limit(
             idempotency("DeleteLabelLimit", request), pattern, _DELETE
         )
         return respond(outcome, _DELETE, pb.DeleteLabelLimitResponse)
@@ -78,7 +78,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
     async def CheckConsistency(
         self, request: pb.CheckConsistencyRequest, context: grpc.aio.ServicerContext
     ) -> pb.CheckConsistencyResponse:
-        return convert.report_to_pb(await self.core.check_consistency())
+        return convert.report_to_pb(await self.core.consistency.check())
 
     async def RefreshNodes(
         self, request: pb.RefreshNodesRequest, context: grpc.aio.ServicerContext
@@ -149,7 +149,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
     async def GetClusterInfo(
         self, request: pb.GetClusterInfoRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetClusterInfoResponse:
-        row = await self.core.db.run(cluster_info, read_only=True)
+        row = await self.core.cluster.info()
         out = pb.GetClusterInfoResponse(
             version=VERSION,
             database=_database(self.database_url, row.server_version),
@@ -170,9 +170,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
             raise InvalidArgument("id", f"must be the id of a {request.kind}")
         if len(request.user) > 256:
             raise InvalidArgument("user", "must be a user name")
-        rows = await self.core.db.run(
-            lambda c: state_events(c, request.kind, request.id, request.user), read_only=True
-        )
+        rows = await self.core.cluster.events(request.kind, request.id, request.user)
         out = pb.ListEventsResponse()
         for at, state, reason in rows:
             event = out.events.add(state=state, reason=reason)

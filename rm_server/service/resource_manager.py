@@ -99,7 +99,7 @@ class ResourceManagerServicer(pb_grpc.ResourceManagerServiceServicer):
             if request.HasField("protected_resource")
             else Resource.zero(total.kind, total.queue)
         )
-        outcome = await self.core.register_ecm(
+        outcome = await self.core.capacity.register_ecm(
             idempotency("RegisterEcm", request), instance, labels, total, protected, _REGISTER
         )
         return respond(outcome, _REGISTER, pb.RegisterEcmResponse)
@@ -108,7 +108,7 @@ class ResourceManagerServicer(pb_grpc.ResourceManagerServiceServicer):
         self, request: pb.UnregisterEcmRequest, context: grpc.aio.ServicerContext
     ) -> pb.UnregisterEcmResponse:
         instance = _instance(request.instance)
-        outcome = await self.core.unregister_ecm(
+        outcome = await self.core.capacity.unregister_ecm(
             idempotency("UnregisterEcm", request), instance, _UNREGISTER
         )
         return respond(outcome, _UNREGISTER, pb.UnregisterEcmResponse)
@@ -122,7 +122,7 @@ class ResourceManagerServicer(pb_grpc.ResourceManagerServiceServicer):
         if len(request.user) > 64:
             raise InvalidArgument("user", "must be at most 64 characters")
         encoder = _TICKET_ENCODERS["Apply"].fresh()
-        outcome = await self.core.apply(
+        outcome = await self.core.tickets.apply(
             idempotency("Apply", request), request.user, labels, resource, wait, encoder
         )
         return respond(outcome, encoder, pb.ApplyResponse)
@@ -137,7 +137,7 @@ class ResourceManagerServicer(pb_grpc.ResourceManagerServiceServicer):
             else None
         )
         encoder = _TICKET_ENCODERS["ReportUsed"].fresh()
-        outcome = await self.core.report_used(
+        outcome = await self.core.tickets.report_used(
             idempotency("ReportUsed", request), ticket_id, used, encoder
         )
         return respond(outcome, encoder, pb.ReportUsedResponse)
@@ -147,13 +147,15 @@ class ResourceManagerServicer(pb_grpc.ResourceManagerServiceServicer):
     ) -> pb.ReleaseResponse:
         ticket_id = _ticket_id(request.ticket_id)
         encoder = _TICKET_ENCODERS["Release"].fresh()
-        outcome = await self.core.release(idempotency("Release", request), ticket_id, encoder)
+        outcome = await self.core.tickets.release(
+            idempotency("Release", request), ticket_id, encoder
+        )
         return respond(outcome, encoder, pb.ReleaseResponse)
 
     async def GetTicket(
         self, request: pb.GetTicketRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetTicketResponse:
-        ticket = await self.core.get_ticket(_ticket_id(request.ticket_id))
+        ticket = await self.core.tickets.get_ticket(_ticket_id(request.ticket_id))
         response = pb.GetTicketResponse()
         convert.fill_ticket(response.ticket, ticket)
         return response
@@ -169,11 +171,11 @@ class ResourceManagerServicer(pb_grpc.ResourceManagerServiceServicer):
         if len(request.user) > 64:
             raise InvalidArgument("user", "must be at most 64 characters")
         if request.user:  # set by the access policy for every caller but admins
-            tickets = await self.core.list_user_tickets(
+            tickets = await self.core.tickets.list_user_tickets(
                 request.user, page.after, page.size + 1, label, state
             )
         else:
-            tickets = await self.core.list_tickets(page.after, page.size + 1, label, state)
+            tickets = await self.core.tickets.list_tickets(page.after, page.size + 1, label, state)
         response = pb.ListTicketsResponse(
             next_page_token=next_token(tickets, page, lambda t: t.ticket_id)
         )
@@ -185,7 +187,7 @@ class ResourceManagerServicer(pb_grpc.ResourceManagerServiceServicer):
         self, request: pb.GetLabelResourceRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetLabelResourceResponse:
         labels = convert.labels_from_pb(request.labels)
-        record = await self.core.get_label_resource(str(LabelKey(labels)))
+        record = await self.core.capacity.get_label_resource(str(LabelKey(labels)))
         response = pb.GetLabelResourceResponse()
         await self._fill_record(response.label_resource, record)
         return response
@@ -196,7 +198,9 @@ class ResourceManagerServicer(pb_grpc.ResourceManagerServiceServicer):
         page = page_of(request)
         if request.source not in ("", "ecm", "limit", "external"):
             raise InvalidArgument("source", "must be empty, 'ecm', 'limit' or 'external'")
-        records = await self.core.list_label_resources(page.after, page.size + 1, request.source)
+        records = await self.core.capacity.list_label_resources(
+            page.after, page.size + 1, request.source
+        )
         response = pb.ListLabelResourcesResponse(
             next_page_token=next_token(records, page, lambda r: r.label)
         )

@@ -1,4 +1,4 @@
-"""Leases of background jobs: one replica runs each job at a time (see rm_server.background)."""
+"""Leases of background jobs: one replica runs each job at a time (see rm_server.app.background)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 rm_server/store/tickets.py): each request stays all-or-nothing, in arrival order, FIFO
 behind waiters, idempotent, and every invariant holds.
 
-Some tests compose groups by hand (core._run_group) to pin down the order inside one
+Some tests compose groups by hand (core.tickets._run_group) to pin down the order inside one
 transaction; the others drive the real server concurrently."""
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def apply_op(rm, labels: str, resource: Resource, *, rid: str = "", seq=None, ma
         f"t-{uuid.uuid4().hex}",
         "",
         lbls,
-        rm.core.charged_keys(lbls),
+        rm.core.tickets.charged_keys(lbls),
         resource,
         timedelta(seconds=60),
         seq,
@@ -91,9 +91,9 @@ def release_op(ticket_id: str, rid: str = ""):
 
 async def waiter(rm, labels: str, resource: Resource) -> int:
     """Queue a waiter for `resource` (user "waiter"), holding for a minute."""
-    keys = rm.core.charged_keys(_labels(labels))
+    keys = rm.core.tickets.charged_keys(_labels(labels))
     hold = rm.core.clock.now() + timedelta(seconds=60)
-    seq: int = await rm.core._join_queue(
+    seq: int = await rm.core.tickets._join_queue(
         f"w-{uuid.uuid4().hex}", keys, 60, "waiter", resource, hold
     )
     return seq
@@ -120,7 +120,7 @@ async def test_a_group_runs_in_arrival_order_each_all_or_nothing(rm):
         apply_op(rm, USER, Resource.special({"gpu": 1})),
         apply_op(rm, BOB, Resource.load(2 * GiB, 100)),
     ]
-    out = await rm.core._run_group(ops)
+    out = await rm.core.tickets._run_group(ops)
     assert isinstance(out[0], Ticket) and isinstance(out[1], Ticket)
     assert isinstance(out[2], ResourceExhausted)
     assert [(s.requested, s.available) for s in out[2].shortfalls] == [(2 * GiB, GiB - 1)]
@@ -131,7 +131,7 @@ async def test_a_group_runs_in_arrival_order_each_all_or_nothing(rm):
     assert state.live_tickets == 3
     # Neither the refusal (transient: a retry may fit) nor the invalid request (it
     # changed nothing) was stored with its request id; the grant was.
-    again = await rm.core._run_group([ops[2], ops[3], ops[0]])
+    again = await rm.core.tickets._run_group([ops[2], ops[3], ops[0]])
     assert isinstance(again[0], ResourceExhausted)
     assert isinstance(again[1], InvalidArgument)
     assert isinstance(again[2], Replay) and again[2].status_code == 0
@@ -151,7 +151,7 @@ async def test_waiters_keep_fifo_inside_a_group(rm):
         apply_op(rm, SHARED, shared(3 * GiB // 2), seq=seq, may_wait=True),
         apply_op(rm, SHARED, shared(GiB // 2)),
     ]
-    out = await rm.core._run_group(ops)
+    out = await rm.core.tickets._run_group(ops)
     assert isinstance(out[0], Ticket) and out[0].state is TicketState.RELEASED
     assert isinstance(out[1], ResourceExhausted) and out[1].reason == "QUEUED_BEHIND_WAITERS"
     assert isinstance(out[2], Ticket) and out[2].state is TicketState.LOCKED
@@ -173,7 +173,7 @@ async def test_a_waiter_that_still_does_not_fit_must_wait_and_changes_nothing(rm
         apply_op(rm, SHARED, shared(2 * GiB), seq=seq, may_wait=True),
         apply_op(rm, SHARED, shared(GiB)),  # behind the waiter
     ]
-    out = await rm.core._run_group(ops)
+    out = await rm.core.tickets._run_group(ops)
     assert isinstance(out[0], ticket_store.MustWait)
     assert isinstance(out[1], ResourceExhausted) and out[1].reason == "QUEUED_BEHIND_WAITERS"
     state = await label_state(rm, SHARED)
@@ -199,7 +199,7 @@ async def test_report_release_and_unknown_tickets_in_one_group(rm):
         release_op("t-nope"),
         report_op("t-nope"),
     ]
-    out = await rm.core._run_group(ops)
+    out = await rm.core.tickets._run_group(ops)
     assert isinstance(out[0], Ticket) and out[0].state is TicketState.USED
     assert isinstance(out[1], Ticket) and out[1].state is TicketState.RELEASED
     assert isinstance(out[2], FailedPrecondition) and out[2].reason == "TICKET_ENDED"
@@ -218,7 +218,7 @@ async def test_expired_lock_is_reclaimed_by_a_grouped_report(rm_manual_clock):
     t = (await rm.rm.Apply(apply_req(USER, load(GiB, 100)))).ticket
     rm.clock.advance(120)  # past the 60 s lock timeout
     other = (await rm.rm.Apply(apply_req(USER, load(GiB, 100)))).ticket
-    out = await rm.core._run_group([report_op(t.ticket_id), report_op(other.ticket_id)])
+    out = await rm.core.tickets._run_group([report_op(t.ticket_id), report_op(other.ticket_id)])
     assert isinstance(out[0], FailedPrecondition) and out[0].reason == "LOCK_EXPIRED"
     assert isinstance(out[1], Ticket) and out[1].state is TicketState.USED
     got = await rm.rm.GetTicket(pb.GetTicketRequest(ticket_id=t.ticket_id))
@@ -229,7 +229,7 @@ async def test_expired_lock_is_reclaimed_by_a_grouped_report(rm_manual_clock):
 async def test_labels_with_a_limit_but_no_record_get_one_first(rm):
     await rm.admin.SetLabelLimit(limit_req("userCreator=carol-*,engineType=*", load(GiB, 1000)))
     carol = "userCreator=carol-IDE,engineType=spark-3.2.1"
-    out = await rm.core._run_group(
+    out = await rm.core.tickets._run_group(
         [apply_op(rm, carol, Resource.load(GiB, 100)), apply_op(rm, USER, Resource.load(GiB, 1))]
     )
     assert isinstance(out[0], ticket_store.NeedLimitRows)
@@ -254,7 +254,7 @@ async def test_hot_label_under_concurrency_is_shared_exactly(rm, grouping):
     refused = [r for r in results if isinstance(r, grpc.aio.AioRpcError)]
     assert len(granted) == 20 and len(refused) == 40
     assert all(e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED for e in refused)
-    combiner = rm.core._combiner
+    combiner = rm.core.tickets._combiner
     if grouping:
         assert combiner is not None and combiner.groups < combiner.requests
     else:
@@ -295,7 +295,7 @@ async def test_a_group_that_fails_as_a_whole_runs_its_requests_one_by_one(rm, mo
         return await original(conn, ops, now)
 
     monkeypatch.setattr(ticket_store, "run", run)
-    out = await rm.core._run_group([good, bad])
+    out = await rm.core.tickets._run_group([good, bad])
     assert isinstance(out[0], Ticket)
     assert isinstance(out[1], RuntimeError)
     state = await label_state(rm, USER)
@@ -313,7 +313,7 @@ async def test_grouping_off_uses_one_transaction_per_request(database_url):
             return_exceptions=True,
         )
         assert sum(not isinstance(r, BaseException) for r in results) == 5
-        assert rm.core._combiner is None
+        assert rm.core.tickets._combiner is None
         for r in results:
             if not isinstance(r, BaseException):
                 await rm.rm.ReportUsed(pb.ReportUsedRequest(ticket_id=r.ticket.ticket_id))

@@ -75,11 +75,11 @@ async def test_request_ids_are_kept_for_the_retention_period(rm_manual_clock):
     rm = rm_manual_clock
     await rm.rm.Apply(apply_req(USER, load(1, 1), request_id="old"))
     rm.clock.advance(24 * 3600)
-    await rm.core.sweep()
+    await rm.core.sweeps.sweep()
     replay = await rm.rm.Apply(apply_req(USER, load(1, 1), request_id="old"))
     assert replay.ticket.create_time.ToDatetime().year == 2026  # still the first outcome
     rm.clock.advance(25 * 3600)  # now 49 h: past the 48 h retention
-    await rm.core.sweep()
+    await rm.core.sweeps.sweep()
     fresh = await rm.rm.Apply(apply_req(USER, load(1, 1), request_id="old"))
     assert fresh.ticket.ticket_id != replay.ticket.ticket_id
 
@@ -91,9 +91,9 @@ async def test_locked_ticket_expires_and_its_resource_returns(rm_manual_clock):
     used = (await rm.rm.Apply(apply_req(USER, load(GiB, 100)))).ticket
     await rm.rm.ReportUsed(pb.ReportUsedRequest(ticket_id=used.ticket_id))
     rm.clock.advance(59)
-    assert await rm.core.sweep() == 0
+    assert await rm.core.sweeps.sweep() == 0
     rm.clock.advance(2)  # past the 60 s lock timeout
-    assert await rm.core.sweep() == 1
+    assert await rm.core.sweeps.sweep() == 1
     got = await rm.rm.GetTicket(pb.GetTicketRequest(ticket_id=stale.ticket_id))
     assert got.ticket.state == pb.TICKET_STATE_EXPIRED
     state = await label_state(rm, USER)
@@ -130,7 +130,7 @@ async def test_ended_tickets_are_kept_for_the_history_retention(rm_manual_clock)
     recent = (await rm.rm.Apply(apply_req(USER, load(GiB, 100)))).ticket
     await rm.rm.Release(pb.ReleaseRequest(ticket_id=recent.ticket_id))
     rm.clock.advance(11 * 86400)  # `old` ended 31 days ago, `recent` 11
-    await rm.core.sweep()
+    await rm.core.sweeps.sweep()
     with pytest.raises(grpc.aio.AioRpcError) as exc:
         await rm.rm.GetTicket(pb.GetTicketRequest(ticket_id=old.ticket_id))
     assert exc.value.code() == grpc.StatusCode.NOT_FOUND
@@ -145,7 +145,7 @@ async def test_retention_keeps_up_with_more_ended_tickets_than_a_batch(rm_manual
     """A busy cluster ends more tickets per retention interval than one bounded DELETE
     removes: the sweep goes on at its next rounds (not an interval later) until none
     past the retention are left."""
-    from rm_server.app.core import PURGE_BATCH
+    from rm_server.app.sweeps import PURGE_BATCH
 
     rm = rm_manual_clock
     now = rm.clock.now()
@@ -172,7 +172,7 @@ async def test_retention_keeps_up_with_more_ended_tickets_than_a_batch(rm_manual
     rounds = 0
     while await old_rows() and rounds < 10:
         rm.clock.advance(1)  # one sweep interval, far less than the retention interval
-        await rm.core.sweep()
+        await rm.core.sweeps.sweep()
         rounds += 1
     assert await old_rows() == 0
     assert rounds <= 4

@@ -163,7 +163,7 @@ async def test_lock_expiry_reclaims_are_counted(rm_metrics):
         await rm.rm.Apply(apply_req(combined, load(GiB, 100)))
     assert value(await scrape(rm), "labelrm_lock_expiry_reclaims_total") == 0
     rm.clock.advance(61)
-    assert await rm.core.sweep() == 2
+    assert await rm.core.sweeps.sweep() == 2
     samples = await scrape(rm)
     assert value(samples, "labelrm_lock_expiry_reclaims_total") == 2
     limit = {"label": combined, "source": "limit"}

@@ -6,12 +6,16 @@ running it everywhere multiplies its cost by the replica count and makes "which 
 acted" unpredictable. A job therefore runs only on the replica that holds its lease, a
 row renewed by every pass; when that replica dies (or loses the database, as in a
 failover) its lease runs out after `ttl` and the next replica to try takes it over.
+
+Each pass that runs can be reported to an observer (the metrics' pass histogram): the
+loop tells it, nothing wraps the jobs themselves.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -22,6 +26,9 @@ from rm_server.store import lease as lease_store
 from rm_server.store.db import Database
 
 log = logging.getLogger(__name__)
+
+# Told (job, seconds) after every pass that ran, failed ones included.
+PassObserver = Callable[[str, float], object]
 
 
 @dataclass(frozen=True)
@@ -46,10 +53,12 @@ async def run_periodically(
     interval: float,
     run_once: Callable[[], Awaitable[object]],
     lease: Lease | None = None,
+    observe: PassObserver | None = None,
 ) -> None:
     """Run `run_once` every `interval` seconds until cancelled (with a lease, only while
     this replica holds the lease of `job`). A failed pass is logged and the next one runs:
     an unreachable database in one line, anything else with its traceback (a bug).
+    `observe`, if given, is told how long each pass that ran took.
 
     The interval counts from the start of a pass: a pass that took the whole interval
     (a planner round over many due demands) is followed by the next at once."""
@@ -62,7 +71,7 @@ async def run_periodically(
                 if not running and lease is not None:
                     log.info("background job %s: this replica (%s) runs it", job, lease.holder)
                 running = True
-                await run_once()
+                await _timed(job, run_once, observe)
             elif running:
                 log.info("background job %s: another replica took it over", job)
                 running = False
@@ -73,3 +82,17 @@ async def run_periodically(
         except Exception:
             log.exception("background job %s failed", job)
         await asyncio.sleep(max(0.0, started + interval - loop.time()))
+
+
+async def _timed(
+    job: str, run_once: Callable[[], Awaitable[object]], observe: PassObserver | None
+) -> None:
+    """One pass of `job`, its duration told to `observe` (even when it fails)."""
+    if observe is None:
+        await run_once()
+        return
+    started = time.perf_counter()
+    try:
+        await run_once()
+    finally:
+        observe(job, time.perf_counter() - started)
