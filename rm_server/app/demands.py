@@ -43,6 +43,7 @@ from rm_server.errors import (
 )
 from rm_server.store import demand_rounds as rounds_store
 from rm_server.store import demands as store
+from rm_server.store import ticket_reads
 from rm_server.store import tickets as ticket_store
 from rm_server.store.db import Conn, Database, Idempotency, OutcomeEncoder, Replay
 from rm_server.store.notify import LabelNotifier
@@ -298,7 +299,7 @@ class DemandManager:
                     reason="DEMAND_NOT_ALLOCATED",
                 )
             assert d.ticket_id is not None
-            return Claimed(d, await ticket_store.get_ticket(conn, d.ticket_id))
+            return Claimed(d, await ticket_reads.get_ticket(conn, d.ticket_id))
 
         return await self.db.run_idempotent(idem, now, body, encoder)
 

@@ -16,6 +16,7 @@ from datetime import datetime
 from rm_server.app.background import Lease, PassObserver, run_periodically
 from rm_server.app.shared import Shared
 from rm_server.store import replicas as replicas_store
+from rm_server.store import ticket_reads
 from rm_server.store import tickets as ticket_store
 from rm_server.store import waiters as waiter_store
 
@@ -113,7 +114,7 @@ class Sweeps:
         core = self.core
         now = core.clock.now()
         batch = core.settings.expiry_batch
-        ids = await core.db.run(lambda c: ticket_store.expired_ticket_ids(c, now, batch))
+        ids = await core.db.run(lambda c: ticket_reads.expired_ticket_ids(c, now, batch))
         reclaimed = 0
         for ticket_id in ids:
             done = await core.db.run(ticket_store.expire_ticket, ticket_id, now)

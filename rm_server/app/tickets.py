@@ -23,13 +23,13 @@ from rm_server.domain.model import Ticket
 from rm_server.domain.resources import Resource
 from rm_server.errors import DeadlineExceeded, Unavailable
 from rm_server.store import admin as admin_store
-from rm_server.store import owners
+from rm_server.store import owners, ticket_ops, ticket_reads
 from rm_server.store import providers as provider_store
 from rm_server.store import tickets as ticket_store
 from rm_server.store import waiters as waiter_store
 from rm_server.store.db import Idempotency, OutcomeEncoder, Replay
 
-AfterApply = ticket_store.AfterApply
+AfterApply = ticket_ops.AfterApply
 
 KEYS_CACHE_SIZE = 65536  # label sets whose charged records are remembered
 
@@ -39,7 +39,7 @@ class Tickets:
 
     def __init__(self, core: Shared) -> None:
         self.core = core
-        self._combiner: Combiner[ticket_store.Op] | None = None
+        self._combiner: Combiner[ticket_ops.Op] | None = None
         self._keys_cache: dict[tuple[Label, ...], tuple[str, ...]] = {}
         self._keys_rules: tuple[TransformRule, ...] | None = None
         self._queue_records: set[str] = set()  # external queue records made
@@ -118,7 +118,7 @@ class Tickets:
                         queue, resource = await self._external(labels, resource)
                     try:
                         return await attempt(waiter, may_wait=True)
-                    except ticket_store.MustWait as wait:
+                    except ticket_ops.MustWait as wait:
                         refusal = wait.refusal
                     except Unavailable:
                         # The database went away while this apply waits (a failover): it
@@ -209,7 +209,7 @@ class Tickets:
         engine_conn_id: str = "",
         queue: QueueCheck | None = None,
     ) -> Ticket | Replay:
-        op = ticket_store.ApplyOp(
+        op = ticket_ops.ApplyOp(
             idem,
             encoder,
             ticket_id,
@@ -227,7 +227,7 @@ class Tickets:
         while True:
             try:
                 return await self._submit(op)
-            except ticket_store.NeedLimitRows as need:
+            except ticket_ops.NeedLimitRows as need:
                 now = self.core.clock.now()
                 await self.core.db.run(admin_store.ensure_limit_rows, need.labels, now)
 
@@ -262,17 +262,17 @@ class Tickets:
         encoder: OutcomeEncoder[Ticket],
     ) -> Ticket | Replay:
         """A user's ReportUsed (refused on a ticket an EngineConn owns)."""
-        op = ticket_store.ReportOp(idem, encoder, ticket_id, used, from_user=True)
+        op = ticket_ops.ReportOp(idem, encoder, ticket_id, used, from_user=True)
         return await self._submit(op)
 
     async def release(
         self, idem: Idempotency, ticket_id: str, encoder: OutcomeEncoder[Ticket]
     ) -> Ticket | Replay:
         """A user's Release (refused on a ticket an EngineConn owns)."""
-        op = ticket_store.ReleaseOp(idem, encoder, ticket_id, from_user=True)
+        op = ticket_ops.ReleaseOp(idem, encoder, ticket_id, from_user=True)
         return await self._submit(op)
 
-    async def _submit(self, op: ticket_store.Op) -> Ticket | Replay:
+    async def _submit(self, op: ticket_ops.Op) -> Ticket | Replay:
         """Run `op` in the next group (grouping on), or in a group of its own."""
         combiner = self._grouping()
         if combiner is not None:
@@ -284,7 +284,7 @@ class Tickets:
         assert alone is not None  # only expiry answers None
         return alone
 
-    def _grouping(self) -> Combiner[ticket_store.Op] | None:
+    def _grouping(self) -> Combiner[ticket_ops.Op] | None:
         """The request combiner, or None when grouping is off (CoreSettings.batch_max)."""
         settings = self.core.settings
         if settings.batch_max <= 0:
@@ -297,13 +297,11 @@ class Tickets:
             )
         return self._combiner
 
-    async def _run_group(self, ops: Sequence[ticket_store.Op]) -> list[ticket_store.Outcome]:
+    async def _run_group(self, ops: Sequence[ticket_ops.Op]) -> list[ticket_store.Outcome]:
         """One transaction for `ops` (each alone should the group fail as a whole)."""
         return await each_alone_on_failure(self._group_transaction, ops, "requests")
 
-    async def _group_transaction(
-        self, ops: Sequence[ticket_store.Op]
-    ) -> list[ticket_store.Outcome]:
+    async def _group_transaction(self, ops: Sequence[ticket_ops.Op]) -> list[ticket_store.Outcome]:
         now = self.core.clock.now()
         return await self.core.db.run(
             lambda c: ticket_store.run(c, ops, now), pipeline=True, retry_unique=True
@@ -311,7 +309,7 @@ class Tickets:
 
     async def get_ticket(self, ticket_id: str) -> Ticket:
         """One ticket, live or ended (NotFound otherwise)."""
-        return await self.core.db.run(lambda c: ticket_store.get_ticket(c, ticket_id))
+        return await self.core.db.run(lambda c: ticket_reads.get_ticket(c, ticket_id))
 
     async def list_user_tickets(
         self, user: str, after: str, limit: int, label: str, state: str
@@ -324,7 +322,7 @@ class Tickets:
     async def list_tickets(self, after: str, limit: int, label: str, state: str) -> list[Ticket]:
         """A page of tickets after ticket id `after`, filtered by label and state."""
         return await self.core.db.run(
-            lambda c: ticket_store.list_tickets(c, after, limit, label, state)
+            lambda c: ticket_reads.list_tickets(c, after, limit, label, state)
         )
 
 

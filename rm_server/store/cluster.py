@@ -10,7 +10,7 @@ from rm_server.domain.model import Ticket, TicketState
 from rm_server.errors import NotFound
 from rm_server.store import demands
 from rm_server.store.db import Conn
-from rm_server.store.tickets import get_ticket
+from rm_server.store.ticket_reads import get_ticket
 
 __all__ = [
     "EVENT_TABLES",

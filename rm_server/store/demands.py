@@ -30,6 +30,7 @@ from rm_server.domain.model import Refusal, Ticket
 from rm_server.domain.resources import Resource
 from rm_server.errors import InvalidArgument
 from rm_server.store import admin as admin_store
+from rm_server.store import ticket_ops, ticket_reads
 from rm_server.store import tickets as ticket_store
 from rm_server.store.codec import (
     LABEL_COLUMNS,
@@ -240,7 +241,7 @@ async def ticket_status(conn: Conn, ticket_id: str) -> TicketStatus:
     cur = await conn.execute("SELECT 1 FROM ticket WHERE ticket_id = %s", (ticket_id,))
     if await cur.fetchone() is not None:
         return TicketStatus(True)
-    ended = await ticket_store.read_history(conn, ticket_id)
+    ended = await ticket_reads.read_history(conn, ticket_id)
     if ended is None:
         return TicketStatus(False, "UNKNOWN", "ticket not found")
     return TicketStatus(False, ended.state.value, ended.end_reason)
@@ -508,7 +509,7 @@ async def allocate(conn: Conn, d: Demand, cmd: ticket_store.ApplyCommand) -> Tic
             return outcome
     except _Refused as refused:
         return refused.refusal
-    except ticket_store.NeedLimitRows as need:  # a limit appeared meanwhile: next round
+    except ticket_ops.NeedLimitRows as need:  # a limit appeared meanwhile: next round
         return Refusal((), need.labels)
 
 

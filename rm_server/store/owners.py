@@ -33,7 +33,7 @@ async def engine_conn_owner(conn: Conn, ec_id: str) -> str | None:
 async def list_user_tickets(
     conn: Conn, user: str, after: str, limit: int, label: str, state: str
 ) -> list[Ticket]:
-    """Like tickets.list_tickets, only `user`'s (ListTickets of a non-admin caller)."""
+    """Like ticket_reads.list_tickets, only `user`'s (ListTickets of a non-admin caller)."""
     where, values = page_filters(
         ("ticket_id > %s", after),
         ("charged_labels @> ARRAY[%s]::text[]", label),

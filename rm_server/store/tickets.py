@@ -28,13 +28,12 @@ statements: bench/pgbench/cycle.sql.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
-from rm_server.domain.external import QueueCheck
-from rm_server.domain.labels import Label, LabelKey
+from rm_server.domain.labels import LabelKey
 from rm_server.domain.ledger import (
     ApplyCommand,
     LabelAccount,
@@ -52,7 +51,7 @@ from rm_server.domain.ledger import (
 from rm_server.domain.limits import LabelPattern, LimitRule, best_limit
 from rm_server.domain.model import Refusal, Ticket, TicketState
 from rm_server.domain.resources import Resource
-from rm_server.errors import InvalidArgument, LabelrmError, NotFound, ResourceExhausted
+from rm_server.errors import InvalidArgument, LabelrmError, NotFound
 from rm_server.store.codec import (
     ECM_STATE,
     HISTORY_COLUMNS,
@@ -65,131 +64,33 @@ from rm_server.store.codec import (
     res,
     ticket_from_history,
     ticket_from_json,
-    ticket_from_row,
     ticket_json,
     waiter_from_json,
 )
 from rm_server.store.db import (
     Conn,
     Idempotency,
-    OutcomeEncoder,
     Replay,
     RetryTransaction,
     is_final,
-    page_filters,
-    page_rows,
 )
 from rm_server.store.notify import CHANNEL
+from rm_server.store.ticket_ops import (
+    ApplyOp,
+    ExpireOp,
+    MustWait,
+    NeedLimitRows,
+    Op,
+    Refused,
+    ReleaseOp,
+    ReportOp,
+)
 
 __all__ = ["ApplyCommand", "LabelAccount", "check_accounts", "run"]
 
 NO_WAITER = 2**63 - 1  # a new request ranks after every registered waiter
 
 Outcome = Ticket | Replay | BaseException | None
-AfterApply = Callable[[Conn, Ticket], Awaitable[None]]
-
-
-class NeedLimitRows(Exception):
-    """Labels without a record have a configured limit: create their rows, then retry."""
-
-    def __init__(self, labels: Sequence[str]) -> None:
-        super().__init__(", ".join(labels))
-        self.labels = tuple(labels)
-
-
-class MustWait(Exception):
-    """An Apply that may wait did not fit: roll back and wait for a release."""
-
-    def __init__(self, refusal: Refusal) -> None:
-        super().__init__("must wait")
-        self.refusal = refusal
-
-
-class Refused(ResourceExhausted):
-    """An Apply that does not fit (the final answer to it); `refusal` says why."""
-
-    def __init__(self, refusal: Refusal) -> None:
-        if refusal.shortfalls:
-            detail = f" ({refusal.detail})" if refusal.detail else ""  # a YARN queue's breakdown
-            super().__init__("insufficient resource" + detail, refusal.shortfalls)
-        else:
-            super().__init__(
-                "queued behind earlier waiting applies on " + ", ".join(refusal.queued_behind),
-                reason="QUEUED_BEHIND_WAITERS",
-            )
-        self.refusal = refusal
-
-
-# ----- the operations ------------------------------------------------------------------------
-
-
-@dataclass(eq=False)
-class Op:
-    """One request. `idem` (and `encoder`) when its outcome is logged by request id."""
-
-    idem: Idempotency | None
-    encoder: OutcomeEncoder[Ticket] | None
-
-    @property
-    def key(self) -> tuple[str, str, str]:
-        """(caller, method, request id): request ids are the caller's own."""
-        if self.idem is None:
-            return ("", "", str(id(self)))
-        return (self.idem.caller, self.idem.method, self.idem.request_id)
-
-
-@dataclass(eq=False)
-class ApplyOp(Op):
-    ticket_id: str
-    user: str
-    labels: tuple[Label, ...]
-    keys: tuple[str, ...]  # canonical order
-    resource: Resource
-    lock_timeout: timedelta
-    waiter_seq: int | None = None
-    may_wait: bool = False
-    # Runs in the same transaction once the ticket is written (the EngineConn flow
-    # queues its launch command there, atomically).
-    after: AfterApply | None = None
-    engine_conn_id: str = ""  # the EngineConn the ticket is for: its lifecycle owns it
-    external: QueueCheck | None = None  # a YARN queue it must also fit
-
-    def command(self, now: datetime) -> ApplyCommand:
-        return ApplyCommand(
-            ticket_id=self.ticket_id,
-            user=self.user,
-            labels=self.labels,
-            keys=self.keys,
-            resource=self.resource,
-            now=now,
-            lock_expires_at=now + self.lock_timeout,
-            waiter_seq=self.waiter_seq,
-            may_wait=self.may_wait,
-            engine_conn_id=self.engine_conn_id,
-            external=self.external,
-        )
-
-
-@dataclass(eq=False)
-class ReportOp(Op):
-    ticket_id: str
-    used: Resource | None
-    from_user: bool = False  # a user's RPC: refused on EngineConn-owned tickets
-
-
-@dataclass(eq=False)
-class ReleaseOp(Op):
-    ticket_id: str
-    reason: str = "released"
-    from_user: bool = False  # a user's RPC: refused on EngineConn-owned tickets
-
-
-@dataclass(eq=False)
-class ExpireOp(Op):
-    """Reclaim a LOCKED ticket past its lock timeout; None if it no longer qualifies."""
-
-    ticket_id: str
-
 
 _TICKET_OPS = ReportOp | ReleaseOp | ExpireOp
 
@@ -664,52 +565,3 @@ async def _labels_needing_rows(conn: Conn, missing: Sequence[str]) -> set[str]:
         return set()
     rules = await load_limit_rules(conn, sorted({key_names(m) for m in missing}))
     return {m for m in missing if best_limit(LabelKey.parse(m), rules) is not None}
-
-
-async def read_history(conn: Conn, ticket_id: str) -> Ticket | None:
-    cur = await conn.execute(
-        f"SELECT {HISTORY_COLUMNS} FROM ticket_history WHERE ticket_id = %s",  # noqa: S608
-        (ticket_id,),
-    )
-    row = await cur.fetchone()
-    return None if row is None else ticket_from_history(row)
-
-
-async def get_ticket(conn: Conn, ticket_id: str) -> Ticket:
-    cur = await conn.execute(
-        f"SELECT {TICKET_COLUMNS} FROM ticket WHERE ticket_id = %s",  # noqa: S608
-        (ticket_id,),
-    )
-    row = await cur.fetchone()
-    ticket = None if row is None else ticket_from_row(row)
-    if ticket is None:
-        ticket = await read_history(conn, ticket_id)
-    if ticket is None:
-        raise NotFound(f"ticket {ticket_id} not found")
-    return ticket
-
-
-async def expired_ticket_ids(conn: Conn, now: datetime, limit: int) -> list[str]:
-    cur = await conn.execute(
-        "SELECT ticket_id FROM ticket WHERE state = 'LOCKED' AND lock_expires_at <= %s"
-        " ORDER BY lock_expires_at LIMIT %s",
-        (now, limit),
-    )
-    return [r[0] for r in await cur.fetchall()]
-
-
-async def list_tickets(conn: Conn, after: str, limit: int, label: str, state: str) -> list[Ticket]:
-    """A page of live tickets in id order after `after`, filtered by label and state."""
-    where, values = page_filters(
-        ("ticket_id > %s", after),
-        ("charged_labels @> ARRAY[%s]::text[]", label),
-        ("state = %s", state),
-    )
-    rows = await page_rows(
-        conn,
-        f"SELECT {TICKET_COLUMNS} FROM ticket WHERE {where}"  # noqa: S608
-        " ORDER BY ticket_id LIMIT %s",
-        (*values, limit),
-        "ticket_id",
-    )
-    return [ticket_from_json(r) for r in rows]

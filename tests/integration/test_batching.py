@@ -26,6 +26,7 @@ from rm_server.errors import (
     ResourceExhausted,
 )
 from rm_server.service.resource_manager import _TICKET_ENCODERS
+from rm_server.store import ticket_ops
 from rm_server.store import tickets as ticket_store
 from rm_server.store import waiters as waiter_store
 from rm_server.store.db import Idempotency, Replay
@@ -56,7 +57,7 @@ def _labels(text: str) -> tuple[Label, ...]:
 def apply_op(rm, labels: str, resource: Resource, *, rid: str = "", seq=None, may_wait=False):
     lbls = _labels(labels)
     rid = rid or uuid.uuid4().hex
-    return ticket_store.ApplyOp(
+    return ticket_ops.ApplyOp(
         Idempotency.of("Apply", rid, f"{labels}|{resource}".encode()),
         _TICKET_ENCODERS["Apply"],
         f"t-{uuid.uuid4().hex}",
@@ -72,7 +73,7 @@ def apply_op(rm, labels: str, resource: Resource, *, rid: str = "", seq=None, ma
 
 def report_op(ticket_id: str, used: Resource | None = None, rid: str = ""):
     rid = rid or uuid.uuid4().hex
-    return ticket_store.ReportOp(
+    return ticket_ops.ReportOp(
         Idempotency.of("ReportUsed", rid, f"{ticket_id}|{used}".encode()),
         _TICKET_ENCODERS["ReportUsed"],
         ticket_id,
@@ -82,7 +83,7 @@ def report_op(ticket_id: str, used: Resource | None = None, rid: str = ""):
 
 def release_op(ticket_id: str, rid: str = ""):
     rid = rid or uuid.uuid4().hex
-    return ticket_store.ReleaseOp(
+    return ticket_ops.ReleaseOp(
         Idempotency.of("Release", rid, ticket_id.encode()),
         _TICKET_ENCODERS["Release"],
         ticket_id,
@@ -174,7 +175,7 @@ async def test_a_waiter_that_still_does_not_fit_must_wait_and_changes_nothing(rm
         apply_op(rm, SHARED, shared(GiB)),  # behind the waiter
     ]
     out = await rm.core.tickets._run_group(ops)
-    assert isinstance(out[0], ticket_store.MustWait)
+    assert isinstance(out[0], ticket_ops.MustWait)
     assert isinstance(out[1], ResourceExhausted) and out[1].reason == "QUEUED_BEHIND_WAITERS"
     state = await label_state(rm, SHARED)
     assert state.live_tickets == 1
@@ -232,7 +233,7 @@ async def test_labels_with_a_limit_but_no_record_get_one_first(rm):
     out = await rm.core.tickets._run_group(
         [apply_op(rm, carol, Resource.load(GiB, 100)), apply_op(rm, USER, Resource.load(GiB, 1))]
     )
-    assert isinstance(out[0], ticket_store.NeedLimitRows)
+    assert isinstance(out[0], ticket_ops.NeedLimitRows)
     assert isinstance(out[1], Ticket)  # no record and no limit: nothing to check, skipped
     # Through the server the row is created and the apply retried.
     ok = await rm.rm.Apply(apply_req(carol, load(GiB, 100)))
