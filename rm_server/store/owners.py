@@ -5,8 +5,8 @@ the transaction that later acts on the object is safe."""
 from __future__ import annotations
 
 from rm_server.domain.model import Ticket
-from rm_server.store.codec import TICKET_COLUMNS, ticket_from_json
-from rm_server.store.db import Conn, page_filters, page_rows
+from rm_server.store import ticket_reads
+from rm_server.store.db import Conn
 
 
 async def _one(conn: Conn, sql: str, *params: str) -> str | None:
@@ -33,17 +33,8 @@ async def engine_conn_owner(conn: Conn, ec_id: str) -> str | None:
 async def list_user_tickets(
     conn: Conn, user: str, after: str, limit: int, label: str, state: str
 ) -> list[Ticket]:
-    """Like ticket_reads.list_tickets, only `user`'s (ListTickets of a non-admin caller)."""
-    where, values = page_filters(
-        ("ticket_id > %s", after),
-        ("charged_labels @> ARRAY[%s]::text[]", label),
-        ("state = %s", state),
-    )
-    rows = await page_rows(
-        conn,
-        f"SELECT {TICKET_COLUMNS} FROM ticket WHERE user_name = %s AND {where}"  # noqa: S608
-        " ORDER BY ticket_id LIMIT %s",
-        (user, *values, limit),
-        "ticket_id",
-    )
-    return [ticket_from_json(r) for r in rows]
+    """Like ticket_reads.list_tickets, only `user`'s (ListTickets of a non-admin caller).
+    An unnamed user sees nothing: an empty name must never read as "every user"."""
+    if not user:
+        return []
+    return await ticket_reads.list_tickets(conn, after, limit, label, state, user=user)

@@ -55,9 +55,13 @@ async def expired_ticket_ids(conn: Conn, now: datetime, limit: int) -> list[str]
     return [r[0] for r in await cur.fetchall()]
 
 
-async def list_tickets(conn: Conn, after: str, limit: int, label: str, state: str) -> list[Ticket]:
-    """A page of live tickets in id order after `after`, filtered by label and state."""
+async def list_tickets(
+    conn: Conn, after: str, limit: int, label: str, state: str, user: str | None = None
+) -> list[Ticket]:
+    """A page of live tickets in id order after `after`, filtered by label and state;
+    with `user`, only that user's (the index `ticket (user_name, ticket_id)` serves it)."""
     where, values = page_filters(
+        ("user_name = %s", user),
         ("ticket_id > %s", after),
         ("charged_labels @> ARRAY[%s]::text[]", label),
         ("state = %s", state),
