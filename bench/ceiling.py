@@ -22,7 +22,9 @@ from bench.common import CpuMeter
 SCRIPTS = Path(__file__).resolve().parent / "pgbench"
 CYCLE = SCRIPTS / "cycle.sql"
 SCHEMA = "pgbench"
-TABLES = ("label_resource", "ticket", "ticket_history", "request_log", "apply_waiter")
+# The first two hold what the cycle reads and are copied; the others start empty. `ecm`:
+# the READ statement names the state of the ECM behind each label (a LOST ECM refuses).
+TABLES = ("label_resource", "ecm", "ticket", "ticket_history", "request_log", "apply_waiter")
 
 
 def prepare(url: str) -> None:
@@ -34,10 +36,9 @@ def prepare(url: str) -> None:
         conn.execute(f"CREATE SCHEMA {SCHEMA}")
         for table in TABLES:
             conn.execute(f"CREATE TABLE {SCHEMA}.{table} (LIKE public.{table} INCLUDING ALL)")
-        conn.execute(
-            f"INSERT INTO {SCHEMA}.label_resource SELECT * FROM public.label_resource"  # noqa: S608
-        )
-        conn.execute(f"VACUUM ANALYZE {SCHEMA}.label_resource")
+        for table in TABLES[:2]:
+            conn.execute(f"INSERT INTO {SCHEMA}.{table} SELECT * FROM public.{table}")  # noqa: S608
+            conn.execute(f"VACUUM ANALYZE {SCHEMA}.{table}")
 
 
 def reset(url: str) -> None:
@@ -45,7 +46,7 @@ def reset(url: str) -> None:
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as conn:
-        for table in TABLES[1:]:
+        for table in TABLES[2:]:
             conn.execute(f"TRUNCATE {SCHEMA}.{table}")
 
 
@@ -93,9 +94,12 @@ def run(
 
 # ----- the script: the store's own statements, parameters as pgbench expressions ----------
 
-ECM = "'emInstance=bench' || :e || ':9000'"
-USER = "'userCreator=u' || :u || '-IDE,engineType=spark-3.2.1'"
-TICKET = "'t-' || :client_id || '-' || :r"
+ECM = "'emInstance=bench' || :e::text || ':9000'"
+USER = "'userCreator=u' || :u::text || '-IDE,engineType=spark-3.2.1'"
+# pgbench takes ":name" anywhere, inside a quoted literal too, for a variable: the
+# caller "user:bench" is written so that no letter follows its colon.
+CALLER = "'user:' || 'bench'"
+TICKET = "'t-' || :client_id::text || '-' || :r::text"  # typed: pgbench -M prepared sends $n
 T0 = "2026-01-01T00:00:00+00:00"
 GIB = 1024**3
 REQUEST = {"kind": "load", "cpu_millis": 100, "memory_bytes": GIB}
@@ -142,7 +146,7 @@ def cycle_script() -> str:
     def log_entry(method: str) -> list[dict[str, Any]]:
         return [
             {
-                "caller": "user:bench",
+                "caller": "@C@",
                 "method": method,
                 "request_id": "@R@",
                 "request_hash": HASH,
@@ -186,7 +190,7 @@ def cycle_script() -> str:
     }  # fmt: skip
     sub = {"T": TICKET, "E": ECM, "U": USER}
     rid = {
-        m: f"'{tag}-' || :client_id || '-' || :r"
+        m: f"'{tag}-' || :client_id::text || '-' || :r::text"
         for m, tag in (("Apply", "pa"), ("ReportUsed", "pu"), ("Release", "pr"))
     }
 
@@ -200,7 +204,7 @@ def cycle_script() -> str:
             "updated": write.get("update", none),
             "deleted": write.get("delete", "'{}'"),
             "history": write.get("history", none),
-            "log": _json(log_entry(method), R=rid[method]),
+            "log": _json(log_entry(method), R=rid[method], C=CALLER),
             "waiters": "'{}'",
             "channel": "'labelrm_events'",
             "notify": write.get("notify", "'{}'"),
@@ -211,7 +215,7 @@ def cycle_script() -> str:
             "BEGIN;",
             _fill(
                 ticket_sql.READ,
-                callers="ARRAY['user:bench']",
+                callers=f"ARRAY[{CALLER}]",
                 methods=f"ARRAY['{method}']",
                 request_ids=f"ARRAY[{rid[method]}]",
                 now="now()",
