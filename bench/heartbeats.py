@@ -6,8 +6,8 @@
 Starts a private embedded PostgreSQL (or a throwaway database on --database-url) and
 an rm-server with its default liveness settings (ECM expiry 30 s, sweep every 1 s).
 For each K, load-generator processes register K fresh agents (32 registrations in
-flight per process; each process's agents start beating once all of them are
-registered) and run them as the agent does with no EngineConn: heartbeat,
+flight per process; each agent starts beating as soon as it is registered, as a real
+one does) and run them as the agent does with no EngineConn: heartbeat,
 sequence-numbered, paced as the agent paces them (ecm_agent/pacing.py: each beat 3 s
 after the last was sent, give or take 10 %). After a warm-up the window is measured:
 heartbeats/s (against K / 3 expected), p50/p99 latency, late beats (answered an
@@ -64,9 +64,9 @@ def measure(
     loadgen: str,
     heartbeat_rpc: str,
 ) -> dict[str, Any]:
-    # Registration is part of the warm-up: the simulated agents of a load generator all
-    # register (at 70-400/s on the 2-core machine), then start beating; the output says
-    # if that was not over when the window opened.
+    # Registration is part of the warm-up: the simulated agents of a load generator
+    # register (at 70-400/s on the 2-core machine) and each beats once registered; the
+    # output says if registration was not over when the window opened.
     warmup = 6.0 + agents / 80
     res, cpu = run_loadgen(
         "heartbeat",

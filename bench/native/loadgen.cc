@@ -267,14 +267,13 @@ class HealthClient : public Client {
   double t0_ = 0;
 };
 
-// Registration slots shared by the agents of this process (32 in flight), and the
-// agents registered so far: they start beating once all of them are (the window measures
-// a fleet beating, not a registration wave).
+// Registration slots shared by the agents of this process (32 in flight). An agent beats
+// as soon as it is registered, as a real one does: with thousands of agents registration
+// takes longer than the ECM expiry, and one that waited for the others would expire (the
+// window, after the warm-up, measures a fleet beating, not a registration wave).
 struct Slots {
   int free = kRegistrationSlots;
   std::deque<Client*> waiting;
-  size_t agents = 0;
-  std::vector<Client*> registered;
 };
 
 // One simulated ECM agent (bench/loadgen.py agent): registers, then heartbeats with
@@ -298,6 +297,8 @@ class AgentClient : public Client {
     Register();
   }
 
+  // Registered (and its stream open): the first beat comes at a random point of the first
+  // interval.
   void FirstBeat() {
     first_beat_ = true;
     Wait(Uniform() * interval_);
@@ -316,7 +317,7 @@ class AgentClient : public Client {
         }
         ReleaseSlot();
         if (use_stream_) return OpenStream();  // opened now, its first beat comes later
-        return Registered();
+        return FirstBeat();
       case kRegister:
         if (!ok || !register_.status.ok()) {
           std::fprintf(stderr, "RegisterEcm %s: %s\n", id_.c_str(),
@@ -331,9 +332,9 @@ class AgentClient : public Client {
           return Failed(ok ? CodeName(beat_.status.error_code()) : "QUEUE", t);
         return Answered(beat_.response, t);
       case kOpen:
-        if (!first_beat_) {  // opened while the fleet registers
+        if (!first_beat_) {  // opened right after registration
           if (!ok) stream_.reset();  // the first beat opens another
-          return Registered();
+          return FirstBeat();
         }
         return ok ? Write() : EndStream();
       case kWrite:
@@ -411,14 +412,6 @@ class AgentClient : public Client {
     OpenStream();
   }
 
-  // Registered (and its stream open): it waits for the others of this process, then
-  // all of them beat, each first at a random point of the first interval.
-  void Registered() {
-    slots_->registered.push_back(this);
-    if (slots_->registered.size() == slots_->agents) {
-      for (Client* agent : slots_->registered) static_cast<AgentClient*>(agent)->FirstBeat();
-    }
-  }
 
   void OpenStream() {
     stream_context_ = std::make_unique<grpc::ClientContext>();
@@ -472,7 +465,7 @@ class AgentClient : public Client {
   Call<pb::RegisterEcmResponse> register_;
   Call<pb::HeartbeatResponse> beat_;
   bool use_stream_;
-  bool first_beat_ = false;  // the fleet is beating (before: registering)
+  bool first_beat_ = false;  // beating (before: registering)
   std::unique_ptr<grpc::ClientContext> stream_context_;
   std::unique_ptr<Stream> stream_;
   pb::HeartbeatStreamRequest stream_request_;
@@ -595,7 +588,6 @@ int main(int argc, char** argv) {
 
   grpc::CompletionQueue cq;
   Slots slots;
-  slots.agents = args.kind == "heartbeat" ? static_cast<size_t>(args.clients) : 0;
   std::mt19937_64 seeds(args.seed + 1);
   std::vector<std::unique_ptr<Client>> clients;
   for (int i = 0; i < args.clients; ++i) {

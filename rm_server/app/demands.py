@@ -33,6 +33,7 @@ from rm_server.domain.demands.model import (
 )
 from rm_server.domain.demands.state import DemandState
 from rm_server.domain.demands.timelang import order_ids, order_value
+from rm_server.domain.ledger import LabelAccount, more_room
 from rm_server.domain.model import Ticket
 from rm_server.errors import (
     FailedPrecondition,
@@ -70,7 +71,7 @@ class Refused:
     the planner sees it (its definition does not change: a round that passes it over
     needs only its rounds and close time from the database)."""
 
-    capacity: tuple[object, ...]
+    capacity: tuple[LabelAccount, ...]
     view: plan.DemandView
 
 
@@ -88,9 +89,10 @@ class DemandManager:
     core: RMCore
     settings: DemandSettings = field(default_factory=DemandSettings)
     _task: asyncio.Task[None] | None = None
-    # Per demand, the capacity of its labels when its last allocation was refused: while
-    # it is unchanged a round passes the demand over without trying again (the same
-    # rows refuse the same allocation). Per replica, in memory: a miss is a full try.
+    # Per demand, the records of its labels when its last allocation was refused: while
+    # none has more room than then (others' reservations and tickets only take more), a
+    # round passes the demand over without trying again (ledger.more_room: the same or
+    # less room refuses the same allocation). Per replica, in memory: a miss is a full try.
     _blocked: dict[Key, Refused] = field(default_factory=dict)
 
     # ----- submission --------------------------------------------------------------------------
@@ -346,9 +348,10 @@ class DemandManager:
         return done + len(seen)
 
     async def _pass_over_blocked(self, conn: Conn, start: datetime, due: datetime) -> int:
-        """Count the round of every due blocked demand whose labels' capacity is what refused
-        it, in one statement, without locking their labels (rounds_store); the others
-        (changed labels, any decision but another try, an OrderBy) get a round of their own."""
+        """Count the round of every due blocked demand whose labels have no more room than
+        when it was refused, in one statement, without locking their labels (rounds_store);
+        the others (more room, any decision but another try, an OrderBy) get a round of
+        their own."""
         if not self._blocked:
             return 0
         keys = list(self._blocked)
@@ -366,7 +369,7 @@ class DemandManager:
             if (
                 refused is None
                 or refused.view.order is not None
-                or refused.capacity != store.capacity_of(records, row.charged_labels)
+                or more_room(refused.capacity, store.capacity_of(records, row.charged_labels))
             ):
                 continue
             view = replace(refused.view, rounds=row.rounds, closed_at=row.closed_at)
@@ -521,13 +524,13 @@ class DemandManager:
         decision: plan.Decision,
         now: datetime,
         start: datetime,
-        capacity: tuple[object, ...],
+        capacity: tuple[LabelAccount, ...],
     ) -> Demand:
         """Allocate under the label locks (``capacity``: what they hold), or pass it over."""
         soon = start + self.planner.round_length
         key = (d.user, d.demand_id)
         refused = self._blocked.get(key)
-        if refused is not None and refused.capacity == capacity:  # nothing changed since
+        if refused is not None and not more_room(refused.capacity, capacity):
             return await store.update(conn, d, now, rounds=d.rounds + 1, next_check_at=soon)
         core = self.core
         # The ticket must outlive the claim window: LOCKED tickets are reclaimed after the

@@ -227,6 +227,48 @@ def check_accounts(
     return None
 
 
+def more_room(before: Sequence[LabelAccount], after: Sequence[LabelAccount]) -> bool:
+    """Whether an Apply refused on the accounts ``before`` may fit on ``after`` (the same
+    labels read again, in the same order).
+
+    A refusal is monotone: headroom is ``max - used - locked - protected - reserved``, so
+    an Apply refused under ``before`` is refused again unless some account has a higher
+    maximum, or less held (protected, used, locked, reserved), in some dimension. This
+    lets the demand planner pass a blocked demand over while the others around it only
+    take more (their reservations, new tickets) instead of trying it again on every
+    change. Anything it cannot compare counts as more room: a record come or gone,
+    another source, a resource of another type.
+    """
+    if len(before) != len(after):
+        return True
+    try:
+        return any(_grown(b, a) for b, a in zip(before, after, strict=True))
+    except ResourceError:
+        return True
+
+
+def _grown(before: LabelAccount, after: LabelAccount) -> bool:
+    if (before.label, before.source) != (after.label, after.source):
+        return True
+    if after.max_resource is None:  # no maximum: unlimited
+        if before.max_resource is not None:
+            return True
+    elif before.max_resource is not None and not before.max_resource.ge(after.max_resource):
+        return True
+    held = zip(
+        (before.protected, before.used, before.locked),
+        (after.protected, after.used, after.locked),
+        strict=True,
+    )
+    if any(not now.ge(then) for then, now in held):
+        return True
+    if before.reserved is None:
+        return False
+    if after.reserved is None:
+        return not before.reserved.is_zero()
+    return not after.reserved.ge(before.reserved)
+
+
 def decide_apply(
     cmd: ApplyCommand,
     accounts: Mapping[str, LabelAccount],

@@ -1,14 +1,14 @@
 """The planner's pass over its blocked demands in SQL: one read, one UPDATE.
 
-A blocked demand is an ALLOCATING one whose last allocation was refused. While the
-capacity of its labels is what refused it, its round only counts (``rounds``, the ``^N``
-of its window), moves its occupation of the plan with the time, and dates the next
-round. Doing that one transaction per demand, with its label rows locked, made a pass
-over many blocked demands take as long as their number, and held the very labels the
-submissions and applies on them need. Here the due ones are read once (no lock), and
-one statement counts the round of every one the caller found unchanged: it takes the
-demand rows it can (``SKIP LOCKED``: a row another replica's round or a cancel holds is
-left to its next round) and none of the label rows.
+A blocked demand is an ALLOCATING one whose last allocation was refused. While its
+labels have no more room than when it was refused (``ledger.more_room``), its round
+only counts (``rounds``, the ``^N`` of its window), moves its occupation of the plan
+with the time, and dates the next round. Doing that one transaction per demand, with
+its label rows locked, made a pass over many blocked demands take as long as their
+number, and held the very labels the submissions and applies on them need. Here the
+due ones are read once (no lock), and one statement counts the round of every one the
+caller found unchanged: it takes the demand rows it can (``SKIP LOCKED``: a row another
+replica's round or a cancel holds is left to its next round) and none of the label rows.
 """
 
 from __future__ import annotations

@@ -449,40 +449,36 @@ async def unreserve(conn: Conn, d: Demand, now: datetime, *, handover: bool = Fa
         await notify_freed(conn, d.reserved_labels)
 
 
-async def lock_labels(conn: Conn, labels: Sequence[str], now: datetime) -> tuple[Any, ...]:
+async def lock_labels(conn: Conn, labels: Sequence[str], now: datetime) -> tuple[LabelAccount, ...]:
     """Lock the label rows an allocation will charge (creating the ones a limit covers),
     in canonical order, so that the allocation can be decided once they are held.
 
-    Returns what decides whether an allocation fits: each row's capacity columns (equal
-    values: an allocation refused under one is refused under the other)."""
+    Returns what decides whether an allocation fits: the records, in canonical order
+    (``ledger.more_room`` tells whether an allocation refused under them may fit later)."""
     cur = await conn.execute(
         "SELECT count(*) FROM label_resource WHERE label = ANY(%s)", (list(labels),)
     )
     row = await cur.fetchone()
     if row is None or row[0] < len(set(labels)):  # some record is still to be created
         await admin_store.ensure_limit_rows(conn, labels, now)
-    rows = await ticket_store.lock_labels(conn, labels, now)
-    return capacity_of({label: _capacity(r) for label, r in rows.items()}, labels)
+    return capacity_of(await ticket_store.lock_labels(conn, labels, now), labels)
 
 
-def _capacity(r: LabelAccount) -> tuple[Any, ...]:
-    return (r.label, r.max_resource, r.protected, r.used, r.locked, r.reserved)
-
-
-def capacity_of(records: Mapping[str, tuple[Any, ...]], labels: Sequence[str]) -> tuple[Any, ...]:
-    """What decides whether an allocation on ``labels`` fits, from their records' capacity
-    columns (``read_capacities``): the ones that exist, in canonical order."""
+def capacity_of(
+    records: Mapping[str, LabelAccount], labels: Sequence[str]
+) -> tuple[LabelAccount, ...]:
+    """What decides whether an allocation on ``labels`` fits: the records of them that
+    exist, in canonical order (from ``lock_labels`` or ``read_capacities``)."""
     return tuple(records[label] for label in sorted(set(labels)) if label in records)
 
 
-async def read_capacities(conn: Conn, labels: Sequence[str]) -> dict[str, tuple[Any, ...]]:
-    """The capacity columns of the records of ``labels`` (for ``capacity_of``), read
-    without locking them."""
+async def read_capacities(conn: Conn, labels: Sequence[str]) -> dict[str, LabelAccount]:
+    """The records of ``labels`` (for ``capacity_of``), read without locking them."""
     cur = await conn.execute(
         f"SELECT {LABEL_COLUMNS} FROM label_resource r WHERE r.label = ANY(%s)",  # noqa: S608
         (list(labels),),
     )
-    return {row[0]: _capacity(account_from_row(row)) for row in await cur.fetchall()}
+    return {row[0]: account_from_row(row) for row in await cur.fetchall()}
 
 
 class _Refused(Exception):

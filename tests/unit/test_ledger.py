@@ -22,6 +22,7 @@ from rm_server.domain.ledger import (
     decide_report,
     held_back,
     lock_expired,
+    more_room,
     reserve,
     unreserve,
 )
@@ -194,3 +195,87 @@ def test_a_reservation_of_the_wrong_type_names_the_resource() -> None:
         reserve(account(USER, 10, 10), Resource.special({"gpu": 1}))
     assert err.value.field == "resource"
     assert err.value.description.startswith(f"does not match label {USER}: ")
+
+
+# ----- more_room: when a refused allocation may fit -------------------------------------------
+
+QTY = st.integers(0, 8)
+LOAD = st.builds(Resource.load, QTY, QTY)
+RESERVED = st.one_of(st.none(), LOAD)
+
+
+def _account(label: str, maximum, protected, used, locked, reserved) -> LabelAccount:
+    return LabelAccount(label, "limit", maximum, protected, used, locked, 0, reserved)
+
+
+ACCOUNT = st.builds(
+    _account, st.sampled_from([USER]), st.one_of(st.none(), LOAD), LOAD, LOAD, LOAD, RESERVED
+)
+
+
+def _refused(accounts: list[LabelAccount], request: Resource) -> bool:
+    cmd = command(1, request, keys=tuple(a.label for a in accounts))
+    return isinstance(decide_apply(cmd, {a.label: a for a in accounts}), Refusal)
+
+
+def _took_more(before: LabelAccount, draw_extra) -> LabelAccount:
+    """``before`` with a lower maximum and more held: no more room."""
+    maximum = before.max_resource
+    if maximum is not None:
+        maximum = headroom(maximum, draw_extra(), ZERO, ZERO)  # never below 0
+    reserved = before.reserved
+    extra = draw_extra()
+    if reserved is not None or not extra.is_zero():
+        reserved = (reserved or ZERO) + extra
+    return replace(
+        before,
+        max_resource=maximum,
+        protected=before.protected + draw_extra(),
+        used=before.used + draw_extra(),
+        locked=before.locked + draw_extra(),
+        reserved=reserved,
+        live_tickets=before.live_tickets + 1,  # not room: ignored
+    )
+
+
+@given(ACCOUNT, LOAD, st.data())
+@settings(max_examples=300, deadline=None)
+def test_no_more_room_refuses_again(before: LabelAccount, request: Resource, data) -> None:
+    """Refusal is monotone: whatever only takes more (a lower maximum, more held in any
+    field) leaves no more room, and an allocation refused before is refused after."""
+    after = _took_more(before, lambda: data.draw(LOAD))
+    assert not more_room([before], [after])
+    if _refused([before], request):
+        assert _refused([after], request)
+
+
+@given(ACCOUNT, st.sampled_from(["max", "protected", "used", "locked", "reserved"]), st.data())
+@settings(max_examples=300, deadline=None)
+def test_any_less_taken_is_more_room(before: LabelAccount, field: str, data) -> None:
+    """A higher maximum, or less held in any field and dimension, may make room."""
+    less = data.draw(st.sampled_from([Resource.load(1, 0), Resource.load(0, 1)]))
+    if field == "max":
+        if before.max_resource is None:
+            return
+        after = replace(before, max_resource=before.max_resource + less)
+    else:
+        held = getattr(before, field) or ZERO
+        if not held.ge(less):
+            return
+        after = replace(before, **{field: held - less})
+    assert more_room([before], [after])
+
+
+def test_more_room_counts_what_it_cannot_compare() -> None:
+    """A record come or gone, a limit lifted, another source or another resource type:
+    each counts as more room (the allocation is tried again)."""
+    a = _account(USER, Resource.load(4, 4), ZERO, Resource.load(4, 4), ZERO, None)
+    assert more_room([a], [])
+    assert more_room([a], [a, replace(a, label=ECM)])
+    assert more_room([a], [replace(a, max_resource=None)])
+    assert not more_room([replace(a, max_resource=None)], [a])  # a limit set: less room
+    assert more_room([a], [replace(a, source="ecm")])
+    assert more_room([a], [replace(a, used=Resource.special({"gpu": 1}))])
+    assert not more_room([a], [a])
+    assert not more_room([replace(a, reserved=ZERO)], [a])
+    assert more_room([replace(a, reserved=Resource.load(1, 0))], [a])
