@@ -234,6 +234,62 @@ async def wait_registered(rm: Any, instance: str, within: float = 60.0) -> None:
         await asyncio.sleep(0.2)
 
 
+class EngineConns:
+    """Create and kill shell EngineConns for `user` through the RM (the calls both the
+    launch benchmark and the agent-memory part make)."""
+
+    def __init__(self, channel: Any, user: str) -> None:
+        from labelrm.v1 import engine_conn_pb2 as ec_pb
+        from labelrm.v1 import engine_conn_pb2_grpc, resource_pb2
+
+        self.pb = ec_pb
+        self.stub = engine_conn_pb2_grpc.EngineConnServiceStub(channel)
+        self.user = user
+        self.labels = [
+            resource_pb2.Label(key="userCreator", value=f"{user}-IDE"),
+            resource_pb2.Label(key="engineType", value="shell-1"),
+        ]
+        self.live_states = {
+            ec_pb.ENGINE_CONN_STATE_STARTING,
+            ec_pb.ENGINE_CONN_STATE_IDLE,
+            ec_pb.ENGINE_CONN_STATE_BUSY,
+            ec_pb.ENGINE_CONN_STATE_SHUTTING_DOWN,
+        }
+
+    async def create(self) -> Any:
+        """A new EngineConn, once ready (the RM answers when it is)."""
+        from google.protobuf.duration_pb2 import Duration
+
+        request = self.pb.CreateEngineConnRequest(
+            request_id=uuid.uuid4().hex,
+            user=self.user,
+            labels=self.labels,
+            timeout=Duration(seconds=60),
+        )
+        return (await self.stub.CreateEngineConn(request, timeout=90)).engine_conn
+
+    async def kill(self, engine_conn_id: str) -> None:
+        request = self.pb.KillEngineConnRequest(engine_conn_id=engine_conn_id, reason="bench")
+        await self.stub.KillEngineConn(request, timeout=60)
+
+    async def drained(self, within: float, settle: float) -> None:
+        """Until none of the user's EngineConns is live (at most `within` s), then `settle`
+        s more: a few heartbeats, for the clean-ups to reach the agent."""
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            if not await self._any_live():
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(settle)
+
+    async def _any_live(self) -> bool:
+        for state in self.live_states:
+            request = self.pb.ListEngineConnsRequest(page_size=1, state=state)
+            if (await self.stub.ListEngineConns(request)).engine_conns:
+                return True
+        return False
+
+
 async def launches(
     target: str,
     user: str,
@@ -249,34 +305,12 @@ async def launches(
     the RM, of the agent and (`tree`) of the agent with everything it started (sudo,
     bash, the EngineConns), divided by the launches of the phase."""
     import grpc
-    from google.protobuf.duration_pb2 import Duration
-    from labelrm.v1 import engine_conn_pb2 as ec_pb
-    from labelrm.v1 import engine_conn_pb2_grpc, resource_manager_pb2_grpc, resource_pb2
+    from labelrm.v1 import resource_manager_pb2_grpc
 
-    labels = [
-        resource_pb2.Label(key="userCreator", value=f"{user}-IDE"),
-        resource_pb2.Label(key="engineType", value="shell-1"),
-    ]
     async with grpc.aio.insecure_channel(target) as ch:
-        ecs = engine_conn_pb2_grpc.EngineConnServiceStub(ch)
+        ecs = EngineConns(ch, user)
         rm = resource_manager_pb2_grpc.ResourceManagerServiceStub(ch)
         await wait_registered(rm, "bench-agent")
-
-        live_states = {
-            ec_pb.ENGINE_CONN_STATE_STARTING,
-            ec_pb.ENGINE_CONN_STATE_IDLE,
-            ec_pb.ENGINE_CONN_STATE_BUSY,
-            ec_pb.ENGINE_CONN_STATE_SHUTTING_DOWN,
-        }
-
-        async def drained() -> None:
-            """Until no EngineConn is live any more (and the agent had time to clean up)."""
-            for _ in range(300):
-                listed = await ecs.ListEngineConns(ec_pb.ListEngineConnsRequest(page_size=1000))
-                if not any(e.state in live_states for e in listed.engine_conns):
-                    break
-                await asyncio.sleep(0.1)
-            await asyncio.sleep(0.5)
 
         kills: set[asyncio.Task[Any]] = set()
         results = []
@@ -290,10 +324,7 @@ async def launches(
 
             async def kill(ec_id: str, errors: dict[str, int] = errors) -> None:
                 try:
-                    await ecs.KillEngineConn(
-                        ec_pb.KillEngineConnRequest(engine_conn_id=ec_id, reason="bench"),
-                        timeout=60,
-                    )
+                    await ecs.kill(ec_id)
                 except grpc.aio.AioRpcError as exc:
                     errors["kill " + exc.code().name] = errors.get("kill " + exc.code().name, 0) + 1
 
@@ -309,17 +340,7 @@ async def launches(
                 while time.monotonic() < stop_at:
                     t0 = time.monotonic()
                     try:
-                        ec = (
-                            await ecs.CreateEngineConn(
-                                ec_pb.CreateEngineConnRequest(
-                                    request_id=uuid.uuid4().hex,
-                                    user=user,
-                                    labels=labels,
-                                    timeout=Duration(seconds=60),
-                                ),
-                                timeout=90,
-                            )
-                        ).engine_conn
+                        ec = await ecs.create()
                     except grpc.aio.AioRpcError as exc:
                         errors[exc.code().name] = errors.get(exc.code().name, 0) + 1
                         await asyncio.sleep(0.1)
@@ -338,7 +359,7 @@ async def launches(
                 await asyncio.gather(*(client(time.monotonic() + 3, False) for _ in range(4)))
                 await asyncio.gather(*list(kills), return_exceptions=True)
                 warm = True
-            await drained()  # the previous phase's EngineConns are gone
+            await ecs.drained(30, 0.5)  # the previous phase's EngineConns are gone
             state["start"] = time.monotonic() + 0.3
             state["end"] = state["start"] + seconds
             if postgres_pids is not None:  # the RM's pool has grown by now: its backends
@@ -351,7 +372,7 @@ async def launches(
             await asyncio.gather(*(client(state["end"], True) for _ in range(in_flight)))
             cpu = meter.stop()
             await asyncio.gather(*list(kills), return_exceptions=True)
-            await drained()
+            await ecs.drained(30, 0.5)
             rm_s = _cpu_seconds(pids["server"]) - rm0
             agent_s = _cpu_seconds(pids["agent"]) - agent0
             pg_s = _cpu_seconds(pids.get("postgres", [])) - pg0
@@ -382,7 +403,7 @@ async def launches(
                 }
             )
         # Leave nothing running.
-        await drained()
+        await ecs.drained(30, 0.5)
     return results
 
 

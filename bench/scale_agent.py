@@ -21,12 +21,11 @@ import shutil
 import subprocess
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 from bench.common import CpuMeter, stack
-from bench.launch import preconditions, start_agent, wait_registered
+from bench.launch import EngineConns, preconditions, start_agent, wait_registered
 from bench.scale_parts import progress
 
 
@@ -56,70 +55,28 @@ async def _launch_and_kill(
     """Launches EngineConns until each of `marks` (cumulative launches) is reached; at
     each mark, once nothing is live any more, `sample(launches)`. Returns the counts."""
     import grpc
-    from google.protobuf.duration_pb2 import Duration
-    from labelrm.v1 import engine_conn_pb2 as ec_pb
-    from labelrm.v1 import engine_conn_pb2_grpc, resource_manager_pb2_grpc, resource_pb2
+    from labelrm.v1 import resource_manager_pb2_grpc
 
-    labels = [
-        resource_pb2.Label(key="userCreator", value=f"{user}-IDE"),
-        resource_pb2.Label(key="engineType", value="shell-1"),
-    ]
-    live = {
-        ec_pb.ENGINE_CONN_STATE_STARTING,
-        ec_pb.ENGINE_CONN_STATE_IDLE,
-        ec_pb.ENGINE_CONN_STATE_BUSY,
-        ec_pb.ENGINE_CONN_STATE_SHUTTING_DOWN,
-    }
     errors: dict[str, int] = {}
     launched = 0
     async with grpc.aio.insecure_channel(target) as ch:
-        ecs = engine_conn_pb2_grpc.EngineConnServiceStub(ch)
+        ecs = EngineConns(ch, user)
         rm = resource_manager_pb2_grpc.ResourceManagerServiceStub(ch)
         await wait_registered(rm, "bench-agent")
-
-        async def drained() -> None:
-            """Until no EngineConn is live and the agent was told to forget every one
-            (its clean-up commands acknowledged: no pending command is left)."""
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                pages = [
-                    await ecs.ListEngineConns(ec_pb.ListEngineConnsRequest(page_size=1, state=s))
-                    for s in live
-                ]
-                if not any(p.engine_conns for p in pages):
-                    break
-                await asyncio.sleep(0.2)
-            await asyncio.sleep(3.0)  # a few heartbeats: the clean-ups reach the agent
 
         async def client(stop_at: int) -> None:
             nonlocal launched
             while launched < stop_at:
                 launched += 1
                 try:
-                    ec = (
-                        await ecs.CreateEngineConn(
-                            ec_pb.CreateEngineConnRequest(
-                                request_id=uuid.uuid4().hex,
-                                user=user,
-                                labels=labels,
-                                timeout=Duration(seconds=60),
-                            ),
-                            timeout=90,
-                        )
-                    ).engine_conn
-                    await ecs.KillEngineConn(
-                        ec_pb.KillEngineConnRequest(
-                            engine_conn_id=ec.engine_conn_id, reason="bench"
-                        ),
-                        timeout=60,
-                    )
+                    await ecs.kill((await ecs.create()).engine_conn_id)
                 except grpc.aio.AioRpcError as exc:
                     errors[exc.code().name] = errors.get(exc.code().name, 0) + 1
                     await asyncio.sleep(0.1)
 
         for mark in marks:
             await asyncio.gather(*(client(mark) for _ in range(in_flight)))
-            await drained()
+            await ecs.drained(120, 3.0)
             sample(launched)
     return {"launches": launched, "errors": errors}
 

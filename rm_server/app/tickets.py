@@ -23,8 +23,8 @@ from rm_server.domain.model import Ticket
 from rm_server.domain.resources import Resource
 from rm_server.errors import DeadlineExceeded, Unavailable
 from rm_server.store import admin as admin_store
-from rm_server.store import owners, ticket_ops, ticket_reads
 from rm_server.store import providers as provider_store
+from rm_server.store import ticket_ops, ticket_reads
 from rm_server.store import tickets as ticket_store
 from rm_server.store import waiters as waiter_store
 from rm_server.store.db import Idempotency, OutcomeEncoder, Replay
@@ -311,18 +311,13 @@ class Tickets:
         """One ticket, live or ended (NotFound otherwise)."""
         return await self.core.db.run(lambda c: ticket_reads.get_ticket(c, ticket_id))
 
-    async def list_user_tickets(
-        self, user: str, after: str, limit: int, label: str, state: str
+    async def list_tickets(
+        self, after: str, limit: int, label: str, state: str, user: str | None = None
     ) -> list[Ticket]:
-        """`list_tickets` restricted to the tickets of one user."""
+        """A page of tickets after ticket id `after`, filtered by label and state; with
+        `user`, only that user's (an empty name: none)."""
         return await self.core.db.run(
-            owners.list_user_tickets, user, after, limit, label, state, read_only=True
-        )
-
-    async def list_tickets(self, after: str, limit: int, label: str, state: str) -> list[Ticket]:
-        """A page of tickets after ticket id `after`, filtered by label and state."""
-        return await self.core.db.run(
-            lambda c: ticket_reads.list_tickets(c, after, limit, label, state)
+            lambda c: ticket_reads.list_tickets(c, after, limit, label, state, user)
         )
 
 

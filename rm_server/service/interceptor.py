@@ -234,7 +234,10 @@ def _wrap(handler: grpc.RpcMethodHandler, method: _Method) -> grpc.RpcMethodHand
 
 
 class _Call:
-    """One call in progress: its log context, start, and status once known."""
+    """One call in progress: its log context, start, and status once known. Used as
+    ``async with``, inside the call's own handler task: an error raised in the block
+    ends the call with the status it maps to; either way the call is logged and counted
+    once it is over."""
 
     __slots__ = ("code", "context", "log", "method", "reason", "start", "waiting")
 
@@ -247,6 +250,16 @@ class _Call:
         self.code = ""
         self.reason = ""
         self.start = time.perf_counter()
+
+    async def __aenter__(self) -> _Call:
+        return self
+
+    async def __aexit__(self, _type: object, exc: BaseException | None, _tb: object) -> None:
+        try:
+            if exc is not None:
+                await self.fail(exc)
+        finally:
+            self.end()
 
     async def fail(self, exc: BaseException) -> None:
         """Note how the call failed. An error raised by the servicer or the auth step ends
@@ -269,18 +282,12 @@ class _Call:
 
 def _unary(behavior: Unary, method: _Method, unary_request: bool) -> Unary:
     async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        state = _Call(method, _loggable(request, unary_request), context)
-        try:
+        async with _Call(method, _loggable(request, unary_request), context):
             release, request = await _admit(method, request, unary_request, context)
             try:
                 return await behavior(request, context)
             finally:
                 release()
-        except BaseException as exc:
-            await state.fail(exc)
-            raise
-        finally:
-            state.end()
 
     return call
 
@@ -298,10 +305,9 @@ def _streaming(behavior: Streaming, method: _Method, unary_request: bool) -> Una
     auth = method.auth
 
     async def stream(request: Any, context: grpc.aio.ServicerContext) -> None:
-        state = _Call(method, _loggable(request, unary_request), context)
-        state.log.resolve_peer()  # a stream lives long: one lookup, while surely live
-        arrivals: deque[float] = deque()  # of the streamed requests not yet answered
-        try:
+        async with _Call(method, _loggable(request, unary_request), context) as state:
+            state.log.resolve_peer()  # a stream lives long: one lookup, while surely live
+            arrivals: deque[float] = deque()  # of the streamed requests not yet answered
             if not unary_request and method.metrics is not None:
                 request = _arrivals(request, arrivals)
             release, request = await _admit(method, request, unary_request, context)
@@ -319,11 +325,6 @@ def _streaming(behavior: Streaming, method: _Method, unary_request: bool) -> Una
                         await context.write(item)
             finally:
                 release()
-        except BaseException as exc:
-            await state.fail(exc)
-            raise
-        finally:
-            state.end()
 
     return stream
 

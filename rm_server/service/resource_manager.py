@@ -170,12 +170,10 @@ class ResourceManagerServicer(pb_grpc.ResourceManagerServiceServicer):
         state = _STATE_FILTER[request.state]
         if len(request.user) > 64:
             raise InvalidArgument("user", "must be at most 64 characters")
-        if request.user:  # set by the access policy for every caller but admins
-            tickets = await self.core.tickets.list_user_tickets(
-                request.user, page.after, page.size + 1, label, state
-            )
-        else:
-            tickets = await self.core.tickets.list_tickets(page.after, page.size + 1, label, state)
+        # `user` is set by the access policy for every caller but admins.
+        tickets = await self.core.tickets.list_tickets(
+            page.after, page.size + 1, label, state, request.user or None
+        )
         response = pb.ListTicketsResponse(
             next_page_token=next_token(tickets, page, lambda t: t.ticket_id)
         )

@@ -1,11 +1,9 @@
-"""Reads the access policy needs: who owns a ticket, an EngineConn or a demand, and a
-user's own live tickets. Owners never change after creation, so reading them outside
-the transaction that later acts on the object is safe."""
+"""Reads the access policy needs: who owns a ticket, an EngineConn or a demand. Owners
+never change after creation, so reading them outside the transaction that later acts on
+the object is safe."""
 
 from __future__ import annotations
 
-from rm_server.domain.model import Ticket
-from rm_server.store import ticket_reads
 from rm_server.store.db import Conn
 
 
@@ -28,13 +26,3 @@ async def ticket_owner(conn: Conn, ticket_id: str) -> str | None:
 
 async def engine_conn_owner(conn: Conn, ec_id: str) -> str | None:
     return await _one(conn, "SELECT user_name FROM engine_conn WHERE ec_id = %s", ec_id)
-
-
-async def list_user_tickets(
-    conn: Conn, user: str, after: str, limit: int, label: str, state: str
-) -> list[Ticket]:
-    """Like ticket_reads.list_tickets, only `user`'s (ListTickets of a non-admin caller).
-    An unnamed user sees nothing: an empty name must never read as "every user"."""
-    if not user:
-        return []
-    return await ticket_reads.list_tickets(conn, after, limit, label, state, user=user)

@@ -59,7 +59,10 @@ async def list_tickets(
     conn: Conn, after: str, limit: int, label: str, state: str, user: str | None = None
 ) -> list[Ticket]:
     """A page of live tickets in id order after `after`, filtered by label and state;
-    with `user`, only that user's (the index `ticket (user_name, ticket_id)` serves it)."""
+    with `user`, only that user's (the index `ticket (user_name, ticket_id)` serves it).
+    An unnamed user sees nothing: an empty name must never read as "every user"."""
+    if user == "":
+        return []
     where, values = page_filters(
         ("user_name = %s", user),
         ("ticket_id > %s", after),
