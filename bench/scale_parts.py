@@ -139,18 +139,34 @@ ACCEPTED_WHEN = "{Start: {Time: [+2h, +10m], Strategy: loose}, Duration: +30m}"
 BLOCKED_WHEN = "{Start: {Time: [NOW, +2h], Strategy: loose}, Duration: +1h}"
 
 
-async def submit_demands(target: str, kind: str, first: int, count: int) -> list[float]:
-    """Submit `count` demands (ids from `first`), 16 in flight; their latencies (s).
-    Accepted ones start in two hours on 1,000 user labels; blocked ones are due now on
-    the label an ordinary ticket fills (block_label), so every round passes them over."""
-    import grpc
-    from labelrm.v1 import demand_pb2, demand_pb2_grpc, resource_pb2
+def _demand_request(kind: str, i: int) -> Any:
+    """Demand `i` of `kind`: accepted ones start in two hours on 1,000 user labels; blocked
+    ones are due now on the label an ordinary ticket fills (block_label), so every round
+    passes them over."""
+    from labelrm.v1 import demand_pb2, resource_pb2
 
     from bench.loadgen import ENGINE, GiB, labels_of, user_label
 
-    resource = resource_pb2.Resource(
-        load=resource_pb2.LoadResource(memory_bytes=GiB, cpu_millis=100)
+    user = BLOCKED_USER if kind == "blocked" else user_label(i % SMALL_USERS)
+    return demand_pb2.SubmitDemandRequest(
+        demand_id=f"{kind}-{i}",
+        user=user.removesuffix("-IDE"),
+        labels=labels_of(f"userCreator={user},engineType={ENGINE}"),
+        resource=resource_pb2.Resource(
+            load=resource_pb2.LoadResource(memory_bytes=GiB, cpu_millis=100)
+        ),
+        time_conditions_text=BLOCKED_WHEN if kind == "blocked" else ACCEPTED_WHEN,
     )
+
+
+async def submit_demands(
+    target: str, kind: str, first: int, count: int, in_flight: int = 16
+) -> list[float]:
+    """Submit `count` demands of `kind` (ids from `first`), `in_flight` at a time; their
+    latencies (s)."""
+    import grpc
+    from labelrm.v1 import demand_pb2_grpc
+
     times: list[float] = []
     todo = list(range(first, first + count))
     async with grpc.aio.insecure_channel(target) as ch:
@@ -158,20 +174,35 @@ async def submit_demands(target: str, kind: str, first: int, count: int) -> list
 
         async def worker() -> None:
             while todo:
-                i = todo.pop(0)
-                user = BLOCKED_USER if kind == "blocked" else user_label(i % SMALL_USERS)
-                request = demand_pb2.SubmitDemandRequest(
-                    demand_id=f"{kind}-{i}",
-                    user=user.removesuffix("-IDE"),
-                    labels=labels_of(f"userCreator={user},engineType={ENGINE}"),
-                    resource=resource,
-                    time_conditions_text=BLOCKED_WHEN if kind == "blocked" else ACCEPTED_WHEN,
-                )
+                request = _demand_request(kind, todo.pop(0))
                 t0 = time.perf_counter()
                 await stub.SubmitDemand(request, timeout=60)
                 times.append(time.perf_counter() - t0)
 
-        await asyncio.gather(*(worker() for _ in range(16)))
+        await asyncio.gather(*(worker() for _ in range(in_flight)))
+    return times
+
+
+async def probe_submissions(target: str, first: int, seconds: float) -> dict[str, list[float]]:
+    """One SubmitDemand at a time for `seconds`, accepted and blocked in turn (ids from
+    `first`): the latency a submission sees on a cluster that holds the demands already
+    there, not the queue of a burst."""
+    import grpc
+    from labelrm.v1 import demand_pb2_grpc
+
+    times: dict[str, list[float]] = {"accepted": [], "blocked": []}
+    end = time.monotonic() + seconds
+    i = first
+    async with grpc.aio.insecure_channel(target) as ch:
+        stub = demand_pb2_grpc.DemandServiceStub(ch)
+        while time.monotonic() < end:
+            for kind, probes in times.items():
+                request = _demand_request(kind, i)
+                t0 = time.perf_counter()
+                await stub.SubmitDemand(request, timeout=60)
+                probes.append(time.perf_counter() - t0)
+            i += 1
+            await asyncio.sleep(0.05)  # a steady trickle, not a storm
     return times
 
 
@@ -199,6 +230,19 @@ async def block_label(target: str, blocked: int) -> None:
             )
         ).ticket
         await rm.ReportUsed(pb.ReportUsedRequest(ticket_id=t.ticket_id))
+
+
+def unplanned(url: str) -> int:
+    """The blocked demands that have not had their first round yet."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM demand WHERE user_name = %s AND rounds = 0",
+            (BLOCKED_USER.removesuffix("-IDE"),),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def blocked_rounds(url: str) -> tuple[int, int]:
@@ -302,7 +346,10 @@ def sweep_apart(
 
 def demand_run(database_url: str, accepted: int, blocked: int, window: float) -> dict[str, Any]:
     """SubmitDemand latency and planner passes with few demands, then with `accepted`
-    accepted and `blocked` blocked ones (a tenth of each first, as the small case)."""
+    accepted and `blocked` blocked ones (a tenth of each first, as the small case): the
+    submissions' burst (16 in flight), then, once every blocked demand has had its first
+    round, a window of one submission at a time (accepted and blocked in turn) while the
+    planner's passes are timed."""
     from bench.common import free_port
 
     port = free_port()
@@ -327,15 +374,19 @@ def demand_run(database_url: str, accepted: int, blocked: int, window: float) ->
             groups = {"server": server.pids, "postgres": db.postgres_pids()}
             meter = CpuMeter({**groups, "bench": [os.getpid()]})
             meter.start()
+            t0 = time.monotonic()
             times = asyncio.run(submit_demands(server.target, "accepted", acc0, n_acc))
             times += asyncio.run(submit_demands(server.target, "blocked", blk0, n_blk))
+            submit_s = time.monotonic() - t0
             submit_cpu = meter.stop()
-            # Steady state: every new demand has had its first round (two passes that
-            # began after the last submission have ended).
-            started = scrape_passes(port, "demand-planner").total
-            deadline = time.monotonic() + 600
-            while time.monotonic() < deadline:
+            # Steady state: every blocked demand has had its first round (reserved, tried,
+            # refused), then two more passes began and ended.
+            deadline = time.monotonic() + 900
+            while time.monotonic() < deadline and unplanned(db.url) > 0:
                 time.sleep(1.0)
+            started = scrape_passes(port, "demand-planner").total
+            while time.monotonic() < deadline:
+                time.sleep(0.5)
                 if scrape_passes(port, "demand-planner").total >= started + 3:
                     break
             before = scrape_passes(port, "demand-planner")
@@ -343,18 +394,25 @@ def demand_run(database_url: str, accepted: int, blocked: int, window: float) ->
             meter = CpuMeter(groups)
             meter.start()
             t0 = time.monotonic()
-            time.sleep(window)
+            first = 2_000_000 if phase == "large" else 1_000_000  # ids no submission used
+            probes = asyncio.run(probe_submissions(server.target, first, window))
             window_cpu = meter.stop()
             rounds1 = blocked_rounds(db.url)
             # Rounds each blocked demand was given per second: 1 / demand_interval when
             # every pass gives each one its round, half that when every second pass does.
             rate = (rounds1[0] - rounds0[0]) / max(rounds1[1], 1) / (time.monotonic() - t0)
             passes = passes_between(before, scrape_passes(port, "demand-planner"))
-            tail = times[-min(len(times), 500) :]
+            every = probes["accepted"] + probes["blocked"]
             out[phase] = {
                 "demands": count_rows(db.url, "demand"),
-                "submit_p50_ms": round(pct(tail, 0.5), 2),
-                "submit_p99_ms": round(pct(tail, 0.99), 2),
+                "burst_p50_ms": round(pct(times, 0.5), 2),
+                "burst_p99_ms": round(pct(times, 0.99), 2),
+                "burst_per_s": round(len(times) / max(submit_s, 1e-9), 1),
+                "submit_p50_ms": round(pct(every, 0.5), 2),
+                "submit_p99_ms": round(pct(every, 0.99), 2),
+                "submit_p99_accepted_ms": round(pct(probes["accepted"], 0.99), 2),
+                "submit_p99_blocked_ms": round(pct(probes["blocked"], 0.99), 2),
+                "probes": len(every),
                 "planner": passes,
                 "blocked_rounds_per_s": round(rate, 2),
                 "cpu_submitting": submit_cpu,

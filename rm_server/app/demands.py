@@ -339,13 +339,10 @@ class DemandManager:
         start = self.clock.now()
         due = start + min(self.planner.round_length, timedelta(seconds=self.settings.interval)) / 2
         done = await self.db.run(self._pass_over_blocked, start, due)
-        seen: list[Key] = []
-        while len(seen) < self.settings.batch:
-            key = await self.db.run(self._round, start, due, seen)
-            if key is None:
-                break
-            seen.append(key)
-        return done + len(seen)
+        keys = await self.db.run(store.due_keys, due, self.settings.batch)
+        for key in keys:
+            done += await self.db.run(self._round, key, start, due)
+        return done
 
     async def _pass_over_blocked(self, conn: Conn, start: datetime, due: datetime) -> int:
         """Count the round of every due blocked demand whose labels have no more room than
@@ -387,12 +384,11 @@ class DemandManager:
         soon = start + self.planner.round_length
         return len(await rounds_store.pass_over(conn, todo, due, soon, now))
 
-    async def _round(
-        self, conn: Conn, start: datetime, due: datetime, seen: list[Key]
-    ) -> Key | None:
-        d = await store.claim_due(conn, due, seen)
+    async def _round(self, conn: Conn, key: Key, start: datetime, due: datetime) -> int:
+        """One demand's round, if it is still due and no one else holds it: 1, else 0."""
+        d = await store.claim_due(conn, key, due)
         if d is None:
-            return None
+            return 0
         before = d
         try:
             async with conn.transaction():  # a savepoint: an error undoes the half-done round
@@ -414,7 +410,7 @@ class DemandManager:
             if occupied != (d.plan_start, d.plan_end):
                 await store.lock_plan(conn, d.charged_labels)
                 d = await store.update(conn, d, now, plan_start=occupied[0], plan_end=occupied[1])
-        return d.user, d.demand_id
+        return 1
 
     async def _decide_and_act(self, conn: Conn, d: Demand, start: datetime) -> Demand:
         for _ in range(MAX_STEPS):

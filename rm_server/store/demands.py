@@ -187,17 +187,25 @@ async def list_demands(
     return [from_row(r) for r in await cur.fetchall()]
 
 
-async def claim_due(
-    conn: Conn, due: datetime, seen: Sequence[tuple[str, str]] = ()
-) -> Demand | None:
-    """Lock one demand due by ``due`` for a planner round, other than the (user, demand
-    id) pairs ``seen`` (those that had their round in this pass); rows other replicas
-    hold are skipped."""
+async def due_keys(conn: Conn, due: datetime, limit: int) -> list[tuple[str, str]]:
+    """The (user, demand id) pairs of at most ``limit`` demands due by ``due``, earliest
+    first: read, not locked (each round then claims its own, ``claim_due``)."""
     cur = await conn.execute(
-        f"SELECT {COLUMNS} FROM demand WHERE next_check_at <= %s"  # noqa: S608
-        " AND (user_name, demand_id) NOT IN (SELECT * FROM unnest(%s::text[], %s::text[]))"
-        " ORDER BY next_check_at LIMIT 1 FOR UPDATE SKIP LOCKED",
-        (due, [u for u, _ in seen], [i for _, i in seen]),
+        "SELECT user_name, demand_id FROM demand WHERE next_check_at <= %s"
+        " ORDER BY next_check_at LIMIT %s",
+        (due, limit),
+    )
+    return [(user, demand_id) for user, demand_id in await cur.fetchall()]
+
+
+async def claim_due(conn: Conn, key: tuple[str, str], due: datetime) -> Demand | None:
+    """Lock the demand ``key`` for a planner round if it is still due by ``due``; None
+    when it is not, or another replica's round or a cancel holds it (skipped)."""
+    cur = await conn.execute(
+        f"SELECT {COLUMNS} FROM demand"  # noqa: S608
+        " WHERE user_name = %s AND demand_id = %s AND next_check_at <= %s"
+        " FOR UPDATE SKIP LOCKED",
+        (*key, due),
     )
     row = await cur.fetchone()
     return None if row is None else from_row(row)

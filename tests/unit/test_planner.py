@@ -21,6 +21,7 @@ from rm_server.domain.demands.planner import (
     PlanRefusal,
     TicketStatus,
     decide,
+    in_use_at,
     occupation,
     place,
 )
@@ -350,3 +351,33 @@ def test_an_admitted_demand_is_allocated_at_its_planned_start(
     action, at = _run_rounds(c, p, latencies)
     assert action is Action.ALLOCATE, (action, at, p)
     assert p.start <= at < p.start + SET.round_length
+
+
+# ----- the plan's use over time in one sweep --------------------------------------------------
+
+_T0 = datetime(2026, 1, 1, tzinfo=UTC)
+_MINUTE = st.integers(0, 40).map(lambda m: _T0 + timedelta(minutes=m))
+_ENTRY = st.builds(
+    lambda start, end, mem, cpu: PlanEntry("d", ("L",), Resource.load(mem, cpu), start, end),
+    _MINUTE,
+    st.one_of(st.none(), _MINUTE),
+    st.integers(0, 9),
+    st.integers(0, 9),
+)
+
+
+@given(st.lists(_ENTRY, max_size=30), st.lists(_MINUTE, max_size=12))
+@settings(max_examples=300, deadline=None)
+def test_in_use_at_sums_the_entries_live_at_each_probe(entries, probes) -> None:
+    """The sweep gives, at each probe, the sum of the entries with start <= at < end (an
+    entry ending at or before its start never counts), as summing them one by one does."""
+    probes = sorted(set(probes))
+    swept = list(in_use_at(entries, probes, Resource.load(0, 0)))
+    assert [at for at, _ in swept] == probes
+    for at, used in swept:
+        live = [e for e in entries if e.start <= at and (e.end is None or at < e.end)]
+        expected = Resource.load(
+            sum(e.resource.get("memory_bytes") for e in live),
+            sum(e.resource.get("cpu_millis") for e in live),
+        )
+        assert used == expected, (at, used, expected)

@@ -20,7 +20,7 @@ past a loose one, fails unclaimed allocations, and watches Duration and DeadLine
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -41,7 +41,7 @@ from rm_server.domain.demands.timelang import (
     segments,
 )
 from rm_server.domain.errors import DomainError
-from rm_server.domain.resources import Resource, ResourceError, total
+from rm_server.domain.resources import Resource, ResourceError
 
 
 @dataclass(frozen=True)
@@ -162,14 +162,29 @@ def window_segments(
     return [(a, None if b is None else b - margin) for a, b in segs if b is None or b - margin >= a]
 
 
-def _in_use(entries: Sequence[PlanEntry], label: str, at: datetime, like: Resource) -> Resource:
-    """The sum of the plan entries on ``label`` at instant ``at`` (zero shaped like ``like``)."""
-    overlapping = [
-        e.resource
-        for e in entries
-        if label in e.labels and e.start <= at and (e.end is None or at < e.end)
-    ]
-    return total(overlapping, like.kind) if overlapping else Resource.zero(like.kind, like.queue)
+def in_use_at(
+    entries: Sequence[PlanEntry], probes: Sequence[datetime], like: Resource
+) -> Iterator[tuple[datetime, Resource]]:
+    """The sum of ``entries`` in the plan at each instant of ``probes`` (ascending), an
+    entry counting from its start until before its end; zero is shaped like ``like``.
+
+    One sweep over the entries sorted by start and by end: O(n log n) for any number of
+    probes (summing the entries again at each probe was O(probes x n), and a label with
+    many demands, each planned from a moment of its own, has as many probes).
+    """
+    live = [e for e in entries if e.end is None or e.start < e.end]  # others never count
+    starts = sorted(((e.start, e.resource) for e in live), key=lambda x: x[0])
+    ends = sorted(((e.end, e.resource) for e in live if e.end is not None), key=lambda x: x[0])
+    acc = Resource.zero(like.kind, like.queue)
+    i = j = 0
+    for at in probes:
+        while i < len(starts) and starts[i][0] <= at:
+            acc = acc + starts[i][1]
+            i += 1
+        while j < len(ends) and ends[j][0] <= at:
+            acc = acc - ends[j][1]  # it started before it ended: added above
+            j += 1
+        yield at, acc
 
 
 def shortfalls_at(
@@ -186,18 +201,17 @@ def shortfalls_at(
         if cap is None:  # no maximum: not planned
             continue
         on_label = [e for e in entries if label in e.labels]
-        probes = {start} | {e.start for e in on_label if start < e.start < end}
-        for at in sorted(probes):
-            try:
-                used = _in_use(on_label, label, at, c.resource)
+        probes = sorted({start} | {e.start for e in on_label if start < e.start < end})
+        try:
+            for _, used in in_use_at(on_label, probes, c.resource):
                 found = label_shortfalls(
                     label, cap.maximum, used, Resource.zero(used.kind), cap.protected, c.resource
                 )
-            except ResourceError as exc:
-                raise PlanError(f"resource does not match label {label}: {exc}") from exc
-            if found:
-                out.extend(found)
-                break
+                if found:
+                    out.extend(found)
+                    break
+        except ResourceError as exc:
+            raise PlanError(f"resource does not match label {label}: {exc}") from exc
     return out
 
 
