@@ -202,7 +202,7 @@ async def probe_submissions(target: str, first: int, seconds: float) -> dict[str
                 await stub.SubmitDemand(request, timeout=60)
                 probes.append(time.perf_counter() - t0)
             i += 1
-            await asyncio.sleep(0.05)  # a steady trickle, not a storm
+            await asyncio.sleep(0.2)  # a steady trickle, not a storm
     return times
 
 
@@ -233,13 +233,13 @@ async def block_label(target: str, blocked: int) -> None:
 
 
 def unplanned(url: str) -> int:
-    """The blocked demands that have not had their first round yet."""
+    """The demands due that have not had their first round yet."""
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute(
-            "SELECT count(*) FROM demand WHERE user_name = %s AND rounds = 0",
-            (BLOCKED_USER.removesuffix("-IDE"),),
+            "SELECT count(*) FROM demand WHERE rounds = 0 AND state = 'ACCEPTED'"
+            " AND next_check_at <= now()"
         ).fetchone()
     assert row is not None
     return int(row[0])
@@ -348,8 +348,8 @@ def demand_run(database_url: str, accepted: int, blocked: int, window: float) ->
     """SubmitDemand latency and planner passes with few demands, then with `accepted`
     accepted and `blocked` blocked ones (a tenth of each first, as the small case): the
     submissions' burst (16 in flight), then, once every blocked demand has had its first
-    round, a window of one submission at a time (accepted and blocked in turn) while the
-    planner's passes are timed."""
+    round, a window of the planner alone (its passes timed), then one of submissions one
+    at a time (accepted and blocked in turn)."""
     from bench.common import free_port
 
     port = free_port()
@@ -379,8 +379,8 @@ def demand_run(database_url: str, accepted: int, blocked: int, window: float) ->
             times += asyncio.run(submit_demands(server.target, "blocked", blk0, n_blk))
             submit_s = time.monotonic() - t0
             submit_cpu = meter.stop()
-            # Steady state: every blocked demand has had its first round (reserved, tried,
-            # refused), then two more passes began and ended.
+            # Steady state: every demand due has had its first round (a blocked one:
+            # reserved, tried, refused), then two more passes began and ended.
             deadline = time.monotonic() + 900
             while time.monotonic() < deadline and unplanned(db.url) > 0:
                 time.sleep(1.0)
@@ -389,19 +389,25 @@ def demand_run(database_url: str, accepted: int, blocked: int, window: float) ->
                 time.sleep(0.5)
                 if scrape_passes(port, "demand-planner").total >= started + 3:
                     break
+            # The planner alone: its passes over the demands there are.
             before = scrape_passes(port, "demand-planner")
             rounds0 = blocked_rounds(db.url)
             meter = CpuMeter(groups)
             meter.start()
             t0 = time.monotonic()
-            first = 2_000_000 if phase == "large" else 1_000_000  # ids no submission used
-            probes = asyncio.run(probe_submissions(server.target, first, window))
+            time.sleep(window)
             window_cpu = meter.stop()
             rounds1 = blocked_rounds(db.url)
             # Rounds each blocked demand was given per second: 1 / demand_interval when
             # every pass gives each one its round, half that when every second pass does.
             rate = (rounds1[0] - rounds0[0]) / max(rounds1[1], 1) / (time.monotonic() - t0)
             passes = passes_between(before, scrape_passes(port, "demand-planner"))
+            # Then submissions one at a time (each new blocked one also costs the planner
+            # its first round: the passes during them are shown apart).
+            before = scrape_passes(port, "demand-planner")
+            first = 2_000_000 if phase == "large" else 1_000_000  # ids no submission used
+            probes = asyncio.run(probe_submissions(server.target, first, window))
+            passes_probed = passes_between(before, scrape_passes(port, "demand-planner"))
             every = probes["accepted"] + probes["blocked"]
             out[phase] = {
                 "demands": count_rows(db.url, "demand"),
@@ -414,6 +420,7 @@ def demand_run(database_url: str, accepted: int, blocked: int, window: float) ->
                 "submit_p99_blocked_ms": round(pct(probes["blocked"], 0.99), 2),
                 "probes": len(every),
                 "planner": passes,
+                "planner_while_submitting": passes_probed,
                 "blocked_rounds_per_s": round(rate, 2),
                 "cpu_submitting": submit_cpu,
                 "cpu_window": window_cpu,

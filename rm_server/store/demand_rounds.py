@@ -13,6 +13,7 @@ replica's round or a cancel holds is left to its next round) and none of the lab
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -53,12 +54,13 @@ async def blocked_due(
     earliest first, at most ``limit``: read, not locked."""
     if not keys:
         return []
+    # The keys as one JSON text: far cheaper to send from Python than two arrays.
     cur = await conn.execute(
         "SELECT user_name, demand_id, rounds, closed_at, charged_labels FROM demand"
-        " WHERE state = %s AND next_check_at <= %s"
-        " AND (user_name, demand_id) IN (SELECT * FROM unnest(%s::text[], %s::text[]))"
+        " WHERE state = %s AND next_check_at <= %s AND (user_name, demand_id) IN"
+        " (SELECT k->>0, k->>1 FROM json_array_elements(%s::json) k)"
         " ORDER BY next_check_at LIMIT %s",
-        (ALLOCATING, due, [u for u, _ in keys], [i for _, i in keys], limit),
+        (ALLOCATING, due, json.dumps(keys), limit),
     )
     return [
         BlockedRow(user, demand_id, rounds, closed_at, tuple(charged))
@@ -79,9 +81,9 @@ async def pass_over(
     if not rounds:
         return []
     cur = await conn.execute(
-        "WITH v AS (SELECT * FROM unnest(%s::text[], %s::text[], %s::int[],"
-        "  %s::timestamptz[], %s::timestamptz[])"
-        "  AS v(user_name, demand_id, rounds, plan_start, plan_end)),"
+        "WITH v AS (SELECT * FROM json_to_recordset(%s::json)"
+        "  AS v(user_name text, demand_id text, rounds int,"
+        "  plan_start timestamptz, plan_end timestamptz)),"
         " held AS (SELECT d.user_name, d.demand_id, v.plan_start, v.plan_end"
         "  FROM demand d JOIN v ON d.user_name = v.user_name AND d.demand_id = v.demand_id"
         "  WHERE d.state = %s AND d.rounds = v.rounds AND d.next_check_at <= %s"
@@ -91,11 +93,7 @@ async def pass_over(
         " FROM held WHERE d.user_name = held.user_name AND d.demand_id = held.demand_id"
         " RETURNING d.user_name, d.demand_id",
         (
-            [r.user for r in rounds],
-            [r.demand_id for r in rounds],
-            [r.rounds for r in rounds],
-            [r.plan_start for r in rounds],
-            [r.plan_end for r in rounds],
+            _rounds_json(rounds),
             ALLOCATING,
             due,
             next_check,
@@ -103,3 +101,20 @@ async def pass_over(
         ),
     )
     return [(user, demand_id) for user, demand_id in await cur.fetchall()]
+
+
+def _rounds_json(rounds: Sequence[PassedOver]) -> str:
+    """The rounds as one JSON text (json_to_recordset): far cheaper to send from Python
+    than five arrays."""
+    return json.dumps(
+        [
+            {
+                "user_name": r.user,
+                "demand_id": r.demand_id,
+                "rounds": r.rounds,
+                "plan_start": r.plan_start.isoformat(),
+                "plan_end": None if r.plan_end is None else r.plan_end.isoformat(),
+            }
+            for r in rounds
+        ]
+    )
