@@ -153,7 +153,7 @@ class Agent:
             retry=tenacity.retry_if_exception(
                 lambda e: isinstance(e, grpc.aio.AioRpcError) and e.code() in RETRYABLE
             ),
-            wait=tenacity.wait_exponential_jitter(initial=0.1, max=5, jitter=0.1),
+            wait=tenacity.wait_exponential_jitter(multiplier=0.1, max=5, jitter=0.1),
             before_sleep=self._log_retry,
         ):
             with attempt:

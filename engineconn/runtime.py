@@ -300,7 +300,7 @@ class Runtime:
 
         retrying = tenacity.AsyncRetrying(
             stop=tenacity.stop_after_delay(max(0.0, deadline - (time.monotonic() - started))),
-            wait=tenacity.wait_exponential_jitter(initial=0.05, max=0.5, jitter=0.1),
+            wait=tenacity.wait_exponential_jitter(multiplier=0.05, max=0.5, jitter=0.1),
             retry=tenacity.retry_if_exception(
                 lambda e: isinstance(e, grpc.aio.AioRpcError) and e.code() in _RETRYABLE
             ),
