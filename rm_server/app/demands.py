@@ -163,7 +163,7 @@ class DemandManager:
             ends = await store.planned_ends(conn, spec.user, order_ids(order))
         await store.lock_plan(conn, charged)
         cand = candidate(spec, charged, now, not_before(order, ends))
-        entries = await store.plan_entries(conn, charged, now)
+        entries = await store.plan_entries(conn, charged, now, (spec.user, spec.demand_id))
         # A resource of the wrong type for a label: PlanError, INVALID_ARGUMENT (as_rm_error).
         placed = plan.place(cand, entries, await store.capacities(conn, charged), self.planner)
         if isinstance(placed, plan.PlanRefusal):
@@ -502,7 +502,7 @@ class DemandManager:
             view.hold,
             user=d.user,
         )
-        entries = await store.plan_entries(conn, d.charged_labels, now)
+        entries = await store.plan_entries(conn, d.charged_labels, now, (d.user, d.demand_id))
         capacity = await store.capacities(conn, d.charged_labels)
         placed = plan.place(cand, entries, capacity, self.planner)
         if not isinstance(placed, plan.Placement) or placed.start >= d.planned_start:

@@ -268,17 +268,25 @@ async def lock_order_graph(conn: Conn) -> None:
     await conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (ORDER_LOCK,))
 
 
-async def plan_entries(conn: Conn, labels: Sequence[str], since: datetime) -> list[PlanEntry]:
-    """Active demands on any of ``labels`` whose occupation has not ended by ``since``."""
+async def plan_entries(
+    conn: Conn, labels: Sequence[str], since: datetime, leaving_out: tuple[str, str]
+) -> list[PlanEntry]:
+    """The plan on any of ``labels`` from ``since``: the occupations of its active demands
+    not ended by then, but for the demand ``leaving_out`` (user, demand id), grouped by
+    labels, resource and times (a group's resource is their sum). The demands the planner
+    passes over in a round are all planned from that round's time, so a label with many
+    blocked demands yields a handful of groups, not a row each."""
     cur = await conn.execute(
-        "SELECT demand_id, charged_labels, resource, plan_start, plan_end, user_name FROM demand"
+        "SELECT charged_labels, resource, plan_start, plan_end, count(*) FROM demand"
         " WHERE charged_labels && %s::text[] AND state = ANY(%s)"
-        " AND (plan_end IS NULL OR plan_end > %s)",
-        (list(labels), ACTIVE, since),
+        " AND (plan_end IS NULL OR plan_end > %s)"
+        " AND NOT (user_name = %s AND demand_id = %s)"
+        " GROUP BY charged_labels, resource, plan_start, plan_end",
+        (list(labels), ACTIVE, since, *leaving_out),
     )
     return [
-        PlanEntry(demand_id, tuple(charged), res(resource), start, end, user)
-        for demand_id, charged, resource, start, end, user in await cur.fetchall()
+        PlanEntry(tuple(charged), res(resource) * count if count > 1 else res(resource), start, end)
+        for charged, resource, start, end, count in await cur.fetchall()
     ]
 
 

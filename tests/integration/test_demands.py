@@ -382,6 +382,33 @@ async def test_blocked_demands_are_not_tried_again_until_their_labels_change(drm
     await drm.consistent()
 
 
+async def test_the_plan_reads_demands_planned_alike_as_one_group(drm):
+    """The demands a round passes over are planned from the same time: the plan of their
+    label reads as one group with their sum (admission sums groups, not demands), and a
+    demand's own occupation is left out when it is placed again."""
+    import psycopg
+
+    from rm_server.store import demands as demand_store
+
+    hog = await plain_apply(drm, 4)
+    assert hog is not None
+    names = [f"blocked-{i:02}" for i in range(12)]
+    for name in names:
+        await drm.submit(name, 0.25, "{Start: [NOW, +1h]}")
+    await drm.tick()
+    label = (await label_state(drm.rm, USER)).label
+    now = drm.clock.now()
+    async with await psycopg.AsyncConnection.connect(drm.rm.database_url) as conn:
+        plan = await demand_store.plan_entries(conn, [label], now, ("alice", "nobody"))
+        without_one = await demand_store.plan_entries(conn, [label], now, ("alice", names[0]))
+    assert len(plan) == 1 and len(without_one) == 1
+    assert plan[0].resource.get("memory_bytes") == 12 * GiB // 4
+    assert without_one[0].resource.get("memory_bytes") == 11 * GiB // 4
+    with pytest.raises(grpc.aio.AioRpcError) as refused:  # the group counts in full
+        await drm.submit("one-too-many", 1.5, "{Start: [NOW, +1h]}")
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
 async def test_loose_demand_slips_within_the_bound(drm):
     t0 = drm.clock.now()
     hog = await plain_apply(drm, 3)

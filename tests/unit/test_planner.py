@@ -78,7 +78,7 @@ def cand(
 
 
 def entry(c: Candidate, p: Placement) -> PlanEntry:
-    return PlanEntry(c.demand_id, c.labels, c.resource, p.plan_start, p.plan_end)
+    return PlanEntry(c.labels, c.resource, p.plan_start, p.plan_end)
 
 
 # ----- placement --------------------------------------------------------------------------------
@@ -113,7 +113,7 @@ def test_a_loose_demand_slips_behind_the_overlap_within_the_bound():
     assert pb.start == m(21)  # a's end plus the lead time
     assert pb.slipped == timedelta(minutes=11)
     far = cand("c", 3, Span(m(5), m(10)), strategy=Strategy.LOOSE, minutes=60)
-    blocker = PlanEntry("x", (L,), Resource.load(3, 1), m(0), m(40))
+    blocker = PlanEntry((L,), Resource.load(3, 1), m(0), m(40))
     assert isinstance(place(far, [blocker], CAP, SET), PlanRefusal)  # 10 + 15 < 41
 
 
@@ -128,7 +128,7 @@ def test_window_in_the_past_and_strict_deadline():
         cand("a", 3, Span(m(0), m(60))),
         hold=Hold(timedelta(minutes=30), deadline=m(45), deadline_strict=True),
     )
-    blocker = PlanEntry("x", (L,), Resource.load(3, 1), m(0), m(20))
+    blocker = PlanEntry((L,), Resource.load(3, 1), m(0), m(20))
     assert isinstance(place(c, [blocker], CAP, SET), PlanRefusal)  # 20+1+30 > 45
     loose_deadline = replace(c, hold=Hold(timedelta(minutes=30), deadline=m(45)))
     assert isinstance(place(loose_deadline, [blocker], CAP, SET), Placement)
@@ -142,7 +142,7 @@ def test_order_by_starts_after_the_planned_end_of_its_predecessor():
 def test_rounds_windows_are_planned_for_n_plus_one_rounds():
     p = place(cand("a", 4, Chances(m(0), 2)), [], CAP, SET)
     assert isinstance(p, Placement) and p.start == m(0)
-    blocker = PlanEntry("x", (L,), Resource.load(1, 1), m(0), m(0.4))
+    blocker = PlanEntry((L,), Resource.load(1, 1), m(0), m(0.4))
     assert isinstance(place(cand("a", 4, Chances(m(0), 2)), [blocker], CAP, SET), PlanRefusal)
 
 
@@ -344,7 +344,7 @@ def test_an_admitted_demand_is_allocated_at_its_planned_start(
     window = Span(T + timedelta(seconds=start), T + timedelta(seconds=start + length))
     c = cand("a", 3, window, strategy=Strategy.LOOSE if loose else Strategy.STRICT)
     blocker_end = T + timedelta(milliseconds=blocker_end_ms)
-    blocker = PlanEntry("x", (L,), Resource.load(3, 1), T - SET.lead_time, blocker_end)
+    blocker = PlanEntry((L,), Resource.load(3, 1), T - SET.lead_time, blocker_end)
     p = place(c, [blocker], CAP, SET)
     if isinstance(p, PlanRefusal):
         return  # refused at submission: nothing promised
@@ -358,7 +358,7 @@ def test_an_admitted_demand_is_allocated_at_its_planned_start(
 _T0 = datetime(2026, 1, 1, tzinfo=UTC)
 _MINUTE = st.integers(0, 40).map(lambda m: _T0 + timedelta(minutes=m))
 _ENTRY = st.builds(
-    lambda start, end, mem, cpu: PlanEntry("d", ("L",), Resource.load(mem, cpu), start, end),
+    lambda start, end, mem, cpu: PlanEntry(("L",), Resource.load(mem, cpu), start, end),
     _MINUTE,
     st.one_of(st.none(), _MINUTE),
     st.integers(0, 9),

@@ -55,14 +55,16 @@ class PlannerSettings:
 
 @dataclass(frozen=True)
 class PlanEntry:
-    """One accepted demand's occupation of its labels; ``end`` None is unbounded."""
+    """The occupation of its labels by one or more accepted demands that share labels and
+    times (``resource``: their sum); ``end`` None is unbounded. A label's plan is read as
+    such groups (rm_server/store/demands.py): demands planned in the same round share
+    their times, so what admission sums grows with the distinct occupations, not with
+    the demands."""
 
-    demand_id: str
     labels: tuple[str, ...]
     resource: Resource
     start: datetime
     end: datetime | None
-    user: str = ""  # demand ids are per user: (user, demand_id) names one demand
 
 
 @dataclass(frozen=True)
@@ -221,20 +223,20 @@ def place(
     capacities: Mapping[str, LabelCapacity],
     settings: PlannerSettings,
 ) -> Placement | PlanRefusal:
-    """The earliest start at which the plan has room for ``c``, or why there is none."""
+    """The earliest start at which the plan has room for ``c``, or why there is none
+    (``entries``: the plan without ``c``)."""
     segs = window_segments(c, settings)
     if not segs:
         return PlanRefusal(
             "its start window has already closed, never opens, or leaves less than one"
             f" scheduling round ({settings.round_length}) to allocate it"
         )
-    others = [e for e in entries if (e.user, e.demand_id) != (c.user, c.demand_id)]
-    ends = sorted({e.end + settings.lead_time for e in others if e.end is not None})
+    ends = sorted({e.end + settings.lead_time for e in entries if e.end is not None})
     first_shortfalls: list[Shortfall] | None = None
     for a, b in segs:
         for start in [a] + [t for t in ends if a < t and (b is None or t <= b)]:
             occupation = (start - settings.lead_time, c.hold.end(start, settings))
-            found = shortfalls_at(c, *occupation, others, capacities)
+            found = shortfalls_at(c, *occupation, entries, capacities)
             if not found:
                 window_end = last_instant(ignore_rounds(c.window), c.submitted)
                 slipped = start - window_end if window_end and start > window_end else timedelta()
