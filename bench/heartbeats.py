@@ -90,11 +90,12 @@ def measure(
     values = res["latency"].get("Heartbeat", [])
     states = asyncio.run(ecm_states(server.target, prefix))
     extra = res.get("extra", {})
+    per_s = round(res["count"] / res["seconds"], 1)
     return {
         "agents": agents,
         "interval_s": interval,
         "expected_per_s": round(agents / interval, 1),
-        "heartbeats_per_s": round(res["count"] / res["seconds"], 1),
+        "heartbeats_per_s": per_s,
         "p50_ms": round(pct(values, 0.5), 2),
         "p99_ms": round(pct(values, 0.99), 2),
         "max_ms": round(max(values) * 1000, 1) if values else None,
@@ -106,6 +107,7 @@ def measure(
         "lost": states.get("LOST", 0),
         "states": states,
         "cpu": cpu,
+        "server_cpu_us_per_beat": cpu_per_call_us(cpu.get("server", 0.0), per_s),
     }
 
 
@@ -178,9 +180,6 @@ def main(argv: list[str] | None = None) -> int:
     floor_us = cpu_per_call_us(floor["cpu"].get("server", 0.0), floor["rpcs_per_s"])
     floor["server_cpu_us_per_call"] = floor_us
     for r in results:
-        r["server_cpu_us_per_beat"] = cpu_per_call_us(
-            r["cpu"].get("server", 0.0), r["heartbeats_per_s"]
-        )
         r["beat_in_empty_rpcs"] = (
             round(r["server_cpu_us_per_beat"] / floor_us, 2)
             if r["server_cpu_us_per_beat"] and floor_us

@@ -16,7 +16,7 @@ from pathlib import Path
 from rm_server.config import Settings
 from rm_server.embedded import data_dir_key, make_root_dir, unreachable_parent
 from rm_server.security import devtls
-from rm_server.server import RMServer, freeze_startup_heap
+from rm_server.server import RMServer, tune_collector
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ async def run_dev(settings: Settings, tls: bool = False) -> None:
     secured = devtls.prepare(settings) if tls else None
     server = RMServer(secured.settings if secured else settings)
     await server.start()
-    freeze_startup_heap()
+    tune_collector()
     agent = None
     if users:
         # With --dev-tls the agent dials the mutual-TLS listener with its certificate.

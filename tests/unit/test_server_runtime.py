@@ -9,7 +9,7 @@ import gc
 import pytest
 
 from rm_server.main import main, run_on_loop
-from rm_server.server import freeze_startup_heap
+from rm_server.server import COLLECTOR_THRESHOLDS, tune_collector
 
 
 def loop_module(event_loop: str) -> str:
@@ -37,10 +37,12 @@ def test_an_unknown_event_loop_is_refused_before_anything_starts(
 
 
 def test_the_start_up_heap_is_frozen_and_later_objects_are_collected() -> None:
+    thresholds = gc.get_threshold()
     try:
-        freeze_startup_heap()
+        tune_collector()
         frozen = gc.get_freeze_count()
         assert frozen > 0
+        assert gc.get_threshold() == COLLECTOR_THRESHOLDS
         cycle: list[object] = []
         cycle.append(cycle)
         del cycle
@@ -48,3 +50,4 @@ def test_the_start_up_heap_is_frozen_and_later_objects_are_collected() -> None:
         assert gc.get_freeze_count() == frozen
     finally:
         gc.unfreeze()
+        gc.set_threshold(*thresholds)
