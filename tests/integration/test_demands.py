@@ -139,6 +139,19 @@ async def plain_apply(d: DemandRM, memory_gib: float) -> rpb.Ticket | None:
     return resp.ticket
 
 
+async def blocked_behind_a_hog(
+    drm: DemandRM, count: int, memory_gib: float, window: str
+) -> tuple[rpb.Ticket, list[str]]:
+    """An ordinary ticket that fills the label, then `count` demands due now behind it:
+    the ticket and the demands' ids."""
+    hog = await plain_apply(drm, 4)
+    assert hog is not None
+    names = [f"blocked-{i:02}" for i in range(count)]
+    for name in names:
+        await drm.submit(name, memory_gib, window)
+    return hog, names
+
+
 # ----- the life of a demand --------------------------------------------------------------------
 
 
@@ -361,11 +374,7 @@ async def test_blocked_demands_are_not_tried_again_until_their_labels_change(drm
         return await allocate(conn, d, cmd)
 
     monkeypatch.setattr(demand_store, "allocate", counted)
-    hog = await plain_apply(drm, 4)
-    assert hog is not None
-    names = [f"blocked-{i:02}" for i in range(10)]
-    for name in names:
-        await drm.submit(name, 0.1, "{Start: [NOW, ^10]}")
+    hog, names = await blocked_behind_a_hog(drm, 10, 0.1, "{Start: [NOW, ^10]}")
     await drm.tick()
     assert sorted(tries) == names  # each reserved, tried and refused
     tries.clear()
@@ -390,11 +399,7 @@ async def test_the_plan_reads_demands_planned_alike_as_one_group(drm):
 
     from rm_server.store import demands as demand_store
 
-    hog = await plain_apply(drm, 4)
-    assert hog is not None
-    names = [f"blocked-{i:02}" for i in range(12)]
-    for name in names:
-        await drm.submit(name, 0.25, "{Start: [NOW, +1h]}")
+    _, names = await blocked_behind_a_hog(drm, 12, 0.25, "{Start: [NOW, +1h]}")
     await drm.tick()
     label = (await label_state(drm.rm, USER)).label
     now = drm.clock.now()
