@@ -438,6 +438,20 @@ def main(argv: list[str] | None = None) -> int:
                 f"{mem['small']['cycles']} cycles {mem['small']['rss_mib']} MiB -> {mem['large']['cycles']} cycles {mem['large']['rss_mib']} MiB",
             )
 
+    def fleet(server: Server, db: BenchDatabase, n: int, prefix: str) -> dict[str, Any]:
+        # n simulated agents at 3 s, a load-generator process per 2,500 (as bench.heartbeats)
+        return measure_heartbeats(
+            server,
+            db,
+            n,
+            10.0 if q else 20.0,
+            3.0,
+            max(2, -(-n // 2500)),
+            prefix,
+            "native",
+            "stream",
+        )
+
     def heartbeats_part() -> None:
         # (b) heartbeats: a fresh server with the default liveness settings
         from bench.common import free_port
@@ -451,17 +465,7 @@ def main(argv: list[str] | None = None) -> int:
             out.setdefault("database", db.describe)
             for i, n in enumerate(fleets):
                 before = scrape_passes(metrics_port, "liveness")
-                r = measure_heartbeats(
-                    server,
-                    db,
-                    n,
-                    10.0 if q else 20.0,
-                    3.0,
-                    max(2, -(-n // 2500)),  # as bench.heartbeats: a process per 2500
-                    f"s{i}-",
-                    "native",
-                    "stream",
-                )
+                r = fleet(server, db, n, f"s{i}-")
                 # The liveness pass under the load, registrations included (the window's)...
                 r["liveness_passes"] = passes_between(
                     before, scrape_passes(metrics_port, "liveness")
@@ -474,10 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         # one host, as an operator would run them for a fleet this size): one process is
         # one event loop, at most one core, and serves the beats but with a tail.
         with stack(args.database_url, [], workers=REPLICAS) as (db, server):
-            replicas = measure_heartbeats(
-                server, db, fleets[1], 10.0 if q else 20.0, 3.0,
-                max(2, -(-fleets[1] // 2500)), "r-", "native", "stream",
-            )  # fmt: skip
+            replicas = fleet(server, db, fleets[1], "r-")
         out["heartbeats"] = hb
         out["heartbeats_replicas"] = replicas
         progress(

@@ -285,7 +285,7 @@ async def plan_entries(
         (list(labels), ACTIVE, since, *leaving_out),
     )
     return [
-        PlanEntry(tuple(charged), res(resource) * count if count > 1 else res(resource), start, end)
+        PlanEntry(tuple(charged), res(resource) * count, start, end)
         for charged, resource, start, end, count in await cur.fetchall()
     ]
 
