@@ -410,6 +410,15 @@ def unavailable_for(log: StormLog, moment: float) -> float | None:
     return max(b - a for a, b in itertools.pairwise(points))
 
 
+@dataclass(frozen=True)
+class FailoverRun:
+    """What a storm with one fault showed."""
+
+    log: StormLog
+    window: float | None  # unavailable_for the fault's moment
+    sync_standby: int | None  # the synchronous standby Patroni named before the fault
+
+
 async def failover_run(
     cluster: HACluster,
     targets: list[str],
@@ -418,23 +427,25 @@ async def failover_run(
     seconds: float,
     fault: str,
     fault_after: float = 4.0,
-) -> tuple[StormLog, float | None]:
-    """A storm with one fault mid-way ('kill' or 'switchover'); returns the log and the
-    unavailability window the fault caused (`unavailable_for`)."""
+) -> FailoverRun:
+    """A storm with one fault mid-way ('kill' or 'switchover'). In synchronous mode the
+    fault waits for Patroni to name a synchronous standby: only while one is named is
+    every acknowledged commit on a standby that may be promoted (before, or while Patroni
+    names another, commits are acknowledged without one)."""
     log = StormLog()
     task = asyncio.create_task(storm(targets, clients, seconds, log))
     await asyncio.sleep(fault_after)
     if task.done():
         await task
     old = cluster.primary()
+    standby = await asyncio.to_thread(cluster.standby_to_promote)
     moment = time.monotonic()
     if fault == "kill":
         cluster.kill_member(old)
     else:
-        candidate = await asyncio.to_thread(cluster.standby_to_promote)
-        await asyncio.to_thread(cluster.switchover, candidate)
+        await asyncio.to_thread(cluster.switchover, standby)
     await task
-    return log, unavailable_for(log, moment)
+    return FailoverRun(log, unavailable_for(log, moment), standby if cluster.synchronous else None)
 
 
 async def cycles_per_second(targets: list[str], clients: int, seconds: float) -> float:
@@ -459,10 +470,10 @@ def main(argv: list[str] | None = None) -> int:
     def run_on(cluster: HACluster, fault: str) -> tuple[StormLog, float | None, Audit]:
         with tempfile.TemporaryDirectory() as logs, rm_replicas(cluster.url, 2, Path(logs)) as t:
             asyncio.run(setup_cluster(t[0]))
-            log, window = asyncio.run(
+            run = asyncio.run(
                 failover_run(cluster, t, clients=args.clients, seconds=args.seconds, fault=fault)
             )
-        return log, window, audit(cluster, log)
+        return run.log, run.window, audit(cluster, run.log)
 
     for synchronous in (True, False) if not args.skip_async else (True,):
         mode = "sync" if synchronous else "async"

@@ -3,7 +3,8 @@
 # members with synchronous replication, all on loopback (the layout a production cluster
 # spreads over three hosts; docs/operations.md, "High availability").
 #
-#   deploy/ha/ha.sh up       start etcd and the three members, wait for a primary
+#   deploy/ha/ha.sh up       start etcd and the three members, wait for a primary, two
+#                            streaming replicas and (synchronous mode) the named standby
 #   deploy/ha/ha.sh down     stop everything and delete the state directory
 #   deploy/ha/ha.sh status   patronictl list
 #   deploy/ha/ha.sh url      the multi-host URL rm-server replicas use
@@ -127,6 +128,14 @@ replicas_streaming() {
     ((n == 2))
 }
 
+sync_standby_named() {  # Patroni has named a synchronous standby in etcd (its /sync key)
+    local i
+    for i in 1 2 3; do
+        curl -fsS "http://127.0.0.1:$(rest_port "$i")/sync" >/dev/null 2>&1 && return 0
+    done
+    return 1
+}
+
 up() {
     for tool in etcd patroni patronictl curl; do
         command -v "$tool" >/dev/null || { echo "ha.sh: $tool not found (apt-get install patroni etcd-server etcd-client python3-etcd curl)" >&2; exit 2; }
@@ -154,6 +163,10 @@ up() {
         if ((i == 1)); then wait_for "the first primary" 90 primary_ready; fi
     done
     wait_for "two streaming replicas" 120 replicas_streaming
+    # Until Patroni names the synchronous standby (a loop or two after the replicas
+    # stream), commits are acknowledged without a standby's flush and any replica may be
+    # promoted: a crash then can lose acknowledged writes. Up means up as configured.
+    if [ "$SYNC" = 1 ]; then wait_for "a synchronous standby" 120 sync_standby_named; fi
     echo "HA cluster up: $(url)"
 }
 
