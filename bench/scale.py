@@ -2,7 +2,7 @@
 same run, printed as large / small ratios against their targets.
 
     python -m bench.scale [--quick] [--database-url URL] [--seconds 6]
-                          [--parts cluster heartbeats demands retention agent-memory]
+                          [--parts cluster heartbeats demands memory retention agent-memory]
 
 One embedded PostgreSQL (or a throwaway database on --database-url) and one rm-server
 (ECM expiry 1 day: the bench ECMs do not heartbeat), then:
@@ -36,7 +36,10 @@ One embedded PostgreSQL (or a throwaway database on --database-url) and one rm-s
   tickets (--quick: 100,000; seeded with SQL, deleted afterwards), pages of 500: p50 and
   p99 of the last tenth of the pages / of the first tenth, target <= 1.2 x (keyset
   pagination); p99 of every page < 20 ms.
-- memory: rm-server RSS after N cycles and after 100 x N cycles. Target <= 1.2 x.
+- memory: a fresh rm-server on 100,000 user labels, the apply load (spread) until
+  1,000,000 cycles (--quick: 10,000), its RSS sampled after 10,000, 30,000, 100,000,
+  300,000 and 1,000,000 (about a quarter of an hour at 1,100 cycles/s). Target: after
+  1,000,000 <= 1.2 x after 10,000 (no leak).
 - retention: a compressed-clock run on a fresh server whose retention (history and request
   ids) is a few seconds instead of 30 days / 48 hours: the hot load for several retention
   periods while the rows of ticket_history and request_log are counted. Target: the rows in
@@ -55,6 +58,7 @@ import argparse
 import asyncio
 import json
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from bench.apply_cycle import seed
@@ -70,6 +74,7 @@ from bench.scale_parts import (
     count_rows,
     demand_run,
     drop_seeded_tickets,
+    grow_user_labels,
     idle_passes,
     passes_between,
     progress,
@@ -196,39 +201,43 @@ def rss_mib(pid: int) -> float:
     return round(float(psutil.Process(pid).memory_info().rss) / 2**20, 1)
 
 
-def memory_run(db: BenchDatabase, server: Server, first: int, factor: int) -> dict[str, Any]:
-    """RSS after `first` cycles, then after `factor` x as many (hot and spread mixed)."""
+# The memory part's samples: RSS after each of these cumulative apply cycles.
+MEMORY_CHECKPOINTS = (10_000, 30_000, 100_000, 300_000, 1_000_000)
+QUICK_MEMORY_CHECKPOINTS = (1_000, 3_000, 10_000)
+
+
+def memory_run(
+    db: BenchDatabase, server: Server, checkpoints: Sequence[int]
+) -> list[dict[str, Any]]:
+    """The rm-server's RSS after each of `checkpoints` apply cycles (spread over
+    LARGE_USERS user labels, 64 clients). Cycles are counted where they end, in
+    ticket_history (a released ticket is one row), not by the load generator: its
+    warm-up's cycles count too."""
     assert server.proc is not None
-    done = 0
-    window = 2.0
-    while done < first:
-        res, _ = run_loadgen(
-            "apply",
-            server.target,
-            APPLY_CLIENTS,
-            window,
-            warmup=0.5,
-            extra=["--users", str(LARGE_USERS)],
-            native=True,
-        )
-        done += res["count"]
-    small = {"cycles": done, "rss_mib": rss_mib(server.proc.pid)}
-    rate = max(1.0, done / window)
-    while done < first * factor:
-        seconds = min(60.0, max(2.0, (first * factor - done) / rate))
-        res, _ = run_loadgen(
-            "apply",
-            server.target,
-            APPLY_CLIENTS,
-            seconds,
-            warmup=0.5,
-            extra=["--users", str(LARGE_USERS)],
-            native=True,
-        )
-        done += res["count"]
-        rate = max(1.0, res["count"] / seconds)
-    large = {"cycles": done, "rss_mib": rss_mib(server.proc.pid)}
-    return {"small": small, "large": large}
+    samples: list[dict[str, Any]] = []
+    done = count_rows(db.url, "ticket_history")
+    started, rate = done, 0.0
+    for checkpoint in checkpoints:
+        while done < started + checkpoint:
+            left = started + checkpoint - done
+            # short windows near a checkpoint (overshoot it by little), at most a minute
+            seconds = 2.0 if rate <= 0 else min(60.0, max(1.0, 0.9 * left / rate))
+            t0 = time.monotonic()
+            run_loadgen(
+                "apply",
+                server.target,
+                APPLY_CLIENTS,
+                seconds,
+                warmup=0.0,
+                extra=["--users", str(LARGE_USERS)],
+                native=True,
+            )
+            before, done = done, count_rows(db.url, "ticket_history")
+            rate = (done - before) / max(0.1, time.monotonic() - t0)
+        sample = {"cycles": done - started, "rss_mib": rss_mib(server.proc.pid)}
+        samples.append(sample)
+        progress("memory", sample)
+    return samples
 
 
 def retention_run(database_url: str, retention_s: float, periods: int) -> dict[str, Any]:
@@ -261,7 +270,7 @@ def retention_run(database_url: str, retention_s: float, periods: int) -> dict[s
 
 # rm-server processes sharing the port in the large fleet's second heartbeat run
 REPLICAS = 2
-PARTS = ("cluster", "heartbeats", "demands", "retention", "agent-memory")
+PARTS = ("cluster", "heartbeats", "demands", "memory", "retention", "agent-memory")
 
 
 def ratio(large: float, small: float) -> float | None:
@@ -285,8 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         choices=PARTS,
         default=list(PARTS),
-        help="what to run (default: all): cluster (apply, sweep query, lists, memory),"
-        " heartbeats, demands, retention, agent-memory",
+        help="what to run (default: all): cluster (apply, sweep query, lists),"
+        " heartbeats, demands, memory, retention, agent-memory",
     )
     args = parser.parse_args(argv)
     q = args.quick
@@ -295,7 +304,6 @@ def main(argv: list[str] | None = None) -> int:
     tickets = 100_000 if q else 1_000_000
     ecms_small, ecms_large = 10_000, 100_000
     fleets = (100, 1000) if q else (1000, 10_000)
-    mem_first = 300 if q else 1_000
     rows: list[list[Any]] = []
     out: dict[str, Any] = {"quick": q}
 
@@ -303,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append([name, value, {True: "yes", False: "NO", None: "-"}[met], note])
 
     def cluster_part() -> None:
-        # (a) apply, (b) the sweep's query, (d) lists, (e) memory: one server, grown with SQL
+        # (a) apply, (b) the sweep's query, (d) lists: one server, grown with SQL
         from bench.common import free_port
 
         metrics_port = free_port()
@@ -322,15 +330,7 @@ def main(argv: list[str] | None = None) -> int:
             out["sweep_small"]["pass"] = idle_passes(metrics_port)
             # grow it with SQL: first the label records (the load spread over all of them),
             # then the history rows; each step measured
-            seeded = {
-                "labels_s": clone_rows(
-                    db.url,
-                    "label_resource",
-                    "label LIKE '%%userCreator=u0-IDE%%'",
-                    {"label": "replace(t.label, 'u0-IDE', 'u' || (g + 999) || '-IDE')"},
-                    LARGE_USERS - SMALL_USERS,
-                )
-            }
+            seeded = {"labels_s": grow_user_labels(db)}
             labels = {m: apply_run(db, server, m, LARGE_USERS, seconds) for m in ("spread", "hot")}
             progress("apply, 100,000 labels", labels)
             # History rows as the RM makes them: ids in the order they were made (the time
@@ -426,17 +426,23 @@ def main(argv: list[str] | None = None) -> int:
                     r["p99_ms"] < 20,
                     "every page",
                 )
-            # (e) memory
-            mem = memory_run(db, server, mem_first, 100)
-            out["memory"] = mem
-            progress("memory", mem)
-            x = ratio(mem["large"]["rss_mib"], mem["small"]["rss_mib"])
-            target(
-                "rm-server RSS after 100 x N cycles / after N <= 1.2",
-                x,
-                x is not None and x <= 1.2,
-                f"{mem['small']['cycles']} cycles {mem['small']['rss_mib']} MiB -> {mem['large']['cycles']} cycles {mem['large']['rss_mib']} MiB",
-            )
+
+    def memory_part() -> None:
+        # (e) memory: a fresh server (no other part's high-water marks in its heap) on the
+        # large cluster's user labels, sampled as the apply cycles accumulate
+        with stack(args.database_url, ["--ecm-expiry", "86400"]) as (db, server):
+            asyncio.run(seed(server.target))
+            grow_user_labels(db)
+            samples = memory_run(db, server, QUICK_MEMORY_CHECKPOINTS if q else MEMORY_CHECKPOINTS)
+        out["memory"] = samples
+        first, last = samples[0], samples[-1]
+        x = ratio(last["rss_mib"], first["rss_mib"])
+        target(
+            f"rm-server RSS after {last['cycles']:,} / after {first['cycles']:,} cycles <= 1.2",
+            x,
+            x is not None and x <= 1.2,
+            " -> ".join(f"{s['rss_mib']} MiB @{s['cycles']:,}" for s in samples),
+        )
 
     def fleet(server: Server, db: BenchDatabase, n: int, prefix: str) -> dict[str, Any]:
         # n simulated agents at 3 s, a load-generator process per 2,500 (as bench.heartbeats)
@@ -598,6 +604,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, part in (
         ("heartbeats", heartbeats_part),
         ("demands", demands_part),
+        ("memory", memory_part),
         ("retention", retention_part),
         ("agent-memory", agent_memory_part),
     ):

@@ -63,6 +63,18 @@ def clone_rows(
     return round(time.monotonic() - t0, 1)
 
 
+def grow_user_labels(db: BenchDatabase) -> float:
+    """Grow the seeded cluster's 1,000 user label records (bench.apply_cycle.seed) to
+    LARGE_USERS, copies of u0's with SQL; the seconds it took."""
+    return clone_rows(
+        db.url,
+        "label_resource",
+        "label LIKE '%%userCreator=u0-IDE%%'",
+        {"label": "replace(t.label, 'u0-IDE', 'u' || (g + 999) || '-IDE')"},
+        LARGE_USERS - SMALL_USERS,
+    )
+
+
 def count_rows(url: str, table_name: str) -> int:
     import psycopg
 
