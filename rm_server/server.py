@@ -287,8 +287,9 @@ class RMServer:
             await self._metrics_http.stop()
         if self.console is not None:
             await self.console.stop()
+        grace = self.settings.shutdown_grace if grace is None else grace
         if self._server is not None and self._serving:
-            await self._server.stop(self.settings.shutdown_grace if grace is None else grace)
+            await self._server.stop(grace)
         if self._liveness is not None:
             self._liveness.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -296,7 +297,7 @@ class RMServer:
         if self.demands is not None:
             await self.demands.stop_background()
         if self.core is not None:
-            await self.core.stop_background()
+            await self.core.stop_background(grace)
             if self.core.external is not None:
                 await self.core.external.close()
         if self._notifier is not None:

@@ -155,10 +155,24 @@ class Combiner(Generic[OpT]):
             else:
                 future.set_result(outcome)
 
-    async def close(self) -> None:
-        """Wait for the groups in flight (new requests are the caller's to stop)."""
-        if self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+    async def close(self, grace: float | None = None) -> None:
+        """Wait for the groups in flight (new requests are the caller's to stop); those
+        still running after `grace` seconds are cancelled (their transactions roll
+        back; their callers, gone with the server, retry with their request ids). A
+        statement waiting on a lock another session holds would otherwise keep the
+        process from stopping for as long as that session likes."""
+        if not self._tasks:
+            return
+        _, running = await asyncio.wait(list(self._tasks), timeout=grace)
+        if running:
+            log.warning(
+                "%d request groups still running %.1f s into the shutdown: cancelled",
+                len(running),
+                grace,
+            )
+            for task in running:
+                task.cancel()
+            await asyncio.wait(running, timeout=grace)
 
 
 async def each_alone_on_failure(run: RunGroup[OpT], ops: Sequence[OpT], what: str) -> list[Any]:

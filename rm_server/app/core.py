@@ -74,8 +74,9 @@ class RMCore:
         of its passes told to `observe`)."""
         self.sweeps.start(lease, observe)
 
-    async def stop_background(self) -> None:
-        """Finish the grouped requests, stop the sweeps and leave the replicas."""
-        await self.tickets.close()
+    async def stop_background(self, grace: float | None = None) -> None:
+        """Finish the grouped requests (cancelled past `grace` seconds), stop the sweeps
+        and leave the replicas."""
+        await self.tickets.close(grace)
         await self.sweeps.stop()
         await self.replicas.leave()

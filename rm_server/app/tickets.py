@@ -44,10 +44,11 @@ class Tickets:
         self._keys_rules: tuple[TransformRule, ...] | None = None
         self._queue_records: set[str] = set()  # external queue records made
 
-    async def close(self) -> None:
-        """Let the requests grouped so far finish (at shutdown)."""
+    async def close(self, grace: float | None = None) -> None:
+        """Let the requests grouped so far finish (at shutdown); past `grace` seconds,
+        cancel them (Combiner.close)."""
         if self._combiner is not None:
-            await self._combiner.close()
+            await self._combiner.close(grace)
 
     def charged_keys(self, labels: tuple[Label, ...]) -> tuple[str, ...]:
         """The label records a request with `labels` charges (the label rules applied)."""

@@ -235,3 +235,35 @@ def test_agent_stopping_right_after_a_kill_never_crashes_the_server(
         )
         assert report.consistent, [str(m) for m in report.mismatches]
     assert server.proc.poll() is None
+
+
+def test_sigterm_ends_the_process_while_a_request_waits_on_a_lock(rm_process_factory, database_url):
+    """A grouped request whose statement waits on a row another session holds does not
+    keep rm-server from stopping: past the grace, the drain cancels it (its transaction
+    rolls back; the caller retries with its request id). It used to wait for the other
+    session, however long."""
+    import psycopg
+
+    rm = rm_process_factory("--shutdown-grace=1", "--batch-max=256")
+    rm.start()
+    with grpc.insecure_channel(rm.target) as channel:
+        stub = resource_manager_pb2_grpc.ResourceManagerServiceStub(channel)
+        stub.RegisterEcm(register("held:1", load_instance(GiB, 1000, 10)), timeout=30)
+        with psycopg.connect(database_url) as holder:
+            locked = holder.execute(
+                "SELECT label FROM label_resource WHERE label LIKE 'emInstance=held:1%' FOR UPDATE"
+            ).fetchall()
+            assert len(locked) == 1, locked
+            with pytest.raises(grpc.RpcError) as waited:
+                stub.Apply(apply_req("emInstance=held:1", load_instance(1, 1, 1)), timeout=2)
+            assert waited.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert rm.proc is not None
+            rm.proc.send_signal(signal.SIGTERM)
+            try:
+                code = rm.proc.wait(60)  # the lock is still held all the while
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"rm-server still running 60 s after SIGTERM:\n{log_tail(rm.log_path)}")
+            holder.rollback()
+    assert code == 0, log_tail(rm.log_path)
+    with psycopg.connect(database_url) as conn:  # the cancelled Apply left nothing
+        assert conn.execute("SELECT count(*) FROM ticket").fetchone() == (0,)
