@@ -394,6 +394,10 @@ class DemandManager:
         d = await store.claim_due(conn, key, due)
         if d is None:
             return 0
+        if d.state.active:
+            # The plan's locks before any label row (store.demands: the lock order): a
+            # round may re-plan, reserve, allocate and move its occupation, in any order.
+            await store.lock_plan(conn, d.charged_labels)
         before = d
         try:
             async with conn.transaction():  # a savepoint: an error undoes the half-done round
@@ -412,8 +416,7 @@ class DemandManager:
         if d.state.active:
             now = self.clock.now()
             occupied = plan.occupation(d.view(), now, self.planner)
-            if occupied != (d.plan_start, d.plan_end):
-                await store.lock_plan(conn, d.charged_labels)
+            if occupied != (d.plan_start, d.plan_end):  # under the plan's locks (above)
                 d = await store.update(conn, d, now, plan_start=occupied[0], plan_end=occupied[1])
         return 1
 
@@ -489,8 +492,8 @@ class DemandManager:
         raise AssertionError(f"unhandled {decision}")  # pragma: no cover
 
     async def _replan(self, conn: Conn, d: Demand, now: datetime) -> Demand | None:
-        """Place ``d`` again from now; the demand if that moved it earlier, else None."""
-        await store.lock_plan(conn, d.charged_labels)
+        """Place ``d`` again from now (the round holds the plan's locks); the demand if that
+        moved it earlier, else None."""
         view = d.view()
         cand = plan.Candidate(
             d.demand_id,

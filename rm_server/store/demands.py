@@ -1,10 +1,12 @@
 """Demands in SQL: rows, transitions, the plan's inputs, reservations and allocation.
 
-Lock order, in every transaction that touches a demand: the demand row first, then the
-label rows (canonical order, through ``tickets.lock_labels``), then the ticket row. This
-extends the order of the Apply path (labels, then ticket), so the two never deadlock.
-Admission serialises on transaction-level advisory locks per label instead of label
-row locks, so planning never blocks an ordinary Apply.
+Lock order, in every transaction that touches a demand (docs/architecture.md, "Lock
+order"): the demand row first, then the plan's advisory locks of its labels
+(``lock_plan``), then the limits' lock when label rows are created, then the label rows
+(canonical order, through ``tickets.lock_labels``), then the ticket row. This extends the
+order of the Apply path (labels, then ticket), so the two never deadlock. Admission
+serialises on the plan's advisory locks per label instead of label row locks, so
+planning never blocks an ordinary Apply; a planner round takes them before any label row.
 """
 
 from __future__ import annotations
@@ -259,9 +261,15 @@ async def ticket_status(conn: Conn, ticket_id: str) -> TicketStatus:
 
 
 async def lock_plan(conn: Conn, labels: Sequence[str]) -> None:
-    """Serialise planning on these labels (sorted: the canonical order, no deadlocks)."""
-    for label in sorted(set(labels)):
-        await conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (PLAN_LOCK, label))
+    """Serialise planning on these labels: one statement, the locks taken in the order of
+    their keys (the canonical order, whatever the labels' hashes: two labels whose hashes
+    collide share a lock, and an order by name could then take it twice over)."""
+    if labels:
+        await conn.execute(
+            "SELECT count(pg_advisory_xact_lock(%s, k)) FROM"
+            " (SELECT DISTINCT hashtext(l) AS k FROM unnest(%s::text[]) AS l ORDER BY k) AS s",
+            (PLAN_LOCK, sorted(set(labels))),
+        )
 
 
 async def lock_order_graph(conn: Conn) -> None:
@@ -512,7 +520,9 @@ async def allocate(conn: Conn, d: Demand, cmd: ticket_store.ApplyCommand) -> Tic
     """
     try:
         async with conn.transaction():  # a savepoint in the caller's transaction
-            await admin_store.ensure_limit_rows(conn, cmd.keys, cmd.now)
+            # The label rows were created (lock_labels) before they were locked: creating
+            # them here would take the limits' lock after the rows, where a limit change
+            # takes it before them (a deadlock). A limit that appeared since: NeedLimitRows.
             await ticket_store.lock_labels(conn, cmd.keys, cmd.now)  # every key, canonical
             await unreserve(conn, d, cmd.now, handover=True)
             outcome = await ticket_store.apply(conn, cmd)

@@ -87,28 +87,35 @@ class DemandRM:
         assert await self.manager.check_reservations() == []
 
 
-@pytest.fixture
-async def drm(database_url):
+async def start_drm(database_url: str, **overrides: Any) -> DemandRM:
+    """An in-process RM with an injected clock whose planner the test drives (``tick``),
+    and a limit of 4 GiB / 4 cores on the users' labels; stop it with ``stop_in_process``."""
     clock = ManualClock()
-    rm = await start_in_process(
-        database_url,
-        clock=clock,
-        lock_timeout=3600.0,
-        sweep_interval=3600.0,
-        demand_interval=ROUND,
-        demand_lead_time=LEAD,
-        demand_claim_timeout=CLAIM,
-        demand_loose_slip=SLIP,
-        demand_default_duration=3600.0,
-    )
+    settings: dict[str, Any] = {
+        "lock_timeout": 3600.0,
+        "sweep_interval": 3600.0,
+        "demand_interval": ROUND,
+        "demand_lead_time": LEAD,
+        "demand_claim_timeout": CLAIM,
+        "demand_loose_slip": SLIP,
+        "demand_default_duration": 3600.0,
+        **overrides,
+    }
+    rm = await start_in_process(database_url, clock=clock, **settings)
     manager = rm.server.demands
     assert manager is not None
     await manager.stop_background()  # the tests drive the rounds
     await rm.admin.SetLabelLimit(limit_req(LIMIT, load(4 * GiB, 4000)))
+    return DemandRM(rm, demand_pb2_grpc.DemandServiceStub(rm.channel), manager, clock)
+
+
+@pytest.fixture
+async def drm(database_url):
+    d = await start_drm(database_url)
     try:
-        yield DemandRM(rm, demand_pb2_grpc.DemandServiceStub(rm.channel), manager, clock)
+        yield d
     finally:
-        await stop_in_process(rm)
+        await stop_in_process(d.rm)
 
 
 def rpc_error(exc: pytest.ExceptionInfo[grpc.aio.AioRpcError]) -> tuple[Any, str, list[Any]]:
