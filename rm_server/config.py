@@ -172,6 +172,11 @@ class Settings:
     demand_default_duration: float = DEMANDS.setting(
         3600.0, "seconds a demand is planned to hold without Duration or DeadLine"
     )
+    demand_order_by_timeout: float = DEMANDS.setting(
+        3600.0,
+        "seconds a demand whose window has no end waits for a demand its OrderBy names to be"
+        " submitted; past them it FAILS with ORDER_BY_MISSING",
+    )
 
     # Without token_file and TLS, authentication is OFF and every caller is an admin:
     # allowed on loopback only.

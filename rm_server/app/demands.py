@@ -30,9 +30,12 @@ from rm_server.domain.demands.model import (
     DemandSpec,
     candidate,
     not_before,
+    order_wait_keys,
+    with_order_wait,
 )
 from rm_server.domain.demands.state import DemandState
 from rm_server.domain.demands.timelang import order_ids, order_value
+from rm_server.domain.demands.waits import finished_of
 from rm_server.domain.ledger import LabelAccount, more_room
 from rm_server.domain.model import Ticket
 from rm_server.errors import (
@@ -152,7 +155,8 @@ class DemandManager:
         if order is not None:
             await store.lock_order_graph(conn)
             await self._refuse_cycles(conn, spec.user, spec.demand_id, order_ids(order))
-            finished = await store.finished_map(conn, spec.user, order_ids(order))
+            named = await store.predecessors(conn, spec.user, order_ids(order))
+            finished = finished_of({i: p.state for i, p in named.items()})
             if order_value(order, finished) is False:
                 failed = ", ".join(i for i, v in finished.items() if v is False)
                 raise FailedPrecondition(
@@ -160,7 +164,7 @@ class DemandManager:
                     state="FAILED",
                     reason="ORDER_BY_FAILED",
                 )
-            ends = await store.planned_ends(conn, spec.user, order_ids(order))
+            ends = {i: p.planned_end for i, p in named.items() if p.planned_end is not None}
         await store.lock_plan(conn, charged)
         cand = candidate(spec, charged, now, not_before(order, ends))
         entries = await store.plan_entries(conn, charged, now, (spec.user, spec.demand_id))
@@ -240,17 +244,34 @@ class DemandManager:
     # ----- queries -----------------------------------------------------------------------------
 
     async def get(self, user: str | None, demand_id: str) -> Demand:
-        """`user`'s demand (None: an operator's look-up by id alone, see `store.get`);
-        another user's demand of the same id is NOT_FOUND, as if there were none."""
-        d = await self.db.run(lambda c: store.get(c, user, demand_id, with_events=True))
-        if d is None:
+        """`user`'s demand (None: an operator's look-up by id alone, see `store.get`), with
+        its history and what its OrderBy waits for; another user's demand of the same id is
+        NOT_FOUND, as if there were none."""
+
+        async def body(conn: Conn) -> list[Demand]:
+            d = await store.get(conn, user, demand_id, with_events=True)
+            return [] if d is None else await self._with_waits(conn, [d])
+
+        found = await self.db.run(body, read_only=True)
+        if not found:
             raise NotFound(f"demand {demand_id} not found")
-        return d
+        return found[0]
 
     async def list_demands(
         self, after: tuple[str, str], limit: int, state: str, user: str
     ) -> list[Demand]:
-        return await self.db.run(lambda c: store.list_demands(c, after, limit, state, user))
+        """A page of demands, each with what its OrderBy waits for."""
+
+        async def body(conn: Conn) -> list[Demand]:
+            page = await store.list_demands(conn, after, limit, state, user)
+            return await self._with_waits(conn, page)
+
+        return await self.db.run(body, read_only=True)
+
+    async def _with_waits(self, conn: Conn, demands: list[Demand]) -> list[Demand]:
+        keys = [key for d in demands for key in order_wait_keys(d)]
+        found = await store.predecessors_of(conn, keys)
+        return [with_order_wait(d, found, self.planner) for d in demands]
 
     # ----- cancel and claim --------------------------------------------------------------------
 
@@ -422,10 +443,12 @@ class DemandManager:
 
     async def _decide_and_act(self, conn: Conn, d: Demand, start: datetime) -> Demand:
         for _ in range(MAX_STEPS):
-            finished = await store.finished_map(conn, d.user, order_ids(d.conditions.order_by))
+            named = await store.predecessors(conn, d.user, order_ids(d.conditions.order_by))
+            finished = finished_of({i: p.state for i, p in named.items()})
+            missing = {i for i, p in named.items() if p.state is None}
             ticket = await store.ticket_status(conn, d.ticket_id) if d.ticket_id else None
             now = self.clock.now()
-            decide = partial(plan.decide, round_start=start)
+            decide = partial(plan.decide, round_start=start, missing=missing)
             decision = decide(d.view(), now, self.planner, finished, ticket)
             if decision.action is plan.Action.ALLOCATE:
                 # Take the labels first (waiting out any release under way), then decide

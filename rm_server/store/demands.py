@@ -25,6 +25,7 @@ from rm_server.domain.demands.model import Demand
 from rm_server.domain.demands.planner import LabelCapacity, PlanEntry, TicketStatus
 from rm_server.domain.demands.state import DemandState, Transition, step
 from rm_server.domain.demands.timelang import order_ids
+from rm_server.domain.demands.waits import Predecessor
 from rm_server.domain.labels import LabelKey
 from rm_server.domain.ledger import LabelAccount
 from rm_server.domain.limits import best_limit
@@ -213,29 +214,30 @@ async def claim_due(conn: Conn, key: tuple[str, str], due: datetime) -> Demand |
     return None if row is None else from_row(row)
 
 
-async def finished_map(conn: Conn, user: str, ids: Sequence[str]) -> dict[str, bool | None]:
-    """For OrderBy, among `user`'s own demands: True when FINISHED, False when FAILED,
-    None otherwise (or unknown: another user's demand of that id is not seen)."""
-    if not ids:
-        return {}
+async def predecessors(conn: Conn, user: str, ids: Sequence[str]) -> dict[str, Predecessor]:
+    """The demands an OrderBy names, among `user`'s own (another user's demand of that id
+    is not seen: for this user it is not submitted), each with its state and, while it
+    is active, its plan end; an id not submitted has none (Predecessor.state None)."""
+    found = await predecessors_of(conn, [(user, i) for i in ids])
+    return {i: found[(user, i)] for i in ids}
+
+
+async def predecessors_of(
+    conn: Conn, keys: Sequence[tuple[str, str]]
+) -> dict[tuple[str, str], Predecessor]:
+    """`predecessors` for many (user, demand id) pairs at once (a page of demands)."""
+    out = {key: Predecessor(key[1], None) for key in keys}
+    if not keys:
+        return out
     cur = await conn.execute(
-        "SELECT demand_id, state FROM demand WHERE user_name = %s AND demand_id = ANY(%s)",
-        (user, list(ids)),
+        "SELECT user_name, demand_id, state, plan_end FROM demand"
+        " WHERE (user_name, demand_id) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
+        ([u for u, _ in keys], [i for _, i in keys]),
     )
-    out: dict[str, bool | None] = dict.fromkeys(ids)
-    for demand_id, state in await cur.fetchall():
-        out[demand_id] = {"FINISHED": True, "FAILED": False}.get(state)
+    for user, demand_id, state, plan_end in await cur.fetchall():
+        s = DemandState(state)
+        out[(user, demand_id)] = Predecessor(demand_id, s, plan_end if s.active else None)
     return out
-
-
-async def planned_ends(conn: Conn, user: str, ids: Sequence[str]) -> dict[str, datetime | None]:
-    """The plan ends of `user`'s named demands that are still active."""
-    cur = await conn.execute(
-        "SELECT demand_id, plan_end FROM demand"
-        " WHERE user_name = %s AND demand_id = ANY(%s) AND state = ANY(%s)",
-        (user, list(ids), ACTIVE),
-    )
-    return {demand_id: end for demand_id, end in await cur.fetchall()}
 
 
 async def order_edges(conn: Conn, user: str, ids: Sequence[str]) -> dict[str, tuple[str, ...]]:

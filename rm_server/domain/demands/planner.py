@@ -20,7 +20,7 @@ past a loose one, fails unclaimed allocations, and watches Duration and DeadLine
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -40,6 +40,7 @@ from rm_server.domain.demands.timelang import (
     order_value,
     segments,
 )
+from rm_server.domain.demands.waits import ORDER_BY_MISSING
 from rm_server.domain.errors import DomainError
 from rm_server.domain.resources import Resource, ResourceError
 
@@ -51,6 +52,9 @@ class PlannerSettings:
     claim_timeout: timedelta = timedelta(minutes=5)  # ALLOCATED -> released and FAILED
     loose_slip: timedelta = timedelta(minutes=15)  # how far a loose demand may slip
     default_duration: timedelta = timedelta(hours=1)  # plan hold without Duration/DeadLine
+    # How long a demand without an end to its window waits for a demand its OrderBy names
+    # to be submitted (ORDER_BY_MISSING past it; with an end, the window bounds the wait).
+    order_by_timeout: timedelta = timedelta(hours=1)
 
 
 @dataclass(frozen=True)
@@ -306,6 +310,17 @@ def _fmt(at: datetime) -> str:
     return at.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def order_bound(d: DemandView, settings: PlannerSettings) -> datetime:
+    """The instant by which the demands its OrderBy names must have been submitted: the
+    end of its window (plus the slip bound when loose), or, when its window has no end,
+    ``order_by_timeout`` after its submission. Past it, a demand whose OrderBy can only
+    hold once a demand not submitted yet exists FAILS (ORDER_BY_MISSING)."""
+    end = last_instant(ignore_rounds(d.window), d.submitted)
+    if end is None:
+        return d.submitted + settings.order_by_timeout
+    return end + settings.loose_slip if d.strategy is Strategy.LOOSE else end
+
+
 def decide(
     d: DemandView,
     now: datetime,
@@ -314,10 +329,12 @@ def decide(
     ticket: TicketStatus | None = None,
     *,
     round_start: datetime | None = None,
+    missing: Collection[str] = (),
 ) -> Decision:
     """The next step for one demand at ``now``.
 
-    ``finished`` maps each OrderBy id to True (FINISHED), False (FAILED) or None; ``ticket``
+    ``finished`` maps each OrderBy id to True (FINISHED), False (FAILED) or None;
+    ``missing``: the OrderBy ids of which no demand was submitted (by this user); ``ticket``
     is the state of the demand's ticket (ALLOCATED and MONITORING demands).
     ``round_start``: the start of the planner pass this round belongs to (default ``now``).
     The next round is dated one ``round_length`` after it, not after ``now``: passes start
@@ -327,7 +344,7 @@ def decide(
     S = DemandState
     soon = (round_start or now) + settings.round_length
     if d.state in (S.ACCEPTED, S.ALLOCATING):
-        return _before_allocation(d, now, soon, settings, dict(finished or {}))
+        return _before_allocation(d, now, soon, settings, dict(finished or {}), missing)
     if d.state is S.ALLOCATED:
         assert ticket is not None and d.claim_expires_at is not None
         if not ticket.live:
@@ -375,6 +392,7 @@ def _before_allocation(
     soon: datetime,
     settings: PlannerSettings,
     finished: dict[str, bool | None],
+    missing: Collection[str] = (),
 ) -> Decision:
     S = DemandState
     satisfied: bool | None = True
@@ -384,6 +402,16 @@ def _before_allocation(
             failed = [i for i in order_ids(d.order) if finished.get(i) is False]
             return Decision(
                 Action.FAIL, "OrderBy can no longer be satisfied: " + ", ".join(failed) + " FAILED"
+            )
+        absent = [i for i in order_ids(d.order) if i in missing]
+        # Only if it cannot hold without them: {OR: [a, b]} with b submitted waits for b.
+        needs_absent = order_value(d.order, {**finished, **dict.fromkeys(absent, False)}) is False
+        bound = order_bound(d, settings)
+        if satisfied is None and absent and needs_absent and now > bound:
+            return Decision(
+                Action.FAIL,
+                f"{ORDER_BY_MISSING}: OrderBy names {', '.join(absent)}, not submitted"
+                f" by {_fmt(bound)}",
             )
     open_now = holds(d.window, now, d.rounds)
     closed = not may_hold(d.window, now, d.rounds)
