@@ -71,6 +71,10 @@ class DemandSettings:
     blocked_batch: int = 10_000  # unchanged blocked demands per pass at most (one UPDATE)
 
 
+class LateAllocation(Exception):
+    """An allocation whose transaction would commit after the time it is recorded at."""
+
+
 @dataclass(frozen=True)
 class Refused:
     """A demand's refused allocation: the capacity of its labels then, and the demand as
@@ -420,9 +424,15 @@ class DemandManager:
             # round may re-plan, reserve, allocate and move its occupation, in any order.
             await store.lock_plan(conn, d.charged_labels)
         before = d
+        soon = start + self.planner.round_length
         try:
             async with conn.transaction():  # a savepoint: an error undoes the half-done round
                 d = await self._decide_and_act(conn, d, start)
+                if before.allocated_at is None and d.allocated_at is not None:
+                    self._committing_in_time(d.allocated_at)  # its occupation is written
+        except LateAllocation as late:  # undone: allocated again in a round that is on time
+            log.warning("demand %s: %s; tried again next round", before.demand_id, late)
+            d = await store.update(conn, before, self.clock.now(), next_check_at=soon)
         except LabelrmError as err:  # e.g. its resource no longer matches a label
             log.warning("demand %s failed: %s", before.demand_id, err.message)
             d = await self._fail(conn, before, f"planner: {err.message}", self.clock.now())
@@ -431,15 +441,31 @@ class DemandManager:
                 raise  # the whole transaction is retried
             # A bug must not stall every other demand: log it, look again next round.
             log.exception("planner round of demand %s failed", before.demand_id)
-            now = self.clock.now()
-            soon = start + self.planner.round_length
-            d = await store.update(conn, before, now, next_check_at=soon)
-        if d.state.active:
-            now = self.clock.now()
-            occupied = plan.occupation(d.view(), now, self.planner)
-            if occupied != (d.plan_start, d.plan_end):  # under the plan's locks (above)
-                d = await store.update(conn, d, now, plan_start=occupied[0], plan_end=occupied[1])
+            d = await store.update(conn, before, self.clock.now(), next_check_at=soon)
+        await self._occupy(conn, d)
         return 1
+
+    async def _occupy(self, conn: Conn, d: Demand) -> Demand:
+        """Move an active demand's occupation of the plan to where it is now (the round
+        holds the plan's locks)."""
+        if not d.state.active:
+            return d
+        now = self.clock.now()
+        occupied = plan.occupation(d.view(), now, self.planner)
+        if occupied == (d.plan_start, d.plan_end):
+            return d
+        return await store.update(conn, d, now, plan_start=occupied[0], plan_end=occupied[1])
+
+    def _committing_in_time(self, allocated_at: datetime) -> None:
+        """An allocation is recorded at the latest instant its commit may land: give it up
+        (LateAllocation) unless the commit, which follows at once, has half the commit
+        margin left to land by then (a pass slowed down by a busy replica or database)."""
+        late = self.clock.now() - (allocated_at - self.planner.commit_margin / 2)
+        if late > timedelta(0):
+            raise LateAllocation(
+                f"its allocation was not committing within the commit margin"
+                f" ({self.planner.commit_margin}, {late} late)"
+            )
 
     async def _decide_and_act(self, conn: Conn, d: Demand, start: datetime) -> Demand:
         for _ in range(MAX_STEPS):
@@ -560,9 +586,12 @@ class DemandManager:
         if refused is not None and not more_room(refused.capacity, capacity):
             return await store.update(conn, d, now, rounds=d.rounds + 1, next_check_at=soon)
         core = self.core
+        # Recorded as allocated when it becomes visible: by its commit, at the latest the
+        # decision plus the commit margin (decide() checked the window holds then too).
+        at = now + self.planner.commit_margin
         # The ticket must outlive the claim window: LOCKED tickets are reclaimed after the
         # lock timeout, counted here from the end of the claim timeout.
-        expires = now + self.planner.claim_timeout + core.settings.lock_timeout
+        expires = at + self.planner.claim_timeout + core.settings.lock_timeout
         cmd = ticket_store.ApplyCommand(
             ticket_id=core.new_id("t"),
             user=d.user,
@@ -578,17 +607,21 @@ class DemandManager:
         outcome = await store.allocate(conn, d, cmd)
         if isinstance(outcome, Ticket):
             self._blocked.pop(key, None)
+            d = replace(d, allocated_at=at)  # its occupation from then, in the same UPDATE
+            plan_start, plan_end = plan.occupation(d.view(), at, self.planner)
             return await store.move(
                 conn,
                 d,
                 S.ALLOCATED,
                 f"allocated ticket {outcome.ticket_id} ({decision.reason})",
-                now,
+                at,
                 ticket_id=outcome.ticket_id,
-                allocated_at=now,
-                claim_expires_at=now + self.planner.claim_timeout,
+                allocated_at=at,
+                claim_expires_at=at + self.planner.claim_timeout,
                 reserved_labels=(),
                 next_check_at=soon,
+                plan_start=plan_start,
+                plan_end=plan_end,
             )
         if len(self._blocked) >= MAX_BLOCKED:
             self._blocked.clear()

@@ -185,7 +185,8 @@ async def test_window_honoured_reserved_allocated_claimed_finished(drm):
     await drm.tick(30)  # T+10m
     d = await drm.get("d1")
     assert d.state == S.DEMAND_STATE_ALLOCATED and d.ticket_id
-    assert d.allocate_time.ToDatetime(tzinfo=t0.tzinfo) == t0 + timedelta(minutes=10)
+    # Recorded when it becomes visible: at the latest, the decision plus the commit margin.
+    assert d.allocate_time.ToDatetime(tzinfo=t0.tzinfo) == t0 + timedelta(minutes=10, seconds=0.25)
     label = await label_state(drm.rm, USER)
     assert label.locked_resource.load.memory_bytes == 3 * GiB
     claimed = await drm.claim("d1")
@@ -278,11 +279,13 @@ async def test_a_demand_is_allocated_at_its_planned_start_or_refused_at_submit(d
     assert first.state == S.DEMAND_STATE_ALLOCATED
     await drm.claim("first")
     # Next to `first` the plan has room from the end of its occupation plus a lead time:
-    # a start there falls 5 ms before the first window closes, a round before the second.
+    # a start there falls 5 ms before the first window closes, a round and the commit
+    # margin (0.25 s) before the second.
     edge = first.plan_end_time.ToDatetime(tzinfo=tz) + timedelta(seconds=LEAD)
     opens = (t0 + timedelta(minutes=1)).isoformat()
     accepted, refused = [], []
-    for name, slack in (("edge", timedelta(milliseconds=5)), ("margin", timedelta(seconds=ROUND))):
+    margin = timedelta(seconds=ROUND + 0.25)
+    for name, slack in (("edge", timedelta(milliseconds=5)), ("margin", margin)):
         text = f'{{Start: ["{opens}", "{(edge + slack).isoformat()}"], Duration: +1m}}'
         try:
             resp = await drm.submit(name, 3, text)
@@ -518,7 +521,10 @@ async def test_unclaimed_allocation_is_released_and_failed(drm):
     await drm.tick()
     d = await drm.get("d")
     assert d.state == S.DEMAND_STATE_ALLOCATED
-    await drm.tick(CLAIM - ROUND)
+    # The claim timeout counts from allocate_time (when the allocation became visible).
+    expires = d.claim_expire_time.ToDatetime(tzinfo=drm.clock.now().tzinfo)
+    assert expires == d.allocate_time.ToDatetime(tzinfo=expires.tzinfo) + timedelta(seconds=CLAIM)
+    await drm.tick((expires - drm.clock.now()).total_seconds() - 1)
     assert await drm.state("d") == S.DEMAND_STATE_ALLOCATED
     await drm.tick(ROUND)
     failed = await drm.get("d")

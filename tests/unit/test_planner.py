@@ -202,7 +202,10 @@ def test_window_honoured_reserve_at_lead_then_allocate_inside():
     allocating = replace(d, state=S.ALLOCATING)
     assert decide(allocating, m(9.5), SET).action is Action.WAIT  # lead time: not yet
     assert decide(allocating, m(10), SET).action is Action.ALLOCATE
-    assert decide(allocating, m(20), SET).action is Action.ALLOCATE
+    last = m(20) - SET.commit_margin  # recorded at + the margin: still inside
+    assert decide(allocating, last, SET).action is Action.ALLOCATE
+    # Closer to the end, the allocation could become visible after it: not made.
+    assert decide(allocating, m(20), SET).action is Action.WAIT
 
 
 def test_strict_fails_when_the_window_closes():
@@ -295,8 +298,9 @@ def test_never_allocates_outside_the_window_or_the_slip(start, length, probe, ro
         assert now >= d.planned_start
         if loose:
             assert now <= m(start + length) + SET.loose_slip
-        else:
+        else:  # decided in the window, and visible (recorded) in it too
             assert holds(window, now, rounds)
+            assert holds(window, now + SET.commit_margin, rounds)
 
 
 # ----- an admitted demand is allocated, never planned too close to its window's end --------

@@ -55,6 +55,11 @@ class PlannerSettings:
     # How long a demand without an end to its window waits for a demand its OrderBy names
     # to be submitted (ORDER_BY_MISSING past it; with an end, the window bounds the wait).
     order_by_timeout: timedelta = timedelta(hours=1)
+    # An allocation becomes visible when its transaction commits, a little after it is
+    # decided: it is recorded at the decision plus this margin, the latest instant the
+    # commit may land (the round gives it up if it is not committing by then), and made
+    # only if its window still holds then. Less than half a round.
+    commit_margin: timedelta = timedelta(milliseconds=250)
 
 
 @dataclass(frozen=True)
@@ -142,10 +147,11 @@ def window_segments(
 ) -> list[tuple[datetime, datetime | None]]:
     """The instants at which ``c`` may be planned to start, loose slip included.
 
-    Each segment ends one round before the instant by which the demand must be allocated
-    (the window's end, plus the slip bound when loose, or the latest start a strict
-    deadline allows): the planner looks at a demand once per round, so a start planned
-    closer to that end could be looked at only after it, and never be allocated.
+    Each segment ends one round and the commit margin before the instant by which the
+    demand must be allocated (the window's end, plus the slip bound when loose, or the
+    latest start a strict deadline allows): the planner looks at a demand once per round,
+    and an allocation is visible up to the commit margin after it is decided, so a start
+    planned closer to that end could be looked at or seen only after it.
     """
     since = max(c.submitted, c.not_before or c.submitted)
     timed = estimate_rounds(c.window, c.submitted, settings.round_length)
@@ -164,7 +170,9 @@ def window_segments(
     latest = c.hold.latest_start()
     if latest is not None:
         segs = [(a, b if b is not None and b < latest else latest) for a, b in segs if a <= latest]
-    margin = settings.round_length
+    # A round may look at it up to a round late, and an allocation it then makes is
+    # visible up to the commit margin later still (decide).
+    margin = settings.round_length + settings.commit_margin
     return [(a, None if b is None else b - margin) for a, b in segs if b is None or b - margin >= a]
 
 
@@ -233,7 +241,8 @@ def place(
     if not segs:
         return PlanRefusal(
             "its start window has already closed, never opens, or leaves less than one"
-            f" scheduling round ({settings.round_length}) to allocate it"
+            f" scheduling round ({settings.round_length}) and the commit margin"
+            f" ({settings.commit_margin}) to allocate it"
         )
     ends = sorted({e.end + settings.lead_time for e in entries if e.end is not None})
     first_shortfalls: list[Shortfall] | None = None
@@ -413,7 +422,11 @@ def _before_allocation(
                 f"{ORDER_BY_MISSING}: OrderBy names {', '.join(absent)}, not submitted"
                 f" by {_fmt(bound)}",
             )
+    # Open now and still when the allocation, recorded at now + commit_margin, is visible.
     open_now = holds(d.window, now, d.rounds)
+    visible = d.strategy is Strategy.LOOSE or holds(  # a loose one may slip past anyway
+        d.window, now + settings.commit_margin, d.rounds
+    )
     closed = not may_hold(d.window, now, d.rounds)
     slipping = False
     if closed:
@@ -443,7 +456,7 @@ def _before_allocation(
         if d.order is not None:  # placed after its predecessors' *planned* ends; they are done
             return Decision(Action.REPLAN, "OrderBy satisfied", next_check=min(soon, reserve_at))
         return Decision(Action.WAIT, next_check=reserve_at)
-    if (open_now or slipping) and now >= d.planned_start:
+    if ((open_now and visible) or slipping) and now >= d.planned_start:
         return Decision(Action.ALLOCATE, "slipping (loose)" if slipping else "window open")
     if now < d.planned_start:  # its first try is at its planned start, not a round after
         return Decision(Action.WAIT, next_check=min(soon, d.planned_start))
