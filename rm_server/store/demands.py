@@ -22,7 +22,12 @@ import psycopg
 from rm_server.domain import ledger
 from rm_server.domain.demands import codec
 from rm_server.domain.demands.model import Demand
-from rm_server.domain.demands.planner import LabelCapacity, PlanEntry, TicketStatus
+from rm_server.domain.demands.planner import (
+    LabelCapacity,
+    PlanEntry,
+    PlannerSettings,
+    TicketStatus,
+)
 from rm_server.domain.demands.state import DemandState, Transition, step
 from rm_server.domain.demands.timelang import order_ids
 from rm_server.domain.demands.waits import Predecessor
@@ -56,7 +61,7 @@ COLUMNS = (
     "demand_id, state, reason, user_name, labels, charged_labels, resource, conditions,"
     " submitted_at, planned_start, plan_start, plan_end, slip_seconds, rounds, closed_at,"
     " reserved_labels, ticket_id, allocated_at, claim_expires_at, claimed_at, ended_at,"
-    " overruns, next_check_at, updated_at, definition_hash"
+    " overruns, next_check_at, updated_at, definition_hash, parked_at"
 )
 # Columns a use case may change besides the state (never the definition).
 _MUTABLE = frozenset(
@@ -74,6 +79,7 @@ _MUTABLE = frozenset(
         "ended_at",
         "overruns",
         "next_check_at",
+        "parked_at",
     }
 )
 
@@ -105,6 +111,7 @@ def from_row(row: Sequence[Any], events: tuple[Transition, ...] = ()) -> Demand:
         next_check,
         updated,
         digest,
+        parked_at,
     ) = row
     return Demand(
         demand_id=demand_id,
@@ -133,6 +140,7 @@ def from_row(row: Sequence[Any], events: tuple[Transition, ...] = ()) -> Demand:
         updated_at=updated,
         definition_hash=bytes(digest),
         events=events,
+        parked_at=parked_at,
     )
 
 
@@ -278,25 +286,51 @@ async def lock_order_graph(conn: Conn) -> None:
     await conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (ORDER_LOCK,))
 
 
+# A demand's occupation of the plan from `since`: its stored one, or, parked, the one it
+# has from then on (planner.occupation: from max(planned start, since), one lead time
+# before, for its hold: its duration, else until its DeadLine while ahead, else the
+# default); demands planned in the same round share their times, and so their group.
+_OCCUPATION = """
+SELECT charged_labels, resource, count(*),
+  CASE WHEN parked_at IS NULL THEN plan_start ELSE s - %(lead)s END AS plan_start,
+  CASE WHEN parked_at IS NULL THEN plan_end
+       WHEN park_hold_seconds IS NOT NULL THEN s + make_interval(secs => park_hold_seconds)
+       WHEN park_deadline > s THEN park_deadline
+       ELSE s + %(default)s END AS plan_end
+FROM (SELECT *, greatest(planned_start, %(since)s) AS s FROM demand
+      WHERE charged_labels && %(labels)s::text[] AND state = ANY(%(active)s)
+      AND NOT (user_name = %(user)s AND demand_id = %(demand_id)s)) d
+GROUP BY charged_labels, resource, 4, 5
+"""
+
+
 async def plan_entries(
-    conn: Conn, labels: Sequence[str], since: datetime, leaving_out: tuple[str, str]
+    conn: Conn,
+    labels: Sequence[str],
+    since: datetime,
+    leaving_out: tuple[str, str],
+    planner: PlannerSettings,
 ) -> list[PlanEntry]:
     """The plan on any of ``labels`` from ``since``: the occupations of its active demands
     not ended by then, but for the demand ``leaving_out`` (user, demand id), grouped by
-    labels, resource and times (a group's resource is their sum). The demands the planner
-    passes over in a round are all planned from that round's time, so a label with many
-    blocked demands yields a handful of groups, not a row each."""
+    labels, resource and times (a group's resource is their sum). Parked demands occupy
+    it from ``since`` on (``_OCCUPATION``), so blocked ones share their times: a label
+    with many blocked demands yields a handful of groups, not a row each."""
     cur = await conn.execute(
-        "SELECT charged_labels, resource, plan_start, plan_end, count(*) FROM demand"
-        " WHERE charged_labels && %s::text[] AND state = ANY(%s)"
-        " AND (plan_end IS NULL OR plan_end > %s)"
-        " AND NOT (user_name = %s AND demand_id = %s)"
-        " GROUP BY charged_labels, resource, plan_start, plan_end",
-        (list(labels), ACTIVE, since, *leaving_out),
+        f"SELECT * FROM ({_OCCUPATION}) o WHERE plan_end IS NULL OR plan_end > %(since)s",  # noqa: S608
+        {
+            "labels": list(labels),
+            "active": ACTIVE,
+            "since": since,
+            "user": leaving_out[0],
+            "demand_id": leaving_out[1],
+            "lead": planner.lead_time,
+            "default": planner.default_duration,
+        },
     )
     return [
         PlanEntry(tuple(charged), res(resource) * count, start, end)
-        for charged, resource, start, end, count in await cur.fetchall()
+        for charged, resource, count, start, end in await cur.fetchall()
     ]
 
 
@@ -347,7 +381,7 @@ async def insert(conn: Conn, d: Demand) -> bool:
     cur = await conn.execute(
         f"INSERT INTO demand ({COLUMNS}, order_by_ids) VALUES"  # noqa: S608
         " (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
-        "  %s, %s, %s, %s, %s, %s) ON CONFLICT (user_name, demand_id) DO NOTHING"
+        "  %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (user_name, demand_id) DO NOTHING"
         " RETURNING 1",
         (
             d.demand_id,
@@ -375,6 +409,7 @@ async def insert(conn: Conn, d: Demand) -> bool:
             d.next_check_at,
             d.updated_at,
             d.definition_hash,
+            d.parked_at,
             named,
         ),
     )

@@ -414,8 +414,11 @@ async def test_the_plan_reads_demands_planned_alike_as_one_group(drm):
     label = (await label_state(drm.rm, USER)).label
     now = drm.clock.now()
     async with await psycopg.AsyncConnection.connect(drm.rm.database_url) as conn:
-        plan = await demand_store.plan_entries(conn, [label], now, ("alice", "nobody"))
-        without_one = await demand_store.plan_entries(conn, [label], now, ("alice", names[0]))
+        planner = drm.manager.planner
+        plan = await demand_store.plan_entries(conn, [label], now, ("alice", "nobody"), planner)
+        without_one = await demand_store.plan_entries(
+            conn, [label], now, ("alice", names[0]), planner
+        )
     assert len(plan) == 1 and len(without_one) == 1
     assert plan[0].resource.get("memory_bytes") == 12 * GiB // 4
     assert without_one[0].resource.get("memory_bytes") == 11 * GiB // 4

@@ -11,7 +11,9 @@ from rm_server.domain.demands.planner import (
     DemandView,
     Hold,
     PlannerSettings,
+    occupation,
     order_bound,
+    passes_since,
 )
 from rm_server.domain.demands.state import DemandState, Transition
 from rm_server.domain.demands.timelang import (
@@ -125,6 +127,9 @@ class Demand:
     definition_hash: bytes
     events: tuple[Transition, ...] = ()
     order_wait: OrderWait | None = None  # what its OrderBy waits for (reads only)
+    # Parked since the pass that began then (planner.park_until): its passed-over rounds
+    # count on with the time, and it occupies the plan from now on.
+    parked_at: datetime | None = None
 
     def view(self) -> DemandView:
         c = self.conditions
@@ -163,3 +168,17 @@ def with_order_wait(
     named = {i: found[(user, i)] for user, i in keys if (user, i) in found}
     view = d.view()
     return replace(d, order_wait=order_wait(view.order, named, order_bound(view, settings)))
+
+
+def as_of(d: Demand, now: datetime, settings: PlannerSettings) -> Demand:
+    """``d`` as it stands at ``now``: a parked demand with the rounds it has been passed
+    over since it was parked, and its occupation of the plan from now (what the planner
+    would have written, round after round, had it not parked it)."""
+    if d.parked_at is None or not d.state.active:
+        return d
+    rounds = d.rounds
+    if d.state is DemandState.ALLOCATING:
+        rounds += passes_since(d.parked_at, now, settings.round_length)
+    view = replace(d.view(), rounds=rounds)
+    start, end = occupation(view, now, settings)
+    return replace(d, rounds=rounds, plan_start=start, plan_end=end)

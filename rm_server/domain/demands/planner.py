@@ -28,9 +28,11 @@ from labelrm_common.quantity import Shortfall
 from rm_server.domain.admission import label_shortfalls
 from rm_server.domain.demands.state import DemandState
 from rm_server.domain.demands.timelang import (
+    EPSILON,
     Expr,
     OrderBy,
     Strategy,
+    breakpoints,
     estimate_rounds,
     holds,
     ignore_rounds,
@@ -277,6 +279,7 @@ class Action(enum.StrEnum):
     FINISH = "FINISH"
     OVERRUN = "OVERRUN"  # record a Duration/DeadLine overrun; release it too if enforced
     REPLAN = "REPLAN"  # OrderBy satisfied before its planned start: try to place it earlier
+    PARK = "PARK"  # wait for its OrderBy: no round until a predecessor ends, or next_check
 
 
 @dataclass(frozen=True)
@@ -448,8 +451,10 @@ def _before_allocation(
             )
         slipping = True
     if d.state is S.ACCEPTED:
-        if satisfied is None:  # waiting for the demands it is ordered after
-            return Decision(Action.WAIT, next_check=soon)
+        if satisfied is None:  # waiting for the demands it is ordered after: parked
+            return Decision(
+                Action.PARK, next_check=park_until(d, now, soon - settings.round_length, settings)
+            )
         reserve_at = d.planned_start - settings.lead_time
         if now >= reserve_at:
             return Decision(Action.RESERVE, "lead time before its planned start")
@@ -476,3 +481,37 @@ def occupation(
         return d.allocated_at, max(end, now + settings.round_length)
     start = max(d.planned_start, now)
     return start - settings.lead_time, d.hold.end(start, settings)
+
+
+# ----- parked demands -------------------------------------------------------------------------
+
+# The longest a parked demand goes without a round: a backstop, should what would wake it
+# (a change on its labels, a predecessor's end) be missed, e.g. by a replica that died.
+PARK_HORIZON = timedelta(minutes=15)
+
+
+def passes_since(parked_at: datetime, at: datetime, round_length: timedelta) -> int:
+    """The planner passes (one per ``round_length``) due after the one that parked a
+    demand at ``parked_at``, by ``at``: the rounds it has been passed over since."""
+    return max(0, int((at - parked_at) / round_length))
+
+
+def park_until(
+    d: DemandView, now: datetime, round_start: datetime, settings: PlannerSettings
+) -> datetime:
+    """The first instant after ``now`` at which a parked demand's decision may change
+    while nothing it waits for does (its labels' room, its predecessors): an end of its
+    window (then just after), the pass in which ``^N`` runs out (``d.rounds``: counted
+    up to this round's), the end of a loose slip, its OrderBy bound (planner.order_bound),
+    or the horizon. It gets a round then; a change it waits for wakes it earlier."""
+    times, counts = breakpoints(d.window)
+    length = settings.round_length
+    candidates = [round_start + PARK_HORIZON]
+    candidates += [t for at in times for t in (at, at + EPSILON)]
+    # In the pass (counted from this one) where rounds passed over exceed the count.
+    candidates += [round_start + length * (c - d.rounds + 2) for c in counts if c + 1 >= d.rounds]
+    if d.closed_at is not None:
+        candidates.append(d.closed_at + settings.loose_slip + EPSILON)
+    if d.order is not None:
+        candidates.append(order_bound(d, settings) + EPSILON)
+    return min(t for t in candidates if t > now)
