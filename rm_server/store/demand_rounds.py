@@ -72,13 +72,16 @@ async def blocked_keys(conn: Conn) -> set[tuple[str, str]]:
 
 
 async def wake(conn: Conn, keys: Sequence[tuple[str, str]], at: datetime) -> int:
-    """Make the parked demands ``keys`` due at ``at``: one statement; how many."""
+    """Make the parked demands ``keys`` due at ``at``: one statement; how many. A row
+    another transaction holds (a cancel, a claim) is skipped, not waited for: still
+    parked after it, the next pass finds it unknown (BlockedIndex) and wakes it then."""
     if not keys:
         return 0
     cur = await conn.execute(
-        "UPDATE demand SET next_check_at = %s WHERE parked_at IS NOT NULL"
-        " AND (user_name, demand_id) IN (SELECT * FROM unnest(%s::text[], %s::text[]))"
-        " AND next_check_at > %s",
+        "UPDATE demand d SET next_check_at = %s FROM (SELECT user_name, demand_id FROM demand"
+        "  WHERE (user_name, demand_id) IN (SELECT * FROM unnest(%s::text[], %s::text[]))"
+        "  AND parked_at IS NOT NULL AND next_check_at > %s FOR UPDATE SKIP LOCKED) k"
+        " WHERE d.user_name = k.user_name AND d.demand_id = k.demand_id",
         (at, [u for u, _ in keys], [i for _, i in keys], at),
     )
     return cur.rowcount
