@@ -24,7 +24,11 @@ from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as pb
 
 from labelrm_common import pki, tokens
+from rm_server.domain.engineconn import EcState, EngineConn
+from rm_server.domain.resources import Resource
 from rm_server.security.limits import RATE_LIMITED, TOO_MANY_AUTH_FAILURES, TOO_MANY_STREAMS
+from rm_server.store import engineconns as ec_store
+from rm_server.store.db import Idempotency
 from tests.helpers import GiB, beat_on_stream, lbl, load_instance, register, wait_until
 from tests.integration.security_fixtures import Pki, make_pki, start_secure, stop_secure
 from tests.integration.test_security import reason_of
@@ -328,6 +332,66 @@ async def test_one_users_flood_is_rate_limited_without_starving_others(database_
         health = health_pb2_grpc.HealthStub(srm.channel())
         status = await health.Check(health_pb2.HealthCheckRequest(), timeout=10)
         assert status.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        await stop_secure(srm)
+
+
+async def engine_conn_of(srm: Any, ec_id: str, user: str) -> tuple[str, str]:
+    """An IDLE EngineConn `ec_id` of `user` in the RM's database, and the certificate the
+    RM's issuing CA gives it (what its launch material holds)."""
+    now = srm.server.core.clock.now()
+    ec = EngineConn(
+        ec_id=ec_id, state=EcState.IDLE, user=user, labels=tuple(), params={},
+        engine="shell", resource=Resource.load_instance(GiB, 100, 1), created_at=now,
+        updated_at=now,
+    )  # fmt: skip
+    idem = Idempotency.of("CreateEngineConn", f"req-{ec_id}", b"")
+    await srm.server.core.db.run(lambda c: ec_store.claim_ec(c, ec, idem))
+    root = Path(srm.pki.root)
+    pki.save(
+        root, pki.file_stem("engineconn", ec_id), pki.issue(pki.load_ca(root), "engineconn", ec_id)
+    )
+    return srm.pki.cert("engineconn", ec_id)
+
+
+async def test_engineconn_certificates_count_against_their_owners_rate(database_url, keys):
+    """A user floods ReportEngineConnState with their EngineConn's certificate: the calls
+    count against the rate of the owner's EngineConns, as the owner's token calls count
+    against the owner's."""
+    srm = await start_secure(database_url, keys, call_rate=0.1, call_burst=10)
+    try:
+        certs = {
+            ec_id: await engine_conn_of(srm, ec_id, user)
+            for ec_id, user in (("ec-a1", "alice"), ("ec-a2", "alice"), ("ec-b1", "bob"))
+        }
+
+        def stubs(ec_id: str) -> Any:
+            return srm.stubs(srm.channel(cert=certs[ec_id], agent_port=True))
+
+        def report(ec_id: str) -> ec_pb.ReportEngineConnStateRequest:
+            return ec_pb.ReportEngineConnStateRequest(
+                engine_conn_id=ec_id, state=ec_pb.ENGINE_CONN_STATE_IDLE, address="127.0.0.1:9"
+            )
+
+        flood = stubs("ec-a1")
+        refused = 0
+        for _ in range(600):
+            try:
+                await flood.ecs.ReportEngineConnState(report("ec-a1"), timeout=10)
+            except grpc.aio.AioRpcError as exc:
+                assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, exc.details()
+                assert reason_of(exc) == RATE_LIMITED and "call_rate" in (exc.details() or "")
+                refused += 1
+        assert refused >= 580  # a burst of 10, then one call in ten seconds
+        # The owner's other EngineConn draws on the same rate: refused at once.
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stubs("ec-a2").ecs.ReportEngineConnState(report("ec-a2"), timeout=10)
+        assert reason_of(err.value) == RATE_LIMITED
+        assert "EngineConns of user 'alice'" in (err.value.details() or "")
+        # Another user's EngineConn, and alice's own token calls, are served meanwhile.
+        await stubs("ec-b1").ecs.ReportEngineConnState(report("ec-b1"), timeout=10)
+        alice = srm.stubs(srm.channel("alice"))
+        await alice.ecs.ListEngineConns(ec_pb.ListEngineConnsRequest(), timeout=10)
     finally:
         await stop_secure(srm)
 
