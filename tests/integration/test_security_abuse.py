@@ -24,13 +24,15 @@ from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as pb
 
 from labelrm_common import pki, tokens
-from rm_server.domain.engineconn import EcState, EngineConn
-from rm_server.domain.resources import Resource
 from rm_server.security.limits import RATE_LIMITED, TOO_MANY_AUTH_FAILURES, TOO_MANY_STREAMS
-from rm_server.store import engineconns as ec_store
-from rm_server.store.db import Idempotency
 from tests.helpers import GiB, beat_on_stream, lbl, load_instance, register, wait_until
-from tests.integration.security_fixtures import Pki, make_pki, start_secure, stop_secure
+from tests.integration.security_fixtures import (
+    Pki,
+    engine_conn_of,
+    make_pki,
+    start_secure,
+    stop_secure,
+)
 from tests.integration.test_security import reason_of
 
 ALICE = "userCreator=alice-IDE,engineType=spark-3.2.1"
@@ -334,24 +336,6 @@ async def test_one_users_flood_is_rate_limited_without_starving_others(database_
         assert status.status == health_pb2.HealthCheckResponse.SERVING
     finally:
         await stop_secure(srm)
-
-
-async def engine_conn_of(srm: Any, ec_id: str, user: str) -> tuple[str, str]:
-    """An IDLE EngineConn `ec_id` of `user` in the RM's database, and the certificate the
-    RM's issuing CA gives it (what its launch material holds)."""
-    now = srm.server.core.clock.now()
-    ec = EngineConn(
-        ec_id=ec_id, state=EcState.IDLE, user=user, labels=tuple(), params={},
-        engine="shell", resource=Resource.load_instance(GiB, 100, 1), created_at=now,
-        updated_at=now,
-    )  # fmt: skip
-    idem = Idempotency.of("CreateEngineConn", f"req-{ec_id}", b"")
-    await srm.server.core.db.run(lambda c: ec_store.claim_ec(c, ec, idem))
-    root = Path(srm.pki.root)
-    pki.save(
-        root, pki.file_stem("engineconn", ec_id), pki.issue(pki.load_ca(root), "engineconn", ec_id)
-    )
-    return srm.pki.cert("engineconn", ec_id)
 
 
 async def test_engineconn_certificates_count_against_their_owners_rate(database_url, keys):

@@ -55,14 +55,14 @@ async def test_engineconn_reports_with_the_certificate_the_rm_issued(cluster, ag
     assert (Path(ec.work_dir) / SECRET_FILE).read_text() == ec.secret
     assert ec.secret not in (Path(ec.work_dir) / LAUNCH_SCRIPT).read_text()
     assert _environs_holding(ec.secret.encode()) == []
-    # Another user can neither see nor stop it; its owner can.
+    # Another user can neither see nor stop it (it does not exist for them); its owner can.
     for rpc, req in (
         (other.ecs.GetEngineConn, ec_pb.GetEngineConnRequest(engine_conn_id=ec.engine_conn_id)),
         (other.ecs.KillEngineConn, ec_pb.KillEngineConnRequest(engine_conn_id=ec.engine_conn_id)),
     ):
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await rpc(req)
-        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
     listed = (await other.ecs.ListEngineConns(ec_pb.ListEngineConnsRequest())).engine_conns
     assert listed == []
     # So only the owner (and admins) learn the executor's secret, which it requires.
