@@ -101,6 +101,9 @@ def _get_blocking(srm: Any, path: str, token: str | None, method: str = "GET") -
     context = ssl.create_default_context(cafile=srm.pki.ca)
     context.check_hostname = False
     req = urllib.request.Request(_url(srm).rstrip("/") + path, method=method)
+    if method == "POST":  # as the console's page sends a change (rm_server/console/guard.py)
+        req.add_header("Origin", _url(srm).rstrip("/"))
+        req.add_header("X-Labelrm-Console", "1")
     if token is not None:
         req.add_header("Authorization", f"Bearer {token}")
     try:

@@ -5,6 +5,9 @@ attack as a hostile tenant would run it and asserts that it fails."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
@@ -155,7 +158,7 @@ async def test_another_users_ids_answer_as_unknown_ids(srm):
     labels = "userCreator=alice-IDE,engineType=spark-3.2.1,emInstance=agent1"
     ticket = (await alice.rm.Apply(apply_req(labels, load_instance(GiB, 1000, 1)))).ticket
     await engine_conn_of(srm, "ec-of-alice", "alice")
-    probes = [
+    probes: list[tuple[Any, Callable[[str], Any], str]] = [
         (bob.rm.GetTicket, lambda i: pb.GetTicketRequest(ticket_id=i), ticket.ticket_id),
         (bob.rm.ReportUsed, lambda i: pb.ReportUsedRequest(ticket_id=i), ticket.ticket_id),
         (bob.rm.Release, lambda i: pb.ReleaseRequest(ticket_id=i), ticket.ticket_id),
