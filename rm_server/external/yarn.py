@@ -115,6 +115,12 @@ class YarnRequester:
             future.cancel()
             raise
         except Exception as exc:
+            # The one line of a failed fetch, with what only the operator may see (users
+            # are told the cluster only: rm_server/external/__init__.py).
+            log.warning(
+                "yarn provider %s (cluster=%s): fetch failed: %s",
+                self.config.name, self.config.cluster, exc,
+            )  # fmt: skip
             future.set_exception(exc)
             # Nobody may be waiting any more: mark the exception retrieved.
             future.exception()
@@ -155,7 +161,7 @@ class YarnRequester:
             if _scheduler_type(doc) == "capacityScheduler":
                 metrics = await self._get_json(address, METRICS)
         except (_Standby, RMUnreachable) as exc:
-            # One line per failed call comes from the server's interceptor; this is detail.
+            # The failed fetch gets its one line (_refresh); this is detail.
             log.debug(
                 "yarn provider %s: RM %s unusable (%s), re-discovering",
                 self.config.name,

@@ -1,0 +1,86 @@
+"""External providers on a secured RM: what users learn of the system behind a cluster
+label when it fails (the cluster, not its addresses), and where the provider's
+password is kept. Real gRPC with TLS and tokens to an in-process RM; real HTTP from
+the RM to the stand-in YARN RM (tests/yarn_standin.py)."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import grpc
+import pytest
+from labelrm.v1 import admin_pb2, resource_manager_pb2
+
+from tests.helpers import apply_req, lbl
+from tests.integration.security_fixtures import make_pki, start_secure, stop_secure
+from tests.integration.test_external_yarn import A1, capacity, dy, provider
+from tests.integration.test_security import reason_of
+
+__all__ = ["capacity"]  # test_external_yarn's fixture, used here too
+
+ALICE = "userCreator=alice-IDE,engineType=spark-3.2.1,cluster=prod"
+
+
+@pytest.fixture
+async def srm(database_url, tmp_path):
+    rm = await start_secure(database_url, make_pki(tmp_path / "pki"))
+    try:
+        yield rm
+    finally:
+        await stop_secure(rm)
+
+
+async def refused(call, request) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await call(request, timeout=30)
+    return err.value
+
+
+def leaks(text: str, addresses: list[str]) -> list[str]:
+    """What of the system behind the cluster `text` gives away."""
+    found = [a for a in addresses if a in text]
+    found += [w for w in ("127.0.0.1", "http", "ConnectError", "prod-yarn") if w in text]
+    found += re.findall(r":\d{4,5}\b", text)
+    return found
+
+
+async def test_a_users_refusal_names_the_cluster_not_its_addresses(srm, capacity, caplog):
+    """YARN goes down: Alice's Apply says which cluster is unavailable, never the
+    ResourceManagers' addresses or errors (users may not list providers); the admin's
+    `provider test` and the RM's log have them."""
+    _state, pair = capacity
+    admin = srm.stubs(srm.channel("root"))
+    alice = srm.stubs(srm.channel("alice"))
+    await admin.admin.PutExternalProvider(provider(pair.addresses, ttl=0))
+    assert (await alice.rm.Apply(apply_req(ALICE, dy("root.a.a1", 1)))).ticket.ticket_id
+    pair.rm1.basic_auth = pair.rm2.basic_auth = ("yarn", "right")  # it now wants credentials
+    err = await refused(alice.rm.Apply, apply_req(ALICE, dy("root.a.a1", 1)))
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and reason_of(err) == "EXTERNAL_AUTH"
+    assert "cluster=prod" in err.details() and leaks(err.details(), pair.addresses) == []
+    pair.rm1.basic_auth = pair.rm2.basic_auth = None
+    pair.rm1.fail = "malformed"
+    err = await refused(alice.rm.Apply, apply_req(ALICE, dy("root.a.a1", 1)))
+    assert reason_of(err) == "EXTERNAL_MALFORMED"
+    assert "cluster=prod" in err.details() and leaks(err.details(), pair.addresses) == []
+    pair.rm1.fail = None
+
+    pair.stop()
+    caplog.clear()
+    caplog.set_level(logging.WARNING, logger="rm_server.external")
+    err = await refused(alice.rm.Apply, apply_req(ALICE, dy("root.a.a1", 1)))
+    assert err.code() == grpc.StatusCode.UNAVAILABLE
+    assert reason_of(err) == "EXTERNAL_UNAVAILABLE"
+    assert "YARN of cluster=prod is unavailable" in err.details()
+    assert leaks(err.details(), pair.addresses) == [], err.details()
+    # The queue's record, which every user may read, says so the same way.
+    get = resource_manager_pb2.GetLabelResourceRequest(labels=lbl(A1))
+    record = (await alice.rm.GetLabelResource(get)).label_resource
+    assert "cluster=prod" in record.external_queue.error
+    assert leaks(record.external_queue.error, pair.addresses) == []
+    # The operator's: the log (one line per failed fetch) and `provider test`.
+    logged = [r.getMessage() for r in caplog.records if "fetch failed" in r.getMessage()]
+    assert logged and all(pair.rm1.address in line for line in logged)
+    test = admin_pb2.TestExternalProviderRequest(name="prod-yarn")
+    err = await refused(admin.admin.TestExternalProvider, test)
+    assert err.code() == grpc.StatusCode.UNAVAILABLE and pair.rm1.address in err.details()
