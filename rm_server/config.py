@@ -52,6 +52,12 @@ class Settings:
     console_listen: str = SERVER.setting(
         "", "HOST:PORT of the web console (operations.md); off when empty, on in dev mode"
     )
+    provider_secrets_dir: str = SERVER.setting(
+        "",
+        "directory of external providers' passwords, one file per secret named by a "
+        "provider's `password_secret` (else the environment variable "
+        "LABELRM_PROVIDER_SECRET_<NAME>); read at each fetch (security.md)",
+    )
     console_hosts: str = SERVER.setting(
         "",
         "host names the console also answers to in the Host header, comma-separated (the "

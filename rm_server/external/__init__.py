@@ -45,6 +45,7 @@ from rm_server.errors import (
     NotFound,
     Unavailable,
 )
+from rm_server.external.secrets import SecretMissing, SecretSource
 from rm_server.external.yarn import RMAuthRejected, RMUnreachable, YarnRequester
 from rm_server.store import providers as provider_store
 from rm_server.store.db import Database, Idempotency, OutcomeEncoder, Replay
@@ -66,7 +67,7 @@ class Requester(Protocol):
 
 # One requester class per provider type: a new type (a Kubernetes ResourceQuota, say) adds
 # its ProviderType, a requester here, and a parser into QueueFigures.
-REQUESTERS: dict[ProviderType, Callable[[ProviderConfig, Clock], Requester]] = {
+REQUESTERS: dict[ProviderType, Callable[[ProviderConfig, Clock, SecretSource], Requester]] = {
     ProviderType.YARN: YarnRequester,
 }
 
@@ -78,9 +79,10 @@ PROVIDERS_TTL = 2.0  # how long a replica trusts its copy of the provider table
 class ExternalResources:
     """Providers, requesters and the live queue figures of every cluster label."""
 
-    def __init__(self, db: Database, clock: Clock) -> None:
+    def __init__(self, db: Database, clock: Clock, secrets: SecretSource | None = None) -> None:
         self.db = db
         self.clock = clock
+        self.secrets = secrets if secrets is not None else SecretSource()  # password_secret
         self._providers: dict[str, ProviderConfig] = {}  # by cluster
         self._providers_until = 0.0
         self._requesters: dict[str, Requester] = {}  # by provider name
@@ -104,7 +106,17 @@ class ExternalResources:
         self, idem: Idempotency, provider: ProviderConfig, encoder: OutcomeEncoder[ProviderConfig]
     ) -> ProviderConfig | Replay:
         """Create or replace a provider; this replica sees the change at once, others
-        within PROVIDERS_TTL."""
+        within PROVIDERS_TTL. A secret it names must be there (on this replica)."""
+        if provider.password_secret:
+            try:
+                self.secrets.read(provider.password_secret)
+            except SecretMissing as exc:
+                raise FailedPrecondition(
+                    f"provider.password_secret: {exc} (put the password in a file of"
+                    " provider_secrets_dir or in that variable first)",
+                    state="SECRET_MISSING",
+                    reason="EXTERNAL_SECRET_MISSING",
+                ) from None
         now = self.clock.now()
         try:
             return await self.db.run_idempotent(
@@ -153,7 +165,7 @@ class ExternalResources:
                 self._closing.add(task)
                 task.add_done_callback(self._closing.discard)
             make = REQUESTERS[provider.type]
-            current = self._requesters[provider.name] = make(provider, self.clock)
+            current = self._requesters[provider.name] = make(provider, self.clock, self.secrets)
         return current
 
     async def snapshot(
@@ -265,7 +277,7 @@ def _refusal(provider: ProviderConfig, exc: Exception, detailed: bool) -> Labelr
     detail = f" (provider {provider.name}: {exc})" if detailed else " (details in the RM's log)"
     if isinstance(exc, RMAuthRejected):
         return FailedPrecondition(
-            f"{where} refused labelrm's credentials{detail}",
+            f"{where} refused labelrm's credentials, or labelrm has none for it{detail}",
             state="AUTH_REJECTED",
             reason="EXTERNAL_AUTH",
         )

@@ -5,6 +5,7 @@ the RM to the stand-in YARN RM (tests/yarn_standin.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 
@@ -12,6 +13,7 @@ import grpc
 import pytest
 from labelrm.v1 import admin_pb2, resource_manager_pb2
 
+from clients.rmctl import main
 from tests.helpers import apply_req, lbl
 from tests.integration.security_fixtures import make_pki, start_secure, stop_secure
 from tests.integration.test_external_yarn import A1, capacity, dy, provider
@@ -84,3 +86,77 @@ async def test_a_users_refusal_names_the_cluster_not_its_addresses(srm, capacity
     test = admin_pb2.TestExternalProviderRequest(name="prod-yarn")
     err = await refused(admin.admin.TestExternalProvider, test)
     assert err.code() == grpc.StatusCode.UNAVAILABLE and pair.rm1.address in err.details()
+
+
+async def test_a_providers_password_can_stay_out_of_the_database(
+    database_url, tmp_path, capacity, monkeypatch, capsys
+):
+    """The operator names a secret instead of storing the password: the RM reads it from
+    a file of provider_secrets_dir (or its environment) at every fetch, and the database,
+    and so its backups, holds the name only."""
+    _state, pair = capacity
+    secrets = tmp_path / "secrets"
+    secrets.mkdir(mode=0o700)
+    secret = secrets / "prod-yarn"
+    secret.write_text("right\n")
+    secret.chmod(0o600)
+    rm = await start_secure(
+        database_url, make_pki(tmp_path / "pki"), provider_secrets_dir=str(secrets)
+    )
+    try:
+        admin = rm.stubs(rm.channel("root"))
+        alice = rm.stubs(rm.channel("alice"))
+        pair.rm1.basic_auth = pair.rm2.basic_auth = ("yarn", "right")
+        rmctl = ["--rm", rm.user_target, "--tls-ca", rm.pki.ca, "--token", rm.pki.tokens["root"]]
+        add = ["provider", "add", "prod-yarn", "--cluster", "prod", "--auth", "basic",
+               "--user", "yarn", "--password-secret", "prod-yarn", "--cache-ttl", "0",
+               *(f"--address={a}" for a in pair.addresses)]  # fmt: skip
+        assert await asyncio.to_thread(main, [*rmctl, *add]) == 0
+        assert "basic (yarn, secret prod-yarn)" in capsys.readouterr().out
+        req = provider(pair.addresses, ttl=0)
+        req.provider.auth, req.provider.username = "basic", "yarn"
+        req.provider.password_secret = "prod-yarn"
+        stored = (
+            await admin.admin.ListExternalProviders(admin_pb2.ListExternalProvidersRequest())
+        ).providers[0]
+        assert stored.password_secret == "prod-yarn" and not stored.has_password
+        assert (await alice.rm.Apply(apply_req(ALICE, dy("root.a.a1", 1)))).ticket.ticket_id
+        rows = await rm.server.core.db.run(_provider_rows, read_only=True)
+        assert "right" not in rows and '"password_secret": "prod-yarn"' in rows, rows
+        # Rotation: YARN wants a new password, the file gets it, the next fetch uses it.
+        pair.rm1.basic_auth = pair.rm2.basic_auth = ("yarn", "rotated")
+        err = await refused(alice.rm.Apply, apply_req(ALICE, dy("root.a.a1", 1)))
+        assert reason_of(err) == "EXTERNAL_AUTH"
+        secret.write_text("rotated")
+        assert (await alice.rm.Apply(apply_req(ALICE, dy("root.a.a1", 1)))).ticket.ticket_id
+        # Or in the RM's environment.
+        secret.unlink()
+        monkeypatch.setenv("LABELRM_PROVIDER_SECRET_PROD_YARN", "rotated")
+        assert (await alice.rm.Apply(apply_req(ALICE, dy("root.a.a1", 1)))).ticket.ticket_id
+        # Gone from both: users learn the cluster only, the log says where the RM looked.
+        monkeypatch.delenv("LABELRM_PROVIDER_SECRET_PROD_YARN")
+        err = await refused(alice.rm.Apply, apply_req(ALICE, dy("root.a.a1", 1)))
+        assert reason_of(err) == "EXTERNAL_AUTH" and "cluster=prod" in err.details()
+        for hidden in ("prod-yarn", "LABELRM_PROVIDER_SECRET", str(secrets)):
+            assert hidden not in err.details()
+        # A secret that is nowhere is refused when named; a name cannot be a path, nor
+        # another environment variable.
+        req.provider.password_secret = "nowhere"
+        err = await refused(admin.admin.PutExternalProvider, req)
+        assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert reason_of(err) == "EXTERNAL_SECRET_MISSING" and "nowhere" in err.details()
+        for bad in ("../tokens.toml", "DATABASE_URL", "a/b", ""):
+            req.provider.password_secret = bad
+            req.provider.password = "" if bad else "s3cret"
+            if not bad:  # both a password and a secret's name
+                req.provider.password_secret = "prod-yarn"
+            err = await refused(admin.admin.PutExternalProvider, req)
+            assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, bad
+            assert "provider.password_secret" in err.details()
+    finally:
+        await stop_secure(rm)
+
+
+async def _provider_rows(conn) -> str:
+    cur = await conn.execute("SELECT name, config::text FROM external_provider")
+    return repr(await cur.fetchall())
