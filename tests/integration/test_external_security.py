@@ -14,14 +14,16 @@ import pytest
 from labelrm.v1 import admin_pb2, resource_manager_pb2
 
 from clients.rmctl import main
-from tests.helpers import apply_req, lbl
+from tests.helpers import apply_req, bad_field, lbl, refused
 from tests.integration.security_fixtures import make_pki, start_secure, stop_secure
 from tests.integration.test_external_yarn import A1, capacity, dy, provider
-from tests.integration.test_security import reason_of
 
 __all__ = ["capacity"]  # test_external_yarn's fixture, used here too
 
 ALICE = "userCreator=alice-IDE,engineType=spark-3.2.1,cluster=prod"
+PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
+UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
+INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
 
 @pytest.fixture
@@ -31,12 +33,6 @@ async def srm(database_url, tmp_path):
         yield rm
     finally:
         await stop_secure(rm)
-
-
-async def refused(call, request) -> grpc.aio.AioRpcError:
-    with pytest.raises(grpc.aio.AioRpcError) as err:
-        await call(request, timeout=30)
-    return err.value
 
 
 def leaks(text: str, addresses: list[str]) -> list[str]:
@@ -57,22 +53,24 @@ async def test_a_users_refusal_names_the_cluster_not_its_addresses(srm, capacity
     await admin.admin.PutExternalProvider(provider(pair.addresses, ttl=0))
     assert (await alice.rm.Apply(apply_req(ALICE, dy("root.a.a1", 1)))).ticket.ticket_id
     pair.rm1.basic_auth = pair.rm2.basic_auth = ("yarn", "right")  # it now wants credentials
-    err = await refused(alice.rm.Apply, apply_req(ALICE, dy("root.a.a1", 1)))
-    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and reason_of(err) == "EXTERNAL_AUTH"
+    err = await refused(
+        alice.rm.Apply(apply_req(ALICE, dy("root.a.a1", 1))), PRECONDITION, "EXTERNAL_AUTH"
+    )
     assert "cluster=prod" in err.details() and leaks(err.details(), pair.addresses) == []
     pair.rm1.basic_auth = pair.rm2.basic_auth = None
     pair.rm1.fail = "malformed"
-    err = await refused(alice.rm.Apply, apply_req(ALICE, dy("root.a.a1", 1)))
-    assert reason_of(err) == "EXTERNAL_MALFORMED"
+    err = await refused(
+        alice.rm.Apply(apply_req(ALICE, dy("root.a.a1", 1))), UNAVAILABLE, "EXTERNAL_MALFORMED"
+    )
     assert "cluster=prod" in err.details() and leaks(err.details(), pair.addresses) == []
     pair.rm1.fail = None
 
     pair.stop()
     caplog.clear()
     caplog.set_level(logging.WARNING, logger="rm_server.external")
-    err = await refused(alice.rm.Apply, apply_req(ALICE, dy("root.a.a1", 1)))
-    assert err.code() == grpc.StatusCode.UNAVAILABLE
-    assert reason_of(err) == "EXTERNAL_UNAVAILABLE"
+    err = await refused(
+        alice.rm.Apply(apply_req(ALICE, dy("root.a.a1", 1))), UNAVAILABLE, "EXTERNAL_UNAVAILABLE"
+    )
     assert "YARN of cluster=prod is unavailable" in err.details()
     assert leaks(err.details(), pair.addresses) == [], err.details()
     # The queue's record, which every user may read, says so the same way.
@@ -84,8 +82,8 @@ async def test_a_users_refusal_names_the_cluster_not_its_addresses(srm, capacity
     logged = [r.getMessage() for r in caplog.records if "fetch failed" in r.getMessage()]
     assert logged and all(pair.rm1.address in line for line in logged)
     test = admin_pb2.TestExternalProviderRequest(name="prod-yarn")
-    err = await refused(admin.admin.TestExternalProvider, test)
-    assert err.code() == grpc.StatusCode.UNAVAILABLE and pair.rm1.address in err.details()
+    err = await refused(admin.admin.TestExternalProvider(test), UNAVAILABLE)
+    assert pair.rm1.address in err.details()
 
 
 async def test_a_providers_password_can_stay_out_of_the_database(
@@ -125,8 +123,9 @@ async def test_a_providers_password_can_stay_out_of_the_database(
         assert "right" not in rows and '"password_secret": "prod-yarn"' in rows, rows
         # Rotation: YARN wants a new password, the file gets it, the next fetch uses it.
         pair.rm1.basic_auth = pair.rm2.basic_auth = ("yarn", "rotated")
-        err = await refused(alice.rm.Apply, apply_req(ALICE, dy("root.a.a1", 1)))
-        assert reason_of(err) == "EXTERNAL_AUTH"
+        await refused(
+            alice.rm.Apply(apply_req(ALICE, dy("root.a.a1", 1))), PRECONDITION, "EXTERNAL_AUTH"
+        )
         secret.write_text("rotated")
         assert (await alice.rm.Apply(apply_req(ALICE, dy("root.a.a1", 1)))).ticket.ticket_id
         # Or in the RM's environment.
@@ -135,24 +134,26 @@ async def test_a_providers_password_can_stay_out_of_the_database(
         assert (await alice.rm.Apply(apply_req(ALICE, dy("root.a.a1", 1)))).ticket.ticket_id
         # Gone from both: users learn the cluster only, the log says where the RM looked.
         monkeypatch.delenv("LABELRM_PROVIDER_SECRET_PROD_YARN")
-        err = await refused(alice.rm.Apply, apply_req(ALICE, dy("root.a.a1", 1)))
-        assert reason_of(err) == "EXTERNAL_AUTH" and "cluster=prod" in err.details()
+        err = await refused(
+            alice.rm.Apply(apply_req(ALICE, dy("root.a.a1", 1))), PRECONDITION, "EXTERNAL_AUTH"
+        )
+        assert "cluster=prod" in err.details()
         for hidden in ("prod-yarn", "LABELRM_PROVIDER_SECRET", str(secrets)):
             assert hidden not in err.details()
         # A secret that is nowhere is refused when named; a name cannot be a path, nor
         # another environment variable.
         req.provider.password_secret = "nowhere"
-        err = await refused(admin.admin.PutExternalProvider, req)
-        assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert reason_of(err) == "EXTERNAL_SECRET_MISSING" and "nowhere" in err.details()
+        err = await refused(
+            admin.admin.PutExternalProvider(req), PRECONDITION, "EXTERNAL_SECRET_MISSING"
+        )
+        assert "nowhere" in err.details()
         for bad in ("../tokens.toml", "DATABASE_URL", "a/b", ""):
             req.provider.password_secret = bad
             req.provider.password = "" if bad else "s3cret"
             if not bad:  # both a password and a secret's name
                 req.provider.password_secret = "prod-yarn"
-            err = await refused(admin.admin.PutExternalProvider, req)
-            assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, bad
-            assert "provider.password_secret" in err.details()
+            err = await refused(admin.admin.PutExternalProvider(req), INVALID)
+            assert bad_field(err) == "provider.password_secret", bad
     finally:
         await stop_secure(rm)
 
