@@ -7,7 +7,9 @@ running ``rmctl describe engineconn``.
 
 The string fields of each message type are found from its descriptor once. Labels and
 resources are left out: the domain checks them against patterns that admit no control
-character, and they are most of an Apply. The agents' and EngineConns' RPCs are not
+character, and they are most of an Apply (this costs an Apply about 3 µs; a walk of
+every set field, as `service.wire` does for NUL characters when the bytes hold a zero,
+about 25 µs). The agents' and EngineConns' RPCs are not
 checked here: what they report (exit reasons, log tails of the user's program) is
 stored as sent and shown with its control characters written out (rmctl, the
 console), since a refused report would lose a state change.
