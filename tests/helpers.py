@@ -242,6 +242,12 @@ def deadlocks_counted(url: str, timeout: float = 30.0) -> int:
         return row is not None and row[0] == 0
 
     wait_until_sync(sessions_gone, timeout, what="the database's other sessions ended")
+    return deadlocks_so_far(url)
+
+
+def deadlocks_so_far(url: str) -> int:
+    """pg_stat_database.deadlocks of the database at `url` as reported so far (sessions
+    still open may not have reported theirs: `deadlocks_counted` waits for them)."""
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute(
             "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"

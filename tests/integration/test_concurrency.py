@@ -18,6 +18,7 @@ from tests.helpers import (
     BOTH_PATHS,
     GiB,
     deadlocks_counted,
+    deadlocks_so_far,
     lbl,
     limit_req,
     load,
@@ -134,16 +135,6 @@ async def test_two_replicas_on_one_database(rm_process_factory, database_url):
     first.terminate()
     second.terminate()
     assert deadlocks_counted(database_url) == before
-
-
-def deadlocks_so_far(url: str) -> int:
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
-        ).fetchone()
-    return int(present(row)[0])
 
 
 async def demand_worker(targets: list[str], n: int, stop_at: float, seen: Counter[str]) -> None:

@@ -13,8 +13,20 @@ import psycopg
 from labelrm.v1 import demand_pb2 as dpb
 
 from rm_server.store import demands as demand_store
-from tests.helpers import GiB, deadlocks_counted, limit_req, load, stop_in_process, wait_until
-from tests.integration.test_demands import LIMIT, plain_apply, start_drm
+from tests.helpers import (
+    GiB,
+    deadlocks_counted,
+    deadlocks_so_far,
+    limit_req,
+    load,
+    stop_in_process,
+    wait_until,
+)
+from tests.integration.test_demands import (
+    LIMIT,
+    plain_apply,
+    start_drm,
+)
 
 
 async def _waiting_on_a_lock(url: str, fragment: str) -> bool:
@@ -38,13 +50,8 @@ async def test_an_allocation_and_a_limit_change_on_its_label_never_deadlock(
     waits for the row. The round must not then want the limits' lock (it took it after
     the label rows, where a limit change takes it before them)."""
     drm = await start_drm(database_url)
-    before = 0
+    before = deadlocks_so_far(database_url)
     try:
-        with psycopg.connect(database_url, autocommit=True) as conn:
-            row = conn.execute(
-                "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
-            ).fetchone()
-            before = int(row[0]) if row else 0
         hog = await plain_apply(drm, 4)
         assert hog is not None
         await drm.submit("blocked", 1, "{Start: [NOW, +1h]}")

@@ -88,20 +88,23 @@ class DemandRM:
         assert await self.manager.check_reservations() == []
 
 
+# The RM settings of these tests (their planner driven by the test, not by the time).
+DEMAND_SETTINGS: dict[str, Any] = {
+    "lock_timeout": 3600.0,
+    "sweep_interval": 3600.0,
+    "demand_interval": ROUND,
+    "demand_lead_time": LEAD,
+    "demand_claim_timeout": CLAIM,
+    "demand_loose_slip": SLIP,
+    "demand_default_duration": 3600.0,
+}
+
+
 async def start_drm(database_url: str, **overrides: Any) -> DemandRM:
     """An in-process RM with an injected clock whose planner the test drives (``tick``),
     and a limit of 4 GiB / 4 cores on the users' labels; stop it with ``stop_in_process``."""
     clock = ManualClock()
-    settings: dict[str, Any] = {
-        "lock_timeout": 3600.0,
-        "sweep_interval": 3600.0,
-        "demand_interval": ROUND,
-        "demand_lead_time": LEAD,
-        "demand_claim_timeout": CLAIM,
-        "demand_loose_slip": SLIP,
-        "demand_default_duration": 3600.0,
-        **overrides,
-    }
+    settings: dict[str, Any] = {**DEMAND_SETTINGS, **overrides}
     rm = await start_in_process(database_url, clock=clock, **settings)
     manager = rm.server.demands
     assert manager is not None
