@@ -35,7 +35,7 @@ async def admit(
     if order is not None:
         await store.lock_order_graph(conn)
         await refuse_cycles(conn, spec.user, spec.demand_id, order_ids(order))
-        named = await store.predecessors(conn, spec.user, order_ids(order))
+        named = await store.predecessors(conn, spec.user, order_ids(order), now, planner)
         finished = finished_of({i: p.state for i, p in named.items()})
         if order_value(order, finished) is False:
             failed = ", ".join(i for i, v in finished.items() if v is False)

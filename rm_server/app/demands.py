@@ -118,7 +118,7 @@ class DemandManager:
         async def body(conn: Conn) -> tuple[Demand, bool]:
             existing = await store.get(conn, spec.user, spec.demand_id)
             if existing is not None:
-                return same_definition(existing, digest), False
+                return as_of(same_definition(existing, digest), now, self.planner), False
             demand = await admit(conn, spec, charged, digest, now, self.planner)
             if not await store.insert(conn, demand):
                 existing = await store.get(conn, spec.user, spec.demand_id)
@@ -171,8 +171,8 @@ class DemandManager:
         """The demands as they stand now (a parked one's rounds and occupation), each with
         what its OrderBy waits for."""
         keys = [key for d in demands for key in order_wait_keys(d)]
-        found = await store.predecessors_of(conn, keys)
         now = self.clock.now()
+        found = await store.predecessors_of(conn, keys, now, self.planner)
         return [as_of(with_order_wait(d, found, self.planner), now, self.planner) for d in demands]
 
     # ----- cancel and claim --------------------------------------------------------------------
@@ -349,7 +349,9 @@ class DemandManager:
 
     async def _decide_and_act(self, conn: Conn, d: Demand, start: datetime) -> Demand:
         for _ in range(MAX_STEPS):
-            named = await store.predecessors(conn, d.user, order_ids(d.conditions.order_by))
+            named = await store.predecessors(
+                conn, d.user, order_ids(d.conditions.order_by), self.clock.now(), self.planner
+            )
             finished = finished_of({i: p.state for i, p in named.items()})
             missing = {i for i, p in named.items() if p.state is None}
             ticket = await store.ticket_status(conn, d.ticket_id) if d.ticket_id else None

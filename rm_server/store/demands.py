@@ -222,25 +222,33 @@ async def claim_due(conn: Conn, key: tuple[str, str], due: datetime) -> Demand |
     return None if row is None else from_row(row)
 
 
-async def predecessors(conn: Conn, user: str, ids: Sequence[str]) -> dict[str, Predecessor]:
+async def predecessors(
+    conn: Conn, user: str, ids: Sequence[str], now: datetime, planner: PlannerSettings
+) -> dict[str, Predecessor]:
     """The demands an OrderBy names, among `user`'s own (another user's demand of that id
     is not seen: for this user it is not submitted), each with its state and, while it
-    is active, its plan end; an id not submitted has none (Predecessor.state None)."""
-    found = await predecessors_of(conn, [(user, i) for i in ids])
+    is active, the end of its occupation of the plan as of `now`; an id not submitted has
+    none (Predecessor.state None)."""
+    found = await predecessors_of(conn, [(user, i) for i in ids], now, planner)
     return {i: found[(user, i)] for i in ids}
 
 
 async def predecessors_of(
-    conn: Conn, keys: Sequence[tuple[str, str]]
+    conn: Conn, keys: Sequence[tuple[str, str]], now: datetime, planner: PlannerSettings
 ) -> dict[tuple[str, str], Predecessor]:
     """`predecessors` for many (user, demand id) pairs at once (a page of demands)."""
     out = {key: Predecessor(key[1], None) for key in keys}
     if not keys:
         return out
     cur = await conn.execute(
-        "SELECT user_name, demand_id, state, plan_end FROM demand"
-        " WHERE (user_name, demand_id) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
-        ([u for u, _ in keys], [i for _, i in keys]),
+        f"SELECT user_name, demand_id, state, {_PLAN_END} FROM demand"  # noqa: S608
+        " WHERE (user_name, demand_id) IN (SELECT * FROM unnest(%(users)s::text[],"
+        " %(ids)s::text[]))",
+        {
+            "users": [u for u, _ in keys],
+            "ids": [i for _, i in keys],
+            **_occupation_params(now, planner),
+        },
     )
     for user, demand_id, state, plan_end in await cur.fetchall():
         s = DemandState(state)
@@ -289,19 +297,27 @@ async def lock_order_graph(conn: Conn) -> None:
 # A demand's occupation of the plan from `since`: its stored one, or, parked, the one it
 # has from then on (planner.occupation: from max(planned start, since), one lead time
 # before, for its hold: its duration, else until its DeadLine while ahead, else the
-# default); demands planned in the same round share their times, and so their group.
-_OCCUPATION = """
-SELECT charged_labels, resource, count(*),
-  CASE WHEN parked_at IS NULL THEN plan_start ELSE s - %(lead)s END AS plan_start,
-  CASE WHEN parked_at IS NULL THEN plan_end
-       WHEN park_hold_seconds IS NOT NULL THEN s + make_interval(secs => park_hold_seconds)
-       WHEN park_deadline > s THEN park_deadline
-       ELSE s + %(default)s END AS plan_end
-FROM (SELECT *, greatest(planned_start, %(since)s) AS s FROM demand
-      WHERE charged_labels && %(labels)s::text[] AND state = ANY(%(active)s)
-      AND NOT (user_name = %(user)s AND demand_id = %(demand_id)s)) d
+# default). Used wherever a demand's occupation is read (the plan, its predecessors').
+_START = "greatest(planned_start, %(since)s)"
+_PLAN_START = f"CASE WHEN parked_at IS NULL THEN plan_start ELSE {_START} - %(lead)s END"
+_PLAN_END = (
+    "CASE WHEN parked_at IS NULL THEN plan_end"
+    f" WHEN park_hold_seconds IS NOT NULL THEN {_START} + make_interval(secs => park_hold_seconds)"
+    f" WHEN park_deadline > {_START} THEN park_deadline ELSE {_START} + %(default)s END"
+)
+# The plan on some labels, demands with the same labels, resource and times in one group
+# (demands planned in the same round, or parked, share their times).
+_OCCUPATION = f"""
+SELECT charged_labels, resource, count(*), {_PLAN_START} AS plan_start, {_PLAN_END} AS plan_end
+FROM demand
+WHERE charged_labels && %(labels)s::text[] AND state = ANY(%(active)s)
+AND NOT (user_name = %(user)s AND demand_id = %(demand_id)s)
 GROUP BY charged_labels, resource, 4, 5
-"""
+"""  # noqa: S608 - constant fragments
+
+
+def _occupation_params(since: datetime, planner: PlannerSettings) -> dict[str, object]:
+    return {"since": since, "lead": planner.lead_time, "default": planner.default_duration}
 
 
 async def plan_entries(
@@ -321,11 +337,9 @@ async def plan_entries(
         {
             "labels": list(labels),
             "active": ACTIVE,
-            "since": since,
             "user": leaving_out[0],
             "demand_id": leaving_out[1],
-            "lead": planner.lead_time,
-            "default": planner.default_duration,
+            **_occupation_params(since, planner),
         },
     )
     return [

@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+import grpc
 import psycopg
 import pytest
 from labelrm.v1 import demand_pb2 as dpb
@@ -230,4 +231,32 @@ async def test_a_pass_over_blocked_demands_waits_for_no_label(drm):
         late = await asyncio.wait_for(drm.submit("late", 0.1, "{Start: [+1h, ]}"), 120)
         assert late.created
     assert {(await drm.get(n)).passed_over_rounds for n in names} == {3}
+    await drm.consistent()
+
+
+async def test_a_parked_demand_occupies_the_plan_from_now(drm):
+    """No pass writes a parked demand's row, yet its occupation of the plan moves with the
+    time: GetDemand, the wait of a demand ordered after it and admission all see it start
+    now and end its Duration later, not where it was when it was parked."""
+    hog = await plain_apply(drm, 4)
+    assert hog is not None
+    await drm.submit("blocked", 1, "{Start: [NOW, +2h], Duration: +10m}")
+    await drm.submit("after", 1, "{OrderBy: blocked, Duration: +1m}")
+    await drm.tick()  # blocked: reserved, refused, parked
+    drm.clock.advance(10 * 60)  # no round meanwhile (nothing changed, no instant due)
+    now = drm.clock.now()
+    d = await drm.get("blocked")
+    end = now + timedelta(minutes=10)
+    assert d.plan_end_time.ToDatetime(tzinfo=now.tzinfo) == end
+    assert d.plan_start_time.ToDatetime(tzinfo=now.tzinfo) == now - timedelta(seconds=60)
+    stamp = end.strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert (
+        await drm.get("after")
+    ).waiting == f"waiting for blocked: ALLOCATING, planned end {stamp}"
+    # Admission sees it there too: beside it and `after` (1 GiB each, both from now on) 2
+    # GiB more fit now, 2.5 do not (ended where it was parked, it would leave room).
+    await drm.submit("beside", 2, "{Start: [NOW, +30s], Duration: +1m}")
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await drm.submit("too-much", 0.5, "{Start: [NOW, +30s], Duration: +1m}")
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     await drm.consistent()
