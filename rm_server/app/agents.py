@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 
 from rm_server.app.batching import Combiner, each_alone_on_failure
 from rm_server.app.engineconns import EngineConnManager
+from rm_server.app.liveness import LivenessJudge
 from rm_server.domain.engineconn import (
     AgentCommand,
     CommandKind,
@@ -29,6 +30,7 @@ from rm_server.domain.engineconn import (
     heartbeat_is_routine,
     reported_transition,
 )
+from rm_server.domain.liveness import LivenessRules, LivenessView
 from rm_server.domain.resources import Resource
 from rm_server.errors import FailedPrecondition, LabelrmError, NotFound
 from rm_server.store import admin as admin_store
@@ -50,6 +52,18 @@ class AgentHub:
         self.db = ecs.db
         self.settings = ecs.settings
         self._beats: Combiner[_Beat] | None = None
+        st = self.settings
+        rules = LivenessRules(
+            ecm_expiry=st.ecm_expiry,
+            ec_expiry=st.ec_expiry,
+            start_timeout=st.start_timeout,
+            interval=self.core.settings.sweep_interval,
+            disruption_share=st.disruption_share,
+            disruption_min_agents=st.disruption_min_agents,
+        )
+        self.judge = LivenessJudge(
+            self.db, self.core.clock, rules, lambda: self.core.replica_id, st.node_include_required
+        )
 
     def _now(self) -> datetime:
         return self.core.clock.now()
@@ -173,13 +187,19 @@ class AgentHub:
         reason: str,
         now: datetime,
         report: ProcessReport | None = None,
+        silent: tuple[datetime, datetime] | None = None,
     ) -> None:
-        """Release the ticket (labels, then ticket rows), then end the EngineConn row."""
+        """Release the ticket (labels, then ticket rows), then end the EngineConn row.
+        `silent` (silent before, STARTING before): it ends for its silence, which is
+        checked again under its row lock (_Heard, rolling the transaction back, if it
+        reported since the judge read it)."""
         if ticket_id:
             await ticket_store.release(conn, ticket_id, now, f"EngineConn {state.value.lower()}")
         current = await ec_store.get_ec(conn, ec_id, lock=True)
         if not current.state.live:
             return
+        if silent is not None and not await ec_store.is_silent(conn, ec_id, *silent):
+            raise _Heard(ec_id)
         fields: dict[str, object] = {"state": state, "ended_at": now, "reason": reason}
         if report is not None:
             fields.update(exit_code=report.exit_code, log_tail=report.log_tail[-4000:])
@@ -282,19 +302,28 @@ class AgentHub:
     # ----- liveness ----------------------------------------------------------------------
 
     async def sweep(self) -> None:
-        """ECMs silent past the expiry become LOST and their EngineConns are released;
-        EngineConns silent past theirs (or never ready) are killed and released."""
-        now = self._now()
-        silent_since = now - self.settings.ecm_expiry
-        for instance in await self.db.run(lambda c: ecm_store.expired_ecms(c, silent_since)):
+        """One pass of the liveness judge (app/liveness.py decides, this carries it out):
+        ECMs silent past the expiry become LOST and their EngineConns are released;
+        EngineConns silent past theirs (or never ready) are killed and released. Silence
+        counts only while the RM could hear, and nothing is LOST during a suspected
+        disruption (docs/architecture.md, "Liveness")."""
+        verdict = await self.judge.verdict()
+        now, silent_since = verdict.now, verdict.agents_silent_before
+        for instance in verdict.lose:
+            assert silent_since is not None
             lost = await self.db.run(ecm_store.mark_lost, instance, silent_since, now)
             if lost:
                 log.warning("ECM %s is LOST: no heartbeat since %s", instance, silent_since)
                 await self._lose_ecs_on(instance, now)
-        await self._expire_ecs(now)
+        if verdict.engine_conns is not None:
+            await self._expire_ecs(now, *verdict.engine_conns)
         # Done commands older than an hour tell nothing any more (launch acks are
         # compared with the current heartbeat only).
         await self.db.run(lambda c: ec_store.purge_done_commands(c, now - timedelta(hours=1)))
+
+    async def liveness(self) -> LivenessView:
+        """The judge's state (GetClusterInfo, `rmctl status`, metrics)."""
+        return await self.judge.view()
 
     async def _lose_ecs_on(self, instance: str, now: datetime) -> None:
         for ec in await self.db.run(lambda c: ec_store.live_ecs_on(c, instance)):
@@ -302,14 +331,17 @@ class AgentHub:
                 self._end_ec, ec.ec_id, ec.ticket_id, EcState.LOST, "its ECM was lost", now
             )
 
-    async def _expire_ecs(self, now: datetime) -> None:
-        silent = now - self.settings.ec_expiry
-        start_limit = now - self.settings.start_timeout
+    async def _expire_ecs(self, now: datetime, silent: datetime, start_limit: datetime) -> None:
         expired = await self.db.run(lambda c: ec_store.silent_ecs(c, silent, start_limit))
         for ec in expired:  # one transaction each: label locks stay in canonical order
-            await self.db.run(self._expire_one, ec.ec_id, silent, now)
+            try:
+                await self.db.run(self._expire_one, ec.ec_id, (silent, start_limit), now)
+            except _Heard:
+                continue  # it reported meanwhile: the transaction rolled back
 
-    async def _expire_one(self, conn: Conn, ec_id: str, silent: datetime, now: datetime) -> None:
+    async def _expire_one(
+        self, conn: Conn, ec_id: str, silent: tuple[datetime, datetime], now: datetime
+    ) -> None:
         ec = await ec_store.get_ec(conn, ec_id)
         if not ec.state.live:
             return
@@ -319,7 +351,7 @@ class AgentHub:
             state, why = EcState.LOST, "no report within the expiry interval"
         if ec.ecm_instance:
             await self.ecs.queue_kill(conn, ec.ecm_instance, ec.ec_id, why, now)
-        await self._end_ec(conn, ec.ec_id, ec.ticket_id, state, why, now)
+        await self._end_ec(conn, ec.ec_id, ec.ticket_id, state, why, now, silent=silent)
 
     # ----- node lists and decommission -------------------------------------------------------
 
@@ -381,6 +413,10 @@ class _Beat:
     @property
     def key(self) -> tuple[str, str, str]:
         return ("", "Heartbeat", self.agent_id)
+
+
+class _Heard(Exception):
+    """An EngineConn the judge found silent reported before it was ended."""
 
 
 @dataclass(frozen=True)

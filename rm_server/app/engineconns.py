@@ -34,6 +34,7 @@ from rm_server.domain.engineconn import (
     label_set,
 )
 from rm_server.domain.labels import EM_INSTANCE, ENGINE_TYPE, USER_CREATOR, Label
+from rm_server.domain.liveness import DEFAULT_DISRUPTION_MIN_AGENTS, DEFAULT_DISRUPTION_SHARE
 from rm_server.domain.model import Ticket
 from rm_server.domain.resources import Resource
 from rm_server.domain.selection import EcmCandidate, SelectionRequest, rank
@@ -78,6 +79,10 @@ class EcSettings:
     engine_defaults: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     # Only ECMs the node include list names are allowed (none while it is empty).
     node_include_required: bool = False
+    # A suspected disruption: at least this share of the agents, and this many, silent at
+    # once (domain/liveness.py).
+    disruption_share: float = DEFAULT_DISRUPTION_SHARE
+    disruption_min_agents: int = DEFAULT_DISRUPTION_MIN_AGENTS
 
     @property
     def start_timeout(self) -> timedelta:

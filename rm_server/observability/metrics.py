@@ -16,6 +16,8 @@ share counters). What is exported:
 - per label record, read from the database at scrape time by `LabelResourceCollector`
   (see there for the cap on their number);
 - per external provider and YARN queue, its last fetched figures (`ExternalQueueCollector`);
+- ECMs and EngineConns by state, and the liveness judge's state (``labelrm_liveness_*``:
+  a suspected disruption, the heard-since mark), read at scrape time;
 - the standard ``process_*``, ``python_*`` collectors.
 
 Label values are bounded: methods are the registered ones, codes and reasons come from
@@ -48,6 +50,7 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
+from rm_server.domain.liveness import LivenessView
 from rm_server.domain.model import LabelResource
 
 log = logging.getLogger(__name__)
@@ -89,6 +92,7 @@ class Metrics:
         self.cache_seconds = cache_seconds
         self.labels: LabelResourceCollector | None = None
         self.states: StateCountCollector | None = None
+        self.liveness: LivenessCollector | None = None
         r = self.registry
         self.rpc_duration = Histogram(
             "labelrm_rpc_duration_seconds",
@@ -171,12 +175,19 @@ class Metrics:
         self.states = StateCountCollector(source, self.cache_seconds)
         self.registry.register(self.states)
 
+    def attach_liveness(self, source: LivenessSource) -> None:
+        """Export the liveness judge's state."""
+        self.liveness = LivenessCollector(source, self.cache_seconds)
+        self.registry.register(self.liveness)
+
     async def exposition(self) -> bytes:
         """The text exposition, with the label records refreshed when stale."""
         if self.labels is not None:
             await self.labels.refresh()
         if self.states is not None:
             await self.states.refresh()
+        if self.liveness is not None:
+            await self.liveness.refresh()
         return generate_latest(self.registry)
 
 
@@ -447,6 +458,65 @@ class StateCountCollector(Collector):
             for state in states:
                 family.add_metric([state], self._counts.get(key, {}).get(state, 0))
             yield family
+
+
+class LivenessSource(Protocol):
+    async def liveness(self) -> LivenessView: ...
+
+
+class LivenessCollector(Collector):
+    """The liveness judge's state (shared by the replicas, read at scrape time, cached):
+    ``labelrm_liveness_disrupted`` (1 during a suspected disruption), the silent and
+    counted agents, and as Unix times the heard-since mark, when agents and EngineConns
+    are judged again (``{kind}``) and the judge's last pass (docs/operations.md)."""
+
+    def __init__(self, source: LivenessSource, cache_seconds: float) -> None:
+        self.source = source
+        self.cache_seconds = cache_seconds
+        self._view: LivenessView | None = None
+        self._taken = float("-inf")
+
+    async def refresh(self) -> None:
+        if time.monotonic() - self._taken < self.cache_seconds:
+            return
+        try:
+            self._view = await self.source.liveness()
+        except Exception:  # a scrape must still answer while the database is down
+            log.warning("reading the liveness state for metrics failed", exc_info=True)
+        self._taken = time.monotonic()
+
+    def collect(self) -> Iterable[Metric]:
+        view = self._view
+        if view is None:
+            return
+        rec = view.record
+        yield GaugeMetricFamily(
+            "labelrm_liveness_disrupted",
+            "1 while a large share of the agents is silent at once (a suspected disruption:"
+            " nothing is declared LOST), else 0.",
+            value=int(rec.disrupted_since is not None),
+        )
+        for name, value, text in (
+            ("silent_agents", rec.silent_agents, "Agents silent at the judge's last count."),
+            ("agents", rec.agents, "Agents not LOST at the judge's last count."),
+            ("heard_since_timestamp_seconds", rec.heard_since.timestamp(),
+             "Silence counts from this Unix time on (the RM began to hear again then)."),
+        ):  # fmt: skip
+            yield GaugeMetricFamily(f"labelrm_liveness_{name}", text, value=value)
+        judged = GaugeMetricFamily(
+            "labelrm_liveness_judged_from_timestamp_seconds",
+            "Unix time from which agents, and EngineConns, are judged silent again.",
+            labels=["kind"],
+        )
+        judged.add_metric(["agents"], view.agents_judged_from.timestamp())
+        judged.add_metric(["engine_conns"], view.engine_conns_judged_from.timestamp())
+        yield judged
+        if rec.judged_at is not None:
+            yield GaugeMetricFamily(
+                "labelrm_liveness_last_pass_timestamp_seconds",
+                "Unix time of the liveness judge's last pass.",
+                value=rec.judged_at.timestamp(),
+            )
 
 
 def split_host_port(address: str) -> tuple[str, int]:

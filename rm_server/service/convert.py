@@ -34,6 +34,7 @@ from rm_server.domain.errors import DomainError
 from rm_server.domain.external import ProviderConfig, QueueView, SchedulerSnapshot
 from rm_server.domain.labels import Label, make_label, validate_labels
 from rm_server.domain.limits import LabelPattern
+from rm_server.domain.liveness import LivenessView
 from rm_server.domain.model import (
     ConsistencyReport,
     Ecm,
@@ -375,6 +376,21 @@ def report_to_pb(report: ConsistencyReport) -> admin_pb2.CheckConsistencyRespons
         labels_checked=report.labels_checked,
         tickets_checked=report.tickets_checked,
         over_limit=[_mismatch_to_pb(m) for m in report.over_limit],
+    )
+
+
+def liveness_to_pb(view: LivenessView) -> admin_pb2.LivenessState:
+    record = view.record
+    return admin_pb2.LivenessState(
+        heard_since=ts(record.heard_since),
+        heard_since_reason=record.heard_since_reason,
+        agents_judged_from=ts(view.agents_judged_from),
+        engine_conns_judged_from=ts(view.engine_conns_judged_from),
+        disrupted=record.disrupted_since is not None,
+        disrupted_since=ts(record.disrupted_since),
+        silent_agents=record.silent_agents,
+        agents=record.agents,
+        last_pass_time=ts(record.judged_at),
     )
 
 

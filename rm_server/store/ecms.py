@@ -81,6 +81,20 @@ async def expired_ecms(conn: Conn, silent_since: datetime) -> list[str]:
     return [r[0] for r in await cur.fetchall()]
 
 
+async def count_silent(conn: Conn, silent_since: datetime) -> tuple[int, int]:
+    """(ECMs not LOST whose last heartbeat, or registration, is older than `silent_since`;
+    ECMs not LOST): what the judge weighs a suspected disruption by. Reads every ECM, so
+    the judge asks only when one is silent past the expiry."""
+    cur = await conn.execute(
+        "SELECT count(*) FILTER (WHERE coalesce(last_heartbeat_at, registered_at) < %s),"
+        " count(*) FROM ecm WHERE state <> 'LOST'",
+        (silent_since,),
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
 async def mark_lost(conn: Conn, instance: str, silent_since: datetime, now: datetime) -> bool:
     """LOST, if it is still silent (re-checked under the row lock; replicas race here)."""
     cur = await conn.execute(

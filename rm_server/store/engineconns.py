@@ -184,17 +184,32 @@ async def update_ec(conn: Conn, ec_id: str, now: datetime, **fields: Any) -> Non
     await notify_freed(conn, [ec_key(ec_id)])
 
 
+# A live EngineConn silent since %(silent)s, or STARTING since before %(start)s.
+SILENT_EC_SQL = (
+    "((state IN ('IDLE', 'BUSY', 'SHUTTING_DOWN')"
+    "  AND coalesce(last_report_at, ready_at, updated_at) < %(silent)s)"
+    " OR (state = 'STARTING' AND coalesce(launched_at, created_at) < %(start)s))"
+)
+
+
 async def silent_ecs(conn: Conn, silent_since: datetime, start_limit: datetime) -> list[EngineConn]:
     """Live EngineConns silent since `silent_since`, or STARTING since before `start_limit`."""
     cur = await conn.execute(
-        f"SELECT {EC_COLUMNS} FROM engine_conn"  # noqa: S608
-        " WHERE (state IN ('IDLE', 'BUSY', 'SHUTTING_DOWN')"
-        "        AND coalesce(last_report_at, ready_at, updated_at) < %s)"
-        "    OR (state = 'STARTING' AND coalesce(launched_at, created_at) < %s)"
-        " ORDER BY ec_id",
-        (silent_since, start_limit),
+        f"SELECT {EC_COLUMNS} FROM engine_conn WHERE {SILENT_EC_SQL} ORDER BY ec_id",  # noqa: S608
+        {"silent": silent_since, "start": start_limit},
     )
     return [ec_from_row(r) for r in await cur.fetchall()]
+
+
+async def is_silent(conn: Conn, ec_id: str, silent_since: datetime, start_limit: datetime) -> bool:
+    """Whether EngineConn `ec_id` is still as `silent_ecs` found it (checked again under
+    its row lock: a report may have come in since)."""
+    cur = await conn.execute(
+        f"SELECT EXISTS (SELECT 1 FROM engine_conn WHERE ec_id = %(ec)s AND {SILENT_EC_SQL})",  # noqa: S608
+        {"ec": ec_id, "silent": silent_since, "start": start_limit},
+    )
+    row = await cur.fetchone()
+    return bool(row and row[0])
 
 
 def choices_json(choices: Sequence[EcmChoiceRecord]) -> Jsonb:
