@@ -19,7 +19,6 @@ from labelrm_common.settings import (
     SettingsError,
     load_or_exit,
     one_of_levels,
-    positive,
     redact_url,
 )
 from labelrm_common.version import VERSION
@@ -44,6 +43,11 @@ LIMITS = Section("limits", "Abuse limits, per user and RM process")
 def _share(value: float) -> str | None:
     """A `check`: a share of a whole, above 0 and at most 1."""
     return None if 0 < value <= 1 else f"must be above 0 and at most 1, not {value!r}"
+
+
+def _at_least_two(value: int) -> str | None:
+    """A `check`: 2 or more (so that one agent alone is never a crowd)."""
+    return None if value >= 2 else f"must be at least 2, not {value!r}"
 
 
 @dataclass(frozen=True)
@@ -161,9 +165,9 @@ class Settings:
     )
     disruption_min_agents: int = ENGINECONNS.setting(
         3,
-        "fewer agents silent at once than this are never a suspected disruption (a single "
-        "dead agent is LOST whatever the size of the fleet)",
-        check=positive,
+        "fewer agents silent at once than this (at least 2) are never a suspected "
+        "disruption: a single dead agent is LOST whatever the size of the fleet",
+        check=_at_least_two,
     )
     agent_heartbeat_interval: float = ENGINECONNS.setting(
         3.0, "seconds between agent heartbeats, told to the agents"
