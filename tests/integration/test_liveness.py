@@ -36,6 +36,7 @@ SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"
 # fresh grace window, short enough to keep the tests quick.
 EXPIRY = 8.0
 OUTAGE = 2 * EXPIRY  # every stall, outage and silence below lasts twice the expiry
+LONG_OUTAGE = 45.0  # except this one: gRPC's reconnect backoff reaches 20 s and more
 FLAGS = (
     "--sweep-interval=0.2",
     f"--ecm-expiry={EXPIRY}",
@@ -210,6 +211,20 @@ async def test_a_restart_after_twice_the_expiry_condemns_nobody(make_cluster, ag
     assert ts(judge.heard_since) > killed_at
     assert "started" in judge.heard_since_reason, judge.heard_since_reason
     await still_works(c, ec)
+
+
+async def test_agents_are_back_within_the_grace_window_after_a_long_outage(
+    make_cluster, agent_factory
+):
+    """Over a long outage gRPC's own reconnect backoff grows towards two minutes: an agent
+    must still reach the restarted RM within the grace window it gets."""
+    c = await make_cluster()
+    await c.start_agent(agent_factory, "agent1")
+    c.rm.kill()
+    await asyncio.sleep(LONG_OUTAGE)  # the outage itself
+    await asyncio.to_thread(c.rm.start)
+    await judged_after(c, datetime.now(UTC))
+    assert (await c.client("root").get_ecm("agent1")).state == rm_pb.ECM_STATE_RUNNING
 
 
 async def test_a_database_restart_condemns_nobody(make_cluster, agent_factory, own_postgres):
