@@ -303,6 +303,8 @@ class RMServer:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.hub is not None:
+            self.hub.judge.hearing.close()
         if self.demands is not None:
             await self.demands.stop_background()
         if self.core is not None:

@@ -39,6 +39,11 @@ from rm_server.store.db import Database
 log = logging.getLogger(__name__)
 
 
+# Seconds between the event loop's own ticks (`Hearing._tick`): how late one comes is how
+# long the loop, or the whole process, did not run.
+LOOP_TICK = 0.25
+
+
 class Hearing:
     """This replica's side of the heard-since mark (one per replica)."""
 
@@ -47,16 +52,33 @@ class Hearing:
         self.clock = clock
         self.rules = rules
         self._last = clock.monotonic()  # the end of the last successful check
-        self._failed = False  # a check failed since (the database did not answer)
         self._lock = asyncio.Lock()  # the periodic check and the judge's, one at a time
+        self._ticked = clock.monotonic()
+        self._loop_gap = 0.0  # the longest gap between two ticks since the last check
+        self._ticks: asyncio.TimerHandle | None = None
 
     async def start(self, replica_id: str) -> LivenessRecord:
         """At start-up, before the judge's first pass: the RM heard nothing while it was
         not running (a restart after a crash may come long after the last beats)."""
         async with self._lock:
             record = await self.mark(f"rm-server started (replica {replica_id})", started=True)
-            self._last = self.clock.monotonic()
+            self._last = self._ticked = self.clock.monotonic()
+            self._tick()
             return record
+
+    def close(self) -> None:
+        """Stop the loop's ticks (at shutdown)."""
+        if self._ticks is not None:
+            self._ticks.cancel()
+            self._ticks = None
+
+    def _tick(self) -> None:
+        """Run by the event loop every LOOP_TICK seconds: tells a stopped or blocked loop
+        (a long gap) from a database that did not answer (ticks on time)."""
+        now = self.clock.monotonic()
+        self._loop_gap = max(self._loop_gap, now - self._ticked)
+        self._ticked = now
+        self._ticks = asyncio.get_running_loop().call_later(LOOP_TICK, self._tick)
 
     async def check(self) -> LivenessRecord:
         """Prove that this replica hears (its loop runs, its database answers) and return
@@ -64,23 +86,20 @@ class Hearing:
         allow, the mark moves to now. A failed check raises (the database's error), and
         the next one to succeed ends the gap."""
         async with self._lock:
-            try:
-                record = await self.db.run(liveness_store.read)
-                done = self.clock.monotonic()
-                if stalled(self._last, done, self.rules):
-                    gap = done - self._last
-                    if self._failed:
-                        record = await self.mark(
-                            f"rm-server could not reach its database for {gap:.1f} s"
-                        )
-                    else:
-                        record = await self.mark(f"rm-server was stalled for {gap:.1f} s")
-                elif record is None:  # the row is made at start-up: a database restored since
-                    record = await self.mark("the liveness state was missing")
-            except Exception:
-                self._failed = True
-                raise
-            self._last, self._failed = done, False
+            loop_gap = self.clock.monotonic() - self._ticked  # a tick not yet run counts
+            record = await self.db.run(liveness_store.read)
+            done = self.clock.monotonic()
+            if stalled(self._last, done, self.rules):
+                gap = done - self._last
+                if max(self._loop_gap, loop_gap) >= gap / 2:
+                    record = await self.mark(f"rm-server was stalled for {gap:.1f} s")
+                else:
+                    record = await self.mark(
+                        f"rm-server could not reach its database for {gap:.1f} s"
+                    )
+            elif record is None:  # the row is made at start-up: a database restored since
+                record = await self.mark("the liveness state was missing")
+            self._last, self._loop_gap = done, 0.0
             return record
 
     async def mark(self, why: str, *, started: bool = False) -> LivenessRecord:
