@@ -5,8 +5,9 @@ mutual-TLS listener for agents and EngineConns, EngineConn certificates issued b
 RM), with a real agent launching a real EngineConn through sudo. The RM is paused
 (SIGSTOP), killed and restarted, or loses its database, each for twice the expiry:
 afterwards neither the agent nor the EngineConn is LOST and the EngineConn still runs
-code. The controls: an agent that really dies is still LOST; agents that all fall silent
-at once are a suspected disruption, not a dead fleet.
+code; after a longer outage the agent is still back within its grace window. The
+controls: an agent that really dies is still LOST; agents that all fall silent at once
+are a suspected disruption, not a dead fleet.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"
 # fresh grace window, short enough to keep the tests quick.
 EXPIRY = 8.0
 OUTAGE = 2 * EXPIRY  # every stall, outage and silence below lasts twice the expiry
-LONG_OUTAGE = 45.0  # except this one: gRPC's reconnect backoff reaches 20 s and more
+LONG_OUTAGE = 45.0  # except this one, after which gRPC's own reconnect backoff is ~25 s
 FLAGS = (
     "--sweep-interval=0.2",
     f"--ecm-expiry={EXPIRY}",
@@ -87,9 +88,7 @@ class Cluster:
         security = ChannelSecurity(tls_ca=self.keys.ca, token=self.keys.tokens["root"])
         async with aio_channel(self.rm.target, security) as channel:
             stub = resource_manager_pb2_grpc.ResourceManagerServiceStub(channel)
-            return await start_agent_on(
-                agent_factory, self.agent_target, stub, agent_id, *tls, python=None
-            )
+            return await start_agent_on(agent_factory, self.agent_target, stub, agent_id, *tls)
 
     async def start_engineconn(self) -> Any:
         ec = await self.client("lrmtest_a").create_engine_conn(
