@@ -254,8 +254,13 @@ async def test_an_agent_that_dies_is_still_lost(make_cluster, agent_factory):
     async def lost() -> bool:
         return bool((await admin.get_ecm("agent1")).state == rm_pb.ECM_STATE_LOST)
 
+    async def ended() -> Any:
+        got = await admin.get_engine_conn(ec.engine_conn_id)
+        return got if got.state not in LIVE else None
+
     await wait_until(lost, timeout=6 * EXPIRY, what="agent1 LOST", interval=0.2)
-    got = await admin.get_engine_conn(ec.engine_conn_id)
+    # Its EngineConns end in transactions of their own, right after the ECM's.
+    got = await wait_until(ended, timeout=EXPIRY, what="its EngineConn ended", interval=0.2)
     assert got.state == ec_pb.ENGINE_CONN_STATE_LOST and got.reason == "its ECM was lost"
     judge = (await admin.get_cluster_info()).liveness
     assert not judge.disrupted
