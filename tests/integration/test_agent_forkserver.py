@@ -25,7 +25,8 @@ from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import executor_pb2, executor_pb2_grpc
 
 from ecm_agent.forkserver import ForkServer
-from ecm_agent.launch import Launcher, RunningProcess, _group_members
+from ecm_agent.launch import Launcher
+from ecm_agent.procs import RunningProcess, _group_members
 from ecm_agent.validate import AgentPolicy, LaunchSpec
 from tests.helpers import FakeRM, shared_tmp, wait_until
 
