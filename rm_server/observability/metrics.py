@@ -16,6 +16,8 @@ share counters). What is exported:
 - per label record, read from the database at scrape time by `LabelResourceCollector`
   (see there for the cap on their number);
 - per external provider and YARN queue, its last fetched figures (`ExternalQueueCollector`);
+- ECMs and EngineConns by state, and per ECM the requested, granted and measured resource
+  of its live EngineConns (`StateCountCollector`, rm_server/observability/usage.py);
 - the standard ``process_*``, ``python_*`` collectors.
 
 Label values are bounded: methods are the registered ones, codes and reasons come from
@@ -49,6 +51,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from rm_server.domain.model import LabelResource
+from rm_server.observability.usage import EngineConnUsageCollector, UsageSource
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +92,7 @@ class Metrics:
         self.cache_seconds = cache_seconds
         self.labels: LabelResourceCollector | None = None
         self.states: StateCountCollector | None = None
+        self.usage: EngineConnUsageCollector | None = None
         r = self.registry
         self.rpc_duration = Histogram(
             "labelrm_rpc_duration_seconds",
@@ -167,9 +171,12 @@ class Metrics:
         self.registry.register(ExternalQueueCollector(source))
 
     def attach_states(self, source: StateSource) -> None:
-        """Export ECMs and EngineConns by state."""
+        """Export ECMs and EngineConns by state, and the EngineConns' requested, granted
+        and measured resource per ECM (rm_server/observability/usage.py)."""
         self.states = StateCountCollector(source, self.cache_seconds)
         self.registry.register(self.states)
+        self.usage = EngineConnUsageCollector(source, self.label_cap, self.cache_seconds)
+        self.registry.register(self.usage)
 
     async def exposition(self) -> bytes:
         """The text exposition, with the label records refreshed when stale."""
@@ -177,6 +184,8 @@ class Metrics:
             await self.labels.refresh()
         if self.states is not None:
             await self.states.refresh()
+        if self.usage is not None:
+            await self.usage.refresh()
         return generate_latest(self.registry)
 
 
@@ -411,7 +420,7 @@ class ExternalQueueCollector(Collector):
         yield from (maximum, used, apps, fetched, fetches)
 
 
-class StateSource(Protocol):
+class StateSource(UsageSource, Protocol):
     async def state_counts(self) -> dict[str, dict[str, int]]: ...
 
 
