@@ -9,6 +9,7 @@ import contextlib
 import os
 import pwd
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from labelrm.v1 import admin_pb2, engine_conn_pb2_grpc, executor_pb2, executor_p
 from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as rm_pb
 
+from ecm_agent.cgroups import V2_CONTROLLERS, Hierarchy, Layout, Limits, parse_mountinfo
 from ecm_agent.containment import Cgroup, Containment, detect_layout
 from tests.fixtures.agents import CGROUP_ROOT
 from tests.helpers import (
@@ -110,6 +112,10 @@ def cmdline(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
+
+
+def _mountinfo() -> str:
+    return Path("/proc/self/mountinfo").read_text()
 
 
 def proc_cgroup(pid: int) -> str:
@@ -464,3 +470,42 @@ async def test_without_cgroups_an_agent_refuses_to_start_unless_isolation_none(
     assert [row[:3] for row in rows] == [["agent3", "RUNNING", "none"]]
     ec = await create(rm)  # it runs EngineConns, uncontained and unmeasured
     assert ec.ecm_instance == "agent3" and not ec.HasField("measured")
+
+
+# ----- cgroup v2: cgroup.kill -------------------------------------------------------------
+
+
+async def test_cgroup_kill_on_the_v2_hierarchy_ends_a_setsid_escapee(
+    sudo_users: tuple[str, ...],
+) -> None:
+    """The kill of the v2 layout, on this machine's v2 hierarchy (it carries no
+    controllers here, so no limits: cgroup.kill and cgroup.events are core files): a
+    process joined through the launch prefix and the one it set loose with setsid are
+    both ended, and the cgroup is removed."""
+    unified = [m for m in parse_mountinfo(_mountinfo()) if m.version == 2]
+    assert unified, "no cgroup2 hierarchy mounted on this machine"
+    name = f"lrmtest-v2-{uuid.uuid4().hex[:12]}"
+    parent = unified[0].path / name
+    parent.mkdir()
+    try:
+        layout = Layout(2, (Hierarchy(parent, V2_CONTROLLERS, f"/{name}"),))
+        containment = Containment(layout, 0)
+        cg = containment.create("ec-1", Limits())
+        command = [
+            *containment.join_command(cg),
+            "/bin/sh",
+            "-c",
+            "setsid -f sleep 600; exec sleep 600",
+        ]
+        proc = await asyncio.create_subprocess_exec(*command, start_new_session=True)
+        pids = await wait_until(
+            lambda: _async(m if len(m := containment.members(cg)) == 2 else None),
+            timeout=10,
+            what="the process and its escapee in the cgroup",
+        )
+        assert len({os.getsid(p) for p in pids}) == 2  # two sessions, one cgroup
+        assert await containment.destroy(cg)
+        assert not any(alive(p) for p in pids) and not containment.exists(cg)
+        assert await proc.wait() == -9
+    finally:
+        parent.rmdir()
