@@ -165,6 +165,10 @@ async def test_each_engineconn_runs_in_its_own_cgroup_held_to_its_grant_and_meas
     ) == (str(256 * MiB), str(256 * MiB), "50000", "100000", "4096")
     own = proc_cgroup(fresh.pid)
     assert f"memory:{containment.layout.hierarchy_of('memory').cgroup_path}/" in own
+    # Its code cannot move itself out (into the agent's parent, or anywhere).
+    out = containment.layout.hierarchy_of("memory").parent / "cgroup.procs"
+    escaped = await execute(first, f"echo $$ > {out} 2>&1 && echo moved; echo rc=$?")
+    assert "moved" not in escaped[0] and "rc=1" in escaped[0], escaped
 
     # The user's fork server is up by now (the first launch started it): a fork.
     await wait_until(lambda: _fork_server_ready(agent), timeout=30, what="a fork server")
