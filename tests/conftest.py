@@ -23,12 +23,16 @@ pytest_plugins = [
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked `ha` bring their own Patroni cluster and ignore the database target:
-    they run in the embedded-database pass only (deselected, not skipped, when
-    LABELRM_TEST_DATABASE_URL names another server), so CI runs them once."""
+    """Tests marked `ha` (they bring their own Patroni cluster) or `once` ignore the
+    database target: they run in the embedded-database pass only (deselected, not
+    skipped, when LABELRM_TEST_DATABASE_URL names another server), so CI runs them once."""
     if not os.environ.get("LABELRM_TEST_DATABASE_URL"):
         return
-    kept = [item for item in items if item.get_closest_marker("ha") is None]
+    kept = [
+        item
+        for item in items
+        if not any(item.iter_markers("ha")) and not any(item.iter_markers("once"))
+    ]
     if len(kept) != len(items):
         config.hook.pytest_deselected(items=[i for i in items if i not in kept])
         items[:] = kept

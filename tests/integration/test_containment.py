@@ -33,6 +33,7 @@ from tests.helpers import (
     label_state,
     lbl,
     load_instance,
+    refused,
     shared_tmp,
     start_agent,
     wait_until,
@@ -416,27 +417,24 @@ async def test_an_engineconns_own_report_cannot_lower_what_its_ticket_charges(
         return next((e for e in listed if e.ecm_instance and e.ticket_id), None)
 
     starting = await wait_until(launched, timeout=20, what="the launch")
-    tiny = load_instance(1, 1, 0)
-    with pytest.raises(grpc.aio.AioRpcError) as refused:
-        await ecs(rm).ReportEngineConnState(
-            ec_pb.ReportEngineConnStateRequest(
-                engine_conn_id=starting.engine_conn_id,
-                state=ec_pb.ENGINE_CONN_STATE_IDLE,
-                address="127.0.0.1:9",
-                used_resource=tiny,
-            )
-        )
-    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert bad_field(refused.value) == "used_resource"
+    report = ec_pb.ReportEngineConnStateRequest(
+        engine_conn_id=starting.engine_conn_id,
+        state=ec_pb.ENGINE_CONN_STATE_IDLE,
+        address="127.0.0.1:9",
+        used_resource=load_instance(1, 1, 0),
+    )
+    err = await refused(
+        ecs(rm).ReportEngineConnState(report), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT"
+    )
+    assert bad_field(err) == "used_resource"
+    assert (await get_ec(rm, starting.engine_conn_id)).state == ec_pb.ENGINE_CONN_STATE_STARTING
     (gate / "go").touch()  # the held launch goes on: the real EngineConn reports ready
     first = await creating
     ticket = (await rm.rm.GetTicket(rm_pb.GetTicketRequest(ticket_id=first.ticket_id))).ticket
     assert ticket.used_resource == load_instance(256 * MiB, 500, 1)
     second = await create(rm)
     assert second.state == ec_pb.ENGINE_CONN_STATE_IDLE
-    with pytest.raises(grpc.aio.AioRpcError) as full:
-        await create(rm)
-    assert full.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    await refused(create(rm), grpc.StatusCode.RESOURCE_EXHAUSTED, "NO_ECM_WITH_CAPACITY")
     record = await label_state(rm, "emInstance=agent1")
     assert record.used_resource.load_instance.instances == 2
     await assert_consistent(rm)
@@ -453,16 +451,16 @@ async def test_without_cgroups_an_agent_refuses_to_start_unless_isolation_none(
     the node shows it."""
     rm = cluster_rm
     fake_root = shared_tmp("lrm-no-cgroups-")
-    refused = agent_factory(rm.target, "agent2", "--cgroup-root", str(fake_root))
-    refused.start()
-    await wait_until(lambda: _async(refused.proc.poll() is not None), timeout=30, what="exit")
-    log = refused.log_text()
-    assert refused.proc.returncode == 2, log
+    blocked = agent_factory(rm.target, "agent2", "--cgroup-root", str(fake_root))
+    blocked.start()
+    await wait_until(lambda: _async(blocked.proc.poll() is not None), timeout=30, what="exit")
+    log = blocked.log_text()
+    assert blocked.proc.returncode == 2, log
     assert log.startswith("ecm-agent: error: cannot contain EngineConns: no cgroup hierarchy")
     assert 'isolation = "none"' in log and log.count("\n") == 1
-    with pytest.raises(grpc.aio.AioRpcError) as unknown:
-        await rm.rm.GetEcm(rm_pb.GetEcmRequest(instance="agent2"))
-    assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+    await refused(
+        rm.rm.GetEcm(rm_pb.GetEcmRequest(instance="agent2")), grpc.StatusCode.NOT_FOUND, "NOT_FOUND"
+    )
 
     await start_agent(rm, agent_factory, "agent3", "--cgroup-root", str(fake_root),
                       "--isolation", "none")  # fmt: skip

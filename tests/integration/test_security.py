@@ -10,7 +10,6 @@ import sys
 import grpc
 import pytest
 from google.protobuf import message_factory
-from grpc_status import rpc_status
 from labelrm.v1 import (
     admin_pb2,
     demand_pb2,
@@ -35,6 +34,7 @@ from tests.helpers import (
     lbl,
     load,
     load_instance,
+    reason_of,
     register,
     wait_until,
 )
@@ -115,18 +115,6 @@ async def srm(database_url, keys):
         yield rm
     finally:
         await stop_secure(rm)
-
-
-def reason_of(err: grpc.aio.AioRpcError) -> str:
-    from google.rpc import error_details_pb2
-
-    status = rpc_status.from_call(err)
-    for detail in status.details if status else ():
-        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            info = error_details_pb2.ErrorInfo()
-            detail.Unpack(info)
-            return str(info.reason)
-    return ""
 
 
 def role_channel(srm, role: str):

@@ -19,6 +19,7 @@ from tests.helpers import (
     lbl,
     limit_req,
     load_instance,
+    reason_of,
     register,
 )
 from tests.integration.security_fixtures import (
@@ -28,7 +29,6 @@ from tests.integration.security_fixtures import (
     start_secure_agent,
     stop_secure,
 )
-from tests.integration.test_security import reason_of
 
 SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"
 SHELL_B = "userCreator=lrmtest_b-IDE,engineType=shell-1"
