@@ -252,7 +252,12 @@ class Agent:
         """Reads every running EngineConn's cgroup each `usage_interval`; stops those over
         their memory (the kernel's OOM killer struck in their cgroup)."""
         while True:
-            samples = await asyncio.to_thread(self.launcher.samples)
+            try:
+                contained = self.launcher.contained()
+                samples = await asyncio.to_thread(self.launcher.samples, contained)
+            except OSError as exc:  # a kernel that refuses a read: the next round retries
+                log.warning("reading the EngineConns' cgroups failed: %s", exc)
+                samples = {}
             for ec_id, sample in samples.items():
                 entry = self._processes.get(ec_id)
                 if entry is None or entry.ended:

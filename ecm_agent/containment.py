@@ -300,7 +300,9 @@ class Containment:
             elif (_read(cg.dir_of("freezer") / "freezer.state") or "").strip() == "FROZEN":
                 return
             await asyncio.sleep(0.005)
-        log.warning("cgroup %s did not freeze within %gs: killing it anyway", cg.name, 1.0)
+        log.warning(
+            "cgroup %s did not freeze within %gs: killing it anyway", cg.name, _FREEZE_WAIT_SECONDS
+        )
 
     def remove(self, cg: Cgroup) -> bool:
         """Removes `cg`'s directories; False if one is still in use."""

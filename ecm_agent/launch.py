@@ -370,17 +370,24 @@ class Launcher:
             log.warning("EngineConn %s is over its memory: stopping it", ec_id)
             await self.containment.kill(tracked.cgroup)
 
-    def samples(self) -> dict[str, Sample]:
-        """The current figures of every running contained EngineConn (reads files:
-        call it off the event loop)."""
+    def contained(self) -> dict[str, Cgroup]:
+        """The cgroup of every contained EngineConn still running."""
+        return {
+            ec_id: t.cgroup
+            for ec_id, t in self._tracked.items()
+            if t.exit is None and t.cgroup is not None
+        }
+
+    def samples(self, cgroups: Mapping[str, Cgroup]) -> dict[str, Sample]:
+        """The current figures of `cgroups` (from `contained`; reads files: call it off
+        the event loop, which may change the launcher meanwhile)."""
         out: dict[str, Sample] = {}
         if self.containment is None:
             return out
-        for ec_id, tracked in list(self._tracked.items()):
-            if tracked.exit is None and tracked.cgroup is not None:
-                sample = self.containment.sample(tracked.cgroup)
-                if sample is not None:
-                    out[ec_id] = sample
+        for ec_id, cgroup in cgroups.items():
+            sample = self.containment.sample(cgroup)
+            if sample is not None:
+                out[ec_id] = sample
         return out
 
     async def end_all(self, grace: float | None = None) -> None:

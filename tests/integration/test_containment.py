@@ -355,15 +355,29 @@ async def test_a_setsid_escapee_survives_no_kill_path(
     idle = 4 if path == "idle_exit" else 600
     ec = await create(rm, max_idle_seconds=idle)
     cg = containment_of(agent).cgroup(ec.engine_conn_id)
-    # (its output elsewhere: the execution ends without waiting for it)
-    started = await execute(ec, "setsid -f sleep 600 </dev/null &>/dev/null; echo started")
+    # The execution waits for its escapee to be out of its session (the engine ends the
+    # execution's process group when it completes, and would end one still in it); the
+    # escapee's output goes elsewhere, so the execution does not wait for it to end. It
+    # sleeps a duration of its own: other tests' escapees of the same user may be running.
+    duration = f"600.{uuid.uuid4().int % 10**6:06d}"
+    started = await execute(
+        ec,
+        f"setsid -f sleep {duration} </dev/null &>/dev/null; "
+        f"until pgrep -u $(id -u) -f '^sleep {duration}$' >/dev/null; do sleep 0.01; done; "
+        "echo started",
+    )
     assert started[0] == "started\n"
 
     def escapee() -> int | None:
-        found = [p for p in containment_of(agent).members(cg) if cmdline(p) == b"sleep\x00600\x00"]
+        argv = f"sleep\0{duration}\0".encode()
+        found = [p for p in containment_of(agent).members(cg) if cmdline(p) == argv]
         return found[0] if found else None
 
-    pid = await wait_until(escapee, timeout=10, what="the escapee")
+    def seen() -> str:
+        members = containment_of(agent).members(cg)
+        return f"the escapee among {[(p, cmdline(p)) for p in sorted(members)]}"
+
+    pid = await wait_until(escapee, timeout=10, what=seen)
     main = (await get_ec(rm, ec.engine_conn_id)).pid
     assert os.getsid(pid) != os.getsid(main)  # it left the EngineConn's session
     if path == "kill":
