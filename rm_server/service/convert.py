@@ -462,12 +462,7 @@ def engine_conn_to_pb(ec: EngineConn, *, with_secret: bool = False) -> engine_co
 
 
 def usage_to_pb(u: MeasuredUsage) -> resource_pb2.ResourceUsage:
-    return resource_pb2.ResourceUsage(
-        memory_bytes=u.memory_bytes,
-        memory_peak_bytes=u.memory_peak_bytes,
-        cpu_millis=u.cpu_millis,
-        cpu_time_micros=u.cpu_time_micros,
-    )
+    return resource_pb2.ResourceUsage(**u.to_dict())  # the same four names
 
 
 def usage_from_pb(msg: resource_pb2.ResourceUsage, field: str) -> MeasuredUsage:
