@@ -22,16 +22,17 @@ from rm_server.domain.engineconn import (
     CommandKind,
     EcmState,
     EcmStatus,
+    EcmUsage,
     EcState,
     HeartbeatAction,
     HeartbeatOutcome,
+    MeasuredUsage,
     ProcessReport,
     ProcessState,
     heartbeat_is_routine,
     reported_transition,
 )
 from rm_server.domain.liveness import LivenessRules, LivenessView
-from rm_server.domain.resources import Resource
 from rm_server.errors import FailedPrecondition, LabelrmError, NotFound
 from rm_server.store import admin as admin_store
 from rm_server.store import ecms as ecm_store
@@ -161,6 +162,7 @@ class AgentHub:
                 )
             return
         # The process ended (or never started): end the EngineConn, then let the agent forget it.
+        # (The measurements of running ones were stored with the beat: hb_store.record.)
         if ec is not None and ours and ec.state.live:
             await self._end_ec(
                 conn,
@@ -201,9 +203,15 @@ class AgentHub:
         if silent is not None and not await ec_store.is_silent(conn, ec_id, *silent):
             raise _Heard(ec_id)
         fields: dict[str, object] = {"state": state, "ended_at": now, "reason": reason}
+        measured = current.measured
         if report is not None:
             fields.update(exit_code=report.exit_code, log_tail=report.log_tail[-4000:])
+            if report.usage is not None:
+                measured = report.usage
+                fields.update(measured=measured, measured_at=now)
         await ec_store.update_ec(conn, ec_id, now, **fields)
+        if ticket_id and measured is not None:  # the ticket's audit row: what it used
+            await ec_store.keep_measured(conn, ticket_id, measured)
         log.info("EngineConn %s ended %s: %s", ec_id, state.value, reason)
 
     async def _fence_vanished(self, agent_id: str, reported: set[str], now: datetime) -> None:
@@ -235,10 +243,9 @@ class AgentHub:
 
     # ----- EngineConn reports --------------------------------------------------------------
 
-    async def report_state(
-        self, ec_id: str, state: EcState, address: str, used: Resource | None, reason: str
-    ) -> bool:
-        """An EngineConn's heartbeat; True means it must shut down."""
+    async def report_state(self, ec_id: str, state: EcState, address: str, reason: str) -> bool:
+        """An EngineConn's heartbeat; True means it must shut down. What it uses is not
+        its to say: its ticket charges what was granted (its agent measures the rest)."""
         now = self._now()
 
         async def body(conn: Conn) -> bool:
@@ -253,7 +260,7 @@ class AgentHub:
                 await ec_store.update_ec(conn, ec_id, now, last_report_at=now)
                 return False
             if ec.state is EcState.STARTING and target in (EcState.IDLE, EcState.BUSY):
-                return await self._ready(conn, ec_id, ec.ticket_id, target, address, used, now)
+                return await self._ready(conn, ec_id, ec.ticket_id, target, address, now)
             if target in (EcState.SUCCEEDED, EcState.FAILED):
                 await self._end_ec(
                     conn,
@@ -276,11 +283,11 @@ class AgentHub:
         ticket_id: str,
         state: EcState,
         address: str,
-        used: Resource | None,
         now: datetime,
     ) -> bool:
         try:
-            await ticket_store.report_used(conn, ticket_id, used, now)
+            # Everything locked becomes used: an EngineConn is held to its whole grant.
+            await ticket_store.report_used(conn, ticket_id, None, now)
         except (FailedPrecondition, NotFound, LabelrmError) as exc:
             await self._end_ec(
                 conn,
@@ -375,6 +382,10 @@ class AgentHub:
     async def state_counts(self) -> dict[str, dict[str, int]]:
         return await self.db.run(ecm_store.state_counts)
 
+    async def usage_by_ecm(self, limit: int) -> list[EcmUsage]:
+        """Requested, granted and measured resource per ECM (for metrics)."""
+        return await self.db.run(lambda c: ecm_store.usage_by_ecm(c, limit))
+
     async def ecm_status(self, instance: str) -> EcmStatus:
         return await self.db.run(lambda c: ecm_store.ecm_status(c, instance))
 
@@ -385,6 +396,7 @@ class AgentHub:
 def _ended_state(current: EcState, report: ProcessReport) -> EcState:
     if (
         report.state is ProcessState.EXITED
+        and not report.out_of_memory
         and report.exit_code == 0
         and current in (EcState.SHUTTING_DOWN, EcState.IDLE, EcState.BUSY)
     ):
@@ -395,6 +407,8 @@ def _ended_state(current: EcState, report: ProcessReport) -> EcState:
 def _exit_reason(current: EcState, report: ProcessReport) -> str:
     if report.state is ProcessState.LAUNCH_FAILED:
         return f"launch refused by the agent: {report.reason}"
+    if report.out_of_memory:  # the agent's words: "out of memory: limit 256Mi"
+        return report.reason or "out of memory"
     if current is EcState.STARTING:
         return f"exited with code {report.exit_code} before it was ready"
     return f"exited with code {report.exit_code}"
@@ -460,10 +474,22 @@ def _answer(
     routine = agent.state is EcmState.RUNNING and heartbeat_is_routine(
         beat.processes, agent.live_pids, agent.acked
     )
+    measured = _measured(beat.processes)
     if not routine:
-        write = hb_store.BeatWrite(beat.agent_id, seq, None, beat.done_command_ids)
+        write = hb_store.BeatWrite(beat.agent_id, seq, None, beat.done_command_ids, measured)
         return _FullPass(agent.state, now), write
     done = set(beat.done_command_ids)
     commands = tuple(c for c in agent.pending if c.command_id not in done)
     encoded = beat.encode(HeartbeatOutcome(HeartbeatAction.CONTINUE, commands, sequence=seq))
-    return encoded, hb_store.BeatWrite(beat.agent_id, seq, encoded, beat.done_command_ids)
+    write = hb_store.BeatWrite(beat.agent_id, seq, encoded, beat.done_command_ids, measured)
+    return encoded, write
+
+
+def _measured(reports: Sequence[ProcessReport]) -> tuple[tuple[str, MeasuredUsage], ...]:
+    """The measurements a beat carries for running EngineConns (an ended one's last is
+    stored as it ends)."""
+    return tuple(
+        (r.ec_id, r.usage)
+        for r in reports
+        if r.usage is not None and r.state is ProcessState.RUNNING
+    )

@@ -18,6 +18,8 @@ share counters). What is exported:
 - per external provider and YARN queue, its last fetched figures (`ExternalQueueCollector`);
 - ECMs and EngineConns by state, and the liveness judge's state (``labelrm_liveness_*``:
   a suspected disruption, the heard-since mark), read at scrape time;
+- per ECM, the requested, granted and measured resource of its live EngineConns
+  (`EngineConnUsageCollector`, rm_server/observability/usage.py);
 - the standard ``process_*``, ``python_*`` collectors.
 
 Label values are bounded: methods are the registered ones, codes and reasons come from
@@ -57,8 +59,14 @@ from rm_server.observability.fleet import (
     StateCountCollector,
     StateSource,
 )
+from rm_server.observability.usage import EngineConnUsageCollector, UsageSource
 
 log = logging.getLogger(__name__)
+
+
+class FleetSource(StateSource, UsageSource, Protocol):
+    """What the fleet's collectors read: state counts and the EngineConns' usage."""
+
 
 APPLY_METHOD = "labelrm.v1.ResourceManagerService/Apply"
 DEFAULT_LABEL_CAP = 1000
@@ -98,6 +106,7 @@ class Metrics:
         self.labels: LabelResourceCollector | None = None
         self.states: StateCountCollector | None = None
         self.liveness: LivenessCollector | None = None
+        self.usage: EngineConnUsageCollector | None = None
         r = self.registry
         self.rpc_duration = Histogram(
             "labelrm_rpc_duration_seconds",
@@ -175,10 +184,13 @@ class Metrics:
         """Export the YARN queues labelrm admits against (`ExternalResources`)."""
         self.registry.register(ExternalQueueCollector(source))
 
-    def attach_states(self, source: StateSource) -> None:
-        """Export ECMs and EngineConns by state."""
+    def attach_states(self, source: FleetSource) -> None:
+        """Export ECMs and EngineConns by state, and the EngineConns' requested, granted
+        and measured resource per ECM (rm_server/observability/usage.py)."""
         self.states = StateCountCollector(source, self.cache_seconds)
         self.registry.register(self.states)
+        self.usage = EngineConnUsageCollector(source, self.label_cap, self.cache_seconds)
+        self.registry.register(self.usage)
 
     def attach_liveness(self, source: LivenessSource) -> None:
         """Export the liveness judge's state."""
@@ -193,6 +205,8 @@ class Metrics:
             await self.states.refresh()
         if self.liveness is not None:
             await self.liveness.refresh()
+        if self.usage is not None:
+            await self.usage.refresh()
         return generate_latest(self.registry)
 
 
