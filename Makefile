@@ -87,10 +87,11 @@ format: $(STAMP) ## ruff format + ruff check --fix
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-lint: $(STAMP) ## ruff check + ruff format --check + import layering (lint-imports) + buf lint (protos) + generated sync client up to date
+lint: $(STAMP) ## ruff check + ruff format --check + import layering (lint-imports) + buf lint (protos) + generated sync client and settings tables up to date
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(PY) scripts/gen_sync_client.py --check
+	$(PY) scripts/gen_settings_doc.py --check
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/buf lint protos
 
@@ -98,7 +99,7 @@ typecheck: $(STAMP) ## mypy (strict) on labelrm_common, rm_server, clients, ecm_
 	$(BIN)/mypy $(TYPED)
 
 docs: $(STAMP) ## regenerate the settings tables of docs/configuration.md from the settings declarations (rm-server, ecm-agent, EngineConn runtime)
-	$(PY) -m rm_server.settings_doc --write docs/configuration.md
+	$(PY) scripts/gen_settings_doc.py --write
 
 protos: $(STAMP) ## regenerate protos/labelrm/v1/*_pb2*.py(i) from the .proto files, then buf lint
 	$(PY) scripts/gen_protos.py
