@@ -1,5 +1,5 @@
-"""`AsyncRMClient`, the SDK's grpc.aio client, written by hand: scripts/gen_sync_client.py
-writes its blocking twin from it."""
+"""The SDK's client class, `AsyncRMClient`, on grpc.aio (the async modules are the source:
+scripts/gen_sync_client.py writes the blocking twins, clients/_sync_*.py, from them)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ __all__ = ["AsyncRMClient"]
 
 
 class AsyncRMClient(AsyncRMCalls, AsyncEngineConnCalls):
-    """grpc.aio client for the labelrm ResourceManagerService, AdminService,
+    """Client for the labelrm ResourceManagerService, AdminService,
     EngineConnService and DemandService (plus `execute` on an EngineConn's
-    ExecutorService); the same methods as RMClient, as coroutines.
+    ExecutorService) on grpc.aio: its methods are coroutines.
 
     The list_* methods and `execute` return async iterators.
 

@@ -1,12 +1,27 @@
 """Write the blocking client (clients/_sync_*.py) from the async one (clients/_aio_*.py).
 
 The SDK's methods are written once, as coroutines; their blocking twins are this script's
-output, in the way psycopg 3 generates its sync classes from the async ones. The
-translation is textual and small: `async def` / `async for` / `async with` / `await`
-go, `Async*` names lose their prefix (AsyncIterator -> Iterator, AsyncRetrying ->
-Retrying, AsyncRMClient -> RMClient), grpc.aio becomes grpc, and the few phrases in
-EXTRA are swapped. The result is passed through `ruff check --fix` (import order, `yield from`) and
-`ruff format`, so it is what `make format` would leave.
+output, in the way psycopg 3 generates its sync classes from the async ones
+(tools/async_to_sync.py in its repository): the translation walks the async module's
+syntax tree, so every construct is found where it is, whatever its layout. Each node
+kind has one rule:
+
+- ``async def`` / ``async for`` / ``async with`` lose ``async``; ``await x`` becomes ``x``
+  (and ``(await x).field`` becomes ``x.field``);
+- names and attributes in NAMES take their blocking name, and ``AsyncX`` becomes ``X``
+  (AsyncIterator -> Iterator, AsyncRetrying -> Retrying, AsyncRMClient -> RMClient);
+  ``grpc.aio.X`` becomes ``grpc.X``; ``from clients._aio_m`` becomes ``clients._sync_m``;
+  the names listed in ``__all__`` are renamed alike;
+- ``AsyncGenerator[Y, S]`` becomes ``Generator[Y, S, None]``;
+- docstrings go through DOCSTRING_RULES; a docstring that still speaks of coroutines or
+  awaiting afterwards stops the script (reword the async docstring), so no phrase slips
+  into the blocking client unturned;
+- the comments ``# noqa: ASYNC109`` (an async function's timeout parameter) go.
+
+Only the text of those nodes changes: comments and layout stay as written. The result is
+checked (it parses, holds no async construct, and every class has the same public methods
+as its async twin), then passed through ``ruff check --fix`` (import order, unused
+imports, ``yield from``) and ``ruff format``, so it is what ``make format`` would leave.
 
     python scripts/gen_sync_client.py          # rewrite clients/_sync_*.py
     python scripts/gen_sync_client.py --check  # exit 1 (and say which) if any is stale
@@ -17,9 +32,12 @@ EXTRA are swapped. The result is passed through `ruff check --fix` (import order
 from __future__ import annotations
 
 import argparse
+import ast
+import io
 import re
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,37 +45,33 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ("_aio_base.py", "_aio_rm.py", "_aio_engineconn.py", "_aio_client.py")
 """The async modules under clients/; each `_aio_X.py` gives `_sync_X.py`."""
 
-RULES: tuple[tuple[str, str], ...] = (
-    (r"\basync (def|for|with)\b", r"\1"),
-    (r"\bawait ", ""),
-    (r"\bAsync([A-Z]\w*)", r"\1"),
-    (r"\b__aenter__\b", "__enter__"),
-    (r"\b__aexit__\b", "__exit__"),
-    (r"\baio_channel\b", "sync_channel"),
-    (r"\bgrpc\.aio\.", "grpc."),
-    (r"\bclients\._aio_(\w+)", r"clients._sync_\1"),
-    # `(await self._call(...)).field` has nothing left to group.
-    (r"\((self\._call\([^()]*\))\)", r"\1"),
-    # A blocking function's timeout parameter is not the async lint's concern.
-    (r"  # noqa: ASYNC109.*$", ""),
-    # A generator's return type keeps its (None) send and return types.
-    (r"\bGenerator\[(\w+), None\]", r"Generator[\1, None, None]"),
-)
-
-EXTRA: dict[str, tuple[tuple[str, str], ...]] = {
-    "_aio_client.py": (
-        (
-            "`AsyncRMClient`, the SDK's grpc.aio client, written by hand: "
-            "scripts/gen_sync_client.py\nwrites its blocking twin from it.",
-            "`RMClient`, the SDK's blocking client, that scripts/gen_sync_client.py writes\n"
-            "from the async one (clients/_aio_client.py).",
-        ),
-        ("grpc.aio client for", "Blocking client for"),
-        ("; the same methods as RMClient, as coroutines.", "."),
-        ("return async iterators", "return iterators"),
-    ),
+NAMES: dict[str, str] = {
+    "__aenter__": "__enter__",
+    "__aexit__": "__exit__",
+    "__aiter__": "__iter__",
+    "__anext__": "__next__",
+    "aio_channel": "sync_channel",
+    "StopAsyncIteration": "StopIteration",
 }
-"""Phrases (docstrings) that a word-level rule cannot turn, per source module."""
+"""Names (variables, attributes, functions, imported names) with another blocking name;
+besides these, a name `AsyncX` (X capitalised) becomes `X`."""
+
+_ASYNC_NAME = re.compile(r"Async([A-Z]\w*)")
+
+DOCSTRING_RULES: tuple[tuple[str, str], ...] = (
+    (r"\bAsync([A-Z]\w*)", r"\1"),
+    (r"\bgrpc\.aio\b", "grpc"),
+    (r"\basync (iterators?|generators?)\b", r"\1"),
+    (r"\bcoroutines\b", "blocking calls"),
+    (r"\b([Aa]) coroutine\b", r"\1 blocking call"),
+)
+"""Word rules for docstrings (what the async text says of itself, turned)."""
+
+# What a blocking docstring must not say once the rules ran ("the async module(s) / the
+# async one(s)" name the source modules, which is right in both).
+_UNTURNED = re.compile(r"\b(await\w*|coroutines?|async(?! (modules?|ones?)\b))\b", re.IGNORECASE)
+
+_NOQA_ASYNC = re.compile(r"#\s*noqa:\s*ASYNC\d+\b.*$")
 
 
 def _header(source: str) -> str:
@@ -65,6 +79,262 @@ def _header(source: str) -> str:
         f"# Generated by scripts/gen_sync_client.py from clients/{source}: do not edit,\n"
         "# edit the async module and re-run the script (`make sync-client`).\n"
     )
+
+
+def blocking_name(name: str) -> str:
+    """The blocking twin's name for `name` (itself when it has none)."""
+    if name in NAMES:
+        return NAMES[name]
+    match = _ASYNC_NAME.fullmatch(name)
+    return match.group(1) if match else name
+
+
+class Translation(ast.NodeVisitor):
+    """Collects the edits (byte spans of the source and their new text) that turn an
+    async module into its blocking twin, node by node (the module doc lists the rules)."""
+
+    def __init__(self, source: str, where: str) -> None:
+        self.where = where
+        self.data = source.encode("utf-8")
+        self.line_starts = [0]
+        for line in source.splitlines(keepends=True):
+            self.line_starts.append(self.line_starts[-1] + len(line.encode("utf-8")))
+        self.edits: list[tuple[int, int, str]] = []
+
+    # ----- positions ----------------------------------------------------------------
+
+    def offset(self, lineno: int, col: int) -> int:
+        """The byte offset of (line, column) as the AST gives them (UTF-8 columns)."""
+        return self.line_starts[lineno - 1] + col
+
+    def span(self, node: ast.AST) -> tuple[int, int]:
+        start = self.offset(node.lineno, node.col_offset)  # type: ignore[attr-defined]
+        end = self.offset(node.end_lineno, node.end_col_offset)  # type: ignore[attr-defined]
+        return start, end
+
+    def replace(self, start: int, end: int, text: str) -> None:
+        self.edits.append((start, end, text))
+
+    def drop_keyword(self, node: ast.AST, keyword: bytes) -> None:
+        """Delete `keyword` and the blanks after it at the start of `node`."""
+        start, _ = self.span(node)
+        if not self.data.startswith(keyword, start):
+            raise SystemExit(f"{self.where}:{node.lineno}: expected {keyword.decode()!r}")  # type: ignore[attr-defined]
+        end = start + len(keyword)
+        while self.data[end : end + 1] in (b" ", b"\t"):
+            end += 1
+        self.replace(start, end, "")
+
+    def rename_at(self, start: int, old: str, new: str, node: ast.AST) -> None:
+        if new == old:
+            return
+        if not self.data.startswith(old.encode(), start):
+            raise SystemExit(f"{self.where}:{getattr(node, 'lineno', '?')}: expected {old!r}")
+        self.replace(start, start + len(old.encode()), new)
+
+    def rename_definition(self, node: ast.AST, keyword: str, name: str) -> None:
+        """Rename the `keyword name` that defines a function or class."""
+        start, end = self.span(node)
+        match = re.compile(rb"\b" + keyword.encode() + rb"\s+" + re.escape(name.encode())).search(
+            self.data, start, end
+        )
+        if match is None:
+            raise SystemExit(f"{self.where}:{node.lineno}: {keyword} {name} not found")  # type: ignore[attr-defined]
+        self.rename_at(match.end() - len(name.encode()), name, blocking_name(name), node)
+
+    # ----- the rules ----------------------------------------------------------------
+
+    def docstring(self, body: list[ast.stmt]) -> None:
+        if not (
+            body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            return
+        start, end = self.span(body[0].value)
+        text = self.data[start:end].decode("utf-8")
+        for pattern, repl in DOCSTRING_RULES:
+            text = re.sub(pattern, repl, text)
+        unturned = _UNTURNED.search(text)
+        if unturned:
+            raise SystemExit(
+                f"{self.where}:{body[0].lineno}: a docstring says {unturned.group(0)!r}, which"
+                " the blocking client cannot say: reword it (or add a rule to DOCSTRING_RULES)"
+            )
+        self.replace(start, end, text)
+
+    def visit_Module(self, node: ast.Module) -> None:
+        self.docstring(node.body)
+        self.generic_visit(node)
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        self.docstring(node.body)
+        self.rename_definition(node, "class", node.name)
+        self.generic_visit(node)
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+        self.docstring(node.body)
+        self.rename_definition(node, "def", node.name)
+        self.generic_visit(node)
+
+    def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> None:
+        self.docstring(node.body)
+        self.drop_keyword(node, b"async")
+        self.rename_definition(node, "def", node.name)
+        self.generic_visit(node)
+
+    def visit_AsyncFor(self, node: ast.AsyncFor) -> None:
+        self.drop_keyword(node, b"async")
+        self.generic_visit(node)
+
+    def visit_AsyncWith(self, node: ast.AsyncWith) -> None:
+        self.drop_keyword(node, b"async")
+        self.generic_visit(node)
+
+    def visit_Await(self, node: ast.Await) -> None:
+        self.drop_keyword(node, b"await")
+        self.generic_visit(node)
+
+    def visit_comprehension(self, node: ast.comprehension) -> None:
+        if node.is_async:
+            raise SystemExit(f"{self.where}: an async comprehension: no blocking rule for it")
+        self.generic_visit(node)
+
+    def _unwrap_await(self, inner: ast.expr) -> None:
+        """`(await x).y` / `(await x)[i]` / `(await x)(...)`: the parentheses go too (kept
+        when they span lines: without them the expression would end at the line break)."""
+        if not isinstance(inner, ast.Await):
+            return
+        start, end = self.span(inner)
+        before = self.data.rfind(b"(", 0, start)
+        after = self.data.find(b")", end)
+        if (
+            before >= 0
+            and after >= 0
+            and not self.data[before + 1 : start].strip()
+            and not self.data[end:after].strip()
+            and b"\n" not in self.data[before:after]
+        ):
+            self.replace(before, before + 1, "")
+            self.replace(after, after + 1, "")
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        self._unwrap_await(node.value)
+        value = node.value
+        if (
+            isinstance(value, ast.Attribute)
+            and value.attr == "aio"
+            and isinstance(value.value, ast.Name)
+            and value.value.id == "grpc"
+        ):  # grpc.aio.X -> grpc.X
+            start, end = self.span(value)
+            self.replace(start, end, "grpc")
+        else:
+            self.visit(value)
+        _, end = self.span(node)
+        self.rename_at(end - len(node.attr.encode()), node.attr, blocking_name(node.attr), node)
+
+    def visit_Subscript(self, node: ast.Subscript) -> None:
+        self._unwrap_await(node.value)
+        if (
+            isinstance(node.value, ast.Name)
+            and node.value.id == "AsyncGenerator"
+            and isinstance(node.slice, ast.Tuple)
+            and len(node.slice.elts) == 2
+        ):  # AsyncGenerator[Y, S] -> Generator[Y, S, None]: a generator's return type
+            _, end = self.span(node.slice.elts[-1])
+            self.replace(end, end, ", None")
+        self.generic_visit(node)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        self._unwrap_await(node.func)
+        self.generic_visit(node)
+
+    def visit_Name(self, node: ast.Name) -> None:
+        start, _ = self.span(node)
+        self.rename_at(start, node.id, blocking_name(node.id), node)
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        """`__all__`'s names are texts: renamed like the names they are."""
+        if any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets) and isinstance(
+            node.value, ast.List | ast.Tuple
+        ):
+            for item in node.value.elts:
+                if isinstance(item, ast.Constant) and isinstance(item.value, str):
+                    start, end = self.span(item)
+                    new = blocking_name(item.value)
+                    if new != item.value:
+                        self.replace(start, end, repr(new).replace("'", '"'))
+        self.generic_visit(node)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        module = node.module or ""
+        if module.startswith("clients._aio_"):
+            start, end = self.span(node)
+            found = self.data.find(module.encode(), start, end)
+            new = "clients._sync_" + module.removeprefix("clients._aio_")
+            self.rename_at(found, module, new, node)
+        for alias in node.names:
+            start, _ = self.span(alias)
+            self.rename_at(start, alias.name, blocking_name(alias.name), alias)
+
+    def comments(self, source: str) -> None:
+        """`# noqa: ASYNC...` comments go (the blocking code does not raise them)."""
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.COMMENT and _NOQA_ASYNC.search(tok.string):
+                start = self.offset(*tok.start)
+                end = self.offset(*tok.end)
+                while start > 0 and self.data[start - 1 : start] == b" ":
+                    start -= 1
+                self.replace(start, end, "")
+
+    def result(self) -> str:
+        out = bytearray(self.data)
+        edits = sorted(set(self.edits), reverse=True)
+        for (start, end, _), (next_start, _, _) in zip(edits[1:], edits, strict=False):
+            if end > next_start:
+                raise SystemExit(f"{self.where}: overlapping edits at byte {start}")
+        for start, end, text in edits:
+            out[start:end] = text.encode("utf-8")
+        return out.decode("utf-8")
+
+
+def translate(source: str, text: str) -> str:
+    """The blocking module for the async module `source` (a file name) with `text`."""
+    where = f"clients/{source}"
+    tree = ast.parse(text, filename=where)
+    translation = Translation(text, where)
+    translation.visit(tree)
+    translation.comments(text)
+    return _header(source) + translation.result()
+
+
+def check_twin(async_text: str, sync_text: str, where: str) -> None:
+    """The blocking module holds no async construct, and each of its classes has the
+    public methods of its async twin (renamed), no more and no fewer."""
+    sync_tree = ast.parse(sync_text, filename=where)
+    for node in ast.walk(sync_tree):
+        if isinstance(node, ast.AsyncFunctionDef | ast.AsyncFor | ast.AsyncWith | ast.Await):
+            raise SystemExit(f"{where}:{node.lineno}: an async construct is left")
+
+    def methods(tree: ast.Module, rename: bool) -> dict[str, set[str]]:
+        found: dict[str, set[str]] = {}
+        for cls in tree.body:
+            if isinstance(cls, ast.ClassDef):
+                name = blocking_name(cls.name) if rename else cls.name
+                found[name] = {
+                    blocking_name(f.name) if rename else f.name
+                    for f in cls.body
+                    if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+                    and not f.name.startswith("_")
+                }
+        return found
+
+    expected = methods(ast.parse(async_text), rename=True)
+    got = methods(sync_tree, rename=False)
+    if expected != got:
+        raise SystemExit(f"{where}: methods differ from the async module's: {got} != {expected}")
 
 
 def _ruff(args: list[str], text: str, filename: Path) -> str:
@@ -75,30 +345,19 @@ def _ruff(args: list[str], text: str, filename: Path) -> str:
     return done.stdout
 
 
-def translate(source: str, text: str) -> str:
-    """The blocking module for the async module `source` (a file name) with `text`."""
-    for old, new in EXTRA.get(source, ()):
-        if old not in text:
-            raise SystemExit(f"clients/{source}: expected phrase not found: {old!r}")
-        text = text.replace(old, new)
-    lines = []
-    for line in text.splitlines():
-        for pattern, repl in RULES:
-            line = re.sub(pattern, repl, line)
-        lines.append(line)
-    return _header(source) + "\n".join(lines) + "\n"
-
-
 def generate(source: str) -> tuple[Path, str]:
     """(target path, formatted text) of the blocking twin of clients/`source`."""
     target = ROOT / "clients" / source.replace("_aio_", "_sync_", 1)
-    text = translate(source, (ROOT / "clients" / source).read_text(encoding="utf-8"))
+    async_text = (ROOT / "clients" / source).read_text(encoding="utf-8")
+    text = translate(source, async_text)
     text = _ruff(
         ["check", "--fix-only", "--unsafe-fixes", "--select", "I,F401,UP028", "--quiet"],
         text,
         target,
     )
-    return target, _ruff(["format", "--quiet"], text, target)
+    text = _ruff(["format", "--quiet"], text, target)
+    check_twin(async_text, text, str(target.relative_to(ROOT)))
+    return target, text
 
 
 def main(argv: list[str] | None = None) -> int:
