@@ -30,13 +30,14 @@ from rm_server.app.background import Lease, run_periodically
 from rm_server.app.core import CoreSettings, RMCore
 from rm_server.app.demands import DemandManager, DemandSettings
 from rm_server.app.engineconns import EcSettings, EngineConnManager
+from rm_server.app.owners import DbOwners
+from rm_server.app.providers import ExternalResources
 from rm_server.clock import Clock, IdFactory, SystemClock, random_ids
 from rm_server.config import Settings
 from rm_server.console.app import Console, Sources
 from rm_server.domain.demands.planner import PlannerSettings
 from rm_server.domain.labels import parse_rules
 from rm_server.embedded import EmbeddedPostgres
-from rm_server.external import ExternalResources
 from rm_server.external.secrets import SecretSource
 from rm_server.observability.metrics import Metrics, MetricsHttpServer
 from rm_server.security.setup import Security, build_security
@@ -210,7 +211,7 @@ class RMServer:
         # Every service is added to the interceptor, which wraps each method once with
         # logs, metrics, security and error statuses, then installs them (its module doc).
         calls = Interceptor(
-            auth=self.security.interceptor(self._db),
+            auth=self.security.interceptor(DbOwners(self._db)),
             metrics=self.metrics,
             limits=self.security.limits,
             user_max_message_bytes=self.settings.user_max_message_bytes,
@@ -254,7 +255,7 @@ class RMServer:
         if self.settings.console_listen:
             sources = Sources(
                 self.core, self.hub, self.engine_conns, self.demands, self.security,
-                self.security.interceptor(self._db),
+                self.security.interceptor(DbOwners(self._db)),
             )  # fmt: skip
             self.console = Console(sources, self.settings.console_listen)
             await self.console.start()

@@ -21,11 +21,11 @@ from rm_server.app.background import Lease, PassObserver
 from rm_server.app.capacity import Capacity
 from rm_server.app.cluster import Cluster
 from rm_server.app.consistency import Consistency
+from rm_server.app.providers import ExternalResources
 from rm_server.app.shared import CoreSettings
 from rm_server.app.sweeps import Replicas, Sweeps
 from rm_server.app.tickets import Tickets
 from rm_server.clock import Clock, IdFactory, SystemClock, random_ids
-from rm_server.external import ExternalResources
 from rm_server.store.db import Database
 from rm_server.store.notify import LabelNotifier
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Protocol
 
+from rm_server.app.providers import ExternalResources
 from rm_server.clock import Clock, IdFactory
 from rm_server.domain.labels import DEFAULT_RULES, TransformRule
-from rm_server.external import ExternalResources
 from rm_server.store.db import Database
 from rm_server.store.notify import LabelNotifier
 

@@ -39,6 +39,7 @@ from rm_server.domain.external import (
     ha_state,
     parse_scheduler,
 )
+from rm_server.external.errors import RMAuthRejected, RMUnreachable
 from rm_server.external.secrets import SecretMissing, SecretSource
 
 log = logging.getLogger(__name__)
@@ -52,14 +53,6 @@ INFO = "/ws/v1/cluster/info"
 STANDBY_TEXT = "This is standby RM"
 ATTEMPTS = 3  # rounds over the address list before giving up
 RETRY_WAIT = 0.2
-
-
-class RMUnreachable(Exception):
-    """No active ResourceManager answered (all down, all standby, or errors)."""
-
-
-class RMAuthRejected(Exception):
-    """The RM refused the provider's credentials (HTTP 401/403)."""
 
 
 class _Standby(Exception):
@@ -117,7 +110,7 @@ class YarnRequester:
             raise
         except Exception as exc:
             # The one line of a failed fetch, with what only the operator may see (users
-            # are told the cluster only: rm_server/external/__init__.py).
+            # are told the cluster only: rm_server/app/providers.py).
             log.warning(
                 "yarn provider %s (cluster=%s): fetch failed: %s",
                 self.config.name, self.config.cluster, exc,

@@ -48,25 +48,10 @@ from rm_server.security.identity import (
 )
 from rm_server.security.limits import Limits, RateKeys
 from rm_server.security.tokens import TokenFile
-from rm_server.store import owners
-from rm_server.store.db import Database
 
 log = logging.getLogger(__name__)
 
 Release = Callable[[], None]
-
-
-class DbOwners:
-    """`policy.Owners` on the database (one indexed read per ownership check)."""
-
-    def __init__(self, db: Database) -> None:
-        self.db = db
-
-    async def ticket_owner(self, ticket_id: str) -> str | None:
-        return await self.db.run(lambda c: owners.ticket_owner(c, ticket_id), read_only=True)
-
-    async def engine_conn_owner(self, ec_id: str) -> str | None:
-        return await self.db.run(lambda c: owners.engine_conn_owner(c, ec_id), read_only=True)
 
 
 def _waits(request: Any) -> bool:

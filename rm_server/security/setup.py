@@ -33,12 +33,12 @@ from labelrm_common.roles import Role
 from labelrm_common.tokens import TokenFileError
 from rm_server.config import Settings
 from rm_server.domain.labels import parse_rules
+from rm_server.security import policy
 from rm_server.security.ec_certs import EcCredentials, EngineConnIssuer
 from rm_server.security.identity import bearer_token
-from rm_server.security.interceptor import AuthInterceptor, DbOwners
+from rm_server.security.interceptor import AuthInterceptor
 from rm_server.security.limits import Limits, LimitSettings
 from rm_server.security.tokens import TokenFile
-from rm_server.store.db import Database
 
 log = logging.getLogger(__name__)
 
@@ -130,12 +130,15 @@ class Security:
     _mtls_certs: _CertFiles | None = None
     _main_requires_cert: bool = False
 
-    def interceptor(self, db: Database) -> AuthInterceptor:
+    def interceptor(self, owners: policy.Owners) -> AuthInterceptor:
+        """The authentication and policy checks of every call; `owners` answers the
+        policy's ownership questions (rm_server/app/owners.py reads them from the
+        database)."""
         proxies = {u.strip() for u in self.settings.proxy_users.split(",") if u.strip()}
         return AuthInterceptor(
             enabled=self.auth_enabled,
             tokens=self.tokens,
-            owners=DbOwners(db),
+            owners=owners,
             limits=self.limits,
             proxy_users=proxies,
             allow_host_certificates=self.settings.allow_host_certificates,

@@ -12,11 +12,11 @@ from labelrm_common.version import VERSION
 from rm_server.app.agents import AgentHub
 from rm_server.app.cluster import EVENT_TABLES
 from rm_server.app.core import RMCore
+from rm_server.app.providers import ExternalResources
 from rm_server.domain.external import ProviderConfig
 from rm_server.domain.labels import EM_INSTANCE
 from rm_server.domain.model import StoredLimit
 from rm_server.errors import FailedPrecondition, InvalidArgument
-from rm_server.external import ExternalResources
 from rm_server.service import convert
 from rm_server.service.common import ProtoEncoder, idempotency, next_token, page_of, respond
 
