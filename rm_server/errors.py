@@ -2,16 +2,19 @@
 `rm_server.service.errors.status_for` (applied to every call by
 `rm_server.service.interceptor`); nothing else in the server picks codes.
 
-The pure domain raises its own errors (rm_server/domain/errors.py); one that names the
-request field it concerns is an INVALID_ARGUMENT, made here (`as_rm_error`) and nowhere
-else."""
+The pure domain has its own errors (rm_server/domain/errors.py) and its refusals are
+values (rm_server.domain.model.Refusal); both become the RM's errors here and nowhere
+else: `as_rm_error` (a domain error naming a field is an INVALID_ARGUMENT naming it, an
+Unknown a NOT_FOUND, a Conflict a FAILED_PRECONDITION, an OverCapacity a
+RESOURCE_EXHAUSTED) and `refused` (an Apply that did not fit)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from labelrm_common.quantity import Shortfall
-from rm_server.domain.errors import DomainError
+from rm_server.domain import errors as domain
+from rm_server.domain.model import Refusal
 
 
 class LabelrmError(Exception):
@@ -138,14 +141,41 @@ class PermissionDenied(LabelrmError):
 
 
 def as_rm_error(exc: BaseException) -> LabelrmError | None:
-    """`exc` as the RM error a call ends with: itself; for a domain error naming the
-    field it concerns, the INVALID_ARGUMENT naming that field; None for anything else
-    (a domain error naming no field, or any other exception, is a bug)."""
+    """`exc` as the RM error a call ends with: itself; for a domain error, the RM's
+    (module doc); None for anything else (a plain domain error naming no field, or any
+    other exception, is a bug)."""
     if isinstance(exc, LabelrmError):
         return exc
-    if isinstance(exc, DomainError) and exc.field:
-        return InvalidArgument(exc.field, exc.message)
+    if not isinstance(exc, domain.DomainError):
+        return None
+    reason = exc.reason or None
+    if isinstance(exc, domain.EcmNotRegistered):
+        return EcmNotRegistered(exc.message)
+    if isinstance(exc, domain.EcmNotRunning):
+        return EcmNotRunning(exc.message, state=exc.state)
+    if isinstance(exc, domain.Unknown):
+        return NotFound(exc.message, reason=reason)
+    if isinstance(exc, domain.Conflict):
+        return FailedPrecondition(
+            exc.message, state=exc.state, reason=reason, transient=exc.transient
+        )
+    if isinstance(exc, domain.OverCapacity):
+        return ResourceExhausted(exc.message, exc.shortfalls, reason=reason)
+    if exc.field:
+        return InvalidArgument(exc.field, exc.message, reason=reason)
     return None
+
+
+def refused(refusal: Refusal) -> ResourceExhausted:
+    """The answer to an Apply that did not fit (and may not wait): every shortfall, or
+    the earlier waiters it is queued behind."""
+    if refusal.shortfalls:
+        detail = f" ({refusal.detail})" if refusal.detail else ""  # a YARN queue's breakdown
+        return ResourceExhausted("insufficient resource" + detail, refusal.shortfalls)
+    return ResourceExhausted(
+        "queued behind earlier waiting applies on " + ", ".join(refusal.queued_behind),
+        reason="QUEUED_BEHIND_WAITERS",
+    )
 
 
 def describe_shortfalls(shortfalls: Sequence[Shortfall]) -> str:

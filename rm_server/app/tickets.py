@@ -20,9 +20,10 @@ from rm_server.app.shared import Shared
 from rm_server.domain.external import QueueCheck
 from rm_server.domain.labels import USER_CREATOR, Label, TransformRule, transform
 from rm_server.domain.ledger import blocked_by_own_quota
-from rm_server.domain.model import Ticket
+from rm_server.domain.model import Refusal, Ticket
 from rm_server.domain.resources import Resource
-from rm_server.errors import DeadlineExceeded, Unavailable
+from rm_server.domain.ticket_group import NeedsRows
+from rm_server.errors import DeadlineExceeded, Unavailable, refused
 from rm_server.store import admin as admin_store
 from rm_server.store import providers as provider_store
 from rm_server.store import ticket_ops, ticket_reads
@@ -87,7 +88,7 @@ class Tickets:
         if queue is not None:
             keys = tuple(sorted((*keys, queue.label)))
 
-        def attempt(waiter: int | None, may_wait: bool) -> Awaitable[Ticket | Replay]:
+        def attempt(waiter: int | None) -> Awaitable[Ticket | Replay | Refusal]:
             # One call for both paths (`queue` and `resource` as they are at the try).
             return self._apply_once(
                 idem,
@@ -98,14 +99,16 @@ class Tickets:
                 keys,
                 resource,
                 waiter,
-                may_wait=may_wait,
                 after=after,
                 engine_conn_id=engine_conn_id,
                 queue=queue,
             )
 
         if wait_seconds <= 0:
-            return await attempt(None, may_wait=False)
+            outcome = await attempt(None)
+            if isinstance(outcome, Refusal):
+                raise refused(outcome)
+            return outcome
         deadline = time.monotonic() + wait_seconds
         waiter: int | None = None
         # How long this waiter may hold capacity back from later requests; it holds
@@ -119,9 +122,7 @@ class Tickets:
                     if queue is not None:  # the queue's live figures, fresh for each try
                         queue, resource = await self._external(labels, resource)
                     try:
-                        return await attempt(waiter, may_wait=True)
-                    except ticket_ops.MustWait as wait:
-                        refusal = wait.refusal
+                        outcome = await attempt(waiter)
                     except Unavailable:
                         # The database went away while this apply waits (a failover): it
                         # goes on waiting within its deadline, and its next try reaches the
@@ -130,6 +131,9 @@ class Tickets:
                             raise
                         await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
                         continue
+                    if not isinstance(outcome, Refusal):
+                        return outcome
+                    refusal = outcome  # it must wait
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         raise DeadlineExceeded(
@@ -206,11 +210,13 @@ class Tickets:
         resource: Resource,
         waiter: int | None,
         *,
-        may_wait: bool = False,
         after: AfterApply | None = None,
         engine_conn_id: str = "",
         queue: QueueCheck | None = None,
-    ) -> Ticket | Replay:
+    ) -> Ticket | Replay | Refusal:
+        """One try: the ticket (or the replay of an earlier call), or the refusal (the
+        caller waits or refuses). Labels that need a record first get it, then the try
+        is made again."""
         op = ticket_ops.ApplyOp(
             idem,
             encoder,
@@ -221,17 +227,16 @@ class Tickets:
             resource,
             self.core.settings.lock_timeout,
             waiter,
-            may_wait,
             after,
             engine_conn_id,
             queue,
         )
         while True:
-            try:
-                return await self._submit(op)
-            except ticket_ops.NeedLimitRows as need:
-                now = self.core.clock.now()
-                await self.core.db.run(admin_store.ensure_limit_rows, need.labels, now)
+            outcome = await self._submit(op)
+            if not isinstance(outcome, NeedsRows):
+                return outcome
+            now = self.core.clock.now()
+            await self.core.db.run(admin_store.ensure_limit_rows, outcome.labels, now)
 
     async def _external(
         self, labels: tuple[Label, ...], resource: Resource
@@ -265,20 +270,21 @@ class Tickets:
     ) -> Ticket | Replay:
         """A user's ReportUsed (refused on a ticket an EngineConn owns)."""
         op = ticket_ops.ReportOp(idem, encoder, ticket_id, used, from_user=True)
-        return await self._submit(op)
+        return _ended(await self._submit(op))
 
     async def release(
         self, idem: Idempotency, ticket_id: str, encoder: OutcomeEncoder[Ticket]
     ) -> Ticket | Replay:
         """A user's Release (refused on a ticket an EngineConn owns)."""
         op = ticket_ops.ReleaseOp(idem, encoder, ticket_id, from_user=True)
-        return await self._submit(op)
+        return _ended(await self._submit(op))
 
-    async def _submit(self, op: ticket_ops.Op) -> Ticket | Replay:
-        """Run `op` in the next group (grouping on), or in a group of its own."""
+    async def _submit(self, op: ticket_ops.Op) -> Ticket | Replay | Refusal | NeedsRows:
+        """Run `op` in the next group (grouping on), or in a group of its own: its
+        outcome (ticket_store.Outcome), an error raised."""
         combiner = self._grouping()
         if combiner is not None:
-            outcome: Ticket | Replay = await combiner.submit(op)
+            outcome: Ticket | Replay | Refusal | NeedsRows = await combiner.submit(op)
             return outcome
         (alone,) = await self._run_group([op])
         if isinstance(alone, BaseException):
@@ -328,6 +334,12 @@ class Tickets:
         return await self.core.db.run(
             lambda c: ticket_reads.list_tickets(c, after, limit, label, state, user)
         )
+
+
+def _ended(outcome: Ticket | Replay | Refusal | NeedsRows) -> Ticket | Replay:
+    """A ReportUsed's or Release's outcome (only an Apply is refused or needs records)."""
+    assert not isinstance(outcome, Refusal | NeedsRows)
+    return outcome
 
 
 def _owner(user: str, labels: tuple[Label, ...]) -> str:

@@ -2,17 +2,15 @@
 first outcome, and how that outcome is stored (docs/architecture.md, "Idempotency").
 
 Plain values, shared by the service layer (which builds them from a request) and the
-store (which claims and finishes request ids in the call's transaction)."""
+store (which claims and finishes request ids in the call's transaction, storing each
+outcome as the store's OutcomeEncoder says)."""
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
 
-from rm_server.errors import InvalidArgument, LabelrmError
-
-T = TypeVar("T")
+from rm_server.domain.errors import DomainError
 
 
 @dataclass(frozen=True)
@@ -34,8 +32,8 @@ class Idempotency:
     def check_same(self, stored_hash: bytes) -> None:
         """Refuse a request id reused by its caller for a different request."""
         if stored_hash != self.request_hash:
-            raise InvalidArgument(
-                "request_id", "reused with a different request", reason="REQUEST_ID_REUSED"
+            raise DomainError(
+                "reused with a different request", "request_id", reason="REQUEST_ID_REUSED"
             )
 
 
@@ -45,9 +43,3 @@ class Replay:
 
     status_code: int
     response: bytes
-
-
-class OutcomeEncoder(Protocol[T]):  # type: ignore[misc]
-    def ok(self, result: T) -> bytes: ...
-
-    def error(self, err: LabelrmError) -> tuple[int, bytes]: ...

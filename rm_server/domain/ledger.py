@@ -2,9 +2,11 @@
 accounts, in memory, without I/O.
 
 The store (rm_server/store/tickets.py) reads and locks the accounts a group of
-requests needs, runs these rules request by request, and writes back what changed.
-Every rule is all-or-nothing: it returns the accounts it changed and the new state
-of the ticket, or raises / returns a refusal and changes nothing.
+requests needs, the group's decision (rm_server/domain/ticket_group.py) runs these
+rules request by request, and the store writes back what changed. Every rule is
+all-or-nothing: it returns the accounts it changed and the new state of the ticket, or
+a refusal (a value: it did not fit), or raises the domain's error (rm_server/domain/
+errors.py: the request cannot be done, whatever the capacity), and changes nothing.
 
 Per label account, at all times: ``used`` and ``locked`` never go negative; the
 sum of ``locked`` over the live LOCKED tickets charged to the label equals the
@@ -19,6 +21,14 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from rm_server.domain.admission import ECM_SOURCE, charged_part, label_shortfalls
+from rm_server.domain.errors import (
+    Conflict,
+    DomainError,
+    EcmNotRegistered,
+    EcmNotRunning,
+    OverCapacity,
+    Unknown,
+)
 from rm_server.domain.external import QueueCheck
 from rm_server.domain.labels import USER_CREATOR, Label, ecm_instance
 from rm_server.domain.model import LabelRecord, Refusal, Ticket, TicketState
@@ -29,16 +39,6 @@ from rm_server.domain.resources import (
     ResourceOverflowError,
     Shortfall,
     headroom,
-)
-from rm_server.errors import (
-    EcmNotRegistered,
-    EcmNotRunning,
-    FailedPrecondition,
-    InvalidArgument,
-    LabelrmError,
-    NotFound,
-    ResourceExhausted,
-    not_found,
 )
 
 
@@ -71,7 +71,6 @@ class ApplyCommand:
     now: datetime
     lock_expires_at: datetime
     waiter_seq: int | None = None
-    may_wait: bool = False
     engine_conn_id: str = ""  # the EngineConn the ticket is charged for, if any
     # A YARN queue the request must also fit (its record is one of `keys`).
     external: QueueCheck | None = None
@@ -79,17 +78,22 @@ class ApplyCommand:
 
 def resource_refusal(
     label: str, current: Resource, request: Resource, exc: ResourceError
-) -> LabelrmError:
+) -> DomainError:
     """Why `request` cannot be added to `current` on `label`: a sum past the largest
-    quantity a record holds is a capacity answer (RESOURCE_EXHAUSTED naming the
-    dimension); anything else is a request of the wrong type for the label."""
+    quantity a record holds is a capacity answer (OverCapacity naming the dimension);
+    anything else is a request of the wrong type for the label (naming ``resource``)."""
     if isinstance(exc, ResourceOverflowError):
         dim = exc.dimension
         available = max(0, MAX_QUANTITY - current.get(dim))
-        return ResourceExhausted(
+        return OverCapacity(
             "insufficient resource", [Shortfall(label, dim, request.get(dim), available)]
         )
-    return InvalidArgument("resource", f"does not match label {label}: {exc}")
+    return DomainError(f"does not match label {label}: {exc}", "resource")
+
+
+def ticket_not_found(ticket_id: str) -> Unknown:
+    """The answer for a ticket id that does not exist."""
+    return Unknown(f"ticket {ticket_id} not found")
 
 
 @dataclass(frozen=True)
@@ -149,7 +153,7 @@ def held_back(
             if shortfalls_of([capacity], part):
                 continue  # can never fit this label
             held = part if held is None else held + part
-        except (ResourceError, InvalidArgument, ResourceExhausted):
+        except DomainError:  # a ResourceError, or resource_refusal's
             # Deliberate: a request this label cannot measure (another type, or a sum
             # past the largest quantity) can never be granted here, so it holds nothing;
             # it is refused on its own turn, with the reason.
@@ -310,8 +314,8 @@ def _external_refusal(
     merged with the labels' own."""
     assert cmd.external is not None
     queue = accounts.get(cmd.external.label)
-    if queue is None:  # created before the Apply (rm_server/app/core.py)
-        raise FailedPrecondition(f"no record of queue {cmd.external.label}", state="NO_RECORD")
+    if queue is None:  # created before the Apply (rm_server/app/tickets.py)
+        raise Conflict(f"no record of queue {cmd.external.label}", state="NO_RECORD")
     outside = cmd.external.refusal(queue.locked, cmd.resource)
     if outside is None:
         return refusal
@@ -333,19 +337,20 @@ def lock_expired(ticket: Ticket, now: datetime) -> bool:
     )
 
 
-def lock_expired_error(ticket_id: str) -> FailedPrecondition:
-    return FailedPrecondition(
+def lock_expired_error(ticket_id: str) -> Conflict:
+    """The refusal of a ReportUsed that came after the ticket's lock timeout."""
+    return Conflict(
         f"ticket {ticket_id} was not reported within the lock timeout",
         state="EXPIRED",
         reason="LOCK_EXPIRED",
     )
 
 
-def not_live_error(ticket_id: str, ended: Ticket | None) -> FailedPrecondition | NotFound:
+def not_live_error(ticket_id: str, ended: Ticket | None) -> Conflict | Unknown:
     """Why a ticket that is not live cannot be reported: ended (`ended`), or unknown."""
     if ended is None:
-        return not_found("ticket", ticket_id)
-    return FailedPrecondition(
+        return ticket_not_found(ticket_id)
+    return Conflict(
         f"ticket {ticket_id} is {ended.state.value} ({ended.end_reason})",
         state=ended.state.value,
         reason="TICKET_ENDED",
@@ -357,7 +362,7 @@ def check_user_may_end(ticket: Ticket) -> None:
     lifecycle reports and releases it; ending it under a running EngineConn would hand
     out capacity the EngineConn still uses)."""
     if ticket.engine_conn_id:
-        raise FailedPrecondition(
+        raise Conflict(
             f"ticket {ticket.ticket_id} belongs to EngineConn {ticket.engine_conn_id}:"
             " end it with KillEngineConn",
             state=ticket.state.value,
@@ -372,7 +377,7 @@ def decide_report(
     and whether part of the lock was freed. `used` None means all of the lock."""
     ticket_id = ticket.ticket_id
     if ticket.state is not TicketState.LOCKED:
-        raise FailedPrecondition(
+        raise Conflict(
             f"ticket {ticket_id} is {ticket.state.value}, not LOCKED",
             state=ticket.state.value,
             reason="TICKET_NOT_LOCKED",
@@ -387,9 +392,9 @@ def decide_report(
             if within and (a := accounts.get(label)) is not None
         ]
     except ResourceError as exc:
-        raise InvalidArgument("used_resource", str(exc)) from exc
+        raise DomainError(str(exc), "used_resource") from exc
     if remainder is None:
-        raise FailedPrecondition(
+        raise Conflict(
             f"used_resource exceeds what ticket {ticket_id} locked",
             state="LOCKED",
             reason="USED_EXCEEDS_LOCKED",
@@ -408,13 +413,13 @@ def decide_report(
 
 def reserve(account: LabelAccount, resource: Resource) -> LabelAccount:
     """`account` with a time-aware demand's `resource` reserved on it (an ECM's record:
-    the part it holds), or InvalidArgument naming the demand's ``resource`` when that
+    the part it holds), or a DomainError naming the demand's ``resource`` when that
     does not match the label (checked as an Apply's would be)."""
     try:
         part = account.part(resource)
         held = part if account.reserved is None else account.reserved + part
     except ResourceError as exc:
-        raise InvalidArgument("resource", f"does not match label {account.label}: {exc}") from exc
+        raise DomainError(f"does not match label {account.label}: {exc}", "resource") from exc
     reserved = replace(account, reserved=held)
     check_accounts([reserved], resource)  # raises when the kinds do not match
     return reserved

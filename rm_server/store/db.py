@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
-from typing import Any, TypeVar, TypeVarTuple
+from typing import Any, Protocol, TypeVar, TypeVarTuple
 
 import psycopg
 import tenacity
@@ -21,7 +21,6 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 # Re-exported: the store's callers name them from here too.
 from rm_server.domain.idempotency import Idempotency as Idempotency
-from rm_server.domain.idempotency import OutcomeEncoder as OutcomeEncoder
 from rm_server.domain.idempotency import Replay as Replay
 from rm_server.errors import (
     FailedPrecondition,
@@ -35,6 +34,18 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
+R = TypeVar("R", contravariant=True)
+
+
+class OutcomeEncoder(Protocol[R]):
+    """How a call's outcome is stored under its request id: the service layer's encoding,
+    the one a replay is answered with (a result, or the RM error that ended the call)."""
+
+    def ok(self, result: R) -> bytes: ...
+
+    def error(self, err: LabelrmError) -> tuple[int, bytes]: ...
+
+
 Conn = psycopg.AsyncConnection[Any]
 
 # Session-level advisory lock held while migrating, so replicas starting together

@@ -31,14 +31,15 @@ from rm_server.domain.demands.planner import (
 from rm_server.domain.demands.state import DemandState, Transition, step
 from rm_server.domain.demands.timelang import order_ids
 from rm_server.domain.demands.waits import Predecessor
+from rm_server.domain.errors import DomainError
 from rm_server.domain.labels import LabelKey
 from rm_server.domain.ledger import LabelAccount
 from rm_server.domain.limits import best_limit
 from rm_server.domain.model import Refusal, Ticket
 from rm_server.domain.resources import Resource
-from rm_server.errors import InvalidArgument
+from rm_server.errors import InvalidArgument, as_rm_error
 from rm_server.store import admin as admin_store
-from rm_server.store import ticket_ops, ticket_reads
+from rm_server.store import ticket_reads
 from rm_server.store import tickets as ticket_store
 from rm_server.store.codec import (
     LABEL_COLUMNS,
@@ -497,7 +498,10 @@ async def reserve(conn: Conn, d: Demand, now: datetime) -> tuple[str, ...]:
         row = rows.get(label)
         if row is None or row.max_resource is None:
             continue
-        held = ledger.reserve(row, d.resource).reserved  # an ECM's record: its part only
+        try:
+            held = ledger.reserve(row, d.resource).reserved  # an ECM's record: its part only
+        except DomainError as exc:  # the resource does not match the label
+            raise as_rm_error(exc) or exc from None
         await conn.execute(
             "UPDATE label_resource SET reserved = %s WHERE label = %s", (jres(held), label)
         )
@@ -573,17 +577,17 @@ async def allocate(conn: Conn, d: Demand, cmd: ticket_store.ApplyCommand) -> Tic
         async with conn.transaction():  # a savepoint in the caller's transaction
             # The label rows were created (lock_labels) before they were locked: creating
             # them here would take the limits' lock after the rows, where a limit change
-            # takes it before them (a deadlock). A limit that appeared since: NeedLimitRows.
+            # takes it before them (a deadlock). A limit that appeared since: NeedsRows.
             await ticket_store.lock_labels(conn, cmd.keys, cmd.now)  # every key, canonical
             await unreserve(conn, d, cmd.now, handover=True)
             outcome = await ticket_store.apply(conn, cmd)
+            if isinstance(outcome, ticket_store.NeedsRows):  # a limit appeared: next round
+                raise _Refused(Refusal((), outcome.labels))
             if isinstance(outcome, Refusal):
                 raise _Refused(outcome)
             return outcome
     except _Refused as refused:
         return refused.refusal
-    except ticket_ops.NeedLimitRows as need:  # a limit appeared meanwhile: next round
-        return Refusal((), need.labels)
 
 
 async def check_reservations(conn: Conn) -> list[str]:

@@ -1,55 +1,30 @@
-"""What a request to the one ticket path is (`Op` and its kinds) and how it can end
-besides a ticket: refused, must wait, or limit rows to create first.
+"""What a request to the one ticket path is (`Op` and its kinds): the domain's command
+(rm_server/domain/ticket_group.py) with what the store needs around it, the request id
+its outcome is logged under and how that outcome is encoded.
 
 `rm_server.store.tickets.run` takes a sequence of these; the use cases build them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from rm_server.domain.external import QueueCheck
 from rm_server.domain.labels import Label
 from rm_server.domain.ledger import ApplyCommand
-from rm_server.domain.model import Refusal, Ticket
+from rm_server.domain.model import Ticket
 from rm_server.domain.resources import Resource
-from rm_server.errors import ResourceExhausted
+from rm_server.domain.ticket_group import (
+    Command,
+    ExpireCommand,
+    ReleaseCommand,
+    ReportCommand,
+)
 from rm_server.store.db import Conn, Idempotency, OutcomeEncoder
 
 AfterApply = Callable[[Conn, Ticket], Awaitable[None]]
-
-
-class NeedLimitRows(Exception):
-    """Labels without a record have a configured limit: create their rows, then retry."""
-
-    def __init__(self, labels: Sequence[str]) -> None:
-        super().__init__(", ".join(labels))
-        self.labels = tuple(labels)
-
-
-class MustWait(Exception):
-    """An Apply that may wait did not fit: roll back and wait for a release."""
-
-    def __init__(self, refusal: Refusal) -> None:
-        super().__init__("must wait")
-        self.refusal = refusal
-
-
-class Refused(ResourceExhausted):
-    """An Apply that does not fit (the final answer to it); `refusal` says why."""
-
-    def __init__(self, refusal: Refusal) -> None:
-        if refusal.shortfalls:
-            detail = f" ({refusal.detail})" if refusal.detail else ""  # a YARN queue's breakdown
-            super().__init__("insufficient resource" + detail, refusal.shortfalls)
-        else:
-            super().__init__(
-                "queued behind earlier waiting applies on " + ", ".join(refusal.queued_behind),
-                reason="QUEUED_BEHIND_WAITERS",
-            )
-        self.refusal = refusal
 
 
 @dataclass(eq=False)
@@ -66,6 +41,10 @@ class Op:
             return ("", "", str(id(self)))
         return (self.idem.caller, self.idem.method, self.idem.request_id)
 
+    def command(self, now: datetime) -> Command:
+        """The request, as the domain decides it."""
+        raise NotImplementedError
+
 
 @dataclass(eq=False)
 class ApplyOp(Op):
@@ -76,7 +55,6 @@ class ApplyOp(Op):
     resource: Resource
     lock_timeout: timedelta
     waiter_seq: int | None = None
-    may_wait: bool = False
     # Runs in the same transaction once the ticket is written (the EngineConn flow
     # queues its launch command there, atomically).
     after: AfterApply | None = None
@@ -93,7 +71,6 @@ class ApplyOp(Op):
             now=now,
             lock_expires_at=now + self.lock_timeout,
             waiter_seq=self.waiter_seq,
-            may_wait=self.may_wait,
             engine_conn_id=self.engine_conn_id,
             external=self.external,
         )
@@ -105,6 +82,9 @@ class ReportOp(Op):
     used: Resource | None
     from_user: bool = False  # a user's RPC: refused on EngineConn-owned tickets
 
+    def command(self, now: datetime) -> ReportCommand:
+        return ReportCommand(self.ticket_id, self.used, self.from_user)
+
 
 @dataclass(eq=False)
 class ReleaseOp(Op):
@@ -112,9 +92,15 @@ class ReleaseOp(Op):
     reason: str = "released"
     from_user: bool = False  # a user's RPC: refused on EngineConn-owned tickets
 
+    def command(self, now: datetime) -> ReleaseCommand:
+        return ReleaseCommand(self.ticket_id, self.reason, self.from_user)
+
 
 @dataclass(eq=False)
 class ExpireOp(Op):
     """Reclaim a LOCKED ticket past its lock timeout; None if it no longer qualifies."""
 
     ticket_id: str
+
+    def command(self, now: datetime) -> ExpireCommand:
+        return ExpireCommand(self.ticket_id)

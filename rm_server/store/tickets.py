@@ -8,11 +8,12 @@ in arrival order, as if each ran alone one after the other:
    label row the group touches, locked in canonical order (the labels the Apply
    requests name and those the tickets are charged to), with the live waiters queued
    on each; then the live tickets, locked;
-2. in memory, request by request, the ledger's rules (rm_server/domain/ledger.py): a
-   request sees the accounts as the requests before it left them, so each is
-   all-or-nothing, waiters keep their FIFO order, and a refusal or an error of one
-   request changes nothing for it and nothing for the others (its effects are rolled
-   back in memory);
+2. DECIDE, in memory: a request whose id has an outcome logged is answered with it;
+   the others go to the domain's decision of the group (rm_server/domain/
+   ticket_group.py: the ledger's rules, request by request, one outcome value each:
+   the ticket, a refusal, labels needing records, or the domain's error, which becomes
+   the RM's here, in rm_server.errors.as_rm_error); the outcomes that are final
+   answers are encoded for request_log (the caller's OutcomeEncoder);
 3. WRITE, one statement: the changed accounts, the new, changed and ended tickets,
    their history, the outcome of every request in request_log (so a retry replays
    it), the waiters served, the notifications. Each row type has one encoder
@@ -29,29 +30,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from rm_server.domain.errors import DomainError
 from rm_server.domain.labels import LabelKey
-from rm_server.domain.ledger import (
-    ApplyCommand,
-    LabelAccount,
-    Waiter,
-    check_accounts,
-    check_user_may_end,
-    decide_apply,
-    decide_end,
-    decide_report,
-    held_back,
-    lock_expired,
-    lock_expired_error,
-    not_live_error,
-)
+from rm_server.domain.ledger import ApplyCommand, LabelAccount, check_accounts
 from rm_server.domain.limits import LabelPattern, LimitRule, best_limit
-from rm_server.domain.model import Refusal, Ticket, TicketState
+from rm_server.domain.model import Refusal, Ticket
 from rm_server.domain.resources import Resource
-from rm_server.errors import InvalidArgument, LabelrmError, not_found
+from rm_server.domain.ticket_group import GroupState, GroupView, NeedsRows, decide_group
+from rm_server.errors import as_rm_error
 from rm_server.store.codec import (
     ECM_STATE,
     HISTORY_COLUMNS,
@@ -75,23 +65,15 @@ from rm_server.store.db import (
     is_final,
 )
 from rm_server.store.notify import CHANNEL
-from rm_server.store.ticket_ops import (
-    ApplyOp,
-    ExpireOp,
-    MustWait,
-    NeedLimitRows,
-    Op,
-    Refused,
-    ReleaseOp,
-    ReportOp,
-)
+from rm_server.store.ticket_ops import ApplyOp, ExpireOp, Op, ReleaseOp, ReportOp
 from rm_server.store.waiters import locked_waiters
 
-__all__ = ["ApplyCommand", "LabelAccount", "check_accounts", "run"]
+__all__ = ["ApplyCommand", "LabelAccount", "NeedsRows", "check_accounts", "run"]
 
-NO_WAITER = 2**63 - 1  # a new request ranks after every registered waiter
-
-Outcome = Ticket | Replay | BaseException | None
+# What `run` answers for each op: the ticket (None: nothing to expire), the replay of an
+# earlier call, a Refusal or NeedsRows (values: the caller waits, refuses, or creates the
+# records and tries again), or the error that ended it (the RM's; anything else a bug).
+Outcome = Ticket | Replay | Refusal | NeedsRows | BaseException | None
 
 _TICKET_OPS = ReportOp | ReleaseOp | ExpireOp
 
@@ -174,61 +156,7 @@ WRITE = (
 )
 
 
-# ----- the state of one group, in memory -----------------------------------------------------
-
-_MISSING = object()
-
-
-@dataclass
-class _State:
-    """The accounts and tickets as the requests so far left them. Every change goes
-    through put() / notify_on(), which keep an undo log, so that a request that fails
-    without an answer to store is rolled back in memory (cost: its own changes)."""
-
-    rows: dict[str, LabelAccount]
-    waiters: dict[str, tuple[Waiter, ...]]
-    tickets: dict[str, Ticket | None]  # live tickets; None once ended in this group
-    ended: dict[str, Ticket] = field(default_factory=dict)  # ended in this group
-    history: list[tuple[Ticket, Ticket]] = field(default_factory=list)  # (live, ended)
-    waiters_served: list[int] = field(default_factory=list)
-    notify: set[str] = field(default_factory=set)
-    _undo: list[tuple[Any, Any, Any]] = field(default_factory=list)
-
-    def put(self, mapping: dict[Any, Any], key: Any, value: Any) -> None:
-        self._undo.append((mapping, key, mapping.get(key, _MISSING)))
-        mapping[key] = value
-
-    def notify_on(self, labels: Sequence[str]) -> None:
-        for label in labels:
-            if label not in self.notify:
-                self._undo.append((self.notify, label, _MISSING))
-                self.notify.add(label)
-
-    def snapshot(self) -> tuple[int, int, int]:
-        return len(self._undo), len(self.history), len(self.waiters_served)
-
-    def restore(self, snap: tuple[int, int, int]) -> None:
-        mark, nh, nw = snap
-        while len(self._undo) > mark:
-            target, key, old = self._undo.pop()
-            if target is self.notify:
-                self.notify.discard(key)
-            elif old is _MISSING:
-                del target[key]
-            else:
-                target[key] = old
-        del self.history[nh:]
-        del self.waiters_served[nw:]
-
-    def end(self, ticket: Ticket, now: datetime, state: TicketState, reason: str) -> Ticket:
-        updated, ended = decide_end(ticket, self.rows, now, state, reason)
-        for row in updated:
-            self.put(self.rows, row.label, row)
-        self.put(self.tickets, ticket.ticket_id, None)
-        self.put(self.ended, ticket.ticket_id, ended)
-        self.history.append((ticket, ended))
-        self.notify_on([r.label for r in updated])
-        return ended
+# ----- the group transaction -----------------------------------------------------------------
 
 
 def _bytea(value: str) -> bytes:
@@ -236,44 +164,55 @@ def _bytea(value: str) -> bytes:
     return bytes.fromhex(value[2:])
 
 
-# ----- the group transaction -----------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class _Found:
-    """What step 1 read: the outcomes logged for the ops' request ids, the locked label
-    rows with their waiters, the live tickets (locked), the labels a limit says need a
-    row, and the history of the tickets that are not live."""
+    """What step 1 read: the outcomes logged for the ops' request ids, and what the
+    domain decides on (the locked accounts with their waiters, the live tickets, the
+    labels a limit says need a record, the history of the tickets that are not live)."""
 
     logged: dict[tuple[str, str, str], tuple[bytes, int | None, bytes]]
-    rows: dict[str, LabelAccount]
-    waiters: dict[str, tuple[Waiter, ...]]
-    tickets: dict[str, Ticket]
-    need: set[str]
-    history: dict[str, Ticket]
-
-
-@dataclass
-class _Decided:
-    """What step 2 decided: the group's state after its requests, one outcome per op,
-    and the outcomes to log under their request ids."""
-
-    state: _State
-    outcomes: list[Outcome]
-    log_rows: list[tuple[Idempotency, int, bytes]]
+    view: GroupView
 
 
 async def run(conn: Conn, ops: Sequence[Op], now: datetime) -> list[Outcome]:
     """Run `ops` in arrival order in the caller's (pipelined or not) transaction;
-    returns one outcome per op: the result, the replay of an earlier call, or the
-    exception. The three steps of the module docstring: read, decide, write."""
+    returns one outcome per op (`Outcome`). The three steps of the module docstring:
+    read, decide, write."""
     found = await _read(conn, ops, now)
-    decided = _decide(ops, found, now)
-    await _write(conn, found, decided, now)
-    for op, outcome in zip(ops, decided.outcomes, strict=True):
+    outcomes: list[Outcome] = [None] * len(ops)
+    pending: list[int] = []  # the ops the domain decides (no logged outcome)
+    for i, op in enumerate(ops):
+        earlier = found.logged.get(op.key) if op.idem is not None else None
+        if earlier is None:
+            pending.append(i)
+        else:
+            outcomes[i] = _replay(op, earlier)
+    decision = decide_group([ops[i].command(now) for i in pending], found.view, now)
+    log_rows: list[tuple[Idempotency, int, bytes]] = []
+    for i, decided in zip(pending, decision.outcomes, strict=True):
+        outcomes[i] = _answer(ops[i], decided, log_rows)
+    await _write(conn, found.view, decision.state, log_rows, now)
+    for op, outcome in zip(ops, outcomes, strict=True):
         if isinstance(op, ApplyOp) and op.after is not None and isinstance(outcome, Ticket):
             await op.after(conn, outcome)
-    return decided.outcomes
+    return outcomes
+
+
+def _answer(op: Op, decided: Outcome, log_rows: list[tuple[Idempotency, int, bytes]]) -> Outcome:
+    """The domain's outcome of `op` as the store answers it: an error becomes the RM's
+    (rm_server.errors.as_rm_error); a final answer (a ticket, or a final error) is
+    encoded for request_log under the op's request id."""
+    if isinstance(decided, Exception):
+        err = as_rm_error(decided)
+        if err is None:  # a bug: the caller's call fails with it (INTERNAL)
+            return decided
+        if op.idem is not None and op.encoder is not None and is_final(err):
+            code, payload = op.encoder.error(err)
+            log_rows.append((op.idem, code, payload))
+        return err
+    if isinstance(decided, Ticket) and op.idem is not None and op.encoder is not None:
+        log_rows.append((op.idem, 0, op.encoder.ok(decided)))
+    return decided
 
 
 async def _read(conn: Conn, ops: Sequence[Op], now: datetime) -> _Found:
@@ -325,49 +264,25 @@ async def _read(conn: Conn, ops: Sequence[Op], now: datetime) -> _Found:
     if gone:
         cur = await conn.execute(SELECT_HISTORY, (gone,))
         history = {t.ticket_id: t for t in map(ticket_from_history, await cur.fetchall())}
-    return _Found(logged, rows, waiters, tickets, need, history)
+    return _Found(logged, GroupView(rows, waiters, tickets, frozenset(need), history))
 
 
-def _decide(ops: Sequence[Op], found: _Found, now: datetime) -> _Decided:
-    """Step 2, in memory: each request in turn on the ledger's rules, seeing the accounts
-    as the requests before it left them. A stored answer is replayed; a final error is
-    the answer (logged, its effects kept); any other error is undone."""
-    state = _State(dict(found.rows), dict(found.waiters), dict(found.tickets))
-    decided = _Decided(state, [], [])
-    for op in ops:
-        earlier = found.logged.get(op.key) if op.idem is not None else None
-        if earlier is not None:
-            decided.outcomes.append(_replay(op, earlier))
-            continue
-        snap = state.snapshot()
-        try:
-            result = _execute(op, state, now, found.need, found.history)
-        except Exception as exc:
-            if is_final(exc):  # the answer to the request: stored, effects kept
-                assert isinstance(exc, LabelrmError)
-                if op.idem is not None and op.encoder is not None:
-                    code, payload = op.encoder.error(exc)
-                    decided.log_rows.append((op.idem, code, payload))
-            else:  # bad input, a transient refusal, must wait, ...: undone
-                state.restore(snap)
-            decided.outcomes.append(exc)
-            continue
-        if op.idem is not None and op.encoder is not None and result is not None:
-            decided.log_rows.append((op.idem, 0, op.encoder.ok(result)))
-        decided.outcomes.append(result)
-    return decided
-
-
-async def _write(conn: Conn, found: _Found, decided: _Decided, now: datetime) -> None:
+async def _write(
+    conn: Conn,
+    view: GroupView,
+    state: GroupState,
+    log_rows: list[tuple[Idempotency, int, bytes]],
+    now: datetime,
+) -> None:
     """Step 3: one statement writes what the group changed (nothing when it changed
     nothing): the rows, tickets, history, logged outcomes, waiters served, wake-ups."""
-    state, rows, tickets = decided.state, found.rows, found.tickets
-    changed = [row for label, row in state.rows.items() if row is not rows[label]]
+    rows, tickets = view.accounts, view.tickets
+    changed = [row for label, row in state.accounts.items() if row is not rows[label]]
     live = [(tid, t) for tid, t in state.tickets.items() if t is not None]
     inserted = [t for tid, t in live if tid not in tickets]
     updated = [t for tid, t in live if tid in tickets and t is not tickets[tid]]
     deleted = [tid for tid, t in state.tickets.items() if t is None and tid in tickets]
-    if not (changed or inserted or updated or deleted or state.history or decided.log_rows):
+    if not (changed or inserted or updated or deleted or state.history or log_rows):
         return
     await conn.execute(
         WRITE,
@@ -383,7 +298,7 @@ async def _write(conn: Conn, found: _Found, decided: _Decided, now: datetime) ->
             "log": json.dumps(
                 [
                     _log_json(idem, code, payload)
-                    for idem, code, payload in sorted(decided.log_rows, key=_log_key)
+                    for idem, code, payload in sorted(log_rows, key=_log_key)
                 ]
             ),
             "waiters": state.waiters_served,
@@ -411,85 +326,22 @@ def _log_json(idem: Idempotency, code: int, payload: bytes) -> dict[str, Any]:
 
 
 def _replay(op: Op, found: tuple[bytes, int | None, Any]) -> Outcome:
+    """The outcome logged for `op`'s request id, if the request is the same (a request id
+    reused for another request is refused, REQUEST_ID_REUSED)."""
     request_hash, code, response = found
     assert op.idem is not None
     try:
         op.idem.check_same(request_hash)
-    except InvalidArgument as err:
-        return err
+    except DomainError as err:
+        return as_rm_error(err) or err
     assert code is not None  # outcomes are committed with their request id
     return Replay(status_code=code, response=response)
-
-
-def _execute(
-    op: Op, state: _State, now: datetime, need: set[str], history: dict[str, Ticket]
-) -> Ticket | None:
-    if isinstance(op, ApplyOp):
-        return _apply(op, state, now, need)
-    assert isinstance(op, _TICKET_OPS)
-    ticket = state.tickets.get(op.ticket_id)
-    if isinstance(op, ExpireOp):
-        if ticket is None or not lock_expired(ticket, now):
-            return None
-        return state.end(ticket, now, TicketState.EXPIRED, "lock timeout")
-    if ticket is not None and op.from_user:
-        check_user_may_end(ticket)
-    if isinstance(op, ReleaseOp):
-        if ticket is None:
-            ended = state.ended.get(op.ticket_id) or history.get(op.ticket_id)
-            if ended is None:
-                raise not_found("ticket", op.ticket_id)
-            return ended  # Release is idempotent: an ended ticket is returned as it is
-        return state.end(ticket, now, TicketState.RELEASED, op.reason)
-    if ticket is None:
-        ended = state.ended.get(op.ticket_id) or history.get(op.ticket_id)
-        raise not_live_error(op.ticket_id, ended)
-    if lock_expired(ticket, now):
-        state.end(ticket, now, TicketState.EXPIRED, "lock timeout")
-        raise lock_expired_error(op.ticket_id)
-    updated, reported, freed = decide_report(ticket, state.rows, op.used, now)
-    for row in updated:
-        state.put(state.rows, row.label, row)
-    state.put(state.tickets, op.ticket_id, reported)
-    if freed:
-        state.notify_on([r.label for r in updated])
-    return reported
-
-
-def _apply(op: ApplyOp, state: _State, now: datetime, need: set[str]) -> Ticket:
-    needed = [k for k in op.keys if k in need]
-    if needed:
-        raise NeedLimitRows(needed)
-    seq = NO_WAITER if op.waiter_seq is None else op.waiter_seq
-    held = {
-        k: h
-        for k in op.keys
-        if (waiters := state.waiters.get(k))
-        and (account := state.rows.get(k)) is not None
-        and (h := held_back(account, waiters, seq, now)) is not None
-    }
-    outcome = decide_apply(op.command(now), state.rows, held)
-    if isinstance(outcome, Refusal):
-        if op.may_wait:
-            raise MustWait(outcome)
-        raise Refused(outcome)
-    charged, ticket = outcome
-    for row in charged:
-        state.put(state.rows, row.label, row)
-    state.put(state.tickets, ticket.ticket_id, ticket)
-    if op.waiter_seq is not None:
-        for k in op.keys:
-            if k in state.waiters:
-                left = tuple(w for w in state.waiters[k] if w.seq != op.waiter_seq)
-                state.put(state.waiters, k, left)
-        state.waiters_served.append(op.waiter_seq)
-    return ticket
 
 
 # ----- one request inside another transaction (EngineConns, agents, demands, ECMs) -----------
 
 
-def _only(outcomes: list[Outcome]) -> Ticket | None:
+def _only(outcomes: list[Outcome]) -> Ticket | Refusal | NeedsRows | None:
     (outcome,) = outcomes
     if isinstance(outcome, BaseException):
         raise outcome
@@ -497,9 +349,15 @@ def _only(outcomes: list[Outcome]) -> Ticket | None:
     return outcome
 
 
-async def apply(conn: Conn, cmd: ApplyCommand) -> Ticket | Refusal:
-    """Lock every label, check every one, then charge all or none (MustWait when the
-    command may wait and does not fit)."""
+def _ticket(outcomes: list[Outcome]) -> Ticket:
+    ticket = _only(outcomes)
+    assert isinstance(ticket, Ticket)  # only an Apply is refused, only an expiry is None
+    return ticket
+
+
+async def apply(conn: Conn, cmd: ApplyCommand) -> Ticket | Refusal | NeedsRows:
+    """Lock every label, check every one, then charge all or none: the ticket, the
+    refusal, or the labels that need a record first (a limit covers them)."""
     op = ApplyOp(
         None,
         None,
@@ -510,30 +368,22 @@ async def apply(conn: Conn, cmd: ApplyCommand) -> Ticket | Refusal:
         cmd.resource,
         cmd.lock_expires_at - cmd.now,
         cmd.waiter_seq,
-        cmd.may_wait,
         engine_conn_id=cmd.engine_conn_id,
         external=cmd.external,
     )
-    try:
-        ticket = _only(await run(conn, [op], cmd.now))
-    except Refused as refused:
-        return refused.refusal
-    assert ticket is not None
-    return ticket
+    outcome = _only(await run(conn, [op], cmd.now))
+    assert outcome is not None
+    return outcome
 
 
 async def report_used(conn: Conn, ticket_id: str, used: Resource | None, now: datetime) -> Ticket:
     """LOCKED -> USED: the locked resource moves to used; any unused part is freed."""
-    ticket = _only(await run(conn, [ReportOp(None, None, ticket_id, used)], now))
-    assert ticket is not None
-    return ticket
+    return _ticket(await run(conn, [ReportOp(None, None, ticket_id, used)], now))
 
 
 async def release(conn: Conn, ticket_id: str, now: datetime, reason: str = "released") -> Ticket:
     """End a live ticket; an ended one is returned as it is (Release is idempotent)."""
-    ticket = _only(await run(conn, [ReleaseOp(None, None, ticket_id, reason)], now))
-    assert ticket is not None
-    return ticket
+    return _ticket(await run(conn, [ReleaseOp(None, None, ticket_id, reason)], now))
 
 
 async def release_all(conn: Conn, ticket_ids: Sequence[str], now: datetime, reason: str) -> None:

@@ -17,13 +17,13 @@ import pytest
 from labelrm.v1 import resource_manager_pb2 as pb
 
 from rm_server.domain.labels import Label
-from rm_server.domain.model import Ticket, TicketState
+from rm_server.domain.model import Refusal, Ticket, TicketState
 from rm_server.domain.resources import Resource
+from rm_server.domain.ticket_group import NeedsRows
 from rm_server.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
-    ResourceExhausted,
 )
 from rm_server.service.resource_manager import _TICKET_ENCODERS
 from rm_server.store import ticket_ops
@@ -54,7 +54,7 @@ def _labels(text: str) -> tuple[Label, ...]:
     return tuple(Label(*p.split("=", 1)) for p in text.split(","))
 
 
-def apply_op(rm, labels: str, resource: Resource, *, rid: str = "", seq=None, may_wait=False):
+def apply_op(rm, labels: str, resource: Resource, *, rid: str = "", seq=None):
     lbls = _labels(labels)
     rid = rid or uuid.uuid4().hex
     return ticket_ops.ApplyOp(
@@ -67,7 +67,6 @@ def apply_op(rm, labels: str, resource: Resource, *, rid: str = "", seq=None, ma
         resource,
         timedelta(seconds=60),
         seq,
-        may_wait,
     )
 
 
@@ -123,7 +122,7 @@ async def test_a_group_runs_in_arrival_order_each_all_or_nothing(rm):
     ]
     out = await rm.core.tickets._run_group(ops)
     assert isinstance(out[0], Ticket) and isinstance(out[1], Ticket)
-    assert isinstance(out[2], ResourceExhausted)
+    assert isinstance(out[2], Refusal)  # a value: the caller refuses it, or waits
     assert [(s.requested, s.available) for s in out[2].shortfalls] == [(2 * GiB, GiB - 1)]
     assert isinstance(out[3], InvalidArgument)
     assert isinstance(out[4], Ticket)
@@ -133,7 +132,7 @@ async def test_a_group_runs_in_arrival_order_each_all_or_nothing(rm):
     # Neither the refusal (transient: a retry may fit) nor the invalid request (it
     # changed nothing) was stored with its request id; the grant was.
     again = await rm.core.tickets._run_group([ops[2], ops[3], ops[0]])
-    assert isinstance(again[0], ResourceExhausted)
+    assert isinstance(again[0], Refusal)
     assert isinstance(again[1], InvalidArgument)
     assert isinstance(again[2], Replay) and again[2].status_code == 0
     await assert_consistent(rm)
@@ -149,12 +148,12 @@ async def test_waiters_keep_fifo_inside_a_group(rm):
     ops = [
         release_op(held.ticket_id),
         apply_op(rm, SHARED, shared(GiB)),
-        apply_op(rm, SHARED, shared(3 * GiB // 2), seq=seq, may_wait=True),
+        apply_op(rm, SHARED, shared(3 * GiB // 2), seq=seq),
         apply_op(rm, SHARED, shared(GiB // 2)),
     ]
     out = await rm.core.tickets._run_group(ops)
     assert isinstance(out[0], Ticket) and out[0].state is TicketState.RELEASED
-    assert isinstance(out[1], ResourceExhausted) and out[1].reason == "QUEUED_BEHIND_WAITERS"
+    assert isinstance(out[1], Refusal) and out[1].queued_behind == (SHARED,)
     assert isinstance(out[2], Ticket) and out[2].state is TicketState.LOCKED
     assert isinstance(out[3], Ticket)
 
@@ -171,12 +170,12 @@ async def test_a_waiter_that_still_does_not_fit_must_wait_and_changes_nothing(rm
     await rm.rm.Apply(apply_req(SHARED, load_instance(GiB, 100, 1)))
     seq = await waiter(rm, SHARED, shared(2 * GiB))
     ops = [
-        apply_op(rm, SHARED, shared(2 * GiB), seq=seq, may_wait=True),
+        apply_op(rm, SHARED, shared(2 * GiB), seq=seq),
         apply_op(rm, SHARED, shared(GiB)),  # behind the waiter
     ]
     out = await rm.core.tickets._run_group(ops)
-    assert isinstance(out[0], ticket_ops.MustWait)
-    assert isinstance(out[1], ResourceExhausted) and out[1].reason == "QUEUED_BEHIND_WAITERS"
+    assert isinstance(out[0], Refusal)  # it waits on
+    assert isinstance(out[1], Refusal) and out[1].queued_behind == (SHARED,)
     state = await label_state(rm, SHARED)
     assert state.live_tickets == 1
     await rm.core.db.run(lambda c: waiter_store.remove_waiter(c, seq))
@@ -233,7 +232,7 @@ async def test_labels_with_a_limit_but_no_record_get_one_first(rm):
     out = await rm.core.tickets._run_group(
         [apply_op(rm, carol, Resource.load(GiB, 100)), apply_op(rm, USER, Resource.load(GiB, 1))]
     )
-    assert isinstance(out[0], ticket_ops.NeedLimitRows)
+    assert isinstance(out[0], NeedsRows) and out[0].labels == (carol,)
     assert isinstance(out[1], Ticket)  # no record and no limit: nothing to check, skipped
     # Through the server the row is created and the apply retried.
     ok = await rm.rm.Apply(apply_req(carol, load(GiB, 100)))

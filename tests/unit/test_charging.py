@@ -76,8 +76,8 @@ def test_nul_field_names_the_path_at_any_depth():
 
 
 def test_an_apply_must_name_registered_running_ecms():
+    from rm_server.domain.errors import EcmNotRegistered, EcmNotRunning
     from rm_server.domain.ledger import LabelAccount, check_ecms
-    from rm_server.errors import EcmNotRegistered, EcmNotRunning
 
     key = "emInstance=host1:9000"
     zero = Resource.zero(ResourceKind.LOAD_INSTANCE)

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rm_server.domain.errors import Conflict, DomainError
 from rm_server.domain.labels import Label
 from rm_server.domain.ledger import (
     ApplyCommand,
@@ -28,7 +29,6 @@ from rm_server.domain.ledger import (
 )
 from rm_server.domain.model import Refusal, Ticket, TicketState
 from rm_server.domain.resources import CPU, MEMORY, Resource, headroom
-from rm_server.errors import FailedPrecondition, InvalidArgument
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 ECM = "emInstance=host1:9000"
@@ -103,7 +103,7 @@ def test_a_waiter_holds_only_what_it_could_ever_get_for_a_bounded_time() -> None
 def test_report_beyond_the_lock_is_refused() -> None:
     accounts = {ECM: account(ECM, 10, 10)}
     charged, ticket = decide_apply(command(1, Resource.load(4, 4), keys=(ECM,)), accounts)  # type: ignore[misc]
-    with pytest.raises(FailedPrecondition) as exc:
+    with pytest.raises(Conflict) as exc:
         decide_report(ticket, {ECM: charged[0]}, Resource.load(5, 4), T0)
     assert exc.value.reason == "USED_EXCEEDS_LOCKED"
 
@@ -191,10 +191,10 @@ def test_a_reservation_comes_off_an_ecm_record_whatever_its_type_became() -> Non
 
 
 def test_a_reservation_of_the_wrong_type_names_the_resource() -> None:
-    with pytest.raises(InvalidArgument) as err:
+    with pytest.raises(DomainError) as err:
         reserve(account(USER, 10, 10), Resource.special({"gpu": 1}))
     assert err.value.field == "resource"
-    assert err.value.description.startswith(f"does not match label {USER}: ")
+    assert err.value.message.startswith(f"does not match label {USER}: ")
 
 
 # ----- more_room: when a refused allocation may fit -------------------------------------------
