@@ -33,7 +33,7 @@ LABELRM_TEST_DATABASE_URL ?=
 unexport LABELRM_TEST_DATABASE_URL
 TEST_ENV := $(if $(LABELRM_TEST_DATABASE_URL),env LABELRM_TEST_DATABASE_URL='$(LABELRM_TEST_DATABASE_URL)',env -u LABELRM_TEST_DATABASE_URL)
 
-TYPED := labelrm_common rm_server clients ecm_agent engineconn bench tests
+TYPED := labelrm_common rm_server clients rmctl ecm_agent engineconn bench tests
 
 .PHONY: ha-up ha-down ha-status help venv run docs test test-setup test-all-dbs format lint typecheck protos protos-check sync-client bench bench-native clean distclean
 

@@ -471,7 +471,7 @@ CLIENT_ECM = "h1:9101"
 def ctl(rm: Any, *argv: str) -> Awaitable[int]:
     """rmctl against `rm` (anything with a `target`) in a thread; an awaitable of its
     exit code."""
-    from clients import rmctl
+    import rmctl
 
     return asyncio.to_thread(rmctl.main, ["--rm", rm.target, *argv])
 

@@ -7,7 +7,6 @@ run in a worker thread via asyncio.to_thread while the loop keeps serving.
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 from typing import Any
 
@@ -27,8 +26,9 @@ from clients import (
     Unavailable,
     load,
     load_instance,
-    rmctl,
 )
+from rmctl import main as rmctl_main
+from rmctl.app import error_line
 from tests.helpers import CLIENT_ECM, ctl
 
 GiB = 1024**3
@@ -270,9 +270,7 @@ async def test_rmctl_exit_code_1_on_error(rm: Any, capsys: Any) -> None:
 async def test_rmctl_error_is_one_line_naming_each_shortfall(client: Any) -> None:
     with pytest.raises(ResourceExhausted) as info:
         await client.apply(REQUEST, load_instance(16 * GiB, 9000, 1))
-    stream = io.StringIO()
-    rmctl.report_error(info.value, stream)
-    (line,) = stream.getvalue().splitlines()
+    (line,) = error_line(info.value).splitlines()
     assert line.startswith("error: RESOURCE_EXHAUSTED (INSUFFICIENT_RESOURCE): ")
     assert len(info.value.shortfalls) == 2
     for shortfall in info.value.shortfalls:  # "emInstance=h1:9101 memory_bytes: requested …"
@@ -280,7 +278,7 @@ async def test_rmctl_error_is_one_line_naming_each_shortfall(client: Any) -> Non
 
 
 def test_rmctl_exit_code_2_on_usage(capsys: Any) -> None:
-    assert rmctl.main(["bogus"]) == 2
-    assert rmctl.main(["resource", "show", "not-a-label"]) == 2
-    assert rmctl.main(["limit", "set", "a=b", "--cpu", "1"]) == 2  # --memory missing
+    assert rmctl_main(["bogus"]) == 2
+    assert rmctl_main(["resource", "show", "not-a-label"]) == 2
+    assert rmctl_main(["limit", "set", "a=b", "--cpu", "1"]) == 2  # --memory missing
     assert "usage:" in capsys.readouterr().err

@@ -45,7 +45,7 @@ def test_bash_completes_commands_options_and_values() -> None:
 @pytest.mark.parametrize("shell", ["bash", "zsh"])
 def test_the_script_is_printed(shell: str) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "clients.rmctl", "completion", shell],
+        [sys.executable, "-m", "rmctl", "completion", shell],
         capture_output=True, text=True, timeout=60, cwd=ROOT,
     )  # fmt: skip
     assert done.returncode == 0 and "complete -o default -F _rmctl_complete rmctl" in done.stdout

@@ -25,7 +25,7 @@ async def rmctl_run(rm: Any, *argv: str, deadline: float = 30.0) -> tuple[int, s
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "clients.rmctl",
+        "rmctl",
         "--rm",
         rm.target,
         *argv,
@@ -84,7 +84,7 @@ async def test_global_flags_anywhere_and_output_modes(rm: Any) -> None:
     assert sorted(names) == ["node-a", "node-b"]
     # --rm after the subcommand wins over the one before it (a dead address).
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "clients.rmctl", "--rm", "127.0.0.1:1", "node", "list",
+        sys.executable, "-m", "rmctl", "--rm", "127.0.0.1:1", "node", "list",
         "--rm", rm.target, "-o", "name",
         stdout=asyncio.subprocess.PIPE, cwd=ROOT,
     )  # fmt: skip
@@ -108,7 +108,7 @@ async def test_watch_json_streams_one_object_per_change(rm: Any) -> None:
     async with AsyncRMClient(rm.target, timeout=10.0) as client:
         await client.set_label_limit("userCreator=alice-IDE", load(4 << 30, 2000))
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "clients.rmctl", "--rm", rm.target, "limit", "list", "-w",
+            sys.executable, "-m", "rmctl", "--rm", rm.target, "limit", "list", "-w",
             "-o", "json", "--watch-interval", "0.1", "--watch-rounds", "600",
             stdout=asyncio.subprocess.PIPE, cwd=ROOT,
         )  # fmt: skip

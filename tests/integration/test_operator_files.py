@@ -19,7 +19,7 @@ from tests.helpers import ROOT, shared_tmp
 def rmctl(*argv: str) -> subprocess.CompletedProcess[str]:
     """rmctl as a real process (local commands need no RM)."""
     return subprocess.run(
-        [sys.executable, "-m", "clients.rmctl", *argv],
+        [sys.executable, "-m", "rmctl", *argv],
         capture_output=True,
         text=True,
         timeout=60,

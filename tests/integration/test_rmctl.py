@@ -10,8 +10,8 @@ from typing import Any, TextIO
 from labelrm.v1 import demand_pb2, demand_pb2_grpc
 
 from clients import load_instance
-from clients._format import run_watch
 from clients._impl import parse_labels
+from rmctl.output import run_watch
 from tests.helpers import CLIENT_ECM, ctl, details
 
 GiB = 1024**3

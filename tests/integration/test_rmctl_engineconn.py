@@ -19,7 +19,7 @@ from google.protobuf import json_format
 from labelrm.v1 import engine_conn_pb2 as ec_pb
 
 from clients import AsyncRMClient, ExecOutput, ExecResult, Unauthenticated
-from clients.rmctl_engineconn import cmd_ec_logs, with_progress
+from rmctl.engineconn import cmd_ec_logs, with_progress
 from tests.helpers import ctl, details, start_agent, wait_until, wait_until_sync
 
 SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"

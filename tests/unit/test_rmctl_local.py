@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from clients import rmctl_dev
-from clients.rmctl import main
+from rmctl import dev as rmctl_dev
+from rmctl import main
 from tests.helpers import ROOT
 
 
@@ -24,7 +24,7 @@ def test_pki_and_token_run_without_the_server_installed(tmp_path):
         f"""
         import sys
         sys.modules["rm_server"] = None
-        from clients.rmctl import main
+        from rmctl import main
         assert main(["pki", "dev", "--dir", {str(tmp_path / "pki")!r}, "--agent-id", "a1"]) == 0
         assert main(["token", "add", "--file", {str(tmp_path / "t.toml")!r}, "--user", "u"]) == 0
         assert main(["token", "list", "--file", {str(tmp_path / "t.toml")!r}]) == 0

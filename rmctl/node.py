@@ -1,28 +1,21 @@
 """`rmctl node list|status|drain|refresh`: the ECMs (agents) as the RM sees them.
 
-Wired into rmctl by one call in ``build_parser``: ``add_node_commands(cmds)``. The commands
-have rmctl's signature ``(client, args, out) -> exit code``.
+The commands have rmctl's signature ``(client, args, out) -> exit code``.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from labelrm.v1 import admin_pb2, resource_manager_pb2
 
+from clients import RMClient
 from clients._engineconn import LIVE_EC_STATES, ec_state_name, ecm_state_name
-from clients._errors import NotFound
-from clients._filters import (
-    LOST_NODE_AGE_OUT,
-    add_selector,
-    add_sort_by,
-    selected,
-    sort_rows,
-)
-from clients._format import (
+from rmctl.args import LOST_NODE_AGE_OUT, add_selector, add_sort_by, selected, sort_rows
+from rmctl.format import (
     fmt_labels,
     fmt_resource,
     fmt_time,
@@ -33,12 +26,12 @@ from clients._format import (
     print_table,
     to_json,
 )
-from clients._impl import RMClient
+from rmctl.resolve import resolve_by_prefix
 
-__all__ = ["add_node_commands", "resolve_by_prefix"]
+__all__ = ["register", "resolve_ecm", "show_node"]
 
 
-def add_node_commands(cmds: Any) -> None:
+def register(cmds: Any) -> None:
     """Register ``rmctl node ...`` on rmctl's sub-command parsers (``add_subparsers()``)."""
     node = cmds.add_parser("node", help="ECMs (agents): list, status, drain, node lists")
     sub = node.add_subparsers(dest="sub", required=True, metavar="SUBCOMMAND")
@@ -99,32 +92,6 @@ def _node_list(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
-def resolve_by_prefix(
-    kind: str,
-    given: str,
-    get: Callable[[str], Any],
-    candidates: Callable[[], Iterable[Any]],
-    key: Callable[[Any], str],
-) -> Any:
-    """``get(given)``, or else the one candidate whose key starts with `given`.
-
-    Raises the NotFound of `get` when nothing matches, ValueError when several do.
-    """
-    try:
-        return get(given)
-    except NotFound:
-        matches = [c for c in candidates() if key(c).startswith(given)]
-        if len(matches) == 1:
-            return matches[0]
-        if not matches:
-            raise
-        shown = ", ".join(key(m) for m in matches[:3])
-        more = f" and {len(matches) - 3} more" if len(matches) > 3 else ""
-        raise ValueError(
-            f"{kind} prefix {given!r} is ambiguous: {len(matches)} match ({shown}{more})"
-        ) from None
-
-
 def resolve_ecm(client: RMClient, given: str) -> Any:
     """The ECM named `given`, or the one whose instance starts with it."""
     return resolve_by_prefix(
@@ -181,9 +148,14 @@ def cmd_node_list(client: RMClient, args: argparse.Namespace, out: TextIO) -> in
 
 def cmd_node_status(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     """`rmctl node status NAME`: the ECM, then its live EngineConns."""
-    e = resolve_ecm(client, args.name)
-    if print_json(out, args.output, e):
-        return 0
+    show_node(client, resolve_ecm(client, args.name), args.output, out)
+    return 0
+
+
+def show_node(client: RMClient, e: Any, output: str, out: TextIO) -> None:
+    """The detail view of an ECM and a table of its live EngineConns (JSON: the ECM)."""
+    if print_json(out, output, e):
+        return
     print_details(
         out,
         [
@@ -221,7 +193,6 @@ def cmd_node_status(client: RMClient, args: argparse.Namespace, out: TextIO) -> 
                 for ec in live
             ),
         )
-    return 0
 
 
 def cmd_node_drain(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:

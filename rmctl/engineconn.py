@@ -1,8 +1,7 @@
 """`rmctl engineconn create|list|status|kill|exec|logs`: EngineConns.
 
-Wired into rmctl by one call in ``build_parser``: ``add_engineconn_commands(cmds)``. The
-commands have rmctl's signature ``(client, args, out) -> exit code``; `exec` returns the
-execution's own exit code.
+The commands have rmctl's signature ``(client, args, out) -> exit code``; `exec` returns
+the execution's own exit code.
 
 Logs: the RM keeps only the tail of a failed EngineConn's log. The full logs are files on
 the agent's host, ``<work_dir>/logs/{stdout,stderr}.log``; `logs` reads them when that
@@ -26,10 +25,11 @@ from typing import Any, TextIO, TypeVar
 
 from labelrm.v1 import engine_conn_pb2
 
+from clients import RMClient, Unavailable
 from clients._engineconn import EC_STATES, LIVE_EC_STATES, ExecResult, ec_state_name
-from clients._errors import Unavailable
-from clients._filters import add_selector, add_sort_by, fmt_age, matches, sort_rows, state_arg
-from clients._format import (
+from rmctl.args import add_selector, add_sort_by, labels_arg, matches, sort_rows, state_arg
+from rmctl.format import (
+    fmt_age,
     fmt_labels,
     fmt_resource,
     fmt_time,
@@ -38,10 +38,10 @@ from clients._format import (
     print_list,
     to_json,
 )
-from clients._impl import RMClient
-from clients.rmctl_node import resolve_by_prefix, resolve_ecm
+from rmctl.node import resolve_ecm
+from rmctl.resolve import resolve_by_prefix
 
-__all__ = ["add_engineconn_commands", "resolve_engine_conn", "with_progress"]
+__all__ = ["register", "resolve_engine_conn", "show_engine_conn", "with_progress"]
 
 T = TypeVar("T")
 
@@ -56,19 +56,15 @@ _SPINNER = "|/-\\"
 _UNSAFE = {c: "?" for c in [*range(0, 9), 11, 12, *range(14, 32), *range(127, 160)]}
 
 
-def add_engineconn_commands(cmds: Any) -> None:
+def register(cmds: Any) -> None:
     """Register ``rmctl engineconn ...`` on rmctl's sub-command parsers."""
-    # rmctl imports this module; importing its argument type here, at call time, avoids
-    # an import cycle.
-    from clients.rmctl import _labels_arg
-
     ec = cmds.add_parser("engineconn", help="EngineConns: create, list, status, kill, exec, logs")
     sub = ec.add_subparsers(dest="sub", required=True, metavar="SUBCOMMAND")
 
     c = sub.add_parser("create", help="start an EngineConn and wait until it is ready")
     c.add_argument(
         "--labels",
-        type=_labels_arg,
+        type=labels_arg,
         required=True,
         metavar="LABELS",
         help='"userCreator=alice-IDE,engineType=shell-1[,k=v...]"',
@@ -149,14 +145,17 @@ def _param(text: str) -> tuple[str, str]:
 
 
 def resolve_engine_conn(client: RMClient, given: str) -> Any:
-    """The EngineConn with id `given`, or the one whose id starts with it."""
-    return resolve_by_prefix(
+    """The EngineConn with id `given`, or the one whose id starts with it, as GetEngineConn
+    returns it (with its ECM choices, and its secret for its owner)."""
+    ec = resolve_by_prefix(
         "EngineConn id",
         given,
         client.get_engine_conn,
         client.list_engine_conns,
         lambda e: str(e.engine_conn_id),
     )
+    # Found by prefix in a list, which carries neither executor secrets nor ECM choices.
+    return ec if ec.engine_conn_id == given else client.get_engine_conn(ec.engine_conn_id)
 
 
 # --- progress ----------------------------------------------------------------------------
@@ -340,13 +339,17 @@ def cmd_ec_list(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     return print_list(out, args.output, resp, ecs, _row, (_HEADER, _WIDE))
 
 
-def cmd_ec_status(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
-    """`rmctl engineconn status ID`."""
-    ec = resolve_engine_conn(client, args.ec_id)
-    if args.output == "json":
+def show_engine_conn(ec: Any, output: str, out: TextIO) -> None:
+    """The detail view of an EngineConn and its ECM choices (JSON with ``-o json``)."""
+    if output == "json":
         print(to_json(ec), file=out)
     else:
         _print_engine_conn(ec, out)
+
+
+def cmd_ec_status(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
+    """`rmctl engineconn status ID`."""
+    show_engine_conn(resolve_engine_conn(client, args.ec_id), args.output, out)
     return 0
 
 
@@ -381,8 +384,6 @@ def cmd_ec_exec(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
         raise ValueError(
             f"EngineConn {ec.engine_conn_id} is {ec_state_name(ec.state)}: it has no executor"
         )
-    if not ec.secret:  # found by prefix in a list, which never carries executor secrets
-        ec = client.get_engine_conn(ec.engine_conn_id)
     # Closed here, not whenever the garbage collector gets to it: a generator left open
     # when the loop returns is finalized later, possibly inside grpc's own channel code,
     # and its channel close then waits on itself (rmctl printed the output and hung).

@@ -1,4 +1,4 @@
-"""rmctl's output modes beyond table / wide / json, and its global flags.
+"""rmctl's output modes beyond table / wide / json, the --watch loops, and its global flags.
 
 `-o yaml` and `-o name` are derived from a command's `-o json` output (one path: every
 command renders JSON once; YAML and names are views of it). `-w -o json` streams one JSON
@@ -17,13 +17,16 @@ import json
 import re
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any, TextIO
 
 __all__ = [
     "OUTPUTS",
     "accept_globals_anywhere",
+    "chosen_parser",
     "derived_output",
     "object_name",
+    "run_watch",
     "stream_changes",
     "to_yaml",
 ]
@@ -146,6 +149,41 @@ def stream_changes(
             time.sleep(interval)
     except KeyboardInterrupt:
         return code
+
+
+def run_watch(
+    render: Callable[[TextIO], int],
+    out: TextIO,
+    *,
+    interval: float,
+    title: str,
+    rounds: int | None = None,
+) -> int:
+    """Re-render every `interval` s until Ctrl-C (or `rounds` renderings).
+
+    On a terminal each rendering replaces the screen under a header; piped, only a
+    rendering that differs from the previous one is printed, with no control codes.
+    """
+    last: str | None = None
+    done = 0
+    try:
+        while True:
+            buf = io.StringIO()
+            code = render(buf)
+            text = buf.getvalue()
+            if out.isatty():
+                stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+                out.write(f"\x1b[H\x1b[2JEvery {interval:g}s: {title}    {stamp}\n\n{text}")
+            elif text != last:
+                out.write(text)
+            out.flush()
+            last = text
+            done += 1
+            if rounds is not None and done >= rounds:
+                return code
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return 0
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:

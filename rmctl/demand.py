@@ -1,7 +1,6 @@
 """`rmctl demand submit|list|show|cancel|claim`: time-aware demands (docs/demands.md).
 
-Wired into rmctl by one call in ``build_parser``: ``add_demand_commands(cmds)``. The
-commands have rmctl's signature ``(client, args, out) -> exit code`` and call the SDK's
+The commands have rmctl's signature ``(client, args, out) -> exit code`` and call the SDK's
 demand methods (submit_demand, list_demands, get_demand, cancel_demand, claim_demand).
 """
 
@@ -13,8 +12,10 @@ from typing import Any, TextIO
 
 from labelrm.v1 import demand_pb2
 
-from clients._filters import add_selector, selected
-from clients._format import (
+from clients import RMClient
+from clients._requests import DEMAND_STATES as STATES
+from rmctl.args import add_resource_args, add_selector, labels_arg, resource_arg, selected
+from rmctl.format import (
     fmt_labels,
     fmt_resource,
     fmt_time,
@@ -24,21 +25,15 @@ from clients._format import (
     print_list,
     print_table,
 )
-from clients._format import to_json as _to_json
-from clients._impl import RMClient
-from clients._requests import DEMAND_STATES as STATES
+from rmctl.format import to_json as _to_json
 
 _STATE_NAMES = {v: k.upper() for k, v in STATES.items()}
 
 EXAMPLE = "{DemandID: 1234, OrderBy: 1200, Duration: {Time: [NOW, +20m], Strategy: loose}}"
 
 
-def add_demand_commands(cmds: Any) -> None:
+def register(cmds: Any) -> None:
     """Register ``rmctl demand ...`` on rmctl's sub-command parsers (``add_subparsers()``)."""
-    # rmctl imports this module; importing its argument types here, at call time, avoids
-    # an import cycle.
-    from clients.rmctl import _labels_arg, add_resource_args
-
     dem = cmds.add_parser("demand", help="time-aware demands").add_subparsers(
         dest="sub", required=True, metavar="SUBCOMMAND"
     )
@@ -48,7 +43,7 @@ def add_demand_commands(cmds: Any) -> None:
         description=f"Submit a time-aware demand. Example conditions: {EXAMPLE}",
     )
     c.add_argument("demand_id", metavar="ID", help="client-chosen id (the idempotency key)")
-    c.add_argument("--labels", type=_labels_arg, required=True, metavar="LABELS")
+    c.add_argument("--labels", type=labels_arg, required=True, metavar="LABELS")
     add_resource_args(c)
     c.add_argument("--user", default="", help="on whose behalf")
     when = c.add_mutually_exclusive_group()
@@ -162,8 +157,6 @@ def cmd_demand_submit(client: RMClient, args: argparse.Namespace, out: TextIO) -
         else:
             with open(args.when_file, encoding="utf-8") as fh:
                 text = fh.read()
-    from clients.rmctl import resource_arg  # at call time: rmctl imports this module
-
     resource = resource_arg(args)
     resp = client.submit_demand(args.demand_id, args.labels, resource, text, args.user)
     if print_json(out, args.output, resp):

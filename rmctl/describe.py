@@ -11,14 +11,17 @@ from __future__ import annotations
 import argparse
 from typing import Any, TextIO
 
-from clients._filters import fmt_age
-from clients._format import fmt_time, print_table
-from clients._impl import RMClient
+from clients import RMClient
+from rmctl.demand import show_demand_details
+from rmctl.engineconn import resolve_engine_conn, show_engine_conn
+from rmctl.format import fmt_age, fmt_time, print_table
+from rmctl.node import resolve_ecm, show_node
+from rmctl.ticket import resolve_ticket, show_ticket
 
-__all__ = ["add_describe_commands"]
+__all__ = ["register"]
 
 
-def add_describe_commands(cmds: Any) -> None:
+def register(cmds: Any) -> None:
     """Register ``rmctl describe KIND ID``."""
     c = cmds.add_parser(
         "describe", help="an EngineConn, node, ticket or demand with its event history"
@@ -45,25 +48,22 @@ def print_events(events: list[tuple[Any, str, str]], out: TextIO) -> None:
 
 def cmd_describe(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     """`rmctl describe KIND ID`: the object's own view, then its Events (ListEvents)."""
-    # Imported here: these modules import rmctl, which imports this one.
-    from clients.rmctl import cmd_ticket_show, resolve_ticket
-    from clients.rmctl_demand import show_demand_details
-    from clients.rmctl_engineconn import cmd_ec_status, resolve_engine_conn
-    from clients.rmctl_node import cmd_node_status, resolve_ecm
-
     user = ""
     if args.kind == "demand":
         d = show_demand_details(client, args.object_id, args.user, args.output, out)
         object_id, user = d.demand_id, d.user
     elif args.kind == "ticket":
-        object_id = resolve_ticket(client, args.object_id).ticket_id
-        cmd_ticket_show(client, argparse.Namespace(**vars(args), ticket_id=object_id), out)
+        ticket = resolve_ticket(client, args.object_id)
+        object_id = ticket.ticket_id
+        show_ticket(ticket, args.output, out)
     elif args.kind == "engineconn":
-        object_id = resolve_engine_conn(client, args.object_id).engine_conn_id
-        cmd_ec_status(client, argparse.Namespace(**vars(args), ec_id=object_id), out)
+        ec = resolve_engine_conn(client, args.object_id)
+        object_id = ec.engine_conn_id
+        show_engine_conn(ec, args.output, out)
     else:
-        object_id = resolve_ecm(client, args.object_id).instance
-        cmd_node_status(client, argparse.Namespace(**vars(args), name=object_id), out)
+        ecm = resolve_ecm(client, args.object_id)
+        object_id = ecm.instance
+        show_node(client, ecm, args.output, out)
     if args.output in ("table", "wide"):
         events = client.list_events(args.kind, object_id, user)
         print_events([(e.time, e.state, e.reason) for e in events], out)

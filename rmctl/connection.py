@@ -1,16 +1,13 @@
-"""rmctl's security side: how it authenticates to the RM (``--token``, ``--tls-ca``,
-``--tls-cert``/``--tls-key``, each also from ``LABELRM_*``), and the local commands
-``rmctl pki`` (a throwaway CA and certificates) and ``rmctl token`` (the RM's token
-file), which need no RM. See docs/security.md."""
+"""How rmctl reaches and authenticates to the RM: ``--rm``, ``--token``, ``--tls-ca``,
+``--tls-cert``/``--tls-key``, each also from ``LABELRM_*``. See docs/security.md."""
 
 from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable
 from typing import Any
 
-LocalCommand = Callable[[argparse.Namespace], int]
+__all__ = ["add_connection_flags", "client_kwargs"]
 
 _FLAGS = (
     ("--token", "LABELRM_TOKEN", "bearer token (prefer the environment: flags show in ps)"),
@@ -37,23 +34,3 @@ def client_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "tls_cert": args.tls_cert,
         "tls_key": args.tls_key,
     }
-
-
-def add_local_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """`pki` and `token`: they work on local files and set `local_func`."""
-    from labelrm_common import pki, tokens
-
-    pki.add_parser(commands)
-    tokens.add_parser(commands)
-
-
-def run_local(args: argparse.Namespace) -> int | None:
-    """Run a local command if one was chosen (its exit code), else None."""
-    func: LocalCommand | None = getattr(args, "local_func", None)
-    if func is None:
-        return None
-    try:
-        return func(args)
-    except (OSError, ValueError) as exc:
-        print(f"error: {exc}")
-        return 1

@@ -1,5 +1,5 @@
-"""rmctl's list conventions: label selectors, repeatable case-insensitive states, an AGE
-column, --sort-by, and `-A/--all` for ended objects.
+"""rmctl's argument types and list conventions: labels, quantities, label selectors,
+repeatable case-insensitive states, --sort-by, and the signature of a command.
 
 A filter value rmctl cannot match (an unknown state, a malformed selector, an ECM prefix
 that names none) is an error, never a silently empty list.
@@ -9,20 +9,31 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import UTC, datetime
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TextIO, TypeAlias, TypeVar
+
+from clients import RMClient, labels_from, load, load_instance
+from labelrm_common.quantity import parse_cpu, parse_memory
 
 __all__ = [
     "LOST_NODE_AGE_OUT",
+    "Command",
+    "add_resource_args",
     "add_selector",
     "add_sort_by",
-    "fmt_age",
+    "labels_arg",
     "matches",
+    "non_negative",
+    "parse_cores",
+    "parse_size",
+    "resource_arg",
     "selected",
     "selector_arg",
     "sort_rows",
     "state_arg",
 ]
+
+Command: TypeAlias = Callable[[RMClient, argparse.Namespace, TextIO], int]
+"""An RM command: ``(client, parsed arguments, stdout) -> exit code``."""
 
 
 class _Labelled(Protocol):
@@ -34,6 +45,71 @@ L = TypeVar("L", bound=_Labelled)
 
 LOST_NODE_AGE_OUT = 3600.0
 """Seconds after its last heartbeat that a LOST node leaves `rmctl node list` (-A shows it)."""
+
+
+# --- labels and quantities -----------------------------------------------------------------
+
+
+def labels_arg(text: str) -> list[Any]:
+    """Label messages from "k=v,k2=v2" (at least one); an argparse error when malformed."""
+    try:
+        out = labels_from(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    if not out:
+        raise argparse.ArgumentTypeError("at least one key=value label is required")
+    return out
+
+
+def parse_size(text: str) -> int:
+    """Bytes from "536870912", "512Mi", "2Gi" (binary) or "1G" (decimal), Kubernetes style."""
+    try:
+        return parse_memory(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def parse_cores(text: str) -> int:
+    """Millicores from "500m" or "2" / "0.5" (cores), Kubernetes style."""
+    try:
+        return parse_cpu(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def non_negative(text: str) -> int:
+    """An integer >= 0; an argparse error otherwise."""
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from exc
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative: {value}")
+    return value
+
+
+def add_resource_args(c: argparse.ArgumentParser) -> None:
+    """``--memory``, ``--cpu`` and ``--instances``: a resource, read by `resource_arg`."""
+    c.add_argument(
+        "--memory",
+        type=parse_size,
+        required=True,
+        metavar="QUANTITY",
+        help="512Mi, 2Gi (binary), 1G (decimal) or bytes",
+    )
+    c.add_argument("--cpu", type=parse_cores, required=True, metavar="QUANTITY",
+                   help="cores (2, 0.5) or millicores (500m)")  # fmt: skip
+    c.add_argument("--instances", type=non_negative, default=None, metavar="N")
+
+
+def resource_arg(args: argparse.Namespace) -> Any:
+    """The resource `add_resource_args` read: a load, or a load with instances."""
+    if args.instances is None:
+        return load(args.memory, args.cpu)
+    return load_instance(args.memory, args.cpu, args.instances)
+
+
+# --- selectors, states, sorting ------------------------------------------------------------
 
 
 def selector_arg(text: str) -> list[tuple[str, str]]:
@@ -91,18 +167,6 @@ def state_arg(names: Iterable[str]) -> Callable[[str], str]:
 
     parse.names = known  # type: ignore[attr-defined]  # for shell completion
     return parse
-
-
-def fmt_age(ts: Any, now: datetime | None = None) -> str:
-    """kubectl's AGE: 45s, 12m, 5h, 3d ("-" when unset)."""
-    if not ts.seconds and not ts.nanos:
-        return "-"
-    now = now or datetime.now(UTC)
-    seconds = max(0, int((now - ts.ToDatetime(tzinfo=UTC)).total_seconds()))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size * (2 if unit != "m" else 1):
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
 
 
 def add_sort_by(parser: argparse.ArgumentParser, columns: Sequence[str]) -> None:

@@ -1,0 +1,77 @@
+"""`rmctl`: a command-line client for the labelrm resource manager.
+
+Output: a table by default (`-o wide` adds columns, `--no-headers` drops the header), a
+``key = value`` view for `show` commands, `-o json` for the protobuf JSON mapping, `-o yaml`
+for the same as YAML, `-o name` for ``kind/id`` lines. Lists take `--watch` (re-render every
+`--watch-interval` seconds until Ctrl-C; when piped, only changed renderings are printed,
+without screen control codes; with `-o json`, one JSON line per object that was added,
+modified or deleted). Global options may also follow the subcommand. Ticket ids may be
+abbreviated to a unique prefix.
+
+Exit codes: 0 ok, 1 error (or an inconsistent `check`), 2 usage, 127 `rmctl dev` without
+rm-server installed (otherwise rmctl becomes rm-server and exits as it does). An error is one
+line on stderr: the status code, the reason and the message (a refusal's message names the
+shortfall per label and dimension).
+
+The package: `app` (the parser and a command's run), `args` (argument types and list
+conventions), one module per noun (`resource`, `ticket`, `limit`, `node`, `engineconn`,
+`demand`, `status`, `describe`, `provider`, `local` for `pki` / `token`), `format` and
+`output` (tables, detail views, JSON / YAML / names, --watch), `completion`, `connection`
+(how to reach the RM) and `dev`. It builds on the SDK (`clients`) and never imports the
+server.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from rmctl.dev import exec_rm_server_dev
+
+__all__ = ["main"]
+
+_GLOBAL_WITH_VALUE = frozenset(
+    {
+        "--rm",
+        "-o",
+        "--output",
+        "--timeout",
+        "--watch-interval",
+        "--watch-rounds",
+        "--token",
+        "--tls-ca",
+        "--tls-cert",
+        "--tls-key",
+    }
+)
+
+
+def _command_index(words: list[str]) -> int | None:
+    """Where the command word is, skipping global options and their values."""
+    skip = False
+    for i, word in enumerate(words):
+        if skip:
+            skip = False
+        elif word in _GLOBAL_WITH_VALUE:
+            skip = True
+        elif not word.startswith("-"):
+            return i
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run rmctl; returns the exit code."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    at = _command_index(words)
+    if at is not None and words[at] == "dev" and not {"-h", "--help"} & set(words):
+        return exec_rm_server_dev(words[at + 1 :])  # rm-server's own process from here on
+    # Imported only now: `rmctl dev` becomes rm-server without loading grpc first.
+    from rmctl import app, completion
+
+    if words[:1] == ["__complete"] and len(words) > 2 and words[1].isdigit():
+        print("\n".join(completion.candidates(app.build_parser(), words[2:], int(words[1]))))
+        return 0
+    if words[:1] == ["completion"] and len(words) == 2 and words[1] in completion.SCRIPTS:
+        sys.stdout.write(completion.SCRIPTS[words[1]])
+        return 0
+    return app.run(argv)

@@ -1,0 +1,167 @@
+"""rmctl's parser and its run: global options, the commands of every noun, output modes,
+--watch, and errors as one line on stderr."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import sys
+from collections.abc import Sequence
+from typing import TextIO
+
+from clients import RMClient, RMError
+from clients._impl import DEFAULT_TARGET
+from labelrm_common.version import VERSION
+from rmctl import (
+    demand,
+    describe,
+    engineconn,
+    limit,
+    local,
+    node,
+    provider,
+    resource,
+    status,
+    ticket,
+)
+from rmctl.args import Command
+from rmctl.completion import SCRIPTS
+from rmctl.connection import add_connection_flags, client_kwargs
+from rmctl.format import set_table_headers
+from rmctl.output import (
+    OUTPUTS,
+    accept_globals_anywhere,
+    chosen_parser,
+    derived_output,
+    run_watch,
+    stream_changes,
+)
+
+__all__ = ["GLOBAL_DESTS", "build_parser", "error_line", "run"]
+
+# The top-level options every subcommand accepts too (`rmctl engineconn list -o json`).
+GLOBAL_DESTS = (
+    "rm", "output", "no_headers", "timeout", "watch_interval", "watch_rounds",
+    "token", "tls_ca", "tls_cert", "tls_key",
+)  # fmt: skip
+
+# Each registers its commands on the top-level sub-command parsers, in this order.
+_NOUNS = (resource, ticket, limit, node, engineconn, demand, status, describe, provider, local)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser of rmctl."""
+    p = argparse.ArgumentParser(
+        prog="rmctl", description="labelrm resource manager client", allow_abbrev=False
+    )
+    p.add_argument(
+        "--rm",
+        default=os.environ.get("LABELRM_RM") or DEFAULT_TARGET,
+        metavar="HOST:PORT",
+        help="RM address (default: $LABELRM_RM or %(default)s)",
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        choices=OUTPUTS,
+        default="table",
+        help="table, wide (more columns), json, yaml, or name (kind/id per object)",
+    )
+    p.add_argument("--no-headers", action="store_true", help="tables without their header row")
+    p.add_argument("--version", action="version", version=f"rmctl {VERSION}")
+    p.add_argument("--timeout", type=float, default=10.0, help="per-call deadline in seconds")
+    p.add_argument(
+        "--watch-interval", type=float, default=2.0, metavar="SECONDS", help="for --watch"
+    )
+    # Bounds --watch (tests); a person stops it with Ctrl-C.
+    p.add_argument("--watch-rounds", type=int, default=None, help=argparse.SUPPRESS)
+    add_connection_flags(p)
+    cmds = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    c = cmds.add_parser(
+        "completion",
+        help="print the shell completion script: source <(rmctl completion bash|zsh)",
+    )
+    c.add_argument("shell", choices=sorted(SCRIPTS))
+    c.set_defaults(func=None)  # handled before parsing: needs no RM
+    c = cmds.add_parser(
+        "dev",
+        help="start an RM on the embedded database plus one local agent (foreground)",
+        description="Runs the installed `rm-server --dev ARGS` (for example --data-dir,"
+        " --listen); exit code 127 when rm-server is not installed.",
+    )
+    c.set_defaults(func=None)  # handled before parsing: argparse cannot pass options through
+    for noun in _NOUNS:
+        noun.register(cmds)
+    accept_globals_anywhere(p, GLOBAL_DESTS)
+    return p
+
+
+def error_line(err: RMError) -> str:
+    """``error: CODE (REASON): message``, on one line; a refusal names every shortfall.
+
+    The reason is left out when it only repeats the code; the shortfalls are appended
+    unless the server's message already lists them.
+    """
+    head = err.code.name
+    if err.reason and err.reason != head:
+        head += f" ({err.reason})"
+    message = " ".join(err.message.split())  # one line, whatever the server sent
+    missing = [str(s) for s in getattr(err, "shortfalls", ()) if str(s) not in message]
+    if missing:
+        message += ": " + "; ".join(missing)
+    return f"error: {head}: {message}"
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """Parse `argv` (the process's arguments when None) and run the command chosen."""
+    parser = build_parser()
+    try:
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # the subcommand's usage, not rmctl's
+            chosen_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
+    except SystemExit as exc:  # usage errors (2) and --help (0)
+        return exc.code if isinstance(exc.code, int) else 2
+    code = local.run_local(args)  # `pki`, `token`: local files, no RM
+    if code is not None:
+        return code
+    set_table_headers(not args.no_headers)
+    try:
+        with RMClient(args.rm, timeout=args.timeout, **client_kwargs(args)) as client:
+            return _render(client, args, argv)
+    except RMError as err:
+        print(error_line(err), file=sys.stderr)
+        return 1
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        return 1
+
+
+def _render(client: RMClient, args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    """Run the command once, or as --watch says; `-o yaml|name` are views of `-o json`."""
+    func: Command = args.func
+    mode = args.output
+    if mode in ("yaml", "name"):
+        args.output = "json"
+
+    def render(out: TextIO) -> int:
+        if mode not in ("yaml", "name"):
+            return func(client, args, out)
+        buf = io.StringIO()
+        code = func(client, args, buf)
+        derived_output(mode, buf.getvalue(), out)
+        return code
+
+    if not getattr(args, "watch", False):
+        return render(sys.stdout)
+    if mode == "json":
+        return stream_changes(
+            render, sys.stdout, interval=args.watch_interval, rounds=args.watch_rounds
+        )
+    title = "rmctl " + " ".join(argv if argv is not None else sys.argv[1:])
+    return run_watch(
+        render, sys.stdout, interval=args.watch_interval, title=title, rounds=args.watch_rounds
+    )
