@@ -26,6 +26,8 @@ __all__ = [
     "parse_cores",
     "parse_size",
     "resource_arg",
+    "resource_dims",
+    "resource_update",
     "selected",
     "selector_arg",
     "sort_rows",
@@ -88,16 +90,17 @@ def non_negative(text: str) -> int:
     return value
 
 
-def add_resource_args(c: argparse.ArgumentParser) -> None:
-    """``--memory``, ``--cpu`` and ``--instances``: a resource, read by `resource_arg`."""
+def add_resource_args(c: argparse.ArgumentParser, *, required: bool = True) -> None:
+    """``--memory``, ``--cpu`` and ``--instances``: a resource, read by `resource_arg`
+    (both --memory and --cpu required) or, when not `required`, by `resource_update`."""
     c.add_argument(
         "--memory",
         type=parse_size,
-        required=True,
+        required=required,
         metavar="QUANTITY",
         help="512Mi, 2Gi (binary), 1G (decimal) or bytes",
     )
-    c.add_argument("--cpu", type=parse_cores, required=True, metavar="QUANTITY",
+    c.add_argument("--cpu", type=parse_cores, required=required, metavar="QUANTITY",
                    help="cores (2, 0.5) or millicores (500m)")  # fmt: skip
     c.add_argument("--instances", type=non_negative, default=None, metavar="N")
 
@@ -107,6 +110,39 @@ def resource_arg(args: argparse.Namespace) -> Any:
     if args.instances is None:
         return load(args.memory, args.cpu)
     return load_instance(args.memory, args.cpu, args.instances)
+
+
+# Resource dimensions and the flags that give them.
+_FLAGS = (("memory_bytes", "memory"), ("cpu_millis", "cpu"), ("instances", "instances"))
+
+
+def resource_dims(resource: Any) -> dict[str, int]:
+    """memory_bytes, cpu_millis and instances of a load or load_instance Resource message
+    (empty for any other kind, or None)."""
+    if resource is None or resource.WhichOneof("kind") not in ("load", "load_instance"):
+        return {}
+    inner = getattr(resource, str(resource.WhichOneof("kind")))
+    names = {f.name for f in inner.DESCRIPTOR.fields}
+    return {d: int(getattr(inner, d)) for d, _ in _FLAGS if d in names}
+
+
+def resource_update(args: argparse.Namespace, current: Any, what: str) -> Any:
+    """The resource the flags give over `current` (a Resource message or None): each
+    dimension not given keeps its value there. None when no flag was given; ValueError
+    naming the missing flags when `current` (`what`, for the message) has no value for
+    them."""
+    given = {d: getattr(args, flag) for d, flag in _FLAGS if getattr(args, flag) is not None}
+    if not given:
+        return None
+    merged = {**resource_dims(current), **given}
+    missing = [f"--{flag}" for d, flag in _FLAGS[:2] if d not in merged]
+    if missing:
+        raise ValueError(
+            f"{what} has no {' or '.join(missing)} to keep: give {' and '.join(missing)}"
+        )
+    if "instances" in merged:
+        return load_instance(merged["memory_bytes"], merged["cpu_millis"], merged["instances"])
+    return load(merged["memory_bytes"], merged["cpu_millis"])
 
 
 # --- selectors, states, sorting ------------------------------------------------------------

@@ -8,7 +8,7 @@ from typing import Any, TextIO
 from labelrm.v1 import admin_pb2
 
 from clients import RMClient
-from rmctl.args import add_resource_args, labels_arg, resource_arg
+from rmctl.args import add_resource_args, labels_arg, resource_update
 from rmctl.format import fmt_resource, fmt_time, opt, print_json, print_table, to_json
 
 __all__ = ["register"]
@@ -19,9 +19,15 @@ def register(cmds: Any) -> None:
     lim = cmds.add_parser("limit", help="label limits").add_subparsers(
         dest="sub", required=True, metavar="SUBCOMMAND"
     )
-    c = lim.add_parser("set", help="create or replace a limit")
+    c = lim.add_parser(
+        "set",
+        help="create a limit, or change the dimensions given of one",
+        description="A new limit needs --memory and --cpu; on an existing one each "
+        "dimension not given keeps its value (`limit set P --memory 1Gi` changes only "
+        "the memory).",
+    )
     c.add_argument("pattern", type=labels_arg, metavar="PATTERN", help='"k=v,k2=*"')
-    add_resource_args(c)
+    add_resource_args(c, required=False)
     c.set_defaults(func=cmd_limit_set)
     c = lim.add_parser("list", help="list limits")
     c.add_argument(
@@ -34,8 +40,19 @@ def register(cmds: Any) -> None:
 
 
 def cmd_limit_set(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
-    """`rmctl limit set PATTERN --memory QUANTITY --cpu QUANTITY [--instances N]`."""
-    limit = client.set_label_limit(args.pattern, resource_arg(args))
+    """`rmctl limit set PATTERN [--memory QUANTITY] [--cpu QUANTITY] [--instances N]`."""
+    wanted = {(lb.key, lb.value) for lb in args.pattern}
+    current = next(
+        (lim for lim in client.list_label_limits()
+         if {(lb.key, lb.value) for lb in lim.labels} == wanted),
+        None,
+    )  # fmt: skip
+    shown = ",".join(f"{lb.key}={lb.value}" for lb in args.pattern)
+    what = f"limit {current.pattern}" if current is not None else f"new limit {shown}"
+    resource = resource_update(args, opt(current, "max_resource") if current else None, what)
+    if resource is None:
+        raise ValueError(f"nothing to set on {what}: give --memory, --cpu or --instances")
+    limit = client.set_label_limit(args.pattern, resource)
     if print_json(out, args.output, limit):
         return 0
     print_table(

