@@ -180,6 +180,18 @@ class AsyncEngineConnCalls(AsyncClientBase):
         req = ecb.execute(code, timeout, execution_id)
         return _execute(target, metadata, req, ecb.exec_deadline(timeout, self.timeout))
 
+    async def cancel_execution(
+        self, address: Any, execution_id: str = "", secret: str | None = None
+    ) -> bool:
+        """Stop the execution `execution_id` (whatever runs, when empty) in an EngineConn
+        (`address` and `secret` as in `execute`); True when one was running and was told
+        to stop: its `execute` stream then ends with an ExecResult with `cancelled` set.
+        The shell engine stops the code's processes (TERM, then KILL); the python engine
+        interrupts the code (KeyboardInterrupt) at its next Python instruction."""
+        target, metadata = ecb.executor_target(address, secret)
+        req = executor_pb2.CancelRequest(execution_id=execution_id)
+        return await _cancel(target, metadata, req, self.timeout)
+
 
 async def _execute(
     address: str,
@@ -199,3 +211,18 @@ async def _execute(
             raise from_rpc_error(exc) from exc
         finally:
             call.cancel()  # no-op once finished; otherwise the engine stops the code
+
+
+async def _cancel(
+    address: str,
+    metadata: tuple[tuple[str, str], ...],
+    request: executor_pb2.CancelRequest,
+    deadline: float,
+) -> bool:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = executor_pb2_grpc.ExecutorServiceStub(channel)
+        try:
+            resp = await stub.Cancel(request, timeout=deadline, metadata=metadata)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from exc
+        return bool(resp.cancelled)

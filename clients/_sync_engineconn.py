@@ -182,6 +182,18 @@ class EngineConnCalls(ClientBase):
         req = ecb.execute(code, timeout, execution_id)
         return _execute(target, metadata, req, ecb.exec_deadline(timeout, self.timeout))
 
+    def cancel_execution(
+        self, address: Any, execution_id: str = "", secret: str | None = None
+    ) -> bool:
+        """Stop the execution `execution_id` (whatever runs, when empty) in an EngineConn
+        (`address` and `secret` as in `execute`); True when one was running and was told
+        to stop: its `execute` stream then ends with an ExecResult with `cancelled` set.
+        The shell engine stops the code's processes (TERM, then KILL); the python engine
+        interrupts the code (KeyboardInterrupt) at its next Python instruction."""
+        target, metadata = ecb.executor_target(address, secret)
+        req = executor_pb2.CancelRequest(execution_id=execution_id)
+        return _cancel(target, metadata, req, self.timeout)
+
 
 def _execute(
     address: str,
@@ -201,3 +213,18 @@ def _execute(
             raise from_rpc_error(exc) from exc
         finally:
             call.cancel()  # no-op once finished; otherwise the engine stops the code
+
+
+def _cancel(
+    address: str,
+    metadata: tuple[tuple[str, str], ...],
+    request: executor_pb2.CancelRequest,
+    deadline: float,
+) -> bool:
+    with grpc.insecure_channel(address) as channel:
+        stub = executor_pb2_grpc.ExecutorServiceStub(channel)
+        try:
+            resp = stub.Cancel(request, timeout=deadline, metadata=metadata)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from exc
+        return bool(resp.cancelled)

@@ -8,6 +8,7 @@ that names none) is an error, never a silently empty list.
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TextIO, TypeAlias, TypeVar
 
@@ -24,6 +25,7 @@ __all__ = [
     "matches",
     "non_negative",
     "parse_cores",
+    "parse_duration",
     "parse_size",
     "resource_arg",
     "resource_dims",
@@ -77,6 +79,24 @@ def parse_cores(text: str) -> int:
         return parse_cpu(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+_DURATION_RE = re.compile(r"(?:(\d+(?:\.\d+)?)([dhms]))+|\d+(?:\.\d+)?")
+_DURATION_PART_RE = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
+_UNIT_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from "90", "30s", "10m", "1h30m" or "2d" (Go's and kubectl's form, with
+    days); an argparse error otherwise."""
+    text = text.strip()
+    if not _DURATION_RE.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"invalid duration {text!r}: expected e.g. 30s, 10m, 1h30m or seconds"
+        )
+    if text.replace(".", "", 1).isdigit():
+        return float(text)
+    return sum(float(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART_RE.findall(text))
 
 
 def non_negative(text: str) -> int:

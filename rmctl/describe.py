@@ -13,10 +13,11 @@ from typing import Any, TextIO
 
 from clients import RMClient
 from rmctl.demand import show_demand_details
-from rmctl.engineconn import resolve_engine_conn, show_engine_conn
+from rmctl.engineconn import show_engine_conn
 from rmctl.format import fmt_age, fmt_time, print_table
-from rmctl.node import resolve_ecm, show_node
-from rmctl.ticket import resolve_ticket, show_ticket
+from rmctl.node import show_node
+from rmctl.resolve import resolve_ecm, resolve_engine_conn, resolve_ticket
+from rmctl.ticket import show_ticket
 
 __all__ = ["register"]
 

@@ -26,9 +26,9 @@ from rmctl.format import (
     print_table,
     to_json,
 )
-from rmctl.resolve import resolve_by_prefix
+from rmctl.resolve import resolve_ecm
 
-__all__ = ["register", "resolve_ecm", "show_node"]
+__all__ = ["register", "show_node"]
 
 
 def register(cmds: Any) -> None:
@@ -90,13 +90,6 @@ def register(cmds: Any) -> None:
 
 def _node_list(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
-
-
-def resolve_ecm(client: RMClient, given: str) -> Any:
-    """The ECM named `given`, or the one whose instance starts with it."""
-    return resolve_by_prefix(
-        "ECM", given, client.get_ecm, client.list_ecms, lambda e: str(e.instance)
-    )
 
 
 _HEADER = ("instance", "state", "engineconns", "total", "left", "last_heartbeat")

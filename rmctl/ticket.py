@@ -28,9 +28,9 @@ from rmctl.format import (
     print_json,
     print_list,
 )
-from rmctl.resolve import resolve_by_prefix
+from rmctl.resolve import resolve_ticket
 
-__all__ = ["register", "resolve_ticket", "show_ticket"]
+__all__ = ["register", "show_ticket"]
 
 
 def register(cmds: Any) -> None:
@@ -103,13 +103,6 @@ def _ticket_row(t: Any, wide: bool = False) -> tuple[str, ...]:
 
 _TICKET_HEADER = ("ticket_id", "state", "user", "charged", "requested", "used", "created")
 _TICKET_WIDE = (*_TICKET_HEADER, "labels", "lock_expires", "updated")
-
-
-def resolve_ticket(client: RMClient, given: str) -> Any:
-    """The ticket with id `given`, or the one live ticket whose id starts with it."""
-    return resolve_by_prefix(
-        "ticket id", given, client.get_ticket, client.list_tickets, lambda t: str(t.ticket_id)
-    )
 
 
 def cmd_ticket_list(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:

@@ -19,7 +19,8 @@ from google.protobuf import json_format
 from labelrm.v1 import engine_conn_pb2 as ec_pb
 
 from clients import AsyncRMClient, ExecOutput, ExecResult, Unauthenticated
-from rmctl.engineconn import cmd_ec_logs, with_progress
+from rmctl.engineconn import with_progress
+from rmctl.logs import cmd_ec_logs
 from tests.helpers import ctl, details, start_agent, wait_until, wait_until_sync
 
 SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"
@@ -233,7 +234,7 @@ def test_logs_fall_back_to_the_stored_tail(capsys: Any, tmp_path: Any) -> None:
         work_dir=str(tmp_path / "elsewhere" / "ec-1"),  # not on this host
         log_tail="Traceback ...\nValueError: bad config\n",
     )
-    args = argparse.Namespace(ec_id="ec-1", follow=True, output="table")
+    args = argparse.Namespace(ec_id="ec-1", follow=True, output="table", tail=None, since=None)
     out = io.StringIO()
     assert cmd_ec_logs(_Client(ec), args, out) == 0  # type: ignore[arg-type]
     assert out.getvalue() == "Traceback ...\nValueError: bad config\n"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+from pathlib import Path
 from typing import Any
 
 from tests.cli import rmctl_run, rmctl_spawn
@@ -15,6 +16,8 @@ from tests.helpers import start_agent, wait_until
 SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"
 SPARK = "userCreator=alice-IDE,engineType=spark-3.2.1"
 LIMIT = "userCreator=*,engineType=*"
+PYTHON_A = "userCreator=lrmtest_a-IDE,engineType=python-3"
+IDLE, BUSY = "ENGINE_CONN_STATE_IDLE", "ENGINE_CONN_STATE_BUSY"
 
 
 async def _shell_engine_conn(rm: Any, agent_factory: Any) -> str:
@@ -33,18 +36,61 @@ async def _started(proc: asyncio.subprocess.Process, marker: str) -> None:
     assert line.decode().strip() == marker, line
 
 
-async def test_ctrl_c_cancels_the_execution(cluster_rm: Any, agent_factory: Any) -> None:
-    """Ctrl-C on `engineconn exec` stops the code: the next exec runs at once (it was
-    refused while the first one's code went on running)."""
-    ec_id = await _shell_engine_conn(cluster_rm, agent_factory)
-    proc = await rmctl_spawn(cluster_rm, "engineconn", "exec", ec_id, "echo started; sleep 300")
+async def _interrupted(rm: Any, ec_id: str, code: str) -> str:
+    """`engineconn exec` of `code` (which prints "started" first), Ctrl-C once it runs;
+    rmctl's stderr after it exited 130."""
+    proc = await rmctl_spawn(rm, "engineconn", "exec", ec_id, code)
     await _started(proc, "started")
     proc.send_signal(signal.SIGINT)
     _, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 130, err
-    assert "execution cancelled" in err.decode()
-    rc, out, err2 = await rmctl_run(cluster_rm, "engineconn", "exec", ec_id, "echo next")
-    assert (rc, out) == (0, "next\n"), err2
+    return err.decode()
+
+
+async def test_ctrl_c_cancels_the_execution(cluster_rm: Any, agent_factory: Any) -> None:
+    """Ctrl-C on `engineconn exec` stops the code and waits for it: the EngineConn is IDLE
+    when rmctl returns, and the next exec runs at once."""
+    ec_id = await _shell_engine_conn(cluster_rm, agent_factory)
+    err = await _interrupted(cluster_rm, ec_id, "echo started; sleep 300")
+    assert err.splitlines()[-1].endswith(" cancelled"), err
+    assert (await _json(cluster_rm, "engineconn", "status", ec_id))["state"] == IDLE
+    rc, out, err = await rmctl_run(cluster_rm, "engineconn", "exec", ec_id, "echo next")
+    assert (rc, out) == (0, "next\n"), err
+
+
+async def test_ctrl_c_on_code_that_cannot_stop_says_so(cluster_rm: Any, agent_factory: Any) -> None:
+    """The python engine interrupts code at its next Python instruction: a long blocking
+    call runs on. rmctl said "execution cancelled" while the EngineConn stayed BUSY; it
+    says what happened and what to do."""
+    await start_agent(cluster_rm, agent_factory)
+    rc, out, err = await rmctl_run(
+        cluster_rm, "engineconn", "create", "--labels", PYTHON_A, "-q", deadline=90
+    )
+    assert rc == 0, err
+    ec_id = out.strip()
+    code = "import time\nprint('started', flush=True)\ntime.sleep(3600)"
+    err = await _interrupted(cluster_rm, ec_id, code)
+    assert "execution cancelled" not in err
+    assert f"EngineConn {ec_id} stays BUSY until the code ends" in err
+    assert f"`rmctl engineconn kill {ec_id}`" in err
+    assert (await _json(cluster_rm, "engineconn", "status", ec_id))["state"] == BUSY
+    rc, out, err = await rmctl_run(cluster_rm, "engineconn", "kill", ec_id)
+    assert rc == 0, err
+
+
+async def test_engineconn_cancel(cluster_rm: Any, agent_factory: Any) -> None:
+    """`rmctl engineconn cancel ID` stops what another rmctl runs there (it exits 130,
+    saying so) and returns once the EngineConn is IDLE; with nothing running it says so."""
+    ec_id = await _shell_engine_conn(cluster_rm, agent_factory)
+    proc = await rmctl_spawn(cluster_rm, "engineconn", "exec", ec_id, "echo started; sleep 300")
+    await _started(proc, "started")
+    rc, out, err = await rmctl_run(cluster_rm, "engineconn", "cancel", ec_id[:10])
+    assert (rc, out) == (0, f"{ec_id} IDLE: execution cancelled\n"), err
+    _, exec_err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 130
+    assert "cancelled (by `rmctl engineconn cancel` or another client)" in exec_err.decode()
+    rc, out, err = await rmctl_run(cluster_rm, "engineconn", "cancel", ec_id)
+    assert (rc, out) == (0, f"{ec_id} IDLE: nothing was running\n"), err
 
 
 async def _json(rm: Any, *argv: str) -> Any:
@@ -122,3 +168,21 @@ async def test_limit_set_changes_only_the_dimensions_given(rm: Any) -> None:
     rc, out, err = await rmctl_run(rm, "limit", "set", "team=x", "--cpu", "2")
     assert (rc, out) == (1, ""), err
     assert err == "error: new limit team=x has no --memory to keep: give --memory\n"
+
+
+async def test_logs_tail_and_since(cluster_rm: Any, agent_factory: Any) -> None:
+    """`engineconn logs --tail N` prints the last N lines of each log; `--since` the lines
+    stamped within the duration (all of a fresh EngineConn's stamped lines)."""
+    ec_id = await _shell_engine_conn(cluster_rm, agent_factory)
+    rc, _, err = await rmctl_run(cluster_rm, "engineconn", "exec", ec_id, "true")
+    assert rc == 0, err
+    logs = Path((await _json(cluster_rm, "engineconn", "status", ec_id))["work_dir"]) / "logs"
+    rc, out, err = await rmctl_run(cluster_rm, "engineconn", "logs", ec_id, "--tail", "2")
+    assert rc == 0, err
+    lines = (logs / "stderr.log").read_text().splitlines()
+    assert len(lines) > 2
+    assert out.splitlines() == [f"==> {logs / 'stderr.log'} <==", *lines[-2:]]
+    rc, out, err = await rmctl_run(cluster_rm, "engineconn", "logs", ec_id, "--since", "1h")
+    assert rc == 0, err
+    stamped = [line for line in lines if line[:4].isdigit()]
+    assert stamped and set(stamped) <= set(out.splitlines())
