@@ -118,7 +118,8 @@ class Settings:
     )
     history_retention_days: float = TIMINGS.setting(
         30.0,
-        "ended tickets, EngineConns and demands are deleted this many days after they ended",
+        "ended tickets, EngineConns and demands are deleted this many days after they ended,"
+        " a node's events this many days after they happened",
     )
     request_id_retention_hours: float = TIMINGS.setting(
         48.0,

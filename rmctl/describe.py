@@ -11,10 +11,13 @@ from __future__ import annotations
 import argparse
 from typing import Any, TextIO
 
-from clients import RMClient
+import grpc
+from labelrm.v1 import admin_pb2
+
+from clients import NotFound, RMClient
 from rmctl.demand import show_demand_details
 from rmctl.engineconn import show_engine_conn
-from rmctl.format import fmt_age, fmt_time, print_table
+from rmctl.format import fmt_age, fmt_time, print_details, print_table, to_json
 from rmctl.node import show_node
 from rmctl.resolve import resolve_ecm, resolve_engine_conn, resolve_ticket
 from rmctl.ticket import show_ticket
@@ -62,10 +65,35 @@ def cmd_describe(client: RMClient, args: argparse.Namespace, out: TextIO) -> int
         object_id = ec.engine_conn_id
         show_engine_conn(ec, args.output, out)
     else:
-        ecm = resolve_ecm(client, args.object_id)
+        try:
+            ecm = resolve_ecm(client, args.object_id)
+        except NotFound:
+            return _describe_departed_node(client, args, out)
         object_id = ecm.instance
         show_node(client, ecm, args.output, out)
     if args.output in ("table", "wide"):
         events = client.list_events(args.kind, object_id, user)
         print_events([(e.time, e.state, e.reason) for e in events], out)
+    return 0
+
+
+def _describe_departed_node(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
+    """A node no longer registered: its history, which outlives it (NotFound when it has
+    none: it never was, or its history is past the retention)."""
+    events = client.list_events("node", args.object_id)
+    if not events:
+        raise NotFound(
+            grpc.StatusCode.NOT_FOUND,
+            f"ECM {args.object_id} is not registered and has no history (the name must be "
+            "whole for a node that left)",
+        )
+    if args.output == "json":
+        print(to_json(admin_pb2.ListEventsResponse(events=events)), file=out)
+        return 0
+    left = events[-1]
+    gone = f"not registered: {left.state} {fmt_time(left.time)}" if left.state == "LEFT" else (
+        "not registered"
+    )  # fmt: skip
+    print_details(out, [("instance", args.object_id), ("state", gone)])
+    print_events([(e.time, e.state, e.reason) for e in events], out)
     return 0

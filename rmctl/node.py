@@ -1,4 +1,5 @@
-"""`rmctl node list|status|drain|refresh`: the ECMs (agents) as the RM sees them.
+"""`rmctl node list|status|refresh|rm`, with `cordon|uncordon|drain|decommission`
+(rmctl/drain.py): the ECMs (agents) as the RM sees them.
 
 The commands have rmctl's signature ``(client, args, out) -> exit code``.
 """
@@ -15,6 +16,7 @@ from labelrm.v1 import admin_pb2, resource_manager_pb2
 from clients import RMClient
 from clients._engineconn import LIVE_EC_STATES, ec_state_name, ecm_state_name
 from rmctl.args import LOST_NODE_AGE_OUT, add_selector, add_sort_by, selected, sort_rows
+from rmctl.drain import add_drain_commands, node_state
 from rmctl.format import (
     fmt_labels,
     fmt_resource,
@@ -33,7 +35,9 @@ __all__ = ["register", "show_node"]
 
 def register(cmds: Any) -> None:
     """Register ``rmctl node ...`` on rmctl's sub-command parsers (``add_subparsers()``)."""
-    node = cmds.add_parser("node", help="ECMs (agents): list, status, drain, node lists")
+    node = cmds.add_parser(
+        "node", help="ECMs (agents): list, status, cordon, drain, decommission, node lists"
+    )
     sub = node.add_subparsers(dest="sub", required=True, metavar="SUBCOMMAND")
 
     c = sub.add_parser(
@@ -51,7 +55,9 @@ def register(cmds: Any) -> None:
     c.set_defaults(func=cmd_node_list)
 
     c = sub.add_parser(
-        "rm", help="remove a LOST or drained ECM from the RM (its agent is gone for good)"
+        "rm",
+        aliases=["delete"],
+        help="remove a LOST or decommissioned ECM from the RM (its agent is gone for good)",
     )
     c.add_argument("name", metavar="NAME", help="an ECM instance, or a unique prefix of one")
     c.set_defaults(func=cmd_node_rm)
@@ -60,12 +66,7 @@ def register(cmds: Any) -> None:
     c.add_argument("name", metavar="NAME", help="an ECM instance, or a unique prefix of one")
     c.set_defaults(func=cmd_node_status)
 
-    c = sub.add_parser(
-        "drain",
-        help="decommission an ECM: no new EngineConns; it leaves once its EngineConns end",
-    )
-    c.add_argument("name", metavar="NAME", help="an ECM instance, or a unique prefix of one")
-    c.set_defaults(func=cmd_node_drain)
+    add_drain_commands(sub)
 
     c = sub.add_parser(
         "refresh",
@@ -99,7 +100,7 @@ _WIDE = (*_HEADER, "labels", "protected", "registered")
 def _row(e: Any, wide: bool) -> tuple[str, ...]:
     row: tuple[str, ...] = (
         e.instance,
-        ecm_state_name(e.state),
+        node_state(e),
         str(e.live_engine_conns),
         fmt_resource(opt(e, "total_resource")),
         fmt_resource(opt(e, "left_resource")),
@@ -153,7 +154,8 @@ def show_node(client: RMClient, e: Any, output: str, out: TextIO) -> None:
         out,
         [
             ("instance", e.instance),
-            ("state", ecm_state_name(e.state)),
+            ("state", node_state(e)),
+            ("cordoned", f"yes: {e.cordon_reason or '-'}" if e.cordoned else "no"),
             ("labels", fmt_labels(e.labels)),
             ("total", fmt_resource(opt(e, "total_resource"))),
             ("protected", fmt_resource(opt(e, "protected_resource"))),
@@ -188,25 +190,6 @@ def show_node(client: RMClient, e: Any, output: str, out: TextIO) -> None:
         )
 
 
-def cmd_node_drain(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
-    """`rmctl node drain NAME` (DecommissionEcm)."""
-    instance = resolve_ecm(client, args.name).instance
-    live = client.decommission_ecm(instance)
-    if args.output == "json":
-        print(to_json(admin_pb2.DecommissionEcmResponse(live_engine_conns=live)), file=out)
-    elif live:
-        print(
-            f"{instance} DRAINING: {live} live EngineConns; no new ones start there, "
-            "and the ECM leaves once they end",
-            file=out,
-        )
-    else:
-        print(
-            f"{instance} DRAINING: no live EngineConns; it leaves at its next heartbeat", file=out
-        )
-    return 0
-
-
 def cmd_node_refresh(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     """`rmctl node refresh [--include H...] [--exclude H...]` (RefreshNodes)."""
     disallowed = client.refresh_nodes(args.include, args.exclude)
@@ -226,15 +209,16 @@ def cmd_node_refresh(client: RMClient, args: argparse.Namespace, out: TextIO) ->
 
 
 def cmd_node_rm(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
-    """`rmctl node rm NAME`: UnregisterEcm for an ECM that is LOST, or drained empty."""
+    """`rmctl node rm NAME`: UnregisterEcm for an ECM that is LOST, or decommissioned
+    empty."""
     e = resolve_ecm(client, args.name)
     lost = e.state == resource_manager_pb2.ECM_STATE_LOST
     drained = e.state == resource_manager_pb2.ECM_STATE_DRAINING and not e.live_engine_conns
     if not (lost or drained):
         raise ValueError(
             f"ECM {e.instance} is {ecm_state_name(e.state)} with {e.live_engine_conns} live "
-            "EngineConns: only a LOST or drained (DRAINING, none live) ECM can be removed; "
-            f"drain it first (rmctl node drain {e.instance})"
+            "EngineConns: only a LOST or decommissioned (DRAINING, none live) ECM can be "
+            f"removed; decommission it first (rmctl node decommission {e.instance})"
         )
     released = client.unregister_ecm(e.instance)
     if args.output == "json":

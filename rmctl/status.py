@@ -16,9 +16,9 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any, TextIO
 
-from labelrm.v1 import demand_pb2
+from labelrm.v1 import demand_pb2, resource_manager_pb2
 
-from clients import RMClient
+from clients import RMClient, labels_from
 from clients._engineconn import LIVE_EC_STATES, ec_state_name, ecm_state_name
 from labelrm_common.quantity import format_bytes, format_cpu
 from labelrm_common.version import VERSION
@@ -98,7 +98,10 @@ def cmd_status(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     demands = list(client.list_demands())
     if print_json(out, args.output, info):
         return 0
-    nodes = [r for r in records if r.source == "ecm"]
+    # The totals are the capacity of the nodes that are there: a LOST node's is not.
+    lost = {e.instance for e in ecms if e.state == resource_manager_pb2.ECM_STATE_LOST}
+    nodes = [r for r in records if r.source == "ecm" and _instance_of(r) not in lost]
+    cordoned = sum(1 for e in ecms if e.cordoned)
     replicas = "; ".join(
         f"{r.replica_id} on {r.host} (pid {r.pid}, up {fmt_age(r.start_time)})"
         for r in info.replicas
@@ -111,9 +114,17 @@ def cmd_status(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
             ("rm", f"{args.rm} version {info.version} (rmctl {VERSION})"),
             ("replicas", f"{len(info.replicas)}: {replicas or '-'}"),
             ("database", info.database),
-            ("nodes", f"{len(ecms)}: {_counts(ecm_state_name(e.state) for e in ecms)}"),
+            (
+                "nodes",
+                f"{len(ecms)}: {_counts(ecm_state_name(e.state) for e in ecms)}"
+                + (f" ({cordoned} cordoned)" if cordoned else ""),
+            ),
             ("engineconns", f"{len(live)} live: {_counts(ec_state_name(e.state) for e in live)}"),
-            ("total", fmt_dims(_sum(r.max_resource for r in nodes))),
+            (
+                "total",
+                fmt_dims(_sum(r.max_resource for r in nodes))
+                + (f" (without {len(lost)} LOST)" if lost else ""),
+            ),
             ("used", fmt_dims(_sum(r.used_resource for r in nodes))),
             ("locked", fmt_dims(_sum(r.locked_resource for r in nodes))),
             ("left", fmt_dims(_sum(r.left_resource for r in nodes))),
@@ -126,6 +137,11 @@ def cmd_status(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
         print("\nmost loaded labels:", file=out)
         _print_labels(loaded, out)
     return 0
+
+
+def _instance_of(record: Any) -> str:
+    """The ECM instance of an ECM's label record ("emInstance=host:port")."""
+    return next((lb.value for lb in labels_from(record.label) if lb.key == "emInstance"), "")
 
 
 def _print_labels(records: list[Any], out: TextIO) -> None:

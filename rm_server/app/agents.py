@@ -207,7 +207,7 @@ class AgentHub:
         async def body(conn: Conn) -> bool:
             if await ec_store.live_ecs_on(conn, agent_id):
                 return False
-            await admin_store.unregister_ecm(conn, agent_id, self._now())
+            await admin_store.unregister_ecm(conn, agent_id, self._now(), "decommissioned")
             log.info("ECM %s drained and left", agent_id)
             return True
 
@@ -339,6 +339,21 @@ class AgentHub:
             return status.live_engine_conns
 
         return await self.db.run(body)
+
+    async def cordon(self, instance: str, cordoned: bool, reason: str = "") -> EcmStatus:
+        """Cordon an ECM (no new work, what runs goes on) or uncordon it (which also calls
+        off a decommission in progress); returns it as it is then."""
+        now = self._now()
+
+        async def body(conn: Conn) -> EcmStatus:
+            if not await ecm_store.set_cordon(conn, instance, cordoned, reason, now):
+                raise NotFound(f"ECM {instance} is not registered")
+            return await ecm_store.ecm_status(conn, instance)
+
+        status = await self.db.run(body)
+        log.info("ECM %s %s%s", instance, "cordoned" if cordoned else "uncordoned",
+                 f": {reason}" if reason else "")  # fmt: skip
+        return status
 
     async def state_counts(self) -> dict[str, dict[str, int]]:
         return await self.db.run(ecm_store.state_counts)

@@ -281,6 +281,7 @@ class EngineConnManager:
                 total=s.total,
                 left=s.left if s.left is not None else s.total,
                 live_engine_conns=s.live_engine_conns,
+                cordoned=s.cordoned,
             )
             for s in statuses
         ]

@@ -11,8 +11,12 @@ its ECM falls silent):
                       (max idle, kill)
     any live state ──silent past expiry, or ECM lost──> LOST
 
-ECM lifecycle: RUNNING ──decommission──> DRAINING ──no EngineConns left──> (gone)
+ECM lifecycle: RUNNING ──decommission──> DRAINING ──no EngineConns left──> (left)
+               DRAINING ──uncordon──> RUNNING
                RUNNING / DRAINING ──silent past expiry──> LOST ──re-register──> RUNNING
+A cordon (kubectl's) is beside the state: a cordoned ECM takes no new work in any state,
+and stays cordoned through LOST spells until uncordoned. A node's history (its events)
+outlives it: after it left, a LEFT event ends it.
 """
 
 from __future__ import annotations
@@ -181,6 +185,9 @@ class EcmStatus:
     updated_at: datetime
     last_heartbeat_at: datetime | None
     live_engine_conns: int
+    # No new work while cordoned (CordonEcm); what runs there goes on.
+    cordoned: bool = False
+    cordon_reason: str = ""
 
 
 @dataclass(frozen=True)

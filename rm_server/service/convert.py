@@ -528,6 +528,8 @@ def ecm_status_to_pb(s: EcmStatus) -> resource_manager_pb2.Ecm:
         last_heartbeat_time=ts(s.last_heartbeat_at),
         live_engine_conns=s.live_engine_conns,
         left_resource=resource_to_pb(s.left) if s.left is not None else None,
+        cordoned=s.cordoned,
+        cordon_reason=s.cordon_reason,
     )
 
 

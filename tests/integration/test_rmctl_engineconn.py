@@ -182,7 +182,7 @@ async def test_node_drain_refresh_and_errors(
     assert await ctl(rm, "engineconn", "create", "--user", "lrmtest_a") == 2  # no --labels
     capsys.readouterr()
 
-    assert await ctl(rm, "node", "drain", "agent1") == 0
+    assert await ctl(rm, "node", "decommission", "agent1") == 0
     assert "agent1 DRAINING: 1 live EngineConns" in capsys.readouterr().out
     assert await ctl(rm, "node", "status", "agent1") == 0
     assert details(capsys.readouterr().out, head_only=True)["state"] == "DRAINING"
@@ -193,7 +193,7 @@ async def test_node_drain_refresh_and_errors(
     await client.kill_engine_conn(ec.engine_conn_id)
 
     async def gone() -> bool:
-        return not [e async for e in client.list_ecms()]
+        return not [e for e in await client.list_ecms()]
 
     await wait_until(gone, timeout=20)
     assert await ctl(rm, "node", "list") == 0

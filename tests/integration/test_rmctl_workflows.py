@@ -10,6 +10,8 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from clients import AsyncRMClient, load_instance
+from labelrm_common.quantity import format_bytes, format_cpu
 from tests.cli import rmctl_run, rmctl_spawn
 from tests.helpers import start_agent, wait_until
 
@@ -186,3 +188,119 @@ async def test_logs_tail_and_since(cluster_rm: Any, agent_factory: Any) -> None:
     assert rc == 0, err
     stamped = [line for line in lines if line[:4].isdigit()]
     assert stamped and set(stamped) <= set(out.splitlines())
+
+
+# --- nodes -----------------------------------------------------------------------------------
+
+
+async def _node(rm: Any, name: str) -> dict[str, Any]:
+    return dict(await _json(rm, "node", "status", name))
+
+
+async def test_cordon_uncordon_and_drain(cluster_rm: Any, agent_factory: Any) -> None:
+    """cordon: no new work, what runs goes on; uncordon: new work again (and a
+    decommission called off); drain: cordon and wait for the EngineConns to end, killing
+    them at the deadline, the node staying registered. Each is in the node's history."""
+    first = await _shell_engine_conn(cluster_rm, agent_factory)
+    rc, out, err = await rmctl_run(
+        cluster_rm, "node", "cordon", "agent1", "--reason", "kernel update"
+    )
+    assert (rc, out) == (0, "agent1 cordoned: no new work; 1 EngineConns go on running\n"), err
+    rc, out, err = await rmctl_run(cluster_rm, "node", "list", "--no-headers")
+    assert out.split()[:2] == ["agent1", "RUNNING,CORDONED"], err
+    rc, out, err = await rmctl_run(
+        cluster_rm, "engineconn", "create", "--labels", SHELL_A, "--start-timeout", "10"
+    )
+    assert rc == 1 and "health: cordoned (no new work)" in err, err
+    rc, out, err = await rmctl_run(
+        cluster_rm, "ticket", "apply", "--labels", f"emInstance=agent1,{SHELL_A}",
+        "--memory", "1Mi", "--cpu", "1m",
+    )  # fmt: skip
+    assert rc == 1 and "ECM agent1 is CORDONED: it takes no new work" in err, err
+    rc, out, err = await rmctl_run(cluster_rm, "engineconn", "exec", first, "echo still here")
+    assert (rc, out) == (0, "still here\n"), err  # what runs goes on
+
+    rc, out, err = await rmctl_run(cluster_rm, "node", "uncordon", "agent1")
+    assert (rc, out) == (0, "agent1 RUNNING: takes new work\n"), err
+    rc, out, err = await rmctl_run(
+        cluster_rm, "engineconn", "create", "--labels", SHELL_A, "-q", deadline=90
+    )
+    assert rc == 0, err
+    second = out.strip()
+    rc, out, err = await rmctl_run(cluster_rm, "node", "decommission", "agent1")
+    assert rc == 0 and "agent1 DRAINING: 2 live EngineConns" in out, err
+    rc, out, err = await rmctl_run(cluster_rm, "node", "uncordon", "agent1")
+    assert out == "agent1 RUNNING: takes new work (its decommission is called off)\n", err
+
+    # Idle EngineConns do not end by themselves: the deadline kills them.
+    rc, out, err = await rmctl_run(
+        cluster_rm, "node", "drain", "agent1", "--deadline", "2s", deadline=120
+    )
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert lines[0] == "agent1 cordoned: waiting for 2 EngineConns to end (killed after 2s)"
+    assert lines[1] == "deadline passed: killing 2 EngineConns"
+    ended = sorted(line.split()[0] for line in lines[2:-1])
+    assert ended == sorted([f"engineconn/{first}", f"engineconn/{second}"]), out
+    assert lines[-1].startswith("agent1 drained: cordoned, no EngineConns")
+    node = await _node(cluster_rm, "agent1")
+    assert node["state"] == "ECM_STATE_RUNNING" and node["cordoned"] is True
+    assert node["cordon_reason"] == "drained"
+
+    rc, out, err = await rmctl_run(cluster_rm, "describe", "node", "agent1")
+    assert rc == 0, err
+    events = [line.split(None, 3)[2:] for line in out.split("Events:\n", 1)[1].splitlines()[1:]]
+    assert [e[0] for e in events] == [
+        "REGISTERED", "CORDONED", "UNCORDONED", "DRAINING", "RUNNING", "CORDONED"
+    ]  # fmt: skip
+    assert events[1] == ["CORDONED", "kernel update"] and events[-1] == ["CORDONED", "drained"]
+
+
+async def test_a_node_keeps_its_history_after_it_leaves(
+    cluster_rm: Any, agent_factory: Any
+) -> None:
+    """Decommissioned, the node leaves; `describe node` still shows its history (it was
+    deleted with the node)."""
+    await start_agent(cluster_rm, agent_factory)
+    rc, out, err = await rmctl_run(cluster_rm, "node", "decommission", "agent1")
+    assert rc == 0, err
+
+    async def gone() -> bool:
+        rc, out, _ = await rmctl_run(cluster_rm, "node", "list", "-A", "--no-headers")
+        return rc == 0 and out == ""
+
+    await wait_until(gone, 30, what="agent1 gone", interval=0.5)
+    rc, out, err = await rmctl_run(cluster_rm, "describe", "node", "agent1")
+    assert rc == 0, err
+    head, events = out.split("\nEvents:\n", 1)
+    assert head.splitlines()[1].startswith("state    = not registered: LEFT ")
+    states = [line.split(None, 3)[2:] for line in events.splitlines()[1:]]
+    assert [s[0] for s in states] == ["REGISTERED", "DRAINING", "LEFT"]
+    assert states[-1] == ["LEFT", "decommissioned"]
+
+
+async def test_status_leaves_lost_nodes_out_of_the_totals(
+    cluster_rm: Any, agent_factory: Any
+) -> None:
+    """`rmctl status` counted a LOST node's capacity in the cluster's totals."""
+    await start_agent(cluster_rm, agent_factory)
+    async with AsyncRMClient(cluster_rm.target, timeout=10.0) as client:
+        await client.register_ecm("ghost:1", load_instance(64 << 30, 32000, 64))  # never beats
+
+    async def ghost_lost() -> bool:
+        return bool((await _node(cluster_rm, "ghost:1"))["state"] == "ECM_STATE_LOST")
+
+    await wait_until(ghost_lost, 30, what="ghost:1 LOST", interval=0.5)
+    agent = await _node(cluster_rm, "agent1")
+    dims = agent["total_resource"]["load_instance"]
+    rc, out, err = await rmctl_run(cluster_rm, "status")
+    assert rc == 0, err
+    view = {
+        k.strip(): v
+        for k, v in (line.split(" = ", 1) for line in out.split("\n\n")[0].splitlines())
+    }
+    assert view["nodes"] == "2: 1 LOST, 1 RUNNING"
+    assert view["total"] == (
+        f"mem={format_bytes(int(dims['memory_bytes']))} cpu={format_cpu(int(dims['cpu_millis']))}"
+        f" inst={dims['instances']} (without 1 LOST)"
+    )

@@ -72,6 +72,8 @@ EXPECTED = {
     "AdminService/CheckConsistency": set(),
     "AdminService/RefreshNodes": set(),
     "AdminService/DecommissionEcm": set(),
+    "AdminService/CordonEcm": set(),
+    "AdminService/UncordonEcm": set(),
     "AdminService/GetClusterInfo": set(),
     "AdminService/ListEvents": set(),
     "AdminService/PutExternalProvider": set(),
