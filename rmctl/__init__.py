@@ -42,6 +42,7 @@ _GLOBAL_WITH_VALUE = frozenset(
         "--tls-ca",
         "--tls-cert",
         "--tls-key",
+        "--context",
     }
 )
 

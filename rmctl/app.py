@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import argparse
 import io
-import os
 import sys
 from collections.abc import Sequence
 from typing import TextIO
 
 from clients import RMClient, RMError
-from clients._impl import DEFAULT_TARGET
 from labelrm_common.version import VERSION
 from rmctl import (
+    config,
     demand,
     describe,
     engineconn,
@@ -27,7 +26,7 @@ from rmctl import (
 )
 from rmctl.args import Command
 from rmctl.completion import SCRIPTS
-from rmctl.connection import add_connection_flags, client_kwargs
+from rmctl.connection import add_connection_flags, explain, resolve
 from rmctl.format import set_table_headers
 from rmctl.output import (
     OUTPUTS,
@@ -43,23 +42,19 @@ __all__ = ["GLOBAL_DESTS", "build_parser", "error_line", "run"]
 # The top-level options every subcommand accepts too (`rmctl engineconn list -o json`).
 GLOBAL_DESTS = (
     "rm", "output", "no_headers", "timeout", "watch_interval", "watch_rounds",
-    "token", "tls_ca", "tls_cert", "tls_key",
+    "token", "tls_ca", "tls_cert", "tls_key", "context",
 )  # fmt: skip
 
 # Each registers its commands on the top-level sub-command parsers, in this order.
-_NOUNS = (resource, ticket, limit, node, engineconn, demand, status, describe, provider, local)
+_NOUNS = (
+    resource, ticket, limit, node, engineconn, demand, status, describe, provider, local, config
+)  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of rmctl."""
     p = argparse.ArgumentParser(
         prog="rmctl", description="labelrm resource manager client", allow_abbrev=False
-    )
-    p.add_argument(
-        "--rm",
-        default=os.environ.get("LABELRM_RM") or DEFAULT_TARGET,
-        metavar="HOST:PORT",
-        help="RM address (default: $LABELRM_RM or %(default)s)",
     )
     p.add_argument(
         "-o",
@@ -123,15 +118,24 @@ def run(argv: Sequence[str] | None = None) -> int:
             chosen_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as exc:  # usage errors (2) and --help (0)
         return exc.code if isinstance(exc.code, int) else 2
-    code = local.run_local(args)  # `pki`, `token`: local files, no RM
+    set_table_headers(not args.no_headers)
+    code = local.run_local(args)  # `pki`, `token`, `config`: local files, no RM
     if code is not None:
         return code
-    set_table_headers(not args.no_headers)
     try:
-        with RMClient(args.rm, timeout=args.timeout, **client_kwargs(args)) as client:
+        conn = resolve(args)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    try:
+        with RMClient(
+            conn.rm, timeout=args.timeout, token=conn.token, tls_ca=conn.tls_ca,
+            tls_cert=conn.tls_cert, tls_key=conn.tls_key,
+        ) as client:  # fmt: skip
             return _render(client, args, argv)
     except RMError as err:
-        print(error_line(err), file=sys.stderr)
+        hint = explain(err, conn, args.timeout)
+        print(f"error: {err.code.name}: {hint}" if hint else error_line(err), file=sys.stderr)
         return 1
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)

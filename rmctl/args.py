@@ -30,6 +30,7 @@ __all__ = [
     "resource_arg",
     "resource_dims",
     "resource_update",
+    "rm_target",
     "selected",
     "selector_arg",
     "sort_rows",
@@ -49,6 +50,44 @@ L = TypeVar("L", bound=_Labelled)
 
 LOST_NODE_AGE_OUT = 3600.0
 """Seconds after its last heartbeat that a LOST node leaves `rmctl node list` (-A shows it)."""
+
+
+# --- the RM's address --------------------------------------------------------------------
+
+DEFAULT_PORT = 7100
+"""The RM's port when an address names none (rm-server's default --listen)."""
+
+_URL_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+_GRPC_SCHEMES = ("dns:", "unix:", "unix-abstract:", "ipv4:", "ipv6:", "vsock:")
+
+
+def rm_target(text: str) -> str:
+    """The gRPC target of an RM address: HOST:PORT, HOST (the port is DEFAULT_PORT, not
+    gRPC's 443), [IPv6]:PORT, or a gRPC target with its scheme (dns:, unix:, ...);
+    ValueError for a URL, which gRPC would take for a host name."""
+    text = text.strip()
+    url = _URL_RE.match(text)
+    if url:
+        rest = text[url.end() :].rstrip("/")
+        raise ValueError(
+            f"the RM's address is HOST:PORT, not a URL: {text!r} (try {rest!r}"
+            + ("; TLS is --tls-ca FILE" if url.group(1) == "https" else "")
+            + ")"
+        )
+    if not text:
+        raise ValueError("the RM's address is empty: give HOST:PORT")
+    if text.startswith(_GRPC_SCHEMES):
+        return text
+    if text.startswith("["):  # [::1] or [::1]:7100
+        return text if "]:" in text else f"{text}:{DEFAULT_PORT}"
+    if text.count(":") > 1:  # a bare IPv6 address
+        return f"[{text}]:{DEFAULT_PORT}"
+    host, sep, port = text.partition(":")
+    if not sep:
+        return f"{host}:{DEFAULT_PORT}"
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"the RM's address {text!r} has no valid port (1-65535)")
+    return text
 
 
 # --- labels and quantities -----------------------------------------------------------------

@@ -1,12 +1,15 @@
-"""`rmctl pki` (a throwaway CA and certificates) and `rmctl token` (the RM's token file):
-local files, no RM. The tools live in labelrm_common, which the RM uses too."""
+"""`rmctl pki` (a throwaway CA and certificates), `rmctl token` (the RM's token file) and
+`rmctl config` (rmctl's contexts): local files, no RM. The pki and token tools live in
+labelrm_common, which the RM uses too."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 
 from labelrm_common import pki, tokens
+from labelrm_common.cli import error_text
 
 __all__ = ["register", "run_local"]
 
@@ -27,5 +30,5 @@ def run_local(args: argparse.Namespace) -> int | None:
     try:
         return func(args)
     except (OSError, ValueError) as exc:
-        print(f"error: {exc}")
+        print(f"error: {error_text(exc)}", file=sys.stderr)
         return 1

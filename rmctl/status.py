@@ -111,7 +111,7 @@ def cmd_status(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     print_details(
         out,
         [
-            ("rm", f"{args.rm} version {info.version} (rmctl {VERSION})"),
+            ("rm", f"{client.target} version {info.version} (rmctl {VERSION})"),
             ("replicas", f"{len(info.replicas)}: {replicas or '-'}"),
             ("database", info.database),
             (

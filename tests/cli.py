@@ -30,7 +30,8 @@ async def rmctl_spawn(
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         cwd=ROOT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        # Never the contexts of whoever runs the tests (a test gives its own file).
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "LABELRM_CONFIG": os.devnull, **(env or {})},
     )
 
 
