@@ -27,43 +27,15 @@ import sys
 from collections.abc import Sequence
 
 from rmctl.dev import exec_rm_server_dev
+from rmctl.words import command_index
 
 __all__ = ["main"]
-
-_GLOBAL_WITH_VALUE = frozenset(
-    {
-        "--rm",
-        "-o",
-        "--output",
-        "--timeout",
-        "--watch-interval",
-        "--watch-rounds",
-        "--token",
-        "--tls-ca",
-        "--tls-cert",
-        "--tls-key",
-        "--context",
-    }
-)
-
-
-def _command_index(words: list[str]) -> int | None:
-    """Where the command word is, skipping global options and their values."""
-    skip = False
-    for i, word in enumerate(words):
-        if skip:
-            skip = False
-        elif word in _GLOBAL_WITH_VALUE:
-            skip = True
-        elif not word.startswith("-"):
-            return i
-    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run rmctl; returns the exit code."""
     words = list(sys.argv[1:] if argv is None else argv)
-    at = _command_index(words)
+    at = command_index(words)
     if at is not None and words[at] == "dev" and not {"-h", "--help"} & set(words):
         return exec_rm_server_dev(words[at + 1 :])  # rm-server's own process from here on
     # Imported only now: `rmctl dev` becomes rm-server without loading grpc first.

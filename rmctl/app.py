@@ -16,6 +16,7 @@ from rmctl import (
     demand,
     describe,
     engineconn,
+    forms,
     limit,
     local,
     node,
@@ -24,7 +25,7 @@ from rmctl import (
     status,
     ticket,
 )
-from rmctl.args import Command
+from rmctl.args import Command, Parser
 from rmctl.completion import SCRIPTS
 from rmctl.connection import add_connection_flags, explain, resolve
 from rmctl.format import set_table_headers
@@ -53,9 +54,7 @@ _NOUNS = (
 
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of rmctl."""
-    p = argparse.ArgumentParser(
-        prog="rmctl", description="labelrm resource manager client", allow_abbrev=False
-    )
+    p = Parser(prog="rmctl", description="labelrm resource manager client", allow_abbrev=False)
     p.add_argument(
         "-o",
         "--output",
@@ -89,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=None)  # handled before parsing: argparse cannot pass options through
     for noun in _NOUNS:
         noun.register(cmds)
+    forms.register(cmds)
     accept_globals_anywhere(p, GLOBAL_DESTS)
     return p
 
@@ -112,8 +112,9 @@ def error_line(err: RMError) -> str:
 def run(argv: Sequence[str] | None = None) -> int:
     """Parse `argv` (the process's arguments when None) and run the command chosen."""
     parser = build_parser()
+    words = forms.rewrite(sys.argv[1:] if argv is None else argv)  # `get nodes`: `node list`
     try:
-        args, extra = parser.parse_known_args(argv)
+        args, extra = parser.parse_known_args(words)
         if extra:  # the subcommand's usage, not rmctl's
             chosen_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as exc:  # usage errors (2) and --help (0)
@@ -165,7 +166,4 @@ def _render(client: RMClient, args: argparse.Namespace, argv: Sequence[str] | No
         return stream_changes(
             render, sys.stdout, interval=args.watch_interval, rounds=args.watch_rounds
         )
-    title = "rmctl " + " ".join(argv if argv is not None else sys.argv[1:])
-    return run_watch(
-        render, sys.stdout, interval=args.watch_interval, title=title, rounds=args.watch_rounds
-    )
+    return run_watch(render, sys.stdout, interval=args.watch_interval, rounds=args.watch_rounds)

@@ -8,9 +8,10 @@ that names none) is an error, never a silently empty list.
 from __future__ import annotations
 
 import argparse
+import difflib
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol, TextIO, TypeAlias, TypeVar
+from typing import Any, NoReturn, Protocol, TextIO, TypeAlias, TypeVar
 
 from clients import RMClient, labels_from, load, load_instance
 from labelrm_common.quantity import parse_cpu, parse_memory
@@ -18,9 +19,11 @@ from labelrm_common.quantity import parse_cpu, parse_memory
 __all__ = [
     "LOST_NODE_AGE_OUT",
     "Command",
+    "Parser",
     "add_resource_args",
     "add_selector",
     "add_sort_by",
+    "did_you_mean",
     "labels_arg",
     "matches",
     "non_negative",
@@ -39,6 +42,40 @@ __all__ = [
 
 Command: TypeAlias = Callable[[RMClient, argparse.Namespace, TextIO], int]
 """An RM command: ``(client, parsed arguments, stdout) -> exit code``."""
+
+
+# --- the parser: one case rule, and "did you mean" ------------------------------------------
+
+_INVALID_CHOICE = re.compile(r"invalid choice: '(?P<word>[^']*)' \(choose from (?P<known>.*)\)")
+
+
+def did_you_mean(word: str, known: Iterable[str]) -> str:
+    """``; did you mean 'node'?`` for the known word closest to `word` ("" for none)."""
+    close = difflib.get_close_matches(word.lower(), [k.lower() for k in known], n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+class Parser(argparse.ArgumentParser):
+    """rmctl's parsers (every subcommand's too): an unknown command or choice is answered
+    with the closest known one, and every enumerated value is taken in any case (`--state
+    ACCEPTED`, `-o JSON`), one rule for all of them."""
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        choices = kwargs.get("choices")
+        if (
+            choices is not None
+            and "type" not in kwargs
+            and all(isinstance(c, str) and c == c.lower() for c in choices)
+        ):
+            kwargs["type"] = str.lower
+        return super().add_argument(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        found = _INVALID_CHOICE.search(message)
+        if found:
+            known = re.findall(r"'([^']*)'", found.group("known"))
+            message += did_you_mean(found.group("word"), known)
+        super().error(message)
 
 
 class _Labelled(Protocol):
@@ -246,17 +283,18 @@ def selected(items: Iterable[L], selector: Sequence[tuple[str, str]]) -> list[L]
 
 
 def state_arg(names: Iterable[str]) -> Callable[[str], str]:
-    """An argparse type: a state name in any case ("IDLE", "idle", "Idle"), else an error
-    listing the known ones."""
+    """An argparse type: a state name in any case ("IDLE", "idle", "Idle", with or without
+    its enum's prefix), else an error listing the known ones and the closest."""
     known = sorted(names)
 
     def parse(text: str) -> str:
         name = text.strip().lower()
-        for prefix in ("engine_conn_state_", "ecm_state_"):
+        for prefix in ("engine_conn_state_", "ecm_state_", "demand_state_", "ticket_state_"):
             name = name.removeprefix(prefix)
         if name not in known:
             raise argparse.ArgumentTypeError(
                 f"unknown state {text!r}: expected one of {', '.join(known)}"
+                + did_you_mean(name, known)
             )
         return name
 

@@ -14,7 +14,14 @@ from labelrm.v1 import demand_pb2
 
 from clients import RMClient
 from clients._requests import DEMAND_STATES as STATES
-from rmctl.args import add_resource_args, add_selector, labels_arg, resource_arg, selected
+from rmctl.args import (
+    add_resource_args,
+    add_selector,
+    labels_arg,
+    resource_arg,
+    selected,
+    state_arg,
+)
 from rmctl.format import (
     fmt_labels,
     fmt_resource,
@@ -34,7 +41,7 @@ EXAMPLE = "{DemandID: 1234, OrderBy: 1200, Duration: {Time: [NOW, +20m], Strateg
 
 def register(cmds: Any) -> None:
     """Register ``rmctl demand ...`` on rmctl's sub-command parsers (``add_subparsers()``)."""
-    dem = cmds.add_parser("demand", help="time-aware demands").add_subparsers(
+    dem = cmds.add_parser("demand", aliases=["demands"], help="time-aware demands").add_subparsers(
         dest="sub", required=True, metavar="SUBCOMMAND"
     )
     c = dem.add_parser(
@@ -59,7 +66,10 @@ def register(cmds: Any) -> None:
     c.set_defaults(func=cmd_demand_submit)
 
     c = dem.add_parser("list", help="list demands")
-    c.add_argument("--state", choices=sorted(STATES), default=None)
+    c.add_argument(
+        "--state", type=state_arg(STATES), default=None, metavar="STATE",
+        help=f"only in this state, any case: {', '.join(sorted(STATES))}",
+    )  # fmt: skip
     c.add_argument("--user", default="")
     add_selector(c)
     c.add_argument("-w", "--watch", action="store_true", help="re-render until interrupted")
@@ -70,7 +80,7 @@ def register(cmds: Any) -> None:
     c.add_argument("--user", default="", help="whose demand (ids are per user; admins only)")
     c.set_defaults(func=cmd_demand_show)
 
-    c = dem.add_parser("cancel", help="cancel a demand (it becomes FAILED)")
+    c = dem.add_parser("cancel", aliases=["delete"], help="cancel a demand (it becomes FAILED)")
     c.add_argument("demand_id", metavar="ID")
     c.add_argument("--reason", default="", help="recorded in the demand's history")
     c.add_argument("--user", default="", help="whose demand (ids are per user; admins only)")

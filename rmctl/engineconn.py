@@ -43,7 +43,9 @@ _SPINNER = "|/-\\"
 def register(cmds: Any) -> None:
     """Register ``rmctl engineconn ...`` on rmctl's sub-command parsers."""
     ec = cmds.add_parser(
-        "engineconn", help="EngineConns: create, list, status, kill, exec, cancel, logs"
+        "engineconn",
+        aliases=["engineconns", "ec"],
+        help="EngineConns: create, list, status, kill, exec, cancel, logs",
     )
     sub = ec.add_subparsers(dest="sub", required=True, metavar="SUBCOMMAND")
 
@@ -95,7 +97,7 @@ def register(cmds: Any) -> None:
         ("status", cmd_ec_status, "show one EngineConn and the ECM choices made for it"),
         ("kill", cmd_ec_kill, "stop an EngineConn (TERM, then KILL after a grace period)"),
     ):
-        c = sub.add_parser(name, help=text)
+        c = sub.add_parser(name, aliases=["delete"] if name == "kill" else [], help=text)
         c.add_argument("ec_id", metavar="ID", help="an EngineConn id, or a unique prefix")
         if name == "kill":
             c.add_argument("--reason", default="", help="recorded as the EngineConn's reason")

@@ -16,7 +16,7 @@ __all__ = ["register"]
 
 def register(cmds: Any) -> None:
     """Register ``rmctl limit ...`` on rmctl's sub-command parsers."""
-    lim = cmds.add_parser("limit", help="label limits").add_subparsers(
+    lim = cmds.add_parser("limit", aliases=["limits"], help="label limits").add_subparsers(
         dest="sub", required=True, metavar="SUBCOMMAND"
     )
     c = lim.add_parser(
@@ -34,7 +34,7 @@ def register(cmds: Any) -> None:
         "-w", "--watch", action="store_true", help="re-render until interrupted (Ctrl-C)"
     )
     c.set_defaults(func=cmd_limit_list)
-    c = lim.add_parser("rm", help="delete a limit")
+    c = lim.add_parser("rm", aliases=["delete"], help="delete a limit")
     c.add_argument("pattern", type=labels_arg, metavar="PATTERN")
     c.set_defaults(func=cmd_limit_rm)
 

@@ -36,7 +36,9 @@ __all__ = ["register", "show_node"]
 def register(cmds: Any) -> None:
     """Register ``rmctl node ...`` on rmctl's sub-command parsers (``add_subparsers()``)."""
     node = cmds.add_parser(
-        "node", help="ECMs (agents): list, status, cordon, drain, decommission, node lists"
+        "node",
+        aliases=["nodes"],
+        help="ECMs (agents): list, status, cordon, drain, decommission, node lists",
     )
     sub = node.add_subparsers(dest="sub", required=True, metavar="SUBCOMMAND")
 

@@ -24,7 +24,9 @@ PASSWORD_ENV = "LABELRM_PROVIDER_PASSWORD"
 
 def register(cmds: Any) -> None:
     """Register ``rmctl provider ...`` on rmctl's sub-command parsers."""
-    prov = cmds.add_parser("provider", help="external resource providers (YARN queues)")
+    prov = cmds.add_parser(
+        "provider", aliases=["providers"], help="external resource providers (YARN queues)"
+    )
     sub = prov.add_subparsers(dest="sub", required=True, metavar="SUBCOMMAND")
 
     c = sub.add_parser(
@@ -58,7 +60,7 @@ def register(cmds: Any) -> None:
     c = sub.add_parser("list", help="list the providers (never their passwords)")
     c.set_defaults(func=cmd_provider_list)
 
-    c = sub.add_parser("rm", help="remove a provider")
+    c = sub.add_parser("rm", aliases=["delete"], help="remove a provider")
     c.add_argument("name", metavar="NAME")
     c.set_defaults(func=cmd_provider_rm)
 

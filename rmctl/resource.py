@@ -25,9 +25,9 @@ __all__ = ["register"]
 
 def register(cmds: Any) -> None:
     """Register ``rmctl resource ...`` on rmctl's sub-command parsers."""
-    res = cmds.add_parser("resource", help="label resource records").add_subparsers(
-        dest="sub", required=True, metavar="SUBCOMMAND"
-    )
+    res = cmds.add_parser(
+        "resource", aliases=["resources"], help="label resource records"
+    ).add_subparsers(dest="sub", required=True, metavar="SUBCOMMAND")
     c = res.add_parser("list", help="list resource records")
     c.add_argument("--source", choices=("ecm", "limit", "external"), default="")
     add_selector(c)

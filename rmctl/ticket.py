@@ -35,7 +35,7 @@ __all__ = ["register", "show_ticket"]
 
 def register(cmds: Any) -> None:
     """Register ``rmctl ticket ...`` on rmctl's sub-command parsers."""
-    tk = cmds.add_parser("ticket", help="tickets").add_subparsers(
+    tk = cmds.add_parser("ticket", aliases=["tickets"], help="tickets").add_subparsers(
         dest="sub", required=True, metavar="SUBCOMMAND"
     )
     c = tk.add_parser("list", help="list live tickets")

@@ -37,7 +37,9 @@ def complete(shell: str, *words: str) -> list[str]:
 
 def test_bash_completes_commands_options_and_values() -> None:
     assert "engineconn" in complete("bash", "rmctl") and "node" in complete("bash", "rmctl")
-    assert complete("bash", "rmctl", "node") == ["drain", "list", "refresh", "rm", "status"]
+    assert complete("bash", "rmctl", "node") == [
+        "cordon", "decommission", "delete", "drain", "list", "refresh", "rm", "status", "uncordon"
+    ]  # fmt: skip
     assert "idle" in complete("bash", "rmctl", "engineconn", "list", "--state")
     assert complete("bash", "rmctl", "-o") == ["table", "wide", "json", "yaml", "name"]
 

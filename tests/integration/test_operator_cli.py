@@ -160,7 +160,7 @@ async def test_node_list_filters_lost_age_out_and_rm(rm_manual_clock: Any) -> No
         rc, out, err = await rmctl_run(rm, "node", "list", "-l", "zone")
         assert rc == 2 and "selector 'zone' is not key=value" in err
         rc, out, err = await rmctl_run(rm, "node", "rm", "gpu")
-        assert rc == 1 and "RUNNING" in err and "node drain gpu-1" in err
+        assert rc == 1 and "RUNNING" in err and "node decommission gpu-1" in err
 
         # gpu-1 goes silent past the expiry: LOST, its last heartbeat months ago.
         rm.clock.advance(rm.server.hub.settings.ecm_expiry.total_seconds() + 1)
