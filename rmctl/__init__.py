@@ -26,6 +26,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+from rmctl import completion
 from rmctl.dev import exec_rm_server_dev
 from rmctl.words import command_index
 
@@ -38,13 +39,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     at = command_index(words)
     if at is not None and words[at] == "dev" and not {"-h", "--help"} & set(words):
         return exec_rm_server_dev(words[at + 1 :])  # rm-server's own process from here on
-    # Imported only now: `rmctl dev` becomes rm-server without loading grpc first.
-    from rmctl import app, completion
-
     if words[:1] == ["__complete"] and len(words) > 2 and words[1].isdigit():
-        print("\n".join(completion.candidates(app.build_parser(), words[2:], int(words[1]))))
-        return 0
+        return completion.complete(words[1:], _tree)  # a TAB: grpc stays unloaded
     if words[:1] == ["completion"] and len(words) == 2 and words[1] in completion.SCRIPTS:
         sys.stdout.write(completion.SCRIPTS[words[1]])
         return 0
+    # Imported only now: `rmctl dev` and shell completion run without grpc and protobuf.
+    from rmctl import app
+
+    if words[:1] == ["__ids"] and len(words) > 1:
+        return app.fetch_ids(words[1], words[2:])
     return app.run(argv)
+
+
+def _tree() -> object:
+    """rmctl's command tree for completion, from its parser (the app is loaded for it)."""
+    from rmctl import app
+
+    return app.completion_tree()

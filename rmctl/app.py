@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import io
 import sys
-from collections.abc import Sequence
-from typing import TextIO
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
 
 from clients import RMClient, RMError
 from labelrm_common.version import VERSION
@@ -26,7 +26,7 @@ from rmctl import (
     ticket,
 )
 from rmctl.args import Command, Parser
-from rmctl.completion import SCRIPTS
+from rmctl.completion import FETCH_TIMEOUT, SCRIPTS, build_tree, save_ids
 from rmctl.connection import add_connection_flags, explain, resolve
 from rmctl.format import set_table_headers
 from rmctl.output import (
@@ -38,7 +38,7 @@ from rmctl.output import (
     stream_changes,
 )
 
-__all__ = ["GLOBAL_DESTS", "build_parser", "error_line", "run"]
+__all__ = ["GLOBAL_DESTS", "build_parser", "completion_tree", "error_line", "fetch_ids", "run"]
 
 # The top-level options every subcommand accepts too (`rmctl engineconn list -o json`).
 GLOBAL_DESTS = (
@@ -167,3 +167,45 @@ def _render(client: RMClient, args: argparse.Namespace, argv: Sequence[str] | No
             render, sys.stdout, interval=args.watch_interval, rounds=args.watch_rounds
         )
     return run_watch(render, sys.stdout, interval=args.watch_interval, rounds=args.watch_rounds)
+
+
+# --- shell completion's side -----------------------------------------------------------------
+
+
+def completion_tree() -> Any:
+    """The command tree shell completion works from (rmctl/completion.py)."""
+    nouns = {noun: noun for noun in forms.KINDS.values()}
+    return build_tree(build_parser(), {**forms.KINDS, **nouns})
+
+
+def fetch_ids(kind: str, connection: Sequence[str]) -> int:
+    """`rmctl __ids KIND [connection options]`: fetch the ids of a kind from the RM those
+    options name and keep them for completion (quietly: it runs behind a TAB)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_connection_flags(parser)
+    args, _ = parser.parse_known_args(connection)
+    try:
+        conn = resolve(args)
+        with RMClient(
+            conn.rm, timeout=FETCH_TIMEOUT, retries=0, token=conn.token, tls_ca=conn.tls_ca,
+            tls_cert=conn.tls_cert, tls_key=conn.tls_key,
+        ) as client:  # fmt: skip
+            ids = _ID_LISTS[kind](client)
+    except (RMError, ValueError, KeyError, OSError):
+        return 1
+    save_ids(kind, connection, sorted(ids))
+    return 0
+
+
+_ID_LISTS: dict[str, Callable[[RMClient], list[str]]] = {
+    "engineconn": lambda c: [
+        ec.engine_conn_id
+        for state in ("starting", "idle", "busy", "shutting_down")
+        for ec in c.list_engine_conns(state=state)
+    ],
+    "node": lambda c: [e.instance for e in c.list_ecms()],
+    "ticket": lambda c: [t.ticket_id for t in c.list_tickets()],
+    "demand": lambda c: [d.demand_id for d in c.list_demands()],
+    "provider": lambda c: [p.name for p in c.list_external_providers()],
+    "limit": lambda c: [lim.pattern for lim in c.list_label_limits()],
+}

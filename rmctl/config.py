@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
-import os
 import sys
 import tomllib
 from collections.abc import Mapping
@@ -40,6 +39,7 @@ from typing import Any
 from labelrm_common.files import replace_file
 from rmctl.args import rm_target
 from rmctl.format import print_table
+from rmctl.paths import config_path
 
 __all__ = ["CONTEXT_KEYS", "Config", "config_path", "register"]
 
@@ -52,15 +52,6 @@ CONTEXT_KEYS = {
     "token-file": "--token-file",
     "token": "--token",
 }
-
-
-def config_path() -> Path:
-    """Where the contexts live: $LABELRM_CONFIG, else the XDG configuration directory."""
-    given = os.environ.get("LABELRM_CONFIG")
-    if given:
-        return Path(given).expanduser()
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "labelrm" / "rmctl.toml"
 
 
 @dataclass
