@@ -26,6 +26,7 @@ from rm_server.domain.engineconn import (
     HeartbeatOutcome,
     ProcessReport,
     ProcessState,
+    ended_on_request,
     heartbeat_is_routine,
     reported_transition,
 )
@@ -175,6 +176,9 @@ class AgentHub:
         report: ProcessReport | None = None,
     ) -> None:
         """Release the ticket (labels, then ticket rows), then end the EngineConn row."""
+        kill = await ec_store.kill_of(conn, ec_id)
+        if kill is not None and state is not EcState.LOST:  # stopped on request: one rule
+            state, reason = ended_on_request(kill[0], state, kill[1], reason)
         if ticket_id:
             await ticket_store.release(conn, ticket_id, now, f"EngineConn {state.value.lower()}")
         current = await ec_store.get_ec(conn, ec_id, lock=True)

@@ -443,6 +443,7 @@ class EngineConnManager:
                     ec, state=EcState.FAILED, ended_at=now, reason=reason, updated_at=now
                 )
             await self.queue_kill(conn, ec.ecm_instance, ec_id, reason, now)
+            await ec_store.mark_killed(conn, ec_id, ec.state)
             await ec_store.update_ec(conn, ec_id, now, state=EcState.SHUTTING_DOWN, reason=reason)
             # What the row now holds, without reading it again.
             return replace(ec, state=EcState.SHUTTING_DOWN, reason=reason, updated_at=now)

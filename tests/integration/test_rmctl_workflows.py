@@ -304,3 +304,39 @@ async def test_status_leaves_lost_nodes_out_of_the_totals(
         f"mem={format_bytes(int(dims['memory_bytes']))} cpu={format_cpu(int(dims['cpu_millis']))}"
         f" inst={dims['instances']} (without 1 LOST)"
     )
+
+
+async def test_an_end_on_request_fails_only_the_work_it_cuts_short(
+    cluster_rm: Any, agent_factory: Any
+) -> None:
+    """A killed EngineConn ended SUCCEEDED ("signal SIGTERM"), a cancelled demand FAILED.
+    One rule now: a stop on request is a failure exactly when it cuts work short. Killed
+    during an execution, an EngineConn FAILED; killed while IDLE it SUCCEEDED; the reason
+    is the kill's either way."""
+    idle = await _shell_engine_conn(cluster_rm, agent_factory)
+    rc, out, err = await rmctl_run(
+        cluster_rm, "engineconn", "create", "--labels", SHELL_A, "-q", deadline=90
+    )
+    assert rc == 0, err
+    busy = out.strip()
+    proc = await rmctl_spawn(cluster_rm, "engineconn", "exec", busy, "echo started; sleep 300")
+    await _started(proc, "started")
+    for ec_id in (idle, busy):
+        rc, _, err = await rmctl_run(cluster_rm, "engineconn", "kill", ec_id, "--reason", "upgrade")
+        assert rc == 0, err
+    await asyncio.wait_for(proc.communicate(), 60)
+
+    async def ended(ec_id: str) -> dict[str, Any] | None:
+        ec = await _json(cluster_rm, "engineconn", "status", ec_id)
+        return ec if ec["state"] not in (IDLE, BUSY, "ENGINE_CONN_STATE_SHUTTING_DOWN") else None
+
+    first = await wait_until(lambda: ended(idle), 30, what="the idle one ended")
+    assert (first["state"], first["reason"]) == (
+        "ENGINE_CONN_STATE_SUCCEEDED",
+        "upgrade (while IDLE)",
+    )
+    second = await wait_until(lambda: ended(busy), 30, what="the busy one ended")
+    assert (second["state"], second["reason"]) == (
+        "ENGINE_CONN_STATE_FAILED",
+        "upgrade (while BUSY)",
+    )

@@ -29,3 +29,9 @@ BEGIN
     END IF;
     RETURN NULL;
 END $$;
+
+-- The state an EngineConn was in when a kill was ordered (NULL: never killed). One rule
+-- ends everything stopped on request (docs/architecture.md, "Ended on request"): it
+-- FAILED when the stop cut work short (a BUSY EngineConn's execution, a STARTING one's
+-- start), else it ends as it would have; a cancelled demand FAILED the same way.
+ALTER TABLE engine_conn ADD COLUMN killed_from text;
