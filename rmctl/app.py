@@ -28,7 +28,7 @@ from rmctl import (
 from rmctl.args import Command, Parser
 from rmctl.completion import FETCH_TIMEOUT, SCRIPTS, build_tree, save_ids
 from rmctl.connection import add_connection_flags, explain, resolve
-from rmctl.format import set_table_headers
+from rmctl.format import set_table_headers, visible
 from rmctl.output import (
     OUTPUTS,
     accept_globals_anywhere,
@@ -102,7 +102,7 @@ def error_line(err: RMError) -> str:
     head = err.code.name
     if err.reason and err.reason != head:
         head += f" ({err.reason})"
-    message = " ".join(err.message.split())  # one line, whatever the server sent
+    message = visible(" ".join(err.message.split()))  # one line, whatever the server sent
     missing = [str(s) for s in getattr(err, "shortfalls", ()) if str(s) not in message]
     if missing:
         message += ": " + "; ".join(missing)

@@ -22,7 +22,7 @@ from labelrm.v1 import admin_pb2
 from clients import RMClient
 from clients._engineconn import LIVE_EC_STATES, ec_state_name, ecm_state_name
 from rmctl.args import parse_duration
-from rmctl.format import print_json, to_json
+from rmctl.format import print_json, to_json, visible
 from rmctl.resolve import resolve_ecm
 
 __all__ = ["add_drain_commands", "node_state"]
@@ -129,8 +129,8 @@ def cmd_node_drain(client: RMClient, args: argparse.Namespace, out: TextIO) -> i
         now_live = _live_on(client, instance)
         for ec_id in sorted(live - now_live):
             ec = client.get_engine_conn(ec_id)
-            print(f"engineconn/{ec_id} ended: {ec_state_name(ec.state)} "
-                  f"{' '.join(ec.reason.split()) or '-'}", file=out)  # fmt: skip
+            reason = visible(" ".join(ec.reason.split())) or "-"
+            print(f"engineconn/{ec_id} ended: {ec_state_name(ec.state)} {reason}", file=out)
         live = now_live
         if live and killed_at is None and deadline is not None and time.monotonic() >= deadline:
             print(f"deadline passed: killing {len(live)} EngineConns", file=out)

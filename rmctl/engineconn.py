@@ -29,6 +29,7 @@ from rmctl.format import (
     print_details,
     print_list,
     to_json,
+    visible,
 )
 from rmctl.logs import add_logs_command
 from rmctl.resolve import resolve_ecm, resolve_engine_conn
@@ -231,8 +232,8 @@ def _print_engine_conn(ec: Any, out: TextIO) -> None:
     print_details(out, rows)
     if ec.log_tail.strip():
         print("\nlog tail (kept by the RM):", file=out)
-        for line in ec.log_tail.rstrip("\n").splitlines():
-            print(f"  {line}", file=out)
+        for line in ec.log_tail.rstrip("\n").split("\n"):
+            print(f"  {visible(line, keep=chr(9))}", file=out)  # tabs pass
 
 
 # --- commands ----------------------------------------------------------------------------
@@ -318,5 +319,6 @@ def cmd_ec_kill(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     elif given.state not in LIVE_EC_STATES:
         print(f"{ec.engine_conn_id} had already ended: {ec_state_name(ec.state)}", file=out)
     else:
-        print(f"{ec.engine_conn_id} {ec_state_name(ec.state)}: {ec.reason or 'killed'}", file=out)
+        reason = visible(ec.reason) or "killed"
+        print(f"{ec.engine_conn_id} {ec_state_name(ec.state)}: {reason}", file=out)
     return 0

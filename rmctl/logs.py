@@ -25,6 +25,7 @@ from typing import Any, BinaryIO, TextIO
 from clients import RMClient, Unavailable
 from clients._engineconn import LIVE_EC_STATES
 from rmctl.args import non_negative, parse_duration
+from rmctl.format import terminal_text
 from rmctl.resolve import resolve_engine_conn
 
 __all__ = ["add_logs_command", "readable_log_dir"]
@@ -33,9 +34,6 @@ LOG_FILES = ("stdout.log", "stderr.log")
 _FOLLOW_POLL = 0.25  # seconds between reads of the log files while following
 _STATE_POLL = 1.0  # seconds between GetEngineConn calls while following
 _TAIL_BLOCK = 64 * 1024  # bytes read at a time when looking for the last lines
-# Control characters a log could use to rewrite an operator's terminal (ESC, C1, ...);
-# tab, newline and carriage return pass.
-_UNSAFE = {c: "?" for c in [*range(0, 9), 11, 12, *range(14, 32), *range(127, 160)]}
 # "2024-05-01 12:00:00,123 INFO ..." (Python's logging), "2024-05-01T12:00:00Z ...".
 _STAMP_RE = re.compile(r"(\d{4}-\d{2}-\d{2})[T ](\d{2}:\d{2}:\d{2})")
 
@@ -97,7 +95,6 @@ class _LogReader:
         self.offsets: dict[str, int | None] = dict.fromkeys(LOG_FILES)
         self.decoders = {n: codecs.getincrementaldecoder("utf-8")("replace") for n in LOG_FILES}
         self.last: str | None = None
-        self.sanitize = out.isatty()
         self.tail = tail
         self.since = since
 
@@ -123,8 +120,9 @@ class _LogReader:
             text = self.decoders[name].decode(data)
             if first and self.since is not None:
                 text = _stamped_since(text, self.since)
-            if self.sanitize:
-                text = text.translate(_UNSAFE)
+            # Control characters a log could use to rewrite an operator's terminal (ESC,
+            # C1, ...) are written out on a terminal; tab, newline and carriage return pass.
+            text = terminal_text(text, self.out)
             if not text:
                 continue
             if name != self.last:
@@ -191,7 +189,7 @@ def _print_stored_tail(ec: Any, out: TextIO, tail: int | None) -> int:
             f"no logs of {ec.engine_conn_id} here: the RM keeps a tail only when an "
             f"EngineConn fails, and its log files are {where}, not readable from this host"
         )
-    lines = ec.log_tail.splitlines(keepends=True)
+    lines = terminal_text(ec.log_tail, out).splitlines(keepends=True)
     text = "".join(lines[len(lines) - tail :] if tail is not None else lines)
     if text:
         out.write(text if text.endswith("\n") else text + "\n")

@@ -27,6 +27,7 @@ from rmctl.format import (
     print_details,
     print_json,
     print_list,
+    visible,
 )
 from rmctl.resolve import resolve_ticket
 
@@ -167,5 +168,6 @@ def cmd_ticket_release(client: RMClient, args: argparse.Namespace, out: TextIO) 
         if print_json(out, args.output, t):
             continue
         state = STATE_NAMES.get(t.state, str(t.state))
-        print(f"{t.ticket_id} {state}" + (f": {t.end_reason}" if t.end_reason else ""), file=out)
+        ended = f": {visible(t.end_reason)}" if t.end_reason else ""
+        print(f"{t.ticket_id} {state}{ended}", file=out)
     return 0
