@@ -18,7 +18,16 @@ from labelrm.v1 import engine_conn_pb2
 
 from clients import RMClient
 from clients._engineconn import EC_STATES, LIVE_EC_STATES, ec_state_name
-from rmctl.args import add_selector, add_sort_by, labels_arg, matches, sort_rows, state_arg
+from rmctl.args import (
+    add_selector,
+    add_sort_by,
+    labels_arg,
+    matches,
+    parse_cores,
+    parse_size,
+    sort_rows,
+    state_arg,
+)
 from rmctl.execute import add_exec_commands
 from rmctl.format import (
     fmt_age,
@@ -66,8 +75,12 @@ def register(cmds: Any) -> None:
         type=_param,
         default=[],
         metavar="K=V",
-        help="engine parameter, e.g. max_idle_seconds=600 (repeatable)",
+        help="engine parameter, e.g. max_idle_seconds=600 or memory_bytes=512Mi (repeatable)",
     )
+    c.add_argument("--memory", type=parse_size, default=None, metavar="QUANTITY",
+                   help="memory it asks for: 512Mi, 2Gi (default: the engine's)")  # fmt: skip
+    c.add_argument("--cpu", type=parse_cores, default=None, metavar="QUANTITY",
+                   help="CPU it asks for: 500m, 2 (default: the engine's)")  # fmt: skip
     c.add_argument(
         "--start-timeout", type=float, default=60.0, metavar="SECONDS", help="wait for ready"
     )
@@ -240,8 +253,16 @@ def _print_engine_conn(ec: Any, out: TextIO) -> None:
 
 
 def cmd_ec_create(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
-    """`rmctl engineconn create --labels L [--user U] [--param K=V]... [--reuse] [-q]`."""
+    """`rmctl engineconn create --labels L [--user U] [--memory Q] [--cpu Q] [--param K=V]...
+    [--reuse] [-q]`."""
     params = dict(args.params)
+    for flag, name in (("memory", "memory_bytes"), ("cpu", "cpu_millis")):
+        value = getattr(args, flag)
+        if value is None:
+            continue
+        if name in params:
+            raise ValueError(f"--{flag} and --param {name} say the same thing: give one")
+        params[name] = str(value)  # the engine's params are in bytes and millicores
     engine = next((lb.value for lb in args.labels if lb.key == "engineType"), "EngineConn")
     label = f"starting {engine}" + (f" for {args.user}" if args.user else "")
 

@@ -335,3 +335,27 @@ async def test_an_end_on_request_fails_only_the_work_it_cuts_short(
     second = await wait_until(lambda: ended(busy), 30, what="the busy one ended")
     assert second["state"] == "ENGINE_CONN_STATE_FAILED"
     assert second["reason"] == "upgrade: an execution was cut short (signal SIGTERM)"
+
+
+async def test_engineconn_sizes_in_quantities(cluster_rm: Any, agent_factory: Any) -> None:
+    """`engineconn create` took no --memory / --cpu, and `--param memory_bytes=512Mi` was
+    refused: one quantity syntax wherever a user types an amount."""
+    await start_agent(cluster_rm, agent_factory)
+    for argv, memory, cpu in (
+        (("--memory", "512Mi", "--cpu", "250m"), str(512 << 20), "250"),
+        (("--param", "memory_bytes=256Mi", "--param", "cpu_millis=100m"), str(256 << 20), "100"),
+    ):
+        rc, out, err = await rmctl_run(
+            cluster_rm, "engineconn", "create", "--labels", SHELL_A, "-q", *argv, deadline=90
+        )
+        assert rc == 0, err
+        ec = await _json(cluster_rm, "engineconn", "status", out.strip())
+        assert ec["resource"]["load_instance"]["memory_bytes"] == memory, ec
+        assert ec["resource"]["load_instance"]["cpu_millis"] == cpu, ec
+    rc, out, err = await rmctl_run(
+        cluster_rm, "engineconn", "create", "--labels", SHELL_A, "--memory", "1Gi",
+        "--param", "memory_bytes=1Gi",
+    )  # fmt: skip
+    assert (rc, err) == (
+        1, "error: --memory and --param memory_bytes say the same thing: give one\n"
+    )  # fmt: skip
