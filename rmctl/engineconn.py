@@ -34,6 +34,7 @@ from rmctl.format import (
     fmt_labels,
     fmt_resource,
     fmt_time,
+    fmt_usage,
     opt,
     print_details,
     print_list,
@@ -77,10 +78,18 @@ def register(cmds: Any) -> None:
         metavar="K=V",
         help="engine parameter, e.g. max_idle_seconds=600 or memory_bytes=512Mi (repeatable)",
     )
-    c.add_argument("--memory", type=parse_size, default=None, metavar="QUANTITY",
-                   help="memory it asks for: 512Mi, 2Gi (default: the engine's)")  # fmt: skip
-    c.add_argument("--cpu", type=parse_cores, default=None, metavar="QUANTITY",
-                   help="CPU it asks for: 500m, 2 (default: the engine's)")  # fmt: skip
+    c.add_argument(
+        "--memory",
+        type=parse_size,
+        metavar="QUANTITY",
+        help="memory it asks for, e.g. 512Mi or 2Gi (default: the engine's)",
+    )
+    c.add_argument(
+        "--cpu",
+        type=parse_cores,
+        metavar="QUANTITY",
+        help="CPU it asks for, e.g. 500m or 2 (default: the engine's)",
+    )
     c.add_argument(
         "--start-timeout", type=float, default=60.0, metavar="SECONDS", help="wait for ready"
     )
@@ -216,7 +225,11 @@ def _print_engine_conn(ec: Any, out: TextIO) -> None:
         ("user", ec.user or "-"),
         ("labels", fmt_labels(ec.labels)),
         ("params", ",".join(f"{k}={v}" for k, v in sorted(ec.params.items())) or "-"),
-        ("resource", fmt_resource(opt(ec, "resource"))),
+        # Asked for, what its ticket charges (its cgroup's limits), what it uses.
+        ("requested", fmt_resource(opt(ec, "resource"))),
+        ("granted", fmt_resource(opt(ec, "granted_resource"))),
+        ("measured", fmt_usage(opt(ec, "measured"))),
+        ("measured_at", fmt_time(ec.measure_time)),
         ("ecm", ec.ecm_instance or "-"),
         ("address", ec.address or "-"),
         ("pid", str(ec.pid or "-")),
@@ -256,23 +269,18 @@ def cmd_ec_create(client: RMClient, args: argparse.Namespace, out: TextIO) -> in
     """`rmctl engineconn create --labels L [--user U] [--memory Q] [--cpu Q] [--param K=V]...
     [--reuse] [-q]`."""
     params = dict(args.params)
-    for flag, name in (("memory", "memory_bytes"), ("cpu", "cpu_millis")):
-        value = getattr(args, flag)
-        if value is None:
-            continue
-        if name in params:
-            raise ValueError(f"--{flag} and --param {name} say the same thing: give one")
-        params[name] = str(value)  # the engine's params are in bytes and millicores
     engine = next((lb.value for lb in args.labels if lb.key == "engineType"), "EngineConn")
     label = f"starting {engine}" + (f" for {args.user}" if args.user else "")
+
+    size = {"memory": args.memory, "cpu": args.cpu}
 
     def call() -> Any:
         if args.reuse:
             ec, _ = client.ask_engine_conn(
-                args.labels, args.user, params, timeout=args.start_timeout
+                args.labels, args.user, params, timeout=args.start_timeout, **size
             )
             return ec
-        return client.create_engine_conn(args.labels, args.user, params, args.start_timeout)
+        return client.create_engine_conn(args.labels, args.user, params, args.start_timeout, **size)
 
     try:
         ec = with_progress(label, call, sys.stderr)

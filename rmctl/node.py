@@ -18,9 +18,11 @@ from clients._engineconn import LIVE_EC_STATES, ec_state_name, ecm_state_name
 from rmctl.args import LOST_NODE_AGE_OUT, add_selector, add_sort_by, selected, sort_rows
 from rmctl.drain import add_drain_commands, node_state
 from rmctl.format import (
+    fmt_isolation,
     fmt_labels,
     fmt_resource,
     fmt_time,
+    fmt_usage,
     opt,
     print_details,
     print_json,
@@ -95,7 +97,7 @@ def _node_list(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
-_HEADER = ("instance", "state", "engineconns", "total", "left", "last_heartbeat")
+_HEADER = ("instance", "state", "isolation", "engineconns", "total", "left", "last_heartbeat")
 _WIDE = (*_HEADER, "labels", "protected", "registered")
 
 
@@ -103,6 +105,7 @@ def _row(e: Any, wide: bool) -> tuple[str, ...]:
     row: tuple[str, ...] = (
         e.instance,
         node_state(e),
+        fmt_isolation(opt(e, "isolation")),
         str(e.live_engine_conns),
         fmt_resource(opt(e, "total_resource")),
         fmt_resource(opt(e, "left_resource")),
@@ -158,6 +161,7 @@ def show_node(client: RMClient, e: Any, output: str, out: TextIO) -> None:
             ("instance", e.instance),
             ("state", node_state(e)),
             ("cordoned", f"yes: {e.cordon_reason or '-'}" if e.cordoned else "no"),
+            ("isolation", fmt_isolation(opt(e, "isolation"), full=True)),
             ("labels", fmt_labels(e.labels)),
             ("total", fmt_resource(opt(e, "total_resource"))),
             ("protected", fmt_resource(opt(e, "protected_resource"))),
@@ -178,13 +182,14 @@ def show_node(client: RMClient, e: Any, output: str, out: TextIO) -> None:
         print(file=out)
         print_table(
             out,
-            ("engine_conn_id", "state", "user", "resource", "address"),
+            ("engine_conn_id", "state", "user", "granted", "measured", "address"),
             (
                 (
                     ec.engine_conn_id,
                     ec_state_name(ec.state),
                     ec.user,
-                    fmt_resource(opt(ec, "resource")),
+                    fmt_resource(opt(ec, "granted_resource")),
+                    fmt_usage(opt(ec, "measured")),
                     ec.address or "-",
                 )
                 for ec in live

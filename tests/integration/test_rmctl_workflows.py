@@ -356,6 +356,4 @@ async def test_engineconn_sizes_in_quantities(cluster_rm: Any, agent_factory: An
         cluster_rm, "engineconn", "create", "--labels", SHELL_A, "--memory", "1Gi",
         "--param", "memory_bytes=1Gi",
     )  # fmt: skip
-    assert (rc, err) == (
-        1, "error: --memory and --param memory_bytes say the same thing: give one\n"
-    )  # fmt: skip
+    assert (rc, err) == (1, "error: memory_bytes given both as a param and as memory\n")
