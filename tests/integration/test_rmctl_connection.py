@@ -121,7 +121,10 @@ async def test_contexts_replace_three_variables(srm: Any, rm: Any, tmp_path: Pat
 
     # The current context (prod: TLS and a token) is used with no flag and no variable.
     rc, out, err = await rmctl_run(None, "node", "list", env=env)
-    assert (rc, out) == (0, "INSTANCE   STATE   ENGINECONNS   TOTAL   LEFT   LAST_HEARTBEAT\n"), err
+    assert (rc, out.split()) == (
+        0,
+        ["INSTANCE", "STATE", "ISOLATION", "ENGINECONNS", "TOTAL", "LEFT", "LAST_HEARTBEAT"],
+    ), err
     # A variable beats the current context; --context beats the variable.
     plain = {**env, "LABELRM_RM": rm.target, "LABELRM_TLS_CA": "", "LABELRM_TOKEN": ""}
     rc, out, err = await rmctl_run(None, "--context", "dev", "node", "list", env=env)
