@@ -2,11 +2,10 @@
 
 Output: a table by default (`-o wide` adds columns, `--no-headers` drops the header), a
 ``key = value`` view for `show` commands, `-o json` for the protobuf JSON mapping, `-o yaml`
-for the same as YAML, `-o name` for ``kind/id`` lines. Lists take `--watch` (re-render every
-`--watch-interval` seconds until Ctrl-C; when piped, only changed renderings are printed,
-without screen control codes; with `-o json`, one JSON line per object that was added,
-modified or deleted). Global options may also follow the subcommand. Ticket ids may be
-abbreviated to a unique prefix.
+for the same as YAML, `-o name` for ``kind/id`` lines. Lists take `--watch` (the table once,
+then every `--watch-interval` seconds until Ctrl-C a row per object that appeared, changed
+or went away; with `-o json`, one JSON line per such object). Global options may also
+follow the subcommand. Ids may be abbreviated to a unique prefix.
 
 Exit codes: 0 ok, 1 error (or an inconsistent `check`), 2 usage, 127 `rmctl dev` without
 rm-server installed (otherwise rmctl becomes rm-server and exits as it does). An error is one
@@ -14,11 +13,13 @@ line on stderr: the status code, the reason and the message (a refusal's message
 shortfall per label and dimension).
 
 The package: `app` (the parser and a command's run), `args` (argument types and list
-conventions), one module per noun (`resource`, `ticket`, `limit`, `node`, `engineconn`,
-`demand`, `status`, `describe`, `provider`, `local` for `pki` / `token`), `format` and
-`output` (tables, detail views, JSON / YAML / names, --watch), `completion`, `connection`
-(how to reach the RM) and `dev`. It builds on the SDK (`clients`) and never imports the
-server.
+conventions), one module per noun (`resource`, `ticket`, `limit`, `node` with `drain`,
+`engineconn` with `execute` and `logs`, `demand`, `status`, `describe`, `provider`, `local`
+for `pki` / `token`, `config` for contexts), `forms` (kubectl's get / delete), `resolve`
+(ids by unique prefix), `format` and `output` (tables, detail views, JSON / YAML / names,
+--watch), `connection` (how to reach the RM, and what a failure to reach it means),
+`completion` with `words` and `paths` (standard library only, for a cheap TAB), and `dev`.
+It builds on the SDK (`clients`) and never imports the server.
 """
 
 from __future__ import annotations
