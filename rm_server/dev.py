@@ -40,8 +40,9 @@ class DevUsersError(Exception):
 
 
 NO_DEV_USER = (
-    "labelrm dev: running as root with no EngineConn user, so no local agent: "
-    "run it as yourself, or as LABELRM_DEV_USERS=user1,user2 with existing users"
+    "no local agent: running as root with no EngineConn user (root never runs them). "
+    "Stop it and run it as yourself, or as root with LABELRM_DEV_USERS=<user> naming "
+    'existing accounts (README, "Run an EngineConn")'
 )
 
 
@@ -138,9 +139,6 @@ async def run_dev(settings: Settings, tls: bool = False) -> None:
         extra = secured.agent_args if secured else ()
         agent = await asyncio.create_subprocess_exec(*agent_command(settings, port, extra))
         log.info("local agent started (pid %d) for users %s", agent.pid, users)
-    else:
-        log.warning("no EngineConn user: running as root, set LABELRM_DEV_USERS=user1,user2")
-        print(NO_DEV_USER, file=sys.stderr, flush=True)
     target = f"127.0.0.1:{server.port}"
     if secured is None:
         hints = f"  rmctl --rm {target} node list\n  grpcurl -plaintext {target} list"
@@ -151,9 +149,10 @@ async def run_dev(settings: Settings, tls: bool = False) -> None:
             f'  grpcurl -cacert {secured.ca} -H "authorization: Bearer $LABELRM_TOKEN"'
             f" {target} list"
         )
+    agent_line = f"local agent 'local-agent' for {users}." if users else f"{NO_DEV_USER}."
     print(
         f"labelrm dev: RM on {target} (embedded database in "
-        f"{settings.data_dir}), local agent 'local-agent' for {users or 'nobody'}.\n{hints}"
+        f"{settings.data_dir}), {agent_line}\n{hints}"
         f"\n  web console: {server.console.url if server.console else 'off'}",
         flush=True,
     )
