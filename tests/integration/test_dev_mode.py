@@ -143,7 +143,8 @@ def test_make_run_from_a_fresh_clone_as_a_normal_user(user_home, ec_python):
         ["sudo", "-n", "-u", USER, "--", "/usr/bin/env", "-i",
          *(f"{k}={v}" for k, v in env.items()),
          "make", "-o", f"{venv}/.installed", "run", f"VENV={venv}",
-         f"LISTEN=127.0.0.1:{port}", f"CONSOLE=127.0.0.1:{console}"],
+         f"LISTEN=127.0.0.1:{port}", f"CONSOLE=127.0.0.1:{console}",
+         f"METRICS=127.0.0.1:{free_port()}"],
         stdout=log.open("ab"), stderr=subprocess.STDOUT, cwd=clone, start_new_session=True,
     )  # fmt: skip
     try:
