@@ -33,6 +33,7 @@ from labelrm.v1 import resource_manager_pb2 as pb
 from rm_server.app.engineconns import NO_AGENT_HINT
 from rm_server.dev import NO_DEV_USER
 from rm_server.embedded import BINARIES_ROOT
+from rm_server.relocated import RELOCATED_ROOT
 from tests.helpers import (
     ROOT,
     free_port,
@@ -243,7 +244,9 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 def test_make_run_as_root_from_a_clone_under_a_closed_home(sudo_users, ec_python):
     """`make run` as root from a checkout in a 0700 directory (root's /root): nothing
     above it is opened up, yet the database starts and the local agent launches an
-    EngineConn as the dev user."""
+    EngineConn as the dev user. The database and the work root live in the data
+    directory's home, and the start-up summary says where, and how to start afresh (it
+    named the data directory only)."""
     closed = private_tmp("lrm-root-home-")
     clone = closed / "labelrm"
     clone.mkdir()
@@ -268,8 +271,18 @@ def test_make_run_as_root_from_a_clone_under_a_closed_home(sudo_users, ec_python
     )  # fmt: skip
     try:
         launch_engineconns(f"127.0.0.1:{port}", log, rounds=1)
-        pgdata = clone / "labelrm-data" / "pgdata"
+        data = clone / "labelrm-data"
+        pgdata = data / "pgdata"
         assert pgdata.is_symlink()
+        home = Path(os.readlink(pgdata)).parent
+        assert home.parent == RELOCATED_ROOT and Path(os.readlink(data / "work")) == home / "work"
+        summary = [line for line in log.read_text().splitlines() if "labelrm dev:" in line]
+        assert (
+            f"(embedded database in {home / 'pgdata'}, linked from {pgdata}; to start "
+            in (summary[0])
+        ), summary
+        assert summary[0].endswith(f"afresh stop it and delete {data}), local agent "
+                                   f"'local-agent' for {USER}."), summary  # fmt: skip
         postmaster = int((pgdata / "postmaster.pid").read_text().split("\n", 1)[0])
         assert Path(psutil.Process(postmaster).exe()).is_relative_to(BINARIES_ROOT)
         assert {p: stat.S_IMODE(p.stat().st_mode) for p in modes} == modes

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rm_server.embedded import EmbeddedDatabaseError, data_dir_key, make_root_dir
+from rm_server.relocated import EmbeddedDatabaseError, data_dir_key, make_root_dir
 from tests.helpers import unavailable
 
 
