@@ -24,6 +24,7 @@ def agent_cmd(tmp: Path, *extra: str, rm: str = "") -> list[str]:
         "--agent-id", "a1",
         "--work-root", str(tmp / "work"),
         "--state-dir", str(tmp / "state"),
+        "--isolation", "none",  # (the signals and settings of the daemon, not its cgroups)
         *extra,
     ]  # fmt: skip
 
@@ -205,8 +206,14 @@ async def test_the_shipped_config_makes_its_directories_and_registers(
     )
     agent_target = f"127.0.0.1:{rm.server.agent_port}"
     # The shipped file names rm.example.internal and no agent_id (the host name): the
-    # two values an operator fills in per host, given here as the environment.
-    env = {**os.environ, "LABELRM_AGENT_RM": agent_target, "LABELRM_AGENT_AGENT_ID": "worker-1"}
+    # two values an operator fills in per host, given here as the environment; and
+    # isolation none (the daemon's directories here, not its cgroups).
+    env = {
+        **os.environ,
+        "LABELRM_AGENT_RM": agent_target,
+        "LABELRM_AGENT_AGENT_ID": "worker-1",
+        "LABELRM_AGENT_ISOLATION": "none",
+    }
     ecm_agent = str(Path(sys.executable).parent / "ecm-agent")
     command = [ecm_agent, "--config", str(config)]
     log = tmp_path / "agent.log"
