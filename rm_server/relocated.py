@@ -201,8 +201,9 @@ def directory_handle(path: Path) -> tuple[int, bytes] | None:
 
 
 def path_of_handle(anchor: Path, handle_type: int, data: bytes) -> Path:
-    """Where the directory of a handle is now (OSError: ESTALE once it is deleted);
-    `anchor` is any directory of its file system. Needs CAP_DAC_READ_SEARCH (root)."""
+    """Where the directory of a handle is now (OSError: ESTALE once it is deleted, even
+    while a process still has it open); `anchor` is any directory of its file system.
+    Needs CAP_DAC_READ_SEARCH (root)."""
     call = _libc_call("open_by_handle_at")
     if call is None or len(data) > _MAX_HANDLE_BYTES:
         raise OSError(errno.EOPNOTSUPP, "no open_by_handle_at")
@@ -217,6 +218,8 @@ def path_of_handle(anchor: Path, handle_type: int, data: bytes) -> Path:
     finally:
         os.close(mount_fd)
     try:
+        if os.fstat(fd).st_nlink == 0:  # deleted, but a process still has it open
+            raise OSError(errno.ESTALE, "deleted")
         return Path(os.readlink(f"/proc/self/fd/{fd}"))
     finally:
         os.close(fd)
