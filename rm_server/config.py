@@ -306,6 +306,11 @@ RM_SERVER: Program[Settings] = Program(
     switches=(
         ("--dev", "also start one local agent (dev mode: embedded database, loopback only)"),
         ("--dev-tls", "with --dev: TLS, certificates and an admin token, from a throwaway CA"),
+        (
+            "--reset",
+            "start afresh: delete the embedded database of the data directory (wherever "
+            "its files are) before starting",
+        ),
     ),
 )
 

@@ -491,8 +491,19 @@ class EngineConnManager:
                 await queued.wait()
 
 
+# The refusal when not a single ECM is registered: what to start, on a cluster and in the
+# README's dev mode run as root (whose local agent needs a user to run EngineConns as).
+NO_AGENT_HINT = (
+    "no agent is registered: start ecm-agent on a worker (docs/operations.md); "
+    "in dev mode as root, set LABELRM_DEV_USERS=<user> (see README)"
+)
+
+
 def _no_ecm(ec_id: str, choices: list[EcmChoiceRecord]) -> LabelrmError:
-    detail = "; ".join(f"{c.instance}: {', '.join(c.reasons)}" for c in choices) or "none"
+    if not choices:
+        message = f"no ECM can host EngineConn {ec_id}: {NO_AGENT_HINT}"
+        return FailedPrecondition(message, state="NO_ECM", reason="NO_ELIGIBLE_ECM")
+    detail = "; ".join(f"{c.instance}: {', '.join(c.reasons)}" for c in choices)
     message = f"no ECM can host EngineConn {ec_id} (ECMs: {detail})"
     if any("resource:" in r and "available" in r for c in choices for r in c.reasons):
         return ResourceExhausted(message, reason="NO_ECM_WITH_CAPACITY")
