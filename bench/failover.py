@@ -47,6 +47,8 @@ from labelrm.v1 import resource_manager_pb2_grpc as pb_grpc
 from bench.common import ROOT, emit, table
 
 HA_SCRIPT = ROOT / "deploy" / "ha" / "ha.sh"
+# The pinned Patroni's virtualenv (deploy/ha/install_patroni.sh), as ha.sh finds it.
+PATRONI_VENV = Path(os.environ.get("HA_PATRONI_VENV", "/opt/labelrm/patroni-venv"))
 RETRY_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 GiB = 1024**3
 
@@ -170,10 +172,52 @@ class HACluster:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pm, signal.SIGKILL)
 
+    def postgres_pids(self, index: int) -> list[int]:
+        """A member's postmaster and every process it forked (its backends, walsender,
+        checkpointer...), the postmaster first; [] when it is not running."""
+        pid_file = self.member(f"pg{index}") / "data" / "postmaster.pid"
+        try:
+            postmaster = int(pid_file.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return []
+        return [postmaster, *_children_of(postmaster)]
+
+    def freeze_member(self, index: int) -> list[int]:
+        """SIGSTOP a member's postmaster and then each of its processes by PID (a VM
+        pause, an I/O stall: the sockets stay open, nothing answers); its Patroni goes
+        on running. Returns the PIDs stopped, for `thaw`. The postmaster first, so that
+        it forks nothing new while its children are stopped."""
+        stopped: list[int] = []
+        while True:
+            fresh = [pid for pid in self.postgres_pids(index) if pid not in stopped]
+            if not fresh:
+                return stopped
+            for pid in fresh:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+
+    @staticmethod
+    def thaw(pids: list[int]) -> None:
+        """SIGCONT what `freeze_member` stopped (the children before the postmaster)."""
+        for pid in reversed(pids):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+    def wait_for_new_primary(self, old: int, timeout: float) -> int:
+        """The member other than `old` that Patroni promotes, once its REST says so."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for index in (1, 2, 3):
+                if index != old and self.role_of(index) == "primary":
+                    return index
+            time.sleep(0.2)
+        raise TimeoutError(f"no member but pg{old} became primary within {timeout}s")
+
     def switchover(self, candidate: int) -> None:
         subprocess.run(
             [
-                "patronictl",
+                str(PATRONI_VENV / "bin" / "patronictl"),
                 "-c",
                 str(self.state / "cluster" / "pg1.yml"),
                 "switchover",
@@ -195,6 +239,19 @@ class HACluster:
     def query(self, sql: str) -> list[tuple[Any, ...]]:
         with psycopg.connect(self.url, autocommit=True) as conn:
             return conn.execute(sql).fetchall()
+
+
+def _children_of(parent: int) -> list[int]:
+    """The PIDs whose parent is `parent` (from /proc)."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        if int(fields[1]) == parent:
+            children.append(int(stat.parent.name))
+    return children
 
 
 @contextlib.contextmanager
@@ -233,10 +290,10 @@ def rm_servers(server_args: list[list[str]], log_dir: Path) -> Iterator[list[str
 
 
 def rm_replicas(
-    url: str, count: int, log_dir: Path
+    url: str, count: int, log_dir: Path, extra: tuple[str, ...] = ()
 ) -> contextlib.AbstractContextManager[list[str]]:
-    """`count` rm-server replicas on the database at `url`."""
-    return rm_servers([["--database-url", url]] * count, log_dir)
+    """`count` rm-server replicas on the database at `url` (`extra`: more arguments)."""
+    return rm_servers([["--database-url", url, *extra]] * count, log_dir)
 
 
 def _wait_serving(target: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
@@ -276,6 +333,8 @@ class StormLog:
     acked_release: set[str] = field(default_factory=set)
     # when each granted Apply was answered (monotonic)
     granted_at: list[float] = field(default_factory=list)
+    # per rm-server target: when it last granted an Apply (monotonic)
+    last_grant: dict[str, float] = field(default_factory=dict)
     cycles: int = 0
     retries: int = 0
     errors: list[str] = field(default_factory=list)  # any status other than a retryable one
@@ -294,14 +353,18 @@ async def setup_cluster(target: str) -> None:
         )
 
 
-async def _call(log: StormLog, method: Any, request: Any, give_up_at: float) -> Any:
+async def _call(
+    log: StormLog, method: Any, request: Any, give_up_at: float, target: str = ""
+) -> Any:
     """One call, retried with the same request (and so the same request id) while the
     answer is UNAVAILABLE or DEADLINE_EXCEEDED, until `give_up_at`."""
     while True:
         try:
             response = await method(request, timeout=5)
             if isinstance(request, pb.ApplyRequest):
-                log.granted_at.append(time.monotonic())
+                now = time.monotonic()
+                log.granted_at.append(now)
+                log.last_grant[target] = now
             return response
         except grpc.aio.AioRpcError as exc:
             if exc.code() not in RETRY_CODES:
@@ -315,10 +378,16 @@ async def _call(log: StormLog, method: Any, request: Any, give_up_at: float) -> 
 
 
 async def storm(
-    targets: list[str], clients: int, seconds: float, log: StormLog, grace: float = 90.0
+    targets: list[str],
+    clients: int,
+    seconds: float,
+    log: StormLog,
+    grace: float = 90.0,
+    stop: asyncio.Event | None = None,
 ) -> None:
-    """`clients` workers cycling Apply -> ReportUsed -> Release for `seconds`; a cycle that
-    started finishes (its calls retried up to `grace` seconds after the end)."""
+    """`clients` workers cycling Apply -> ReportUsed -> Release for `seconds` (or until
+    `stop` is set); a cycle that started finishes (its calls retried up to `grace`
+    seconds after it started, or after the end if that is later)."""
     end = time.monotonic() + seconds
     channels = [grpc.aio.insecure_channel(t) for t in targets]
     try:
@@ -326,8 +395,9 @@ async def storm(
 
         async def worker(n: int) -> None:
             rm = stubs[n % len(stubs)]
-            while time.monotonic() < end:
-                give_up = end + grace
+            target = targets[n % len(targets)]
+            while time.monotonic() < end and not (stop is not None and stop.is_set()):
+                give_up = (end if stop is None else time.monotonic()) + grace
                 base = uuid.uuid4().hex
                 ticket = (
                     await _call(
@@ -337,6 +407,7 @@ async def storm(
                             labels=LABELS, resource=_resource(1), request_id=f"{base}-a"
                         ),
                         give_up,
+                        target,
                     )
                 ).ticket
                 log.acked_apply.add(ticket.ticket_id)
@@ -417,6 +488,15 @@ class FailoverRun:
     log: StormLog
     window: float | None  # unavailable_for the fault's moment
     sync_standby: int | None  # the synchronous standby Patroni named before the fault
+    # freeze only: seconds from the freeze to the new primary's promotion, and from the
+    # promotion until every rm-server had granted an Apply on it (None: not within the
+    # bound, with the old primary still frozen); how long the freeze lasted
+    promoted_after: float | None = None
+    resumed_after: float | None = None
+    frozen_for: float | None = None
+
+
+FAULTS = ("kill", "switchover", "freeze")
 
 
 async def failover_run(
@@ -427,25 +507,74 @@ async def failover_run(
     seconds: float,
     fault: str,
     fault_after: float = 4.0,
+    resume_bound: float = 10.0,
+    after_thaw: float = 6.0,
 ) -> FailoverRun:
-    """A storm with one fault mid-way ('kill' or 'switchover'). In synchronous mode the
-    fault waits for Patroni to name a synchronous standby: only while one is named is
-    every acknowledged commit on a standby that may be promoted (before, or while Patroni
-    names another, commits are acknowledged without one)."""
+    """A storm with one fault mid-way (FAULTS). In synchronous mode the fault waits for
+    Patroni to name a synchronous standby: only while one is named is every acknowledged
+    commit on a standby that may be promoted (before, or while Patroni names another,
+    commits are acknowledged without one).
+
+    'freeze' stops the primary's PostgreSQL (`freeze_member`) until Patroni has promoted
+    another member and every rm-server has granted an Apply on it (waiting at most
+    `resume_bound` seconds after the promotion), and for at least the leader key's TTL
+    plus a few seconds; then it thaws the old primary, and the storm goes on for
+    `after_thaw` seconds over its return (it must come back as a replica, losing nothing
+    the new primary acknowledged). The storm lasts until then, whatever `seconds` says."""
     log = StormLog()
-    task = asyncio.create_task(storm(targets, clients, seconds, log))
+    stop = asyncio.Event() if fault == "freeze" else None
+    task = asyncio.create_task(storm(targets, clients, seconds, log, stop=stop))
     await asyncio.sleep(fault_after)
     if task.done():
         await task
     old = cluster.primary()
     standby = await asyncio.to_thread(cluster.standby_to_promote)
     moment = time.monotonic()
+    timings: dict[str, float | None] = {}
     if fault == "kill":
         cluster.kill_member(old)
-    else:
+    elif fault == "switchover":
         await asyncio.to_thread(cluster.switchover, standby)
+    else:
+        assert stop is not None
+        try:
+            timings = await _freeze_until_failed_over(cluster, old, targets, log, resume_bound)
+            await asyncio.sleep(after_thaw)
+        finally:
+            stop.set()
     await task
-    return FailoverRun(log, unavailable_for(log, moment), standby if cluster.synchronous else None)
+    return FailoverRun(
+        log,
+        unavailable_for(log, moment),
+        standby if cluster.synchronous else None,
+        **timings,
+    )
+
+
+async def _freeze_until_failed_over(
+    cluster: HACluster, old: int, targets: list[str], log: StormLog, resume_bound: float
+) -> dict[str, float | None]:
+    """Freeze member `old` (the primary) and thaw it once failed over (failover_run)."""
+    pids = cluster.freeze_member(old)
+    moment = time.monotonic()
+    resumed_after: float | None = None
+    try:
+        await asyncio.to_thread(cluster.wait_for_new_primary, old, 3 * cluster.ttl + 30)
+        promoted = time.monotonic()
+        while time.monotonic() < promoted + resume_bound:
+            if all(log.last_grant.get(t, 0.0) > promoted for t in targets):
+                resumed_after = time.monotonic() - promoted
+                break
+            await asyncio.sleep(0.05)
+        # Longer than the leader key's TTL, so that the old primary's lease is gone.
+        await asyncio.sleep(max(0.0, moment + cluster.ttl + 5 - time.monotonic()))
+    finally:
+        cluster.thaw(pids)
+    return {
+        "promoted_after": promoted - moment,
+        "resumed_after": resumed_after,
+        "frozen_for": time.monotonic() - moment,
+    }
 
 
 async def cycles_per_second(targets: list[str], clients: int, seconds: float) -> float:
