@@ -34,4 +34,7 @@ class Cluster:
 
     async def counts(self, user: str) -> ClusterCounts:
         """The overview's counts as `user` sees them ("" for an operator: everyone's)."""
-        return await self.core.db.run(lambda c: overview.cluster_counts(c, user), read_only=True)
+        db = self.core.db
+        return await db.run(
+            lambda c: overview.cluster_counts(c, user), read_only=True, bound=db.slow_timeout
+        )
