@@ -97,7 +97,8 @@ def cmd_status(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
         return 0
     nodes = [r for r in records if r.source == "ecm"]
     replicas = "; ".join(
-        f"{r.replica_id} on {r.host} (pid {r.pid}, up {fmt_age(r.start_time)})"
+        f"{r.replica_id} on {r.host} (pid {r.pid}, up {fmt_age(r.start_time)}"
+        f"{', runs ' + ', '.join(r.leases) if r.leases else ''})"
         for r in info.replicas
     )
     demand_states = (demand_pb2.DemandState.Name(d.state).removeprefix("DEMAND_STATE_")
