@@ -1,6 +1,8 @@
 """labelrm on a Patroni cluster: what a failover costs, and what it may lose.
 
-    python -m bench.failover [--seconds 40] [--clients 8] [--skip-async]
+    python -m bench.failover [--seconds 40] [--clients 8] [--faults kill,switchover,freeze]
+        [--batch-max 0,256] [--repeat N] [--ttl 20 --loop-wait 2 --retry-timeout 4]
+        [--skip-async] [--skip-throughput]
 
 Starts the local HA PostgreSQL of deploy/ha (etcd + 3 Patroni members), two rm-server
 replicas on its multi-host URL, and a storm of Apply -> ReportUsed -> Release cycles
@@ -8,8 +10,13 @@ with request ids (a call that fails UNAVAILABLE or DEADLINE_EXCEEDED is retried 
 same id, as the SDK does). It measures:
 
 - the unavailability window after a hard crash (kill -9 of the primary's Patroni and
-  postmaster) and after a graceful `patronictl switchover`: from the kill (or the
-  switchover command) to the first Apply granted after it;
+  postmaster), a graceful `patronictl switchover` and a freeze (SIGSTOP of the primary's
+  postmaster and every backend until another member is promoted, then SIGCONT): from
+  the fault to the first Apply granted after it (the longest gap from the fault on);
+  for a freeze also when the new primary was promoted, and how long after that both
+  rm-server replicas granted an Apply on it (the old primary still frozen);
+- what each fault lost: acknowledged tickets missing, acknowledged releases undone,
+  acknowledged tickets answered NOT_FOUND later, tickets nobody was answered for;
 - the apply-cycle throughput on the HA cluster against one embedded PostgreSQL;
 - with asynchronous replication, how many acknowledged tickets a hard crash loses.
 
@@ -20,297 +27,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import itertools
-import os
-import random
-import shutil
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
-import psycopg
 from labelrm.v1 import admin_pb2, admin_pb2_grpc, resource_pb2
 from labelrm.v1 import resource_manager_pb2 as pb
 from labelrm.v1 import resource_manager_pb2_grpc as pb_grpc
 
-from bench.common import ROOT, emit, table
+from bench.common import emit, table
+from bench.ha_cluster import HACluster, rm_replicas, rm_servers
 
-HA_SCRIPT = ROOT / "deploy" / "ha" / "ha.sh"
-# The pinned Patroni's virtualenv (deploy/ha/install_patroni.sh), as ha.sh finds it.
-PATRONI_VENV = Path(os.environ.get("HA_PATRONI_VENV", "/opt/labelrm/patroni-venv"))
 RETRY_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 GiB = 1024**3
-
-
-def _free_block(count: int) -> int:
-    """A base port b with b+1 .. b+count free on loopback (picked at random, checked)."""
-    for _ in range(200):
-        base = random.randint(20000, 40000)
-        try:
-            for offset in range(1, count + 1):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", base + offset))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no free block of ports on loopback")
-
-
-@dataclass
-class HACluster:
-    """The deploy/ha cluster in a private state directory and private ports."""
-
-    synchronous: bool = True
-    ttl: int = 20
-    loop_wait: int = 2
-    retry_timeout: int = 4
-    state: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="labelrm-ha-")))
-    pg_base: int = field(default_factory=lambda: _free_block(3))
-    rest_base: int = field(default_factory=lambda: _free_block(3))
-    etcd_port: int = field(default_factory=lambda: _free_block(1) + 1)
-
-    def env(self) -> dict[str, str]:
-        return {
-            **os.environ,
-            "HA_DIR": str(self.state / "cluster"),
-            "HA_PG_BASE_PORT": str(self.pg_base),
-            "HA_REST_BASE_PORT": str(self.rest_base),
-            "HA_ETCD_PORT": str(self.etcd_port),
-            "HA_SYNC": "1" if self.synchronous else "0",
-            "HA_TTL": str(self.ttl),
-            "HA_LOOP_WAIT": str(self.loop_wait),
-            "HA_RETRY_TIMEOUT": str(self.retry_timeout),
-        }
-
-    def script(self, command: str, timeout: float = 240) -> str:
-        proc = subprocess.run(
-            ["bash", str(HA_SCRIPT), command],
-            env=self.env(),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(f"ha.sh {command} failed:\n{proc.stdout}\n{proc.stderr}")
-        return proc.stdout.strip()
-
-    def up(self) -> None:
-        # The members run as `postgres` when we are root: they must reach the directory.
-        self.state.chmod(0o755)
-        self.script("up")
-
-    def down(self) -> None:
-        with contextlib.suppress(Exception):
-            self.script("down", timeout=90)
-        shutil.rmtree(self.state, ignore_errors=True)
-
-    @property
-    def url(self) -> str:
-        return self.script("url")
-
-    def member(self, name: str) -> Path:
-        return self.state / "cluster" / name
-
-    def rest_port(self, index: int) -> int:
-        return self.rest_base + index
-
-    def role_of(self, index: int) -> str | None:
-        """'primary', 'sync' (the synchronous standby), 'replica' or None (down), from
-        Patroni's REST health endpoints."""
-        for role in ("primary", "sync", "replica"):
-            try:
-                with urllib.request.urlopen(
-                    f"http://127.0.0.1:{self.rest_port(index)}/{role}", timeout=1
-                ) as resp:
-                    if resp.status == 200:
-                        return role
-            except OSError:
-                continue
-        return None
-
-    def primary(self) -> int:
-        for index in (1, 2, 3):
-            if self.role_of(index) == "primary":
-                return index
-        raise RuntimeError("no primary")
-
-    def standby_to_promote(self, timeout: float = 60) -> int:
-        """The member a switchover may promote: the synchronous standby in synchronous
-        mode (Patroni promotes no other), any replica otherwise; waits for one, since
-        Patroni names the synchronous standby a loop or two after the replicas stream."""
-        wanted = "sync" if self.synchronous else "replica"
-        deadline = time.monotonic() + timeout
-        while True:
-            for index in (1, 2, 3):
-                if self.role_of(index) == wanted:
-                    return index
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no {wanted} standby after {timeout}s")
-            time.sleep(0.2)
-
-    def kill_member(self, index: int) -> None:
-        """kill -9 a member's Patroni (its whole process group) and its postmaster."""
-        name = f"pg{index}"
-        root = self.state / "cluster"
-        postmaster_pid = root / name / "data" / "postmaster.pid"
-        pm = int(postmaster_pid.read_text().split()[0]) if postmaster_pid.exists() else None
-        group = int((root / f"{name}.pid").read_text())
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(group, signal.SIGKILL)
-        if pm is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pm, signal.SIGKILL)
-
-    def postgres_pids(self, index: int) -> list[int]:
-        """A member's postmaster and every process it forked (its backends, walsender,
-        checkpointer...), the postmaster first; [] when it is not running."""
-        pid_file = self.member(f"pg{index}") / "data" / "postmaster.pid"
-        try:
-            postmaster = int(pid_file.read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            return []
-        return [postmaster, *_children_of(postmaster)]
-
-    def freeze_member(self, index: int) -> list[int]:
-        """SIGSTOP a member's postmaster and then each of its processes by PID (a VM
-        pause, an I/O stall: the sockets stay open, nothing answers); its Patroni goes
-        on running. Returns the PIDs stopped, for `thaw`. The postmaster first, so that
-        it forks nothing new while its children are stopped."""
-        stopped: list[int] = []
-        while True:
-            fresh = [pid for pid in self.postgres_pids(index) if pid not in stopped]
-            if not fresh:
-                return stopped
-            for pid in fresh:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGSTOP)
-                stopped.append(pid)
-
-    @staticmethod
-    def thaw(pids: list[int]) -> None:
-        """SIGCONT what `freeze_member` stopped (the children before the postmaster)."""
-        for pid in reversed(pids):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-
-    def wait_for_new_primary(self, old: int, timeout: float) -> int:
-        """The member other than `old` that Patroni promotes, once its REST says so."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for index in (1, 2, 3):
-                if index != old and self.role_of(index) == "primary":
-                    return index
-            time.sleep(0.2)
-        raise TimeoutError(f"no member but pg{old} became primary within {timeout}s")
-
-    def switchover(self, candidate: int) -> None:
-        subprocess.run(
-            [
-                str(PATRONI_VENV / "bin" / "patronictl"),
-                "-c",
-                str(self.state / "cluster" / "pg1.yml"),
-                "switchover",
-                "--force",
-                "--candidate",
-                f"pg{candidate}",
-            ],
-            check=True,
-            capture_output=True,
-            timeout=60,
-        )
-        # patronictl returns when the switchover is scheduled; wait for the new primary.
-        deadline = time.monotonic() + 60
-        while self.role_of(candidate) != "primary":
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"pg{candidate} did not become primary after the switchover")
-            time.sleep(0.2)
-
-    def query(self, sql: str) -> list[tuple[Any, ...]]:
-        with psycopg.connect(self.url, autocommit=True) as conn:
-            return conn.execute(sql).fetchall()
-
-
-def _children_of(parent: int) -> list[int]:
-    """The PIDs whose parent is `parent` (from /proc)."""
-    children = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # ended meanwhile
-        if int(fields[1]) == parent:
-            children.append(int(stat.parent.name))
-    return children
-
-
-@contextlib.contextmanager
-def rm_servers(server_args: list[list[str]], log_dir: Path) -> Iterator[list[str]]:
-    """One rm-server process per entry of `server_args` (its arguments after --listen);
-    yields their targets once all serve, and stops them on the way out."""
-    procs: list[subprocess.Popen[bytes]] = []
-    targets = []
-    try:
-        for i, extra in enumerate(server_args):
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                target = f"127.0.0.1:{s.getsockname()[1]}"
-            with (log_dir / f"rm-{i}.log").open("ab") as log:
-                procs.append(
-                    subprocess.Popen(
-                        [sys.executable, "-m", "rm_server", "--listen", target, *extra],
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        cwd=ROOT,
-                    )
-                )
-            targets.append(target)
-        for target, proc in zip(targets, procs, strict=True):
-            _wait_serving(target, proc, 60)
-        yield targets
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
-
-
-def rm_replicas(
-    url: str, count: int, log_dir: Path, extra: tuple[str, ...] = ()
-) -> contextlib.AbstractContextManager[list[str]]:
-    """`count` rm-server replicas on the database at `url` (`extra`: more arguments)."""
-    return rm_servers([["--database-url", url, *extra]] * count, log_dir)
-
-
-def _wait_serving(target: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    deadline = time.monotonic() + timeout
-    with grpc.insecure_channel(target) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"rm-server {target} exited with {proc.returncode}")
-            with contextlib.suppress(grpc.RpcError):
-                resp = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
-                if resp.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            time.sleep(0.1)
-    raise TimeoutError(f"rm-server {target} not serving after {timeout}s")
 
 
 ECM = "ha:1"
@@ -588,98 +322,146 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=40.0)
     parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--faults", default=",".join(FAULTS), help="of " + ", ".join(FAULTS))
+    parser.add_argument(
+        "--batch-max", default="256", help="rm-server --batch-max values, comma-separated"
+    )
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each combination")
+    parser.add_argument("--ttl", type=int, default=HACluster.ttl)
+    parser.add_argument("--loop-wait", type=int, default=HACluster.loop_wait)
+    parser.add_argument("--retry-timeout", type=int, default=HACluster.retry_timeout)
     parser.add_argument("--skip-async", action="store_true")
+    parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--quick", action="store_true", help="short windows (a smoke run)")
     args = parser.parse_args(argv)
     if args.quick:
         args.seconds = 30.0
-    rows = []
-    result: dict[str, Any] = {}
-
-    def run_on(cluster: HACluster, fault: str) -> tuple[StormLog, float | None, Audit]:
-        with tempfile.TemporaryDirectory() as logs, rm_replicas(cluster.url, 2, Path(logs)) as t:
-            asyncio.run(setup_cluster(t[0]))
-            run = asyncio.run(
-                failover_run(cluster, t, clients=args.clients, seconds=args.seconds, fault=fault)
+    timing = {"ttl": args.ttl, "loop_wait": args.loop_wait, "retry_timeout": args.retry_timeout}
+    rows: list[list[str]] = []
+    result: dict[str, Any] = {"patroni": timing, "runs": []}
+    combos = [
+        (True, fault, int(batch))
+        for fault in args.faults.split(",")
+        for batch in args.batch_max.split(",")
+    ]
+    if not args.skip_async:
+        combos.append((False, "kill", int(args.batch_max.split(",")[0])))
+    for synchronous, fault, batch_max in combos:
+        for _ in range(args.repeat):
+            cluster = HACluster(
+                synchronous=synchronous,
+                ttl=args.ttl,
+                loop_wait=args.loop_wait,
+                retry_timeout=args.retry_timeout,
             )
-        return run.log, run.window, audit(cluster, run.log)
-
-    for synchronous in (True, False) if not args.skip_async else (True,):
-        mode = "sync" if synchronous else "async"
-        for fault in ("kill", "switchover") if synchronous else ("kill",):
-            cluster = HACluster(synchronous=synchronous)
             try:
                 cluster.up()
-                log, window, found = run_on(cluster, fault)
+                run, found = _run_on(cluster, fault, batch_max, args.clients, args.seconds)
             finally:
                 cluster.down()
-            key = f"{mode}_{fault}"
-            result[key] = {
-                "window_s": window,
-                "cycles": log.cycles,
-                "retries": log.retries,
-                "lost_acked": len(found.lost_acked),
-                "vanished_mid_cycle": len(log.vanished),
-                "unacked": len(found.unacked),
-                "errors": len(log.errors),
-            }
-            rows.append(
-                [
-                    mode,
-                    fault,
-                    f"{window:.1f} s" if window is not None else "never",
-                    str(log.cycles),
-                    str(len(found.lost_acked)),
-                    str(len(log.vanished)),
-                    str(len(found.unacked)),
-                    str(len(log.errors)),
-                ]
-            )
-            print(f"{mode} {fault}: {result[key]}", flush=True)
-    # Throughput: the same storm without faults, HA (sync) against one embedded server.
-    cluster = HACluster(synchronous=True)
+            record = _record(synchronous, fault, batch_max, run, found)
+            result["runs"].append(record)
+            rows.append(_row(record))
+            print(record, flush=True)
+    if not args.skip_throughput:
+        result["throughput"] = _throughput(
+            args.clients,
+            HACluster(ttl=args.ttl, loop_wait=args.loop_wait, retry_timeout=args.retry_timeout),
+        )
+    print(table(ROW_HEADERS, rows))
+    print(
+        f"\nPatroni: ttl {args.ttl}, loop_wait {args.loop_wait}, retry_timeout {args.retry_timeout}"
+    )
+    if "throughput" in result:
+        rates = result["throughput"]
+        print(
+            f"apply cycles/s, {args.clients} clients: HA (sync) {rates['ha_sync']:.1f}, single"
+            f" embedded {rates['single']:.1f}, ratio {rates['ratio']:.2f}"
+        )
+    emit("failover", "", result)
+    return 0
+
+
+ROW_HEADERS = [
+    "replication",
+    "fault",
+    "batch_max",
+    "unavailable",
+    "promoted",
+    "writes after",
+    "cycles",
+    "acked lost",
+    "releases undone",
+    "vanished",
+    "unacked",
+    "errors",
+]
+
+
+def _run_on(
+    cluster: HACluster, fault: str, batch_max: int, clients: int, seconds: float
+) -> tuple[FailoverRun, Audit]:
+    extra = ("--batch-max", str(batch_max))
+    with tempfile.TemporaryDirectory() as logs, rm_replicas(cluster.url, 2, Path(logs), extra) as t:
+        asyncio.run(setup_cluster(t[0]))
+        run = asyncio.run(failover_run(cluster, t, clients=clients, seconds=seconds, fault=fault))
+    return run, audit(cluster, run.log)
+
+
+def _record(
+    synchronous: bool, fault: str, batch_max: int, run: FailoverRun, found: Audit
+) -> dict[str, Any]:
+    return {
+        "replication": "sync" if synchronous else "async",
+        "fault": fault,
+        "batch_max": batch_max,
+        "window_s": run.window,
+        "promoted_after_s": run.promoted_after,
+        "writes_after_promotion_s": run.resumed_after,
+        "frozen_s": run.frozen_for,
+        "cycles": run.log.cycles,
+        "retries": run.log.retries,
+        "lost_acked": len(found.lost_acked),
+        "releases_undone": len(found.released_not_ended),
+        "vanished_mid_cycle": len(run.log.vanished),
+        "unacked": len(found.unacked),
+        "errors": len(run.log.errors),
+    }
+
+
+def _row(record: dict[str, Any]) -> list[str]:
+    def seconds(value: float | None, missing: str = "-") -> str:
+        return f"{value:.1f} s" if value is not None else missing
+
+    return [
+        record["replication"],
+        record["fault"],
+        str(record["batch_max"]),
+        seconds(record["window_s"], "never"),
+        seconds(record["promoted_after_s"]),
+        seconds(
+            record["writes_after_promotion_s"], "-" if record["fault"] != "freeze" else "> bound"
+        ),
+        str(record["cycles"]),
+        str(record["lost_acked"]),
+        str(record["releases_undone"]),
+        str(record["vanished_mid_cycle"]),
+        str(record["unacked"]),
+        str(record["errors"]),
+    ]
+
+
+def _throughput(clients: int, cluster: HACluster) -> dict[str, float]:
+    """The same storm without faults, on `cluster` (sync) against one embedded server."""
     try:
         cluster.up()
         with tempfile.TemporaryDirectory() as logs, rm_replicas(cluster.url, 1, Path(logs)) as t:
             asyncio.run(setup_cluster(t[0]))
-            ha_rate = asyncio.run(cycles_per_second(t, args.clients, 10))
+            ha_rate = asyncio.run(cycles_per_second(t, clients, 10))
     finally:
         cluster.down()
-    single_rate = _single_server_rate(args.clients)
-    result["throughput"] = {
-        "ha_sync": ha_rate,
-        "single": single_rate,
-        "ratio": ha_rate / single_rate,
-    }
-    result["patroni"] = {
-        "ttl": cluster.ttl,
-        "loop_wait": cluster.loop_wait,
-        "retry_timeout": cluster.retry_timeout,
-    }
-    print(
-        table(
-            [
-                "replication",
-                "fault",
-                "unavailable",
-                "cycles",
-                "acked lost",
-                "vanished",
-                "unacked",
-                "errors",
-            ],
-            rows,
-        )
-    )
-    print(
-        f"\napply cycles/s, {args.clients} clients: HA (sync) {ha_rate:.1f}, single embedded "
-        f"{single_rate:.1f}, ratio {ha_rate / single_rate:.2f}"
-    )
-    print(
-        f"Patroni: ttl {cluster.ttl}, loop_wait {cluster.loop_wait}, retry_timeout {cluster.retry_timeout}"
-    )
-    emit("failover", "", result)
-    return 0
+    single_rate = _single_server_rate(clients)
+    return {"ha_sync": ha_rate, "single": single_rate, "ratio": ha_rate / single_rate}
 
 
 def _single_server_rate(clients: int) -> float:

@@ -12,6 +12,7 @@
 # Environment: HA_DIR (state, default /tmp/labelrm-ha), HA_PG_BASE_PORT (members listen on
 # BASE+1..BASE+3, default 5440), HA_REST_BASE_PORT (Patroni REST, default 8010),
 # HA_ETCD_PORT (default 23790), HA_SYNC (1 = synchronous_mode, the default; 0 = async),
+# HA_SYNC_STRICT (1 = synchronous_mode_strict; default 0, see docs/operations.md),
 # HA_TTL / HA_LOOP_WAIT / HA_RETRY_TIMEOUT (Patroni timing, defaults 20 / 2 / 4),
 # HA_PATRONI_VENV (the pinned Patroni's virtualenv, default /opt/labelrm/patroni-venv).
 # PostgreSQL refuses to run as root: as root the members run as the `postgres` user.
@@ -27,6 +28,7 @@ REST_BASE=${HA_REST_BASE_PORT:-8010}
 ETCD_PORT=${HA_ETCD_PORT:-23790}
 ETCD_PEER_PORT=$((ETCD_PORT + 10))
 SYNC=${HA_SYNC:-1}
+SYNC_STRICT=${HA_SYNC_STRICT:-0}
 TTL=${HA_TTL:-20}
 LOOP_WAIT=${HA_LOOP_WAIT:-2}
 RETRY_TIMEOUT=${HA_RETRY_TIMEOUT:-4}
@@ -78,7 +80,7 @@ bootstrap:
     retry_timeout: $RETRY_TIMEOUT
     maximum_lag_on_failover: 1048576
     synchronous_mode: $([ "$SYNC" = 1 ] && echo true || echo false)
-    synchronous_mode_strict: false
+    synchronous_mode_strict: $([ "$SYNC_STRICT" = 1 ] && echo true || echo false)
     postgresql:
       use_pg_rewind: true
       parameters:

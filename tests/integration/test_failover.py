@@ -27,14 +27,13 @@ from labelrm.v1 import resource_manager_pb2_grpc as pb_grpc
 
 from bench.failover import (
     RETRY_CODES,
-    HACluster,
     StormLog,
     audit,
     check_consistency,
     failover_run,
-    rm_replicas,
     setup_cluster,
 )
+from bench.ha_cluster import HACluster, rm_replicas
 from tests.helpers import GiB, apply_req, load_instance, register, wait_until
 
 pytestmark = pytest.mark.ha
