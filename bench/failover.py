@@ -64,6 +64,7 @@ class StormLog:
     """What the storm's clients were told: the ground truth the database is checked against."""
 
     acked_apply: set[str] = field(default_factory=set)
+    acked_report: set[str] = field(default_factory=set)
     acked_release: set[str] = field(default_factory=set)
     # when each granted Apply was answered (monotonic)
     granted_at: list[float] = field(default_factory=list)
@@ -156,6 +157,7 @@ async def storm(
                         ),
                         give_up,
                     )
+                    log.acked_report.add(ticket.ticket_id)
                     await _call(
                         log,
                         rm.Release,
@@ -190,17 +192,27 @@ class Audit:
 
     lost_acked: set[str]  # acknowledged by the RM, absent from the database
     unacked: set[str]  # in the database, never acknowledged to any client
-    released_not_ended: set[str]  # release acknowledged, ticket still live
+    released_not_ended: set[str]  # release acknowledged, ticket still live or not RELEASED
+    report_undone: set[str]  # ReportUsed acknowledged, the ticket shows none
 
 
 def audit(cluster: HACluster, log: StormLog) -> Audit:
-    live = {row[0] for row in cluster.query("SELECT ticket_id FROM ticket")}
-    ended = {row[0] for row in cluster.query("SELECT ticket_id FROM ticket_history")}
-    present = live | ended
+    live = dict(cluster.query("SELECT ticket_id, state FROM ticket"))
+    ended = {
+        row[0]: (row[1], row[2])
+        for row in cluster.query(
+            "SELECT ticket_id, final_state, used IS NOT NULL FROM ticket_history"
+        )
+    }
+    present = set(live) | set(ended)
+    reported = {t for t, state in live.items() if state == "USED"}
+    reported |= {t for t, (_, used) in ended.items() if used}
+    released = {t for t, (state, _) in ended.items() if state == "RELEASED"}
     return Audit(
         lost_acked=log.acked_apply - present,
         unacked=present - log.acked_apply,
-        released_not_ended=log.acked_release & live,
+        released_not_ended=log.acked_release - released - (log.acked_release - present),
+        report_undone=(log.acked_report & present) - reported,
     )
 
 
@@ -423,6 +435,7 @@ def _record(
         "retries": run.log.retries,
         "lost_acked": len(found.lost_acked),
         "releases_undone": len(found.released_not_ended),
+        "reports_undone": len(found.report_undone),
         "vanished_mid_cycle": len(run.log.vanished),
         "unacked": len(found.unacked),
         "errors": len(run.log.errors),

@@ -1,5 +1,6 @@
 """Two rm-server replicas on a real Patroni cluster (deploy/ha): a storm of ticket cycles
-with request ids rides out a hard crash of the primary and a graceful switchover.
+with request ids rides out a hard crash of the primary, a graceful switchover, and a
+freeze of the primary past the leader key's TTL (each request-grouping mode).
 
 What must hold (docs/operations.md, "High availability"): every Apply a client saw
 acknowledged is on the new primary (and every acknowledged Release ended its ticket);
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,7 +35,7 @@ from bench.failover import (
     failover_run,
     setup_cluster,
 )
-from bench.ha_cluster import HACluster, rm_replicas
+from bench.ha_cluster import HA_SCRIPT, HACluster, rm_replicas
 from tests.helpers import GiB, apply_req, load_instance, register, wait_until
 
 pytestmark = pytest.mark.ha
@@ -70,13 +72,18 @@ def _assert_nothing_lost(cluster: HACluster, log: StormLog) -> None:
     assert found.unacked == set(), (
         f"tickets no client was answered for: {sorted(found.unacked)[:5]}"
     )
-    assert found.released_not_ended == set(), "acknowledged releases whose ticket is still live"
+    assert found.released_not_ended == set(), (
+        f"acknowledged releases whose ticket did not end RELEASED: {sorted(found.released_not_ended)[:5]}"
+    )
+    assert found.report_undone == set(), (
+        f"acknowledged ReportUsed calls the ticket does not show: {sorted(found.report_undone)[:5]}"
+    )
     assert log.vanished == set(), (
         f"acknowledged tickets answered NOT_FOUND later: {sorted(log.vanished)[:5]}"
     )
 
 
-def test_the_cluster_is_up_with_its_synchronous_standby_named(cluster: HACluster) -> None:
+def _up_as_configured(cluster: HACluster) -> None:
     """`ha.sh up` returns once Patroni has named the synchronous standby in etcd, not
     merely once two replicas stream: before that, commits are acknowledged without a
     standby's flush and Patroni may promote any replica, so a crash then can lose what
@@ -89,6 +96,7 @@ def test_the_cluster_is_up_with_its_synchronous_standby_named(cluster: HACluster
 async def test_failover_under_load_loses_nothing(
     cluster: HACluster, fault: str, tmp_path: Path
 ) -> None:
+    _up_as_configured(cluster)
     with rm_replicas(cluster.url, 2, tmp_path) as targets:
         await setup_cluster(targets[0])
         old_primary = cluster.primary()
@@ -201,3 +209,28 @@ async def test_a_waiting_apply_is_woken_after_a_switchover(
             assert granted.state == pb.TICKET_STATE_LOCKED
             report = await check_consistency(second)
             assert report.consistent, report
+
+
+def test_down_signals_no_process_a_stale_pid_file_names(tmp_path: Path) -> None:
+    """`ha.sh down` after the cluster's processes are gone (a reboot, a kill -9) finds
+    pid files whose numbers may now be anyone's: it signals only a process whose command
+    line still names its state directory."""
+    state = tmp_path / "cluster"
+    state.mkdir()
+    bystander = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        for name in ("pg1", "pg2", "pg3", "etcd"):
+            (state / f"{name}.pid").write_text(f"{bystander.pid}\n")
+        done = subprocess.run(
+            ["bash", str(HA_SCRIPT), "down"],
+            env={**os.environ, "HA_DIR": str(state)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        assert bystander.poll() is None, "ha.sh down killed a process that was not its own"
+        assert not state.exists()
+    finally:
+        bystander.kill()
+        bystander.wait()
