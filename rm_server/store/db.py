@@ -214,7 +214,10 @@ class Database:
             timeout=connect_timeout,
             open=False,
             kwargs={"autocommit": True, **self.connect_kwargs},
-            reconnect_timeout=0,  # keep retrying forever in the background
+            # A failed background reconnection is not retried on a schedule (its backoff
+            # doubles without a cap, and could outlast a failover by many seconds): a
+            # caller that finds no connection makes the pool open one, a fresh try.
+            reconnect_timeout=0,
         )
 
     async def connect(self) -> psycopg.AsyncConnection[Any]:

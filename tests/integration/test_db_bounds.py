@@ -15,13 +15,24 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
+import grpc
 import psycopg
 import pytest
+from labelrm.v1 import resource_manager_pb2_grpc
 
 from rm_server.errors import Unavailable
 from rm_server.store.db import Conn, Database, connection_kwargs
-from tests.helpers import start_embedded
+from tests.helpers import (
+    GiB,
+    apply_req,
+    load_instance,
+    register,
+    shared_tmp,
+    start_embedded,
+    wait_until_sync,
+)
 
 HANG_GUARD = 60  # seconds: a call still running then hangs (the bug), it is no answer
 
@@ -139,3 +150,52 @@ async def test_a_commit_the_standby_never_confirmed_is_not_acknowledged(
         await db.close()
     with psycopg.connect(waiting_for_a_standby) as conn:  # committed locally all the same
         assert conn.execute("SELECT k FROM sync_probe WHERE k = %s", (key,)).fetchall() == [(key,)]
+
+
+OUTAGE_SECONDS = 4.0  # the database stays away this long (the old listener: ~20 lines)
+
+
+def test_a_database_outage_is_logged_in_one_line_per_job_without_a_traceback(
+    rm_process_factory: Any,
+) -> None:
+    """The database stops (a failover's moment without a primary) and comes back: the
+    LISTEN loop backs off and says so once, with one line when it is back, the replica
+    presence job says it in one line (it once logged a 38-line traceback at ERROR), and
+    the server then serves again."""
+    base = shared_tmp("lrm-outage-pg-")
+    handle, url = start_embedded(base / "pgdata")
+    try:
+        server = rm_process_factory("--sweep-interval", "0.2", url=url)
+        server.start()
+        with grpc.insecure_channel(server.target) as channel:
+            rm = resource_manager_pb2_grpc.ResourceManagerServiceStub(channel)
+            rm.RegisterEcm(register("outage:1", load_instance(GiB, 1000, 10)), timeout=10)
+            handle.cleanup()
+            time.sleep(OUTAGE_SECONDS)  # the outage's length is the test's input
+            handle, again = start_embedded(base / "pgdata")
+            assert again == url
+
+            def serves() -> bool:
+                try:
+                    rm.Apply(apply_req("emInstance=outage:1", load_instance(1, 1, 1)), timeout=5)
+                except grpc.RpcError as exc:
+                    if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                        raise
+                    return False
+                return True
+
+            wait_until_sync(serves, 60, what="an Apply after the database came back")
+        log = server.log_path.read_text()
+        assert "Traceback" not in log
+        assert "level=ERROR" not in log, [ln for ln in log.splitlines() if "ERROR" in ln][:3]
+        assert log.count("notification listener lost its connection") == 1, log[-3000:]
+        presence = [ln for ln in log.splitlines() if "background job replicas:" in ln]
+        assert len(presence) <= 2, presence  # one when it goes, one when it is back
+        wait_until_sync(
+            lambda: "notification listener reconnected" in server.log_path.read_text(),
+            30,
+            what="the listener's reconnection line",
+        )
+    finally:
+        handle.cleanup()
+        shutil.rmtree(base, ignore_errors=True)
