@@ -81,6 +81,7 @@ async def test_a_call_may_have_a_bound_of_its_own(db: Database) -> None:
     assert await db.run(timeout_setting, bound=30) == "30s"
 
 
+@pytest.mark.once
 def test_every_connection_has_keepalives_and_timeouts() -> None:
     """What the URL says is kept (its options, its connect_timeout); the rest is added."""
     url = "postgresql://u@h1:5432,h2:5432/db?connect_timeout=2&options=-c%20work_mem%3D8MB"
@@ -126,6 +127,7 @@ def _cancel_when_waiting_for_the_standby(url: str) -> None:
     raise TimeoutError("no COMMIT waited for the synchronous standby")
 
 
+@pytest.mark.once
 @pytest.mark.parametrize("pipeline", [False, True], ids=["transaction", "pipeline"])
 async def test_a_commit_the_standby_never_confirmed_is_not_acknowledged(
     waiting_for_a_standby: str, pipeline: bool
@@ -155,6 +157,7 @@ async def test_a_commit_the_standby_never_confirmed_is_not_acknowledged(
 OUTAGE_SECONDS = 4.0  # the database stays away this long (the old listener: ~20 lines)
 
 
+@pytest.mark.once
 def test_a_database_outage_is_logged_in_one_line_per_job_without_a_traceback(
     rm_process_factory: Any,
 ) -> None:
