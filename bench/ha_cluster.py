@@ -270,8 +270,11 @@ def rm_servers(server_args: list[list[str]], log_dir: Path) -> Iterator[list[str
 def rm_replicas(
     url: str, count: int, log_dir: Path, extra: tuple[str, ...] = ()
 ) -> contextlib.AbstractContextManager[list[str]]:
-    """`count` rm-server replicas on the database at `url` (`extra`: more arguments)."""
-    return rm_servers([["--database-url", url, *extra]] * count, log_dir)
+    """`count` rm-server replicas on the database at `url` (`extra`: more arguments).
+    The storms' ECM has no agent beating for it: it must not be judged LOST (30 s of
+    silence by default) halfway through a storm."""
+    args = ["--database-url", url, "--ecm-expiry", "3600", *extra]
+    return rm_servers([args] * count, log_dir)
 
 
 def _wait_serving(target: str, proc: subprocess.Popen[bytes], timeout: float) -> None:

@@ -13,6 +13,7 @@
 # BASE+1..BASE+3, default 5440), HA_REST_BASE_PORT (Patroni REST, default 8010),
 # HA_ETCD_PORT (default 23790), HA_SYNC (1 = synchronous_mode, the default; 0 = async),
 # HA_SYNC_STRICT (1 = synchronous_mode_strict; default 0, see docs/operations.md),
+# HA_WATCHDOG (Patroni's watchdog mode: off, the default here, automatic or required),
 # HA_TTL / HA_LOOP_WAIT / HA_RETRY_TIMEOUT (Patroni timing, defaults 20 / 2 / 4),
 # HA_PATRONI_VENV (the pinned Patroni's virtualenv, default /opt/labelrm/patroni-venv).
 # PostgreSQL refuses to run as root: as root the members run as the `postgres` user.
@@ -29,6 +30,7 @@ ETCD_PORT=${HA_ETCD_PORT:-23790}
 ETCD_PEER_PORT=$((ETCD_PORT + 10))
 SYNC=${HA_SYNC:-1}
 SYNC_STRICT=${HA_SYNC_STRICT:-0}
+WATCHDOG=${HA_WATCHDOG:-off}
 TTL=${HA_TTL:-20}
 LOOP_WAIT=${HA_LOOP_WAIT:-2}
 RETRY_TIMEOUT=${HA_RETRY_TIMEOUT:-4}
@@ -65,12 +67,14 @@ restapi:
   connect_address: 127.0.0.1:$(rest_port "$i")
 etcd3:
   hosts: 127.0.0.1:$ETCD_PORT
-# Where the kernel offers /dev/watchdog (softdog at least), Patroni arms it while this
-# member is primary and kicks it every loop: a primary whose HA loop stalls for
-# ttl - safety_margin seconds is reset before another member may take its leader key.
-# `automatic`: used if present, skipped (with a warning) if not (docs/operations.md).
+# Patroni arms /dev/watchdog while this member is primary and kicks it every HA loop:
+# a primary whose loop stalls for ttl - safety_margin seconds has its host reset before
+# another member may take its leader key. Off unless HA_WATCHDOG says otherwise: the
+# three members here share one host, which a reset would take down whole (and a freeze
+# test stalls the primary's loop on purpose). One member per host in production, with
+# `required` (docs/operations.md, "Fencing a frozen primary").
 watchdog:
-  mode: automatic
+  mode: $WATCHDOG
   device: /dev/watchdog
   safety_margin: 5
 bootstrap:

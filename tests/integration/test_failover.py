@@ -144,11 +144,21 @@ async def test_a_frozen_primary_loses_nothing_and_stalls_nothing(
         assert cluster.primary() == run.sync_standby != old_primary
         assert run.resumed_after is not None, (
             "the rm-server replicas did not both grant an Apply on the new primary within"
-            " 10 s of its promotion, with the old primary frozen"
+            " 10 s of its promotion, with the old primary frozen; their logs' warnings:\n"
+            + _warnings(tmp_path)
         )
         for target in targets:
             report = await check_consistency(target)
             assert report.consistent, report
+
+
+def _warnings(log_dir: Path, last: int = 15) -> str:
+    """The last warnings and errors of each rm-server log in `log_dir`."""
+    out = []
+    for log in sorted(log_dir.glob("rm-*.log")):
+        lines = [ln[:300] for ln in log.read_text().splitlines() if "level=INFO" not in ln]
+        out.append(f"{log.name}:\n" + "\n".join(lines[-last:]))
+    return "\n".join(out)
 
 
 async def test_a_waiting_apply_is_woken_after_a_switchover(
