@@ -234,15 +234,16 @@ class FailoverRun:
     log: StormLog
     window: float | None  # unavailable_for the fault's moment
     sync_standby: int | None  # the synchronous standby Patroni named before the fault
-    # freeze only: seconds from the freeze to the new primary's promotion, and from the
+    # freeze: seconds from the freeze to the new primary's promotion, and from the
     # promotion until every rm-server had granted an Apply on it (None: not within the
-    # bound, with the old primary still frozen); how long the freeze lasted
+    # bound, with the old primary still frozen); pause: from the thaw until every
+    # rm-server had granted an Apply (None: not within the bound); how long either lasted
     promoted_after: float | None = None
     resumed_after: float | None = None
     frozen_for: float | None = None
 
 
-FAULTS = ("kill", "switchover", "freeze")
+FAULTS = ("kill", "switchover", "freeze", "pause")
 
 
 async def failover_run(
@@ -266,9 +267,13 @@ async def failover_run(
     `resume_bound` seconds after the promotion), and for at least the leader key's TTL
     plus a few seconds; then it thaws the old primary, and the storm goes on for
     `after_thaw` seconds over its return (it must come back as a replica, losing nothing
-    the new primary acknowledged). The storm lasts until then, whatever `seconds` says."""
+    the new primary acknowledged). The storm lasts until then, whatever `seconds` says.
+
+    'pause' freezes the primary the same way for half the TTL (no failover: Patroni
+    keeps it), thaws it, and waits at most `resume_bound` seconds for every rm-server to
+    grant an Apply again; the storm goes on for `after_thaw` seconds after the thaw."""
     log = StormLog()
-    stop = asyncio.Event() if fault == "freeze" else None
+    stop = asyncio.Event() if fault in ("freeze", "pause") else None
     task = asyncio.create_task(storm(targets, clients, seconds, log, stop=stop))
     await asyncio.sleep(fault_after)
     if task.done():
@@ -283,8 +288,9 @@ async def failover_run(
         await asyncio.to_thread(cluster.switchover, standby)
     else:
         assert stop is not None
+        frozen = _freeze_until_failed_over if fault == "freeze" else _pause
         try:
-            timings = await _freeze_until_failed_over(cluster, old, targets, log, resume_bound)
+            timings = await frozen(cluster, old, targets, log, resume_bound)
             await asyncio.sleep(after_thaw)
         finally:
             stop.set()
@@ -307,11 +313,7 @@ async def _freeze_until_failed_over(
     try:
         await asyncio.to_thread(cluster.wait_for_new_primary, old, 3 * cluster.ttl + 30)
         promoted = time.monotonic()
-        while time.monotonic() < promoted + resume_bound:
-            if all(log.last_grant.get(t, 0.0) > promoted for t in targets):
-                resumed_after = time.monotonic() - promoted
-                break
-            await asyncio.sleep(0.05)
+        resumed_after = await _all_granted_after(promoted, targets, log, resume_bound)
         # Longer than the leader key's TTL, so that the old primary's lease is gone.
         await asyncio.sleep(max(0.0, moment + cluster.ttl + 5 - time.monotonic()))
     finally:
@@ -321,6 +323,35 @@ async def _freeze_until_failed_over(
         "resumed_after": resumed_after,
         "frozen_for": time.monotonic() - moment,
     }
+
+
+async def _pause(
+    cluster: HACluster, old: int, targets: list[str], log: StormLog, resume_bound: float
+) -> dict[str, float | None]:
+    """Freeze member `old` (the primary) for half the TTL, then thaw it (failover_run)."""
+    pids = cluster.freeze_member(old)
+    moment = time.monotonic()
+    try:
+        await asyncio.sleep(cluster.ttl / 2)
+    finally:
+        cluster.thaw(pids)
+    thawed = time.monotonic()
+    return {
+        "resumed_after": await _all_granted_after(thawed, targets, log, resume_bound),
+        "frozen_for": thawed - moment,
+    }
+
+
+async def _all_granted_after(
+    moment: float, targets: list[str], log: StormLog, bound: float
+) -> float | None:
+    """Seconds from `moment` until every target granted an Apply after it (polled),
+    or None if that took longer than `bound`."""
+    while time.monotonic() < moment + bound:
+        if all(log.last_grant.get(t, 0.0) > moment for t in targets):
+            return time.monotonic() - moment
+        await asyncio.sleep(0.05)
+    return None
 
 
 async def cycles_per_second(targets: list[str], clients: int, seconds: float) -> float:
@@ -429,7 +460,7 @@ def _record(
         "batch_max": batch_max,
         "window_s": run.window,
         "promoted_after_s": run.promoted_after,
-        "writes_after_promotion_s": run.resumed_after,
+        "writes_after_s": run.resumed_after,
         "frozen_s": run.frozen_for,
         "cycles": run.log.cycles,
         "retries": run.log.retries,
@@ -453,7 +484,8 @@ def _row(record: dict[str, Any]) -> list[str]:
         seconds(record["window_s"], "never"),
         seconds(record["promoted_after_s"]),
         seconds(
-            record["writes_after_promotion_s"], "-" if record["fault"] != "freeze" else "> bound"
+            record["writes_after_s"],
+            "> bound" if record["fault"] in ("freeze", "pause") else "-",
         ),
         str(record["cycles"]),
         str(record["lost_acked"]),

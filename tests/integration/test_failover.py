@@ -118,33 +118,42 @@ async def test_failover_under_load_loses_nothing(
 
 
 @pytest.mark.parametrize("batch_max", [0, 256], ids=["one-per-transaction", "grouped"])
+@pytest.mark.parametrize("fault", ["freeze", "pause"], ids=["past-the-ttl", "within-the-ttl"])
 async def test_a_frozen_primary_loses_nothing_and_stalls_nothing(
-    cluster: HACluster, batch_max: int, tmp_path: Path
+    cluster: HACluster, fault: str, batch_max: int, tmp_path: Path
 ) -> None:
     """The primary's PostgreSQL stops answering (SIGSTOP of the postmaster and every
-    backend, its Patroni running on) for longer than the leader key's TTL, then comes
-    back. Patroni promotes the synchronous standby; the rm-server replicas abandon what
-    hangs on the frozen primary (callers answered UNAVAILABLE, retried with their request
-    ids) and write on the new one while the old is still frozen; the old primary, thawed,
-    must not take the leader key back (Patroni before 3.0.3 did, and rewound the new
-    primary: every write it had acknowledged was lost)."""
+    backend, its Patroni running on), then comes back.
+
+    Past the leader key's TTL ('freeze'), Patroni promotes the synchronous standby: the
+    rm-server replicas abandon what hangs on the frozen primary (callers answered
+    UNAVAILABLE, retried with their request ids) and fail over, writing on the new
+    primary while the old is still frozen; the old primary, thawed, must not take the
+    leader key back (Patroni before 3.0.3 did, and rewound the new primary: every write
+    it had acknowledged was lost). Within the TTL ('pause'), nobody fails over: the
+    replicas ride the freeze out on the same primary, where some of the transactions
+    they abandoned committed all the same (their retries get the stored outcomes), and
+    write again once it is thawed."""
     with rm_replicas(cluster.url, 2, tmp_path, ("--batch-max", str(batch_max))) as targets:
         await setup_cluster(targets[0])
         old_primary = cluster.primary()
         run = await failover_run(
-            cluster, targets, clients=CLIENTS, seconds=STORM_SECONDS, fault="freeze"
+            cluster, targets, clients=CLIENTS, seconds=STORM_SECONDS, fault=fault
         )
         print(
-            f"\nfreeze (batch_max {batch_max}): promoted {run.promoted_after:.1f} s into the"
-            f" freeze, writes through both replicas {run.resumed_after} s after that, no"
-            f" Apply granted for {run.window} s; frozen {run.frozen_for:.1f} s;"
-            f" {run.log.cycles} cycles, {run.log.retries} retried calls"
+            f"\n{fault} (batch_max {batch_max}): promoted {run.promoted_after} s into it,"
+            f" writes through both replicas {run.resumed_after} s after the promotion (freeze)"
+            f" or the thaw (pause), no Apply granted for {run.window} s; frozen"
+            f" {run.frozen_for} s; {run.log.cycles} cycles, {run.log.retries} retried calls"
         )
         _assert_nothing_lost(cluster, run.log)
-        assert cluster.primary() == run.sync_standby != old_primary
+        if fault == "freeze":
+            assert cluster.primary() == run.sync_standby != old_primary
+        else:
+            assert cluster.primary() == old_primary
         assert run.resumed_after is not None, (
-            "the rm-server replicas did not both grant an Apply on the new primary within"
-            " 10 s of its promotion, with the old primary frozen; their logs' warnings:\n"
+            "the rm-server replicas did not both grant an Apply within 10 s of the"
+            f" {'promotion' if fault == 'freeze' else 'thaw'}; their logs' warnings:\n"
             + _warnings(tmp_path)
         )
         for target in targets:
