@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import math
 import tempfile
 import time
 import uuid
@@ -120,10 +121,11 @@ async def storm(
     grace: float = 90.0,
     stop: asyncio.Event | None = None,
 ) -> None:
-    """`clients` workers cycling Apply -> ReportUsed -> Release for `seconds` (or until
-    `stop` is set); a cycle that started finishes (its calls retried up to `grace`
-    seconds after it started, or after the end if that is later)."""
-    end = time.monotonic() + seconds
+    """`clients` workers cycling Apply -> ReportUsed -> Release for `seconds`, or, given
+    `stop`, until it is set; a cycle that started finishes (its calls retried up to
+    `grace` seconds after the end, or after the cycle started when `stop` ends it)."""
+    # With `stop`, the storm runs until it is set, however long the fault takes.
+    end = time.monotonic() + seconds if stop is None else math.inf
     channels = [grpc.aio.insecure_channel(t) for t in targets]
     try:
         stubs = [pb_grpc.ResourceManagerServiceStub(c) for c in channels]
