@@ -88,7 +88,7 @@ def _cluster_info_names_the_lease_holders(target: str, leases: dict[str, str]) -
         holder: sorted(jobs) for holder, jobs in held.items()
     }
     status = subprocess.run(
-        [sys.executable, "-m", "clients.rmctl", "--rm", target, "status"],
+        [sys.executable, "-m", "rmctl", "--rm", target, "status"],
         capture_output=True,
         text=True,
         timeout=60,
