@@ -115,6 +115,17 @@ class Settings:
     pool_max: int = DATABASE.setting(
         16, "maximum database connections in the pool (plus one LISTEN connection)"
     )
+    statement_timeout: float = DATABASE.setting(
+        5.0,
+        "seconds a database transaction may take, retries included: each statement's "
+        "statement_timeout, and the bound after which rm-server abandons the transaction "
+        "and answers UNAVAILABLE (a frozen or unreachable primary stalls no call longer)",
+    )
+    report_timeout: float = DATABASE.setting(
+        60.0,
+        "the same bound for the transactions that read or delete in bulk "
+        "(CheckConsistency, the cluster overview, retention)",
+    )
 
     log_level: str = LOGGING.setting("INFO", "DEBUG, INFO, WARNING or ERROR", check=one_of_levels)
     log_format: str = LOGGING.setting(
@@ -140,7 +151,8 @@ class Settings:
     )
     history_retention_days: float = TIMINGS.setting(
         30.0,
-        "ended tickets, EngineConns and demands are deleted this many days after they ended",
+        "ended tickets, EngineConns and demands are deleted this many days after they ended,"
+        " a node's events this many days after they happened",
     )
     request_id_retention_hours: float = TIMINGS.setting(
         48.0,
@@ -305,6 +317,11 @@ RM_SERVER: Program[Settings] = Program(
     switches=(
         ("--dev", "also start one local agent (dev mode: embedded database, loopback only)"),
         ("--dev-tls", "with --dev: TLS, certificates and an admin token, from a throwaway CA"),
+        (
+            "--reset",
+            "start afresh: delete the embedded database of the data directory (wherever "
+            "its files are) before starting",
+        ),
     ),
 )
 

@@ -10,6 +10,7 @@ import logging
 import signal
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -131,10 +132,16 @@ class RMServer:
         if not url:
             self._embedded = EmbeddedPostgres(self.settings.data_dir)
             url = await asyncio.to_thread(self._embedded.start)
-        self._db = Database(url, min_size=self.settings.pool_min, max_size=self.settings.pool_max)
+        self._db = Database(
+            url,
+            min_size=self.settings.pool_min,
+            max_size=self.settings.pool_max,
+            timeout=self.settings.statement_timeout,
+            slow_timeout=self.settings.report_timeout,
+        )
         await self._db.migrate()
         await self._db.open()
-        self._notifier = LabelNotifier(url)
+        self._notifier = LabelNotifier(self._db.connect)
         await self._notifier.start()
         core_settings = CoreSettings(
             lock_timeout=timedelta(seconds=self.settings.lock_timeout),
@@ -264,6 +271,11 @@ class RMServer:
     def metrics_port(self) -> int:
         """The port of the metrics endpoint (0 when it is off)."""
         return self._metrics_http.port if self._metrics_http is not None else 0
+
+    @property
+    def database_files(self) -> Path | None:
+        """Where the embedded database's files are (None: an external database)."""
+        return self._embedded.pgdata if self._embedded is not None else None
 
     def _ec_settings(self) -> EcSettings:
         st = self.settings

@@ -3,6 +3,7 @@ import datetime
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from labelrm.v1 import external_pb2 as _external_pb2
 from labelrm.v1 import resource_pb2 as _resource_pb2
+from labelrm.v1 import resource_manager_pb2 as _resource_manager_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -94,6 +95,36 @@ class DecommissionEcmResponse(_message.Message):
     LIVE_ENGINE_CONNS_FIELD_NUMBER: _ClassVar[int]
     live_engine_conns: int
     def __init__(self, live_engine_conns: _Optional[int] = ...) -> None: ...
+
+class CordonEcmRequest(_message.Message):
+    __slots__ = ("request_id", "instance", "reason")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    instance: str
+    reason: str
+    def __init__(self, request_id: _Optional[str] = ..., instance: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class CordonEcmResponse(_message.Message):
+    __slots__ = ("ecm",)
+    ECM_FIELD_NUMBER: _ClassVar[int]
+    ecm: _resource_manager_pb2.Ecm
+    def __init__(self, ecm: _Optional[_Union[_resource_manager_pb2.Ecm, _Mapping]] = ...) -> None: ...
+
+class UncordonEcmRequest(_message.Message):
+    __slots__ = ("request_id", "instance")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    instance: str
+    def __init__(self, request_id: _Optional[str] = ..., instance: _Optional[str] = ...) -> None: ...
+
+class UncordonEcmResponse(_message.Message):
+    __slots__ = ("ecm",)
+    ECM_FIELD_NUMBER: _ClassVar[int]
+    ecm: _resource_manager_pb2.Ecm
+    def __init__(self, ecm: _Optional[_Union[_resource_manager_pb2.Ecm, _Mapping]] = ...) -> None: ...
 
 class LabelLimit(_message.Message):
     __slots__ = ("pattern", "labels", "max_resource", "update_time")
@@ -192,16 +223,18 @@ class GetClusterInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RmReplica(_message.Message):
-    __slots__ = ("replica_id", "host", "pid", "start_time")
+    __slots__ = ("replica_id", "host", "pid", "start_time", "leases")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     START_TIME_FIELD_NUMBER: _ClassVar[int]
+    LEASES_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     host: str
     pid: int
     start_time: _timestamp_pb2.Timestamp
-    def __init__(self, replica_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    leases: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, replica_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., leases: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetClusterInfoResponse(_message.Message):
     __slots__ = ("version", "replicas", "database", "waiting_applies", "time", "liveness")
