@@ -1,4 +1,5 @@
-"""Typed, immutable resource quantities and the arithmetic the manager performs on them.
+"""Typed, immutable resource quantities and the arithmetic the manager performs on them
+(their kinds, dimensions and errors: rm_server/domain/resource_kinds.py).
 
 A :class:`Resource` is a kind plus a canonical tuple of ``(dimension, quantity)`` pairs.
 Quantities are non-negative integers (CPU is in milli-cores) bounded by ``MAX_QUANTITY`` so they
@@ -8,161 +9,42 @@ going negative or mixing incompatible kinds.
 
 from __future__ import annotations
 
-import enum
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from labelrm_common.quantity import Shortfall as Shortfall  # re-exported: the domain names it here
-from rm_server.domain.errors import DomainError
+from rm_server.domain.resource_kinds import (
+    CONVERTS_TO,
+    QUEUE_RE,
+    SORTED_DIMS,
+    YARN_KINDS,
+    check_quantity,
+    check_special_dimension,
+    combine_queues,
+)
+
+# The vocabulary, re-exported: callers import every resource name from this module.
+from rm_server.domain.resource_kinds import CPU as CPU
+from rm_server.domain.resource_kinds import INSTANCES as INSTANCES
+from rm_server.domain.resource_kinds import KIND_DIMENSIONS as KIND_DIMENSIONS
+from rm_server.domain.resource_kinds import MAX_QUANTITY as MAX_QUANTITY
+from rm_server.domain.resource_kinds import MAX_SPECIAL_DIMENSIONS as MAX_SPECIAL_DIMENSIONS
+from rm_server.domain.resource_kinds import MAX_SPECIAL_NAME_LENGTH as MAX_SPECIAL_NAME_LENGTH
+from rm_server.domain.resource_kinds import MEMORY as MEMORY
+from rm_server.domain.resource_kinds import SPECIAL_PREFIX as SPECIAL_PREFIX
+from rm_server.domain.resource_kinds import YARN_CPU as YARN_CPU
+from rm_server.domain.resource_kinds import YARN_INSTANCES as YARN_INSTANCES
+from rm_server.domain.resource_kinds import YARN_MEMORY as YARN_MEMORY
+from rm_server.domain.resource_kinds import InexactDivisionError as InexactDivisionError
+from rm_server.domain.resource_kinds import InvalidResourceError as InvalidResourceError
+from rm_server.domain.resource_kinds import NegativeResourceError as NegativeResourceError
+from rm_server.domain.resource_kinds import ResourceError as ResourceError
+from rm_server.domain.resource_kinds import ResourceKind as ResourceKind
+from rm_server.domain.resource_kinds import ResourceOverflowError as ResourceOverflowError
+from rm_server.domain.resource_kinds import ResourceTypeError as ResourceTypeError
+from rm_server.domain.resource_kinds import join_kind as join_kind
 from rm_server.domain.text import clip, short
-
-
-# str mixin (not StrEnum) as specified; kinds compare equal to their wire strings.
-class ResourceKind(str, enum.Enum):  # noqa: UP042
-    """The shape of a resource; it determines which dimensions a resource carries."""
-
-    MEMORY = "memory"
-    CPU = "cpu"
-    LOAD = "load"
-    INSTANCE = "instance"
-    LOAD_INSTANCE = "load_instance"
-    YARN = "yarn"
-    DRIVER_AND_YARN = "driver_and_yarn"
-    SPECIAL = "special"
-
-
-# Largest quantity of one dimension: the maximum of a signed BIGINT column.
-MAX_QUANTITY = 2**63 - 1
-
-MEMORY = "memory_bytes"
-CPU = "cpu_millis"
-INSTANCES = "instances"
-YARN_MEMORY = "yarn.memory_bytes"
-YARN_CPU = "yarn.cpu_millis"
-YARN_INSTANCES = "yarn.instances"
-SPECIAL_PREFIX = "special."
-# Special dimensions one request may name (each becomes a stored dimension of every
-# label record it touches), and the longest name (_SPECIAL_NAME_RE).
-MAX_SPECIAL_DIMENSIONS = 16
-MAX_SPECIAL_NAME_LENGTH = 64
-
-# Dimension names are globally unique across kinds, so converting a narrower kind to a wider one
-# is just "add the missing dimensions at zero". SPECIAL has no fixed dimensions.
-KIND_DIMENSIONS: dict[ResourceKind, tuple[str, ...]] = {
-    ResourceKind.MEMORY: (MEMORY,),
-    ResourceKind.CPU: (CPU,),
-    ResourceKind.LOAD: (MEMORY, CPU),
-    ResourceKind.INSTANCE: (INSTANCES,),
-    ResourceKind.LOAD_INSTANCE: (MEMORY, CPU, INSTANCES),
-    ResourceKind.YARN: (YARN_MEMORY, YARN_CPU, YARN_INSTANCES),
-    ResourceKind.DRIVER_AND_YARN: (MEMORY, CPU, INSTANCES, YARN_MEMORY, YARN_CPU, YARN_INSTANCES),
-    ResourceKind.SPECIAL: (),
-}
-
-_YARN_KINDS = frozenset({ResourceKind.YARN, ResourceKind.DRIVER_AND_YARN})
-# The dimensions of each kind in canonical (sorted) order, as `quantities` holds them.
-_SORTED_DIMS: dict[ResourceKind, tuple[str, ...]] = {
-    k: tuple(sorted(d)) for k, d in KIND_DIMENSIONS.items()
-}
-
-# Direct conversion edges, narrower -> wider.
-_WIDER: dict[ResourceKind, tuple[ResourceKind, ...]] = {
-    ResourceKind.MEMORY: (ResourceKind.LOAD,),
-    ResourceKind.CPU: (ResourceKind.LOAD,),
-    ResourceKind.LOAD: (ResourceKind.LOAD_INSTANCE,),
-    ResourceKind.INSTANCE: (ResourceKind.LOAD_INSTANCE,),
-    ResourceKind.LOAD_INSTANCE: (ResourceKind.DRIVER_AND_YARN,),
-    ResourceKind.YARN: (ResourceKind.DRIVER_AND_YARN,),
-    ResourceKind.DRIVER_AND_YARN: (),
-    ResourceKind.SPECIAL: (),
-}
-
-
-def _reachable(kind: ResourceKind) -> frozenset[ResourceKind]:
-    seen: set[ResourceKind] = {kind}
-    todo = [kind]
-    while todo:
-        for nxt in _WIDER[todo.pop()]:
-            if nxt not in seen:
-                seen.add(nxt)
-                todo.append(nxt)
-    return frozenset(seen)
-
-
-# Transitive closure (each kind reaches itself), computed once.
-_CONVERTS_TO: dict[ResourceKind, frozenset[ResourceKind]] = {k: _reachable(k) for k in ResourceKind}
-
-_SPECIAL_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
-_QUEUE_RE = re.compile(r"[A-Za-z0-9_.:@/+-]{0,255}")
-
-
-class ResourceError(DomainError):
-    """Base class of resource errors; ``dimension`` names the offending dimension or is "".
-    A resource does not know which request field it came from: the converter that built
-    it from one names it (rm_server/service/convert.py)."""
-
-    def __init__(self, message: str, dimension: str = "") -> None:
-        super().__init__(message)
-        self.dimension = dimension
-
-
-class InvalidResourceError(ResourceError):
-    """A quantity, name, queue or dimension set is not valid for the resource."""
-
-
-class ResourceTypeError(ResourceError):
-    """Two resources cannot be combined: no conversion between kinds, or yarn queues differ."""
-
-
-class NegativeResourceError(ResourceError):
-    """A subtraction would make ``dimension`` negative."""
-
-
-class ResourceOverflowError(ResourceError):
-    """A result in ``dimension`` would exceed ``MAX_QUANTITY``."""
-
-
-class InexactDivisionError(ResourceError):
-    """``/`` was asked to divide a quantity that is not a multiple of the divisor."""
-
-
-def _check_quantity(dimension: str, value: object) -> int:
-    # bool is an int subclass; True as "1 byte" is always a caller bug, so reject it.
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidResourceError(
-            f"quantity of {clip(dimension)} must be an integer, got {type(value).__name__}",
-            short(dimension),
-        )
-    if value < 0:
-        raise InvalidResourceError(
-            f"quantity of {clip(dimension)} must be >= 0, got {value}", short(dimension)
-        )
-    if value > MAX_QUANTITY:
-        raise InvalidResourceError(
-            f"quantity of {clip(dimension)} exceeds the maximum {MAX_QUANTITY}", short(dimension)
-        )
-    return int(value)
-
-
-def _check_special_dimension(dimension: str) -> None:
-    name = dimension[len(SPECIAL_PREFIX) :] if dimension.startswith(SPECIAL_PREFIX) else ""
-    if len(name) > MAX_SPECIAL_NAME_LENGTH or not _SPECIAL_NAME_RE.fullmatch(name):
-        raise InvalidResourceError(
-            f"invalid special dimension {clip(dimension)}: expected 'special.<name>' with"
-            " <name> matching [A-Za-z][A-Za-z0-9_.-]{0,63}",
-            short(dimension),
-        )
-
-
-def _combine_queues(a: str, b: str) -> str:
-    # An unnamed queue is compatible with any queue; the result keeps the named one.
-    if not a:
-        return b
-    if not b or a == b:
-        return a
-    raise ResourceTypeError(f"cannot combine yarn queue {a!r} with yarn queue {b!r}")
 
 
 @dataclass(frozen=True)
@@ -184,9 +66,9 @@ class Resource:
     def __post_init__(self) -> None:
         if not isinstance(self.kind, ResourceKind):
             raise InvalidResourceError(f"kind must be a ResourceKind, got {self.kind!r}")
-        if not isinstance(self.queue, str) or not _QUEUE_RE.fullmatch(self.queue):
+        if not isinstance(self.queue, str) or not QUEUE_RE.fullmatch(self.queue):
             raise InvalidResourceError(f"invalid yarn queue name {self.queue!r}", "queue")
-        if self.queue and self.kind not in _YARN_KINDS:
+        if self.queue and self.kind not in YARN_KINDS:
             raise InvalidResourceError(
                 f"a queue is only allowed on yarn resources, not {self.kind.value}", "queue"
             )
@@ -199,10 +81,10 @@ class Resource:
             name, value = entry
             if name in seen:
                 raise InvalidResourceError(f"duplicate dimension {clip(name)}", short(name))
-            seen[name] = _check_quantity(name, value)
+            seen[name] = check_quantity(name, value)
         if self.kind is ResourceKind.SPECIAL:
             for name in seen:
-                _check_special_dimension(name)
+                check_special_dimension(name)
             canonical = tuple(sorted((n, v) for n, v in seen.items() if v))
         else:
             expected = KIND_DIMENSIONS[self.kind]
@@ -305,7 +187,7 @@ class Resource:
     def zero(cls, kind: ResourceKind, queue: str = "") -> Resource:
         """The zero resource of ``kind``."""
         if type(kind) is ResourceKind and kind is not ResourceKind.SPECIAL and queue == "":
-            return cls._trusted(kind, tuple((d, 0) for d in _SORTED_DIMS[kind]))
+            return cls._trusted(kind, tuple((d, 0) for d in SORTED_DIMS[kind]))
         return cls(kind, tuple((d, 0) for d in KIND_DIMENSIONS[kind]), queue)
 
     @classmethod
@@ -489,7 +371,7 @@ class Resource:
             return {"kind": self.kind.value, "quantities": dict(self.quantities)}
         out: dict[str, Any] = {"kind": self.kind.value}
         out.update(self.quantities)
-        if self.kind in _YARN_KINDS:
+        if self.kind in YARN_KINDS:
             out["queue"] = self.queue
         return out
 
@@ -508,7 +390,7 @@ class Resource:
             raise InvalidResourceError(f"unknown resource kind {raw_kind!r}", "kind") from None
         rest = {k: v for k, v in data.items() if k != "kind"}
         queue = ""
-        if kind in _YARN_KINDS:
+        if kind in YARN_KINDS:
             raw_queue = rest.pop("queue", "")
             if not isinstance(raw_queue, str):
                 raise InvalidResourceError("queue must be a string", "queue")
@@ -527,7 +409,7 @@ class Resource:
 
 
 _FAST_KINDS = {
-    k.value: k for k in ResourceKind if k not in _YARN_KINDS and k is not ResourceKind.SPECIAL
+    k.value: k for k in ResourceKind if k not in YARN_KINDS and k is not ResourceKind.SPECIAL
 }
 
 
@@ -538,7 +420,7 @@ def _from_dict_fast(data: Mapping[Any, Any]) -> Resource | None:
     kind = _FAST_KINDS.get(raw) if type(raw) is str else None
     if kind is None:
         return None
-    dims = _SORTED_DIMS[kind]
+    dims = SORTED_DIMS[kind]
     if len(data) != len(dims) + 1:
         return None
     out = []
@@ -574,7 +456,7 @@ def _aligned(
 ) -> tuple[ResourceKind, str, tuple[str, ...], Resource, Resource]:
     """Join the kinds and queues of ``a`` and ``b``; return (kind, queue, dims, a', b')."""
     kind = join_kind(a.kind, b.kind)
-    queue = _combine_queues(a.queue, b.queue)
+    queue = combine_queues(a.queue, b.queue)
     ca, cb = convert(a, kind), convert(b, kind)
     if kind is ResourceKind.SPECIAL:
         dims = tuple(sorted(set(ca.dimensions()) | set(cb.dimensions())))
@@ -583,33 +465,14 @@ def _aligned(
     return kind, queue, dims, ca, cb
 
 
-def join_kind(a: ResourceKind, b: ResourceKind) -> ResourceKind:
-    """The kind two resources are combined in.
-
-    The wider kind if one converts to the other; otherwise the narrowest of LOAD / LOAD_INSTANCE
-    both convert to (memory + cpu -> load). Anything else raises ResourceTypeError: yarn never
-    silently absorbs driver-side kinds, and SPECIAL combines only with SPECIAL.
-    """
-    if a is b:
-        return a
-    if b in _CONVERTS_TO[a]:
-        return b
-    if a in _CONVERTS_TO[b]:
-        return a
-    for candidate in (ResourceKind.LOAD, ResourceKind.LOAD_INSTANCE):
-        if candidate in _CONVERTS_TO[a] and candidate in _CONVERTS_TO[b]:
-            return candidate
-    raise ResourceTypeError(f"cannot combine {a.value} with {b.value}")
-
-
 def convert(r: Resource, kind: ResourceKind) -> Resource:
     """Widen ``r`` to ``kind`` (new dimensions are zero); ResourceTypeError if there is no path."""
     if r.kind is kind:
         return r
-    if kind not in _CONVERTS_TO[r.kind]:
+    if kind not in CONVERTS_TO[r.kind]:
         raise ResourceTypeError(f"cannot convert {r.kind.value} to {kind.value}")
-    queue = r.queue if kind in _YARN_KINDS else ""
-    return Resource._trusted(kind, tuple((d, r.get(d)) for d in _SORTED_DIMS[kind]), queue)
+    queue = r.queue if kind in YARN_KINDS else ""
+    return Resource._trusted(kind, tuple((d, r.get(d)) for d in SORTED_DIMS[kind]), queue)
 
 
 def fits(left: Resource, request: Resource, label: str = "") -> list[Shortfall]:
@@ -638,7 +501,7 @@ def headroom(maximum: Resource, used: Resource, locked: Resource, protected: Res
     queue = maximum.queue
     for r in (used, locked, protected):
         kind = join_kind(kind, r.kind)
-        queue = _combine_queues(queue, r.queue)
+        queue = combine_queues(queue, r.queue)
     parts = [convert(r, kind) for r in (maximum, used, locked, protected)]
     if kind is ResourceKind.SPECIAL:
         dims = tuple(sorted({d for p in parts for d in p.dimensions()}))
@@ -649,7 +512,7 @@ def headroom(maximum: Resource, used: Resource, locked: Resource, protected: Res
         return Resource._trusted(
             kind,
             tuple(
-                (d, max(0, m.get(d) - u.get(d) - lk.get(d) - p.get(d))) for d in _SORTED_DIMS[kind]
+                (d, max(0, m.get(d) - u.get(d) - lk.get(d) - p.get(d))) for d in SORTED_DIMS[kind]
             ),
             queue,
         )
