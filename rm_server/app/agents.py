@@ -26,13 +26,12 @@ from rm_server.domain.engineconn import (
     EcState,
     HeartbeatAction,
     HeartbeatOutcome,
-    MeasuredUsage,
     ProcessReport,
     ProcessState,
     ended_on_request,
-    heartbeat_is_routine,
     reported_transition,
 )
+from rm_server.domain.heartbeats import AgentSeen, Beat, Reply, answer_heartbeat
 from rm_server.domain.liveness import LivenessRules, LivenessView
 from rm_server.errors import FailedPrecondition, LabelrmError, NotFound
 from rm_server.store import admin as admin_store
@@ -447,6 +446,11 @@ class _Beat:
     def key(self) -> tuple[str, str, str]:
         return ("", "Heartbeat", self.agent_id)
 
+    @property
+    def view(self) -> Beat:
+        """The beat as the domain answers it."""
+        return Beat(self.agent_id, self.sequence, self.processes, self.done_command_ids)
+
 
 class _Heard(Exception):
     """An EngineConn the judge found silent reported before it was ended."""
@@ -461,54 +465,28 @@ class _FullPass:
 
 
 def _answer(
-    beat: _Beat, agent: hb_store.AgentSeen | None, allowed: bool, now: datetime
+    beat: _Beat, agent: AgentSeen | None, allowed: bool, now: datetime
 ) -> tuple[HeartbeatOutcome | bytes | _FullPass, hb_store.BeatWrite | None]:
-    """What a beat is answered in its group, and what the group records for it.
-
-    unknown agent -> REREGISTER; LOST -> REREGISTER (nothing recorded: it must register
-    again); a resend of the last answered sequence -> that answer again; otherwise the
-    beat is recorded (liveness, sequence, acknowledged commands) and answered SHUTDOWN
-    if the node lists exclude the agent, CONTINUE with its pending commands if routine,
-    else by the full pass."""
-    seq = beat.sequence
-    if agent is None:
-        return HeartbeatOutcome(
-            HeartbeatAction.REREGISTER, reason="unknown agent", sequence=seq
-        ), None
-    resend = seq <= agent.heartbeat_seq and agent.last_response is not None
-    if not allowed:
-        write = None
-        if agent.state is not EcmState.LOST and not resend:
-            write = hb_store.BeatWrite(beat.agent_id, seq, None, beat.done_command_ids)
-        return HeartbeatOutcome(
-            HeartbeatAction.SHUTDOWN, reason="excluded by the node lists", sequence=seq
-        ), write
-    if agent.state is EcmState.LOST:
-        return HeartbeatOutcome(
-            HeartbeatAction.REREGISTER, reason="agent was LOST", sequence=seq
-        ), None
-    if resend:
-        assert agent.last_response is not None
-        return agent.last_response, None
-    routine = agent.state is EcmState.RUNNING and heartbeat_is_routine(
-        beat.processes, agent.live_pids, agent.acked
+    """What a beat is answered in its group, and what the group records for it: the
+    domain's answer (rm_server/domain/heartbeats.py), encoded where it is kept for a
+    resend."""
+    decided = answer_heartbeat(beat.view, agent, allowed)
+    answer: HeartbeatOutcome | bytes | _FullPass
+    encoded = None
+    if decided.reply is Reply.RESEND:
+        assert agent is not None and agent.last_response is not None
+        answer = agent.last_response
+    elif decided.reply is Reply.FULL_PASS:
+        assert agent is not None
+        answer = _FullPass(agent.state, now)
+    else:
+        assert decided.outcome is not None
+        answer = decided.outcome
+        if decided.keep_outcome:
+            answer = encoded = beat.encode(decided.outcome)
+    if not decided.record:
+        return answer, None
+    write = hb_store.BeatWrite(
+        beat.agent_id, beat.sequence, encoded, beat.done_command_ids, decided.measured
     )
-    measured = _measured(beat.processes)
-    if not routine:
-        write = hb_store.BeatWrite(beat.agent_id, seq, None, beat.done_command_ids, measured)
-        return _FullPass(agent.state, now), write
-    done = set(beat.done_command_ids)
-    commands = tuple(c for c in agent.pending if c.command_id not in done)
-    encoded = beat.encode(HeartbeatOutcome(HeartbeatAction.CONTINUE, commands, sequence=seq))
-    write = hb_store.BeatWrite(beat.agent_id, seq, encoded, beat.done_command_ids, measured)
-    return encoded, write
-
-
-def _measured(reports: Sequence[ProcessReport]) -> tuple[tuple[str, MeasuredUsage], ...]:
-    """The measurements a beat carries for running EngineConns (an ended one's last is
-    stored as it ends)."""
-    return tuple(
-        (r.ec_id, r.usage)
-        for r in reports
-        if r.usage is not None and r.state is ProcessState.RUNNING
-    )
+    return answer, write

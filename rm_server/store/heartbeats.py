@@ -10,18 +10,20 @@ A group of heartbeats (of distinct agents) costs two round trips whatever its si
    a beat carries a measurement), and one UPDATE marking the commands the beats
    acknowledged.
 
-What each beat is answered is decided in between by rm_server/app/agents.py, from what
-round trip 1 read. Lock order as everywhere (docs/architecture.md): label rows, ticket
-rows, ecm rows, engine_conn rows, agent_command rows (a beat takes none before the ECMs).
+What each beat is answered is decided in between (rm_server/domain/heartbeats.py,
+through rm_server/app/agents.py), from what round trip 1 read. Lock order as everywhere
+(docs/architecture.md): label rows, ticket rows, ecm rows, engine_conn rows,
+agent_command rows (a beat takes none before the ECMs).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from rm_server.domain.engineconn import AgentCommand, EcmState, MeasuredUsage
+from rm_server.domain.engineconn import EcmState, MeasuredUsage
+from rm_server.domain.heartbeats import AgentSeen
 from rm_server.store.db import Conn
 from rm_server.store.ecms import NodeLists
 from rm_server.store.engineconns import LIVE, command_from_row, record_usage
@@ -29,18 +31,6 @@ from rm_server.store.engineconns import LIVE, command_from_row, record_usage
 # How much older than an ECM's last heartbeat its `beat_mark` (the liveness sweep's
 # index) may be: with beats every 3 s, one beat in about four rewrites it.
 BEAT_MARK_SLACK = timedelta(seconds=10)
-
-
-@dataclass
-class AgentSeen:
-    """One agent as round trip 1 found it."""
-
-    state: EcmState
-    heartbeat_seq: int
-    last_response: bytes | None
-    live_pids: dict[str, int] = field(default_factory=dict)  # live EngineConn -> pid
-    acked: set[str] = field(default_factory=set)  # launches acknowledged before now
-    pending: list[AgentCommand] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

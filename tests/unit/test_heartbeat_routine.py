@@ -56,3 +56,47 @@ def test_routine_means_the_full_pass_would_change_nothing(live, acked, raw):
         for r in reports
     ) or any(e in live and e not in {r.ec_id for r in reports} for e in acked)
     assert routine == (not acts)
+
+
+# ----- the answer to a beat (rm_server/domain/heartbeats.py) ----------------------------------
+
+
+def test_each_answer_to_a_beat_and_what_is_recorded():
+    from rm_server.domain.engineconn import (
+        AgentCommand,
+        CommandKind,
+        EcmState,
+        HeartbeatAction,
+        MeasuredUsage,
+    )
+    from rm_server.domain.heartbeats import AgentSeen, Beat, Reply, answer_heartbeat
+
+    kill = AgentCommand("c1", "a", "ec1", CommandKind.KILL)
+    done = AgentCommand("c2", "a", "ec2", CommandKind.KILL)
+    usage = MeasuredUsage(memory_bytes=1, cpu_millis=2)
+    beat = Beat("a", 5, (ProcessReport("ec1", RUNNING, pid=11, usage=usage),), ("c2",))
+    agent = AgentSeen(EcmState.RUNNING, 4, b"old", {"ec1": 11}, {"ec1"}, [kill, done])
+
+    unknown = answer_heartbeat(beat, None, True)
+    assert unknown.reply is Reply.OUTCOME and not unknown.record
+    assert unknown.outcome is not None and unknown.outcome.action is HeartbeatAction.REREGISTER
+
+    routine = answer_heartbeat(beat, agent, True)
+    assert routine.reply is Reply.OUTCOME and routine.record and routine.keep_outcome
+    assert routine.outcome is not None and routine.outcome.action is HeartbeatAction.CONTINUE
+    assert routine.outcome.commands == (kill,)  # the acknowledged one is not sent again
+    assert routine.measured == (("ec1", usage),)
+
+    excluded = answer_heartbeat(beat, agent, False)
+    assert excluded.outcome is not None and excluded.outcome.action is HeartbeatAction.SHUTDOWN
+    assert excluded.record and not excluded.keep_outcome and excluded.measured == ()
+
+    resend = answer_heartbeat(Beat("a", 4, (), ()), agent, True)
+    assert resend.reply is Reply.RESEND and not resend.record
+    lost = AgentSeen(EcmState.LOST, 4, b"old")
+    assert answer_heartbeat(beat, lost, True).outcome.action is HeartbeatAction.REREGISTER  # type: ignore[union-attr]
+    assert not answer_heartbeat(beat, lost, False).record  # LOST: it must register again
+
+    new_pid = Beat("a", 5, (ProcessReport("ec1", RUNNING, pid=12),), ())
+    full = answer_heartbeat(new_pid, agent, True)
+    assert full.reply is Reply.FULL_PASS and full.record and full.outcome is None
