@@ -17,7 +17,7 @@ from rm_server.domain.external import ProviderConfig
 from rm_server.domain.labels import EM_INSTANCE
 from rm_server.domain.model import StoredLimit
 from rm_server.errors import FailedPrecondition, InvalidArgument
-from rm_server.service import convert
+from rm_server.service import convert, convert_engineconn
 from rm_server.service.common import ProtoEncoder, idempotency, next_token, page_of, respond
 
 _SET = ProtoEncoder[tuple[StoredLimit, int]](
@@ -104,7 +104,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         if not _NODE_RE.fullmatch(request.instance):
             raise InvalidArgument("instance", "must be an ECM instance")
         status = await self.hub.cordon(request.instance, True, request.reason[:500])
-        return pb.CordonEcmResponse(ecm=convert.ecm_status_to_pb(status))
+        return pb.CordonEcmResponse(ecm=convert_engineconn.ecm_status_to_pb(status))
 
     async def UncordonEcm(
         self, request: pb.UncordonEcmRequest, context: grpc.aio.ServicerContext
@@ -112,7 +112,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         if not _NODE_RE.fullmatch(request.instance):
             raise InvalidArgument("instance", "must be an ECM instance")
         status = await self.hub.cordon(request.instance, False)
-        return pb.UncordonEcmResponse(ecm=convert.ecm_status_to_pb(status))
+        return pb.UncordonEcmResponse(ecm=convert_engineconn.ecm_status_to_pb(status))
 
     def _external(self) -> ExternalResources:
         if self.core.external is None:

@@ -14,7 +14,7 @@ from rm_server.app.agents import AgentHub
 from rm_server.app.engineconns import CreateRequest, EngineConnManager
 from rm_server.domain.engineconn import EcState
 from rm_server.errors import InvalidArgument
-from rm_server.service import convert
+from rm_server.service import convert, convert_engineconn
 from rm_server.service.common import idempotency, next_token, page_of
 
 MAX_PARAMS = 64
@@ -69,7 +69,7 @@ class EngineConnServicer(pb_grpc.EngineConnServiceServicer):
         req = _create_request(request, self.ecs.settings.create_timeout, "CreateEngineConn")
         ec = await self.ecs.create(req)
         return pb.CreateEngineConnResponse(
-            engine_conn=convert.engine_conn_to_pb(ec, with_secret=True)
+            engine_conn=convert_engineconn.engine_conn_to_pb(ec, with_secret=True)
         )
 
     async def AskEngineConn(
@@ -79,7 +79,7 @@ class EngineConnServicer(pb_grpc.EngineConnServiceServicer):
         hold = convert.duration_seconds(request.hold, "hold") if request.HasField("hold") else 0
         ec, reused = await self.ecs.ask(req, hold)
         return pb.AskEngineConnResponse(
-            engine_conn=convert.engine_conn_to_pb(ec, with_secret=True), reused=reused
+            engine_conn=convert_engineconn.engine_conn_to_pb(ec, with_secret=True), reused=reused
         )
 
     async def GetEngineConn(
@@ -88,7 +88,9 @@ class EngineConnServicer(pb_grpc.EngineConnServiceServicer):
         # With the secret: the policy (OWN_ENGINE_CONN) has already refused everyone but
         # the owner, proxy users and admins.
         ec = await self.ecs.get(_ec_id(request.engine_conn_id))
-        return pb.GetEngineConnResponse(engine_conn=convert.engine_conn_to_pb(ec, with_secret=True))
+        return pb.GetEngineConnResponse(
+            engine_conn=convert_engineconn.engine_conn_to_pb(ec, with_secret=True)
+        )
 
     async def ListEngineConns(
         self, request: pb.ListEngineConnsRequest, context: grpc.aio.ServicerContext
@@ -96,14 +98,14 @@ class EngineConnServicer(pb_grpc.EngineConnServiceServicer):
         page = page_of(request)
         state = ""
         if request.state:
-            if request.state not in convert.EC_STATE_OF_PB:
+            if request.state not in convert_engineconn.EC_STATE_OF_PB:
                 raise InvalidArgument("state", "unknown state")
-            state = convert.EC_STATE_OF_PB[request.state].value
+            state = convert_engineconn.EC_STATE_OF_PB[request.state].value
         ecs = await self.ecs.list(
             page.after, page.size + 1, request.user, state, request.ecm_instance
         )
         return pb.ListEngineConnsResponse(
-            engine_conns=[convert.engine_conn_to_pb(e) for e in ecs[: page.size]],
+            engine_conns=[convert_engineconn.engine_conn_to_pb(e) for e in ecs[: page.size]],
             next_page_token=next_token(ecs, page, lambda e: e.ec_id),
         )
 
@@ -113,20 +115,20 @@ class EngineConnServicer(pb_grpc.EngineConnServiceServicer):
         ec = await self.ecs.kill(
             _ec_id(request.engine_conn_id), request.reason[:500] or "killed on request"
         )
-        return pb.KillEngineConnResponse(engine_conn=convert.engine_conn_to_pb(ec))
+        return pb.KillEngineConnResponse(engine_conn=convert_engineconn.engine_conn_to_pb(ec))
 
     async def StreamAgentCommands(
         self, request: pb.StreamAgentCommandsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.StreamAgentCommandsResponse]:
         agent_id = _ec_id(request.agent_id, "agent_id")
         async for command in self.ecs.commands_for(agent_id):
-            yield pb.StreamAgentCommandsResponse(command=convert.command_to_pb(command))
+            yield pb.StreamAgentCommandsResponse(command=convert_engineconn.command_to_pb(command))
 
     async def ReportEngineConnState(
         self, request: pb.ReportEngineConnStateRequest, context: grpc.aio.ServicerContext
     ) -> pb.ReportEngineConnStateResponse:
         ec_id = _ec_id(request.engine_conn_id)
-        state = convert.EC_STATE_OF_PB.get(request.state)
+        state = convert_engineconn.EC_STATE_OF_PB.get(request.state)
         if state is None or state in (EcState.STARTING, EcState.LOST):
             raise InvalidArgument("state", "must be IDLE, BUSY, SHUTTING_DOWN, SUCCEEDED or FAILED")
         if len(request.address) > 300:

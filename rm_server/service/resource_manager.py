@@ -16,7 +16,7 @@ from rm_server.domain.labels import EM_INSTANCE, Label, LabelKey
 from rm_server.domain.model import LabelResource, Registration, Ticket
 from rm_server.domain.resources import Resource
 from rm_server.errors import InvalidArgument
-from rm_server.service import convert
+from rm_server.service import convert, convert_engineconn
 from rm_server.service.common import ProtoEncoder, idempotency, next_token, page_of, respond
 
 
@@ -38,7 +38,7 @@ _TICKET_ENCODERS = {
 }
 _REGISTER = ProtoEncoder[Registration](
     lambda r: pb.RegisterEcmResponse(
-        ecm=convert.ecm_to_pb(r.ecm), resource_changed=r.resource_changed
+        ecm=convert_engineconn.ecm_to_pb(r.ecm), resource_changed=r.resource_changed
     )
 )
 _UNREGISTER = ProtoEncoder[list[str]](lambda ids: pb.UnregisterEcmResponse(released_ticket_ids=ids))
@@ -100,7 +100,7 @@ class ResourceManagerServicer(pb_grpc.ResourceManagerServiceServicer):
             else Resource.zero(total.kind, total.queue)
         )
         isolation = (
-            convert.isolation_from_pb(request.isolation, "isolation")
+            convert_engineconn.isolation_from_pb(request.isolation, "isolation")
             if request.HasField("isolation")
             else None
         )
@@ -258,7 +258,7 @@ class ResourceManagerServicer(pb_grpc.ResourceManagerServiceServicer):
         if len(request.engine_conns) > 10_000:
             raise InvalidArgument(f"{at}engine_conns", "too many entries")
         processes = [
-            convert.process_from_pb(p, f"{at}engine_conns[{i}]")
+            convert_engineconn.process_from_pb(p, f"{at}engine_conns[{i}]")
             for i, p in enumerate(request.engine_conns)
         ]
         interval = self.hub.settings.agent_heartbeat_interval
@@ -270,7 +270,7 @@ class ResourceManagerServicer(pb_grpc.ResourceManagerServiceServicer):
             nonlocal encoded_here
             encoded_here = True
             out.Clear()
-            convert.fill_heartbeat(out, outcome, interval)
+            convert_engineconn.fill_heartbeat(out, outcome, interval)
             encoded: bytes = out.SerializeToString()
             return encoded
 
@@ -282,13 +282,13 @@ class ResourceManagerServicer(pb_grpc.ResourceManagerServiceServicer):
         if isinstance(outcome, bytes):  # a resend: the previous answer, verbatim
             out.MergeFromString(outcome)
         else:
-            convert.fill_heartbeat(out, outcome, interval)
+            convert_engineconn.fill_heartbeat(out, outcome, interval)
 
     async def GetEcm(
         self, request: pb.GetEcmRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetEcmResponse:
         status = await self.hub.ecm_status(_instance(request.instance))
-        return pb.GetEcmResponse(ecm=convert.ecm_status_to_pb(status))
+        return pb.GetEcmResponse(ecm=convert_engineconn.ecm_status_to_pb(status))
 
     async def ListEcms(
         self, request: pb.ListEcmsRequest, context: grpc.aio.ServicerContext
@@ -296,7 +296,7 @@ class ResourceManagerServicer(pb_grpc.ResourceManagerServiceServicer):
         page = page_of(request)
         ecms = await self.hub.list_ecm_status(page.after, page.size + 1)
         return pb.ListEcmsResponse(
-            ecms=[convert.ecm_status_to_pb(e) for e in ecms[: page.size]],
+            ecms=[convert_engineconn.ecm_status_to_pb(e) for e in ecms[: page.size]],
             next_page_token=next_token(ecms, page, lambda e: e.instance),
         )
 
