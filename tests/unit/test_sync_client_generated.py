@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,7 +30,7 @@ def test_sync_and_async_clients_have_the_same_methods() -> None:
     assert public(RMClient) == public(AsyncRMClient)
 
 
-def _generator():
+def _generator() -> Any:
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("gen_sync_client", GENERATOR)
