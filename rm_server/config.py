@@ -142,6 +142,11 @@ class Settings:
         30.0,
         "ended tickets, EngineConns and demands are deleted this many days after they ended",
     )
+    usage_interval: float = TIMINGS.setting(
+        10.0,
+        "seconds between roll-ups of ended tickets, EngineConns and demands into the usage"
+        " ledger (operations.md, Usage and show-back)",
+    )
     request_id_retention_hours: float = TIMINGS.setting(
         48.0,
         "request ids (idempotency records) are deleted this many hours after they were made",

@@ -146,6 +146,7 @@ class RMServer:
             request_id_retention=timedelta(hours=self.settings.request_id_retention_hours),
             node_include_required=self.settings.node_include_required,
             waiter_hold=timedelta(seconds=self.settings.waiter_hold),
+            usage_interval=self.settings.usage_interval,
         )
         self.metrics = Metrics(label_cap=self.settings.metrics_label_cap)
         secrets = SecretSource(self.settings.provider_secrets_dir)

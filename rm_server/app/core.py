@@ -5,7 +5,8 @@ the service layer talks to, composed of one part per kind of work.
 - `capacity` (app/capacity.py): ECM registrations, label limits, the label records;
 - `consistency` (app/consistency.py): the consistency check;
 - `cluster` (app/cluster.py): the cluster figures (replicas, waiting applies, events);
-- `sweeps` and `replicas` (app/sweeps.py): lock expiry, retention, replica liveness.
+- `sweeps` and `replicas` (app/sweeps.py): lock expiry, retention, replica liveness;
+- `usage` (app/usage.py): the usage ledger's roll-up and reports.
 
 No gRPC and no SQL here: requests arrive as domain values, the store runs each
 operation in one transaction, and results leave as domain values (or as the
@@ -24,7 +25,9 @@ from rm_server.app.consistency import Consistency
 from rm_server.app.shared import CoreSettings
 from rm_server.app.sweeps import Replicas, Sweeps
 from rm_server.app.tickets import Tickets
+from rm_server.app.usage import Usage
 from rm_server.clock import Clock, IdFactory, SystemClock, random_ids
+from rm_server.domain.usage import Ledger
 from rm_server.external import ExternalResources
 from rm_server.store.db import Database
 from rm_server.store.notify import LabelNotifier
@@ -47,12 +50,15 @@ class RMCore:
     external: ExternalResources | None = None
     # Told how many LOCKED tickets each sweep reclaimed (when any): the metrics' counter.
     on_reclaimed: Callable[[int], object] | None = None
+    # Told what each roll-up into the usage ledger added: the metrics' counters.
+    on_rolled: Callable[[Ledger], object] | None = None
     tickets: Tickets = field(init=False)
     capacity: Capacity = field(init=False)
     consistency: Consistency = field(init=False)
     cluster: Cluster = field(init=False)
     replicas: Replicas = field(init=False)
     sweeps: Sweeps = field(init=False)
+    usage: Usage = field(init=False)
 
     def __post_init__(self) -> None:
         self.tickets = Tickets(self)
@@ -60,7 +66,8 @@ class RMCore:
         self.consistency = Consistency(self)
         self.cluster = Cluster(self)
         self.replicas = Replicas(self)
-        self.sweeps = Sweeps(self, self.replicas, self.on_reclaimed)
+        self.usage = Usage(self, self.on_rolled)
+        self.sweeps = Sweeps(self, self.replicas, self.usage, self.on_reclaimed)
 
     @property
     def replica_id(self) -> str:
@@ -70,13 +77,15 @@ class RMCore:
     def start_background(
         self, lease: Lease | None = None, observe: PassObserver | None = None
     ) -> None:
-        """Start the sweeps (the ticket sweep only while this replica holds `lease`, each
-        of its passes told to `observe`)."""
+        """Start the sweeps and the usage roll-up (the ticket sweep and the roll-up only
+        while this replica holds `lease`, each of their passes told to `observe`)."""
         self.sweeps.start(lease, observe)
+        self.usage.start(lease, observe)
 
     async def stop_background(self, grace: float | None = None) -> None:
         """Finish the grouped requests (cancelled past `grace` seconds), stop the sweeps
         and leave the replicas."""
         await self.tickets.close(grace)
         await self.sweeps.stop()
+        await self.usage.stop()
         await self.replicas.leave()

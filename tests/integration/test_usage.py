@@ -1,0 +1,121 @@
+"""The usage ledger: exact resource-seconds from known tickets on the manual clock, its
+roll-up idempotent across passes, replicas and restarts, and kept after retention."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from labelrm.v1 import resource_manager_pb2 as pb
+
+from tests.helpers import GiB, apply_req, limit_req, load
+
+USER = "userCreator=alice-IDE,engineType=spark-3.2.1"
+OTHER = "userCreator=bob-IDE,engineType=hive-2.3.3"
+LABEL = USER  # the label record each of alice's tickets was charged to
+START = datetime(2026, 1, 1, tzinfo=UTC)
+US = 1_000_000
+
+
+async def ledger_rows(rm: Any) -> list[tuple[Any, ...]]:
+    async def read(conn: Any) -> list[tuple[Any, ...]]:
+        cur = await conn.execute(
+            "SELECT hour, user_name, label, tickets, granted, engine_conns, demands_planned"
+            " FROM usage_hour ORDER BY hour, user_name, label"
+        )
+        return list(await cur.fetchall())
+
+    rows: list[tuple[Any, ...]] = await rm.core.db.run(read)
+    return rows
+
+
+async def report(rm: Any, group_by: str = "user", user: str | None = None) -> dict[str, Any]:
+    from rm_server.store.usage import UsageQuery
+
+    query = UsageQuery(group_by, START - timedelta(days=1), START + timedelta(days=60), user)
+    return {g.key: g for g in await rm.core.usage.report(query)}
+
+
+async def run_known_tickets(rm: Any) -> None:
+    """alice: 2 GiB / 500m locked 30 s, then used 1 GiB / 250m for 1 h (crossing an
+    hour); a ticket locked 10 s and released unreported; bob: 1 GiB / 100m for 90 s."""
+    await rm.admin.SetLabelLimit(limit_req("userCreator=*,engineType=*", load(64 * GiB, 64000)))
+    rm.clock.advance(1800)  # 00:30
+    t1 = (await rm.rm.Apply(apply_req(USER, load(2 * GiB, 500)))).ticket
+    t2 = (await rm.rm.Apply(apply_req(USER, load(GiB, 1000)))).ticket
+    t3 = (await rm.rm.Apply(apply_req(OTHER, load(GiB, 100)))).ticket
+    rm.clock.advance(10)
+    await rm.rm.Release(pb.ReleaseRequest(ticket_id=t2.ticket_id))
+    rm.clock.advance(20)  # 00:30:30
+    used = load(GiB, 250)
+    await rm.rm.ReportUsed(pb.ReportUsedRequest(ticket_id=t1.ticket_id, used_resource=used))
+    rm.clock.advance(60)
+    await rm.rm.Release(pb.ReleaseRequest(ticket_id=t3.ticket_id))
+    rm.clock.advance(3600 - 60)  # 01:30:30
+    await rm.rm.Release(pb.ReleaseRequest(ticket_id=t1.ticket_id))
+
+
+async def test_known_tickets_give_exact_resource_seconds(rm_manual_clock):
+    rm = rm_manual_clock
+    await run_known_tickets(rm)
+    await rm.core.usage.roll_up()
+    by_user = await report(rm)
+    alice, bob = by_user["alice"], by_user["bob"]
+    # t1: 2 GiB x 30 s locked + 1 GiB x 3600 s used; t2: 1 GiB x 10 s locked.
+    assert alice.granted["memory_bytes"] == (2 * GiB * 30 + GiB * 3600 + GiB * 10) * US
+    assert alice.granted["cpu_millis"] == (500 * 30 + 250 * 3600 + 1000 * 10) * US
+    assert alice.amounts["tickets"] == 2
+    assert bob.granted == {"memory_bytes": GiB * 90 * US, "cpu_millis": 100 * 90 * US}
+    # By hour: t1's used hour is split at 01:00 (29.5 min before, 30.5 min after).
+    by_hour = await report(rm, "hour", "alice")
+    first, second = by_hour["2026-01-01T00:00:00Z"], by_hour["2026-01-01T01:00:00Z"]
+    assert first.granted["memory_bytes"] == (2 * GiB * 30 + GiB * 1770 + GiB * 10) * US
+    assert second.granted["memory_bytes"] == GiB * 1830 * US
+    assert (first.amounts["tickets"], second.amounts["tickets"]) == (2, 0)
+    # By label: the userCreator+engineType record each was charged to.
+    by_label = await report(rm, "label", "alice")
+    assert by_label[LABEL].granted == alice.granted
+
+
+async def test_a_second_pass_and_a_restart_add_nothing(rm_manual_clock, database_url):
+    from tests.helpers import start_in_process, stop_in_process
+
+    rm = rm_manual_clock
+    await run_known_tickets(rm)
+    assert await rm.core.usage.roll_up() == 3
+    before = await ledger_rows(rm)
+    assert await rm.core.usage.roll_up() == 0  # nothing new since the watermark
+    # Another replica on the same database, and this one restarted: nothing twice.
+    other = await start_in_process(database_url, clock=rm.clock, sweep_interval=3600.0)
+    try:
+        assert await other.core.usage.roll_up() == 0
+    finally:
+        await stop_in_process(other)
+    assert await ledger_rows(rm) == before
+
+
+async def test_the_ledger_keeps_what_retention_deletes(rm_manual_clock):
+    rm = rm_manual_clock
+    await run_known_tickets(rm)
+    await rm.core.usage.roll_up()
+    before = await ledger_rows(rm)
+    rm.clock.advance(31 * 86400)
+    await rm.core.sweeps.sweep()
+
+    async def history(conn: Any) -> int:
+        cur = await conn.execute("SELECT count(*) FROM ticket_history")
+        return int((await cur.fetchone())[0])
+
+    assert await rm.core.db.run(history) == 0  # retention deleted the history ...
+    assert await ledger_rows(rm) == before  # ... and the ledger kept it, once
+
+
+async def test_retention_waits_for_the_roll_up(rm_manual_clock):
+    """History the ledger does not have yet is not deleted: the retention rolls it up
+    first (here no roll-up ran since the tickets ended)."""
+    rm = rm_manual_clock
+    await run_known_tickets(rm)
+    rm.clock.advance(31 * 86400)
+    await rm.core.sweeps.sweep()
+    by_user = await report(rm)
+    assert by_user["bob"].granted == {"memory_bytes": GiB * 90 * US, "cpu_millis": 100 * 90 * US}
