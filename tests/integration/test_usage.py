@@ -32,7 +32,7 @@ async def ledger_rows(rm: Any) -> list[tuple[Any, ...]]:
 async def report(rm: Any, group_by: str = "user", user: str | None = None) -> dict[str, Any]:
     from rm_server.store.usage import UsageQuery
 
-    query = UsageQuery(group_by, START - timedelta(days=1), START + timedelta(days=60), user)
+    query = UsageQuery(group_by, START - timedelta(days=1), START + timedelta(days=3650), user)
     return {g.key: g for g in await rm.core.usage.report(query)}
 
 
@@ -119,3 +119,56 @@ async def test_retention_waits_for_the_roll_up(rm_manual_clock):
     await rm.core.sweeps.sweep()
     by_user = await report(rm)
     assert by_user["bob"].granted == {"memory_bytes": GiB * 90 * US, "cpu_millis": 100 * 90 * US}
+
+
+async def test_two_replicas_rolling_up_at_once_count_each_ticket_once(database_url):
+    """Two replicas end tickets and roll up at the same time, again and again: the
+    ledger equals what the history adds, computed once per row."""
+    import asyncio
+
+    from rm_server.domain.usage import Amounts
+    from rm_server.store import usage as usage_store
+    from tests.helpers import start_in_process, stop_in_process
+
+    first = await start_in_process(database_url, usage_interval=3600.0)
+    second = await start_in_process(database_url, usage_interval=3600.0)
+    try:
+        await first.admin.SetLabelLimit(limit_req("userCreator=*,engineType=*", load(64 * GiB, 64000)))
+        stop = asyncio.Event()
+
+        async def cycles(rm: Any, labels: str) -> None:
+            for _ in range(40):
+                t = (await rm.rm.Apply(apply_req(labels, load(GiB, 100)))).ticket
+                await rm.rm.Release(pb.ReleaseRequest(ticket_id=t.ticket_id))
+
+        async def rolling(rm: Any) -> None:
+            while not stop.is_set():
+                await rm.core.usage.roll_up()
+                await asyncio.sleep(0)
+
+        rollers = [asyncio.create_task(rolling(rm)) for rm in (first, second)]
+        await asyncio.gather(*(cycles(rm, lb) for rm in (first, second) for lb in (USER, OTHER)))
+        stop.set()
+        await asyncio.gather(*rollers)
+        await first.core.usage.roll_up()
+
+        async def history(conn: Any) -> list[tuple[Any, ...]]:
+            cur = await conn.execute(
+                "SELECT xid, user_name, labels, charged_labels, requested, used, created_at,"
+                " reported_at, ended_at, NULL, NULL FROM ticket_history"
+            )
+            return list(await cur.fetchall())
+
+        rows = await first.core.db.run(history)
+        assert len(rows) == 160
+        expected = usage_store._ledger_of("tickets", rows)
+        totals: dict[str, Amounts] = {}
+        for key, amounts in expected.items():
+            if key.label == "":
+                totals[key.user] = totals.get(key.user, Amounts()) + amounts
+        got = await report(first)
+        assert {u: g.granted for u, g in got.items()} == {u: dict(a.granted) for u, a in totals.items()}
+        assert {u: g.amounts["tickets"] for u, g in got.items()} == {"alice": 80, "bob": 80}
+    finally:
+        await stop_in_process(first)
+        await stop_in_process(second)
