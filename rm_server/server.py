@@ -23,6 +23,8 @@ from labelrm.v1 import (
     engine_conn_pb2_grpc,
     resource_manager_pb2,
     resource_manager_pb2_grpc,
+    usage_pb2,
+    usage_pb2_grpc,
 )
 
 from rm_server.app.agents import AgentHub
@@ -42,6 +44,7 @@ from rm_server.observability.metrics import Metrics, MetricsHttpServer
 from rm_server.security.setup import Security, build_security
 from rm_server.service.admin import AdminServicer
 from rm_server.service.demand import DemandServicer
+from rm_server.service.usage import UsageServicer
 from rm_server.service.engine_conn import EngineConnServicer
 from rm_server.service.interceptor import Interceptor
 from rm_server.service.resource_manager import ResourceManagerServicer
@@ -58,6 +61,7 @@ SERVICE_NAMES = (
     admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
     engine_conn_pb2.DESCRIPTOR.services_by_name["EngineConnService"].full_name,
     demand_pb2.DESCRIPTOR.services_by_name["DemandService"].full_name,
+    usage_pb2.DESCRIPTOR.services_by_name["UsageService"].full_name,
 )
 
 
@@ -159,6 +163,7 @@ class RMServer:
             self.new_id,
             external=external,
             on_reclaimed=self.metrics.count_reclaims,
+            on_rolled=self.metrics.count_usage,
         )
         self.metrics.attach(self.core.capacity)
         self.metrics.attach_external(external)
@@ -230,6 +235,7 @@ class RMServer:
         )
         self.demands.start_background(lease, self.metrics.observe_pass)
         demand_pb2_grpc.add_DemandServiceServicer_to_server(DemandServicer(self.demands), calls)
+        usage_pb2_grpc.add_UsageServiceServicer_to_server(UsageServicer(self.core), calls)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, calls)
         reflection_pb2_grpc.add_ServerReflectionServicer_to_server(

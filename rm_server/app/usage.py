@@ -17,9 +17,8 @@ from datetime import datetime, timedelta
 
 from rm_server.app.background import Lease, PassObserver, run_periodically
 from rm_server.app.shared import Shared
-from rm_server.domain.usage import Ledger
+from rm_server.domain.usage import Ledger, UsageGroup, UsageQuery
 from rm_server.store import usage as usage_store
-from rm_server.store.usage import UsageGroup, UsageQuery
 
 log = logging.getLogger(__name__)
 

@@ -257,6 +257,28 @@ def merge(ledgers: Iterable[Ledger]) -> Ledger:
     return total
 
 
+@dataclass(frozen=True)
+class UsageQuery:
+    """A report: the ledger's hours in [since, until) summed by `group_by` (one of
+    GROUPINGS), only `user`'s when set, keys after `after`, at most `limit` groups."""
+
+    group_by: str
+    since: datetime
+    until: datetime
+    user: str | None = None
+    after: str = ""
+    limit: int = 100
+
+
+@dataclass(frozen=True)
+class UsageGroup:
+    """One group of a report, amounts in the ledger's units (x microseconds)."""
+
+    key: str
+    granted: dict[str, int]
+    amounts: dict[str, int]
+
+
 def efficiency(measured: float, granted: float) -> float | None:
     """measured / granted (seff's efficiency), None when nothing measured was granted."""
     return measured / granted if granted > 0 else None

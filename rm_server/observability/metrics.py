@@ -20,6 +20,13 @@ share counters). What is exported:
   a suspected disruption, the heard-since mark), read at scrape time;
 - per ECM, the requested, granted and measured resource of its live EngineConns
   (`EngineConnUsageCollector`, rm_server/observability/usage.py);
+- ``labelrm_usage_granted_resource_seconds_total{user,engine_type,dimension}``,
+  ``labelrm_usage_measured_memory_byte_seconds_total{user,engine_type}`` and
+  ``labelrm_usage_measured_cpu_seconds_total{user,engine_type}``: what this process
+  rolled up into the usage ledger (each ended ticket is rolled up by one replica once:
+  sum over the replicas); at most `label_cap` (user, engine type) pairs, the rest
+  under ``user="_other", engine_type="_other"``; ``special.*`` dimensions as
+  ``special``;
 - the standard ``process_*``, ``python_*`` collectors.
 
 Label values are bounded: methods are the registered ones, codes and reasons come from
@@ -53,6 +60,8 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from rm_server.domain.model import LabelResource
+from rm_server.domain.resources import SPECIAL_PREFIX
+from rm_server.domain.usage import US_PER_SECOND, Ledger
 from rm_server.observability.fleet import (
     LivenessCollector,
     LivenessSource,
@@ -69,6 +78,7 @@ class FleetSource(StateSource, UsageSource, Protocol):
 
 
 APPLY_METHOD = "labelrm.v1.ResourceManagerService/Apply"
+OTHER_SERIES = ("_other", "_other")  # usage past the label cap
 DEFAULT_LABEL_CAP = 1000
 DEFAULT_CACHE_SECONDS = 2.0
 # Waiting Applies can last minutes: the buckets reach past the usual wait timeouts.
@@ -155,6 +165,26 @@ class Metrics:
             "LOCKED tickets reclaimed by this process because their lock timed out.",
             registry=r,
         )
+        self.usage_granted = Counter(
+            "labelrm_usage_granted_resource_seconds",
+            "Resource-seconds granted (locked, then used) to ended tickets, by user, engine"
+            " type and dimension (memory_bytes: byte-seconds, cpu_millis: millicore-seconds).",
+            ["user", "engine_type", "dimension"],
+            registry=r,
+        )
+        self.usage_memory = Counter(
+            "labelrm_usage_measured_memory_byte_seconds",
+            "Memory byte-seconds the agents measured ended EngineConns' tickets using.",
+            ["user", "engine_type"],
+            registry=r,
+        )
+        self.usage_cpu = Counter(
+            "labelrm_usage_measured_cpu_seconds",
+            "CPU-seconds the agents measured ended EngineConns' tickets using.",
+            ["user", "engine_type"],
+            registry=r,
+        )
+        self._usage_series: set[tuple[str, str]] = set()
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
         GCCollector(registry=r)
@@ -171,6 +201,31 @@ class Metrics:
     def count_reclaims(self, count: int) -> None:
         """`count` LOCKED tickets were reclaimed (the sweep's `on_reclaimed` hook)."""
         self.reclaims.inc(count)
+
+    def count_usage(self, ledger: Ledger) -> None:
+        """What one roll-up added to the usage ledger (the core's `on_rolled` hook): the
+        rows counting each ticket once, into the counters of resource-seconds."""
+        for key, amounts in ledger.items():
+            if key.label:
+                continue
+            user, engine = self._usage_pair(key.user, key.engine_type)
+            for dim, amount in amounts.granted.items():
+                dimension = "special" if dim.startswith(SPECIAL_PREFIX) else dim
+                self.usage_granted.labels(user, engine, dimension).inc(amount / US_PER_SECOND)
+            if amounts.measured_memory:
+                self.usage_memory.labels(user, engine).inc(amounts.measured_memory / US_PER_SECOND)
+            if amounts.measured_cpu:
+                self.usage_cpu.labels(user, engine).inc(amounts.measured_cpu / US_PER_SECOND)
+
+    def _usage_pair(self, user: str, engine_type: str) -> tuple[str, str]:
+        """The labels of a (user, engine type) pair: itself while under the cap."""
+        pair = (user, engine_type)
+        if pair in self._usage_series:
+            return pair
+        if len(self._usage_series) >= self.label_cap:
+            return OTHER_SERIES
+        self._usage_series.add(pair)
+        return pair
 
     def observe_pass(self, job: str, seconds: float) -> None:
         """One pass of background job `job` took `seconds` (the periodic loop's `observe`

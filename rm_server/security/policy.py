@@ -59,6 +59,7 @@ RM = "labelrm.v1.ResourceManagerService/"
 ADMIN = "labelrm.v1.AdminService/"
 EC = "labelrm.v1.EngineConnService/"
 DEMAND = "labelrm.v1.DemandService/"
+USAGE = "labelrm.v1.UsageService/"
 # Open to anyone, authenticated or not: health checks (load balancers, probes) and
 # reflection (grpcurl; it describes the API, never data).
 PUBLIC_PREFIXES = ("grpc.health.v1.", "grpc.reflection.")
@@ -119,6 +120,8 @@ POLICY: Mapping[str, Rule] = {
     DEMAND + "ListDemands": Rule(_USER, Check.OWN_LIST, "user"),
     DEMAND + "CancelDemand": Rule(_USER, Check.ACT_AS, "user"),
     DEMAND + "ClaimDemand": Rule(_USER, Check.ACT_AS, "user"),
+    # The usage ledger: a user's own usage, like their lists.
+    USAGE + "GetUsage": Rule(_USER, Check.OWN_LIST, "user"),
     # The cluster's shape is visible to every user (like YARN's node and queue views):
     # capacity and usage per label and per ECM, no tickets and no EngineConns.
     RM + "GetLabelResource": Rule(_USER),

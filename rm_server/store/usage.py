@@ -26,7 +26,9 @@ from rm_server.domain.usage import (
     EndedEngineConn,
     EndedTicket,
     Ledger,
+    UsageGroup,
     UsageKey,
+    UsageQuery,
     demand_usage,
     engine_conn_usage,
     merge,
@@ -229,28 +231,6 @@ _GROUP_EXPR = {
     "label": "label",
     "hour": "to_char(hour AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:00:00\"Z\"')",
 }
-
-
-@dataclass(frozen=True)
-class UsageQuery:
-    """A report: the ledger's hours in [since, until) summed by `group_by` (a key of
-    _GROUP_EXPR), only `user`'s when set, keys after `after`, at most `limit` groups."""
-
-    group_by: str
-    since: datetime
-    until: datetime
-    user: str | None = None
-    after: str = ""
-    limit: int = 100
-
-
-@dataclass(frozen=True)
-class UsageGroup:
-    """One group of a report, amounts in the ledger's units (x microseconds)."""
-
-    key: str
-    granted: dict[str, int]
-    amounts: dict[str, int]
 
 
 async def report(conn: Conn, q: UsageQuery) -> list[UsageGroup]:
