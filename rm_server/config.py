@@ -212,6 +212,17 @@ class Settings:
     demand_default_duration: float = DEMANDS.setting(
         3600.0, "seconds a demand is planned to hold without Duration or DeadLine"
     )
+    demand_order_by_timeout: float = DEMANDS.setting(
+        3600.0,
+        "seconds a demand whose window has no end waits for a demand its OrderBy names to be"
+        " submitted; past them it FAILS with ORDER_BY_MISSING",
+    )
+    demand_commit_margin: float = DEMANDS.setting(
+        0.25,
+        "seconds an allocation may take from its decision to its commit: it is recorded at"
+        " the decision plus this (the latest it becomes visible), made only if its window"
+        " holds then, and given up if not committing by then (at most half the interval)",
+    )
 
     # Without token_file and TLS, authentication is OFF and every caller is an admin:
     # allowed on loopback only.

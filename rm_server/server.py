@@ -294,6 +294,8 @@ class RMServer:
             claim_timeout=timedelta(seconds=st.demand_claim_timeout),
             loose_slip=timedelta(seconds=st.demand_loose_slip),
             default_duration=timedelta(seconds=st.demand_default_duration),
+            order_by_timeout=timedelta(seconds=st.demand_order_by_timeout),
+            commit_margin=timedelta(seconds=min(st.demand_commit_margin, st.demand_interval / 2)),
         )
         return DemandSettings(planner=planner, interval=st.demand_interval)
 

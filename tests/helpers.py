@@ -228,6 +228,33 @@ def wait_until_sync(
         time.sleep(interval)
 
 
+def deadlocks_counted(url: str, timeout: float = 30.0) -> int:
+    """The deadlocks PostgreSQL counted in the database at `url` (pg_stat_database), once
+    no other session of that database is left: a session reports its counts when it ends
+    (or after a while idle), so stop what used the database first."""
+
+    def sessions_gone() -> bool:
+        with psycopg.connect(url, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            ).fetchone()
+        return row is not None and row[0] == 0
+
+    wait_until_sync(sessions_gone, timeout, what="the database's other sessions ended")
+    return deadlocks_so_far(url)
+
+
+def deadlocks_so_far(url: str) -> int:
+    """pg_stat_database.deadlocks of the database at `url` as reported so far (sessions
+    still open may not have reported theirs: `deadlocks_counted` waits for them)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+    return int(present(row)[0])
+
+
 def log_tail(path: Path, chars: int = 3000) -> str:
     """The end of a log file (empty if it is not there yet), for failure messages."""
     return path.read_text(errors="replace")[-chars:] if path.exists() else ""

@@ -13,6 +13,7 @@ from typing import Any
 from labelrm_common.text import visible
 from rm_server.domain.demands.model import Demand
 from rm_server.domain.demands.timelang import Span, order_ids
+from rm_server.domain.demands.waits import wait_text
 from rm_server.domain.engineconn import EcmStatus, EngineConn
 from rm_server.domain.external import ProviderConfig
 from rm_server.domain.labels import ENGINE_TYPE, Label, LabelError, LabelKey
@@ -175,6 +176,7 @@ def demand(d: Demand) -> Json:
         "duration_s": v.hold.duration.total_seconds() if v.hold.duration else None,
         "deadline": at(v.hold.deadline),
         "order_by": list(order_ids(v.order)),
+        "waiting": wait_text(d.order_wait),
         "allocated_at": at(d.allocated_at),
         "claimed_at": at(d.claimed_at),
         "ended_at": at(d.ended_at),

@@ -1,5 +1,5 @@
-"""EngineConn rows and agent commands. Lock order, as everywhere: ecm row, label
-rows (sorted), ticket row, engine_conn row, agent_command rows."""
+"""EngineConn rows and agent commands. Lock order, as everywhere (docs/architecture.md):
+label rows (sorted), ticket row, ecm row, engine_conn row, agent_command rows."""
 
 from __future__ import annotations
 

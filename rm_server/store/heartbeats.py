@@ -11,8 +11,8 @@ A group of heartbeats (of distinct agents) costs two round trips whatever its si
    acknowledged.
 
 What each beat is answered is decided in between by rm_server/app/agents.py, from what
-round trip 1 read. Lock order as everywhere: ecm rows, then label rows, ticket rows,
-engine_conn rows, agent_command rows.
+round trip 1 read. Lock order as everywhere (docs/architecture.md): label rows, ticket
+rows, ecm rows, engine_conn rows, agent_command rows (a beat takes none before the ECMs).
 """
 
 from __future__ import annotations

@@ -381,7 +381,7 @@ const DEMAND_COLS = [
   { h: "planned start", v: (d) => d.plan_start, r: (d) => html`<${When} at=${d.plan_start}/>` },
   { h: "deadline", v: (d) => d.deadline, r: (d) => html`<${When} at=${d.deadline}/>` },
   { h: "after", v: (d) => d.order_by.join(",") },
-  { h: "reason", v: (d) => d.reason },
+  { h: "reason", v: (d) => d.waiting || d.reason },
 ];
 
 function Demands() {
