@@ -53,6 +53,7 @@ from clients._output import (
     stream_changes,
 )
 from clients.rmctl_demand import add_demand_commands
+from clients.rmctl_usage import add_usage_commands
 from clients.rmctl_describe import add_describe_commands
 from clients.rmctl_dev import exec_rm_server_dev
 from clients.rmctl_engineconn import add_engineconn_commands
@@ -217,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_node_commands(cmds)
     add_engineconn_commands(cmds)
     add_demand_commands(cmds)
+    add_usage_commands(cmds)
     add_status_commands(cmds)
     add_describe_commands(cmds)
     add_provider_commands(cmds)

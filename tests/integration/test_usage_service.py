@@ -98,3 +98,27 @@ async def test_a_user_reads_only_their_own_usage(database_url, tmp_path):
         assert [r.key for r in hers.rows] == ["alice"]
     finally:
         await stop_secure(srm)
+
+
+async def test_rmctl_usage_table_csv_and_json(rm_manual_clock, capsys):
+    from tests.helpers import ctl
+
+    rm = rm_manual_clock
+    await run_known_tickets(rm)
+    await rm.core.usage.roll_up()
+    period = ("--since", "2026-01-01", "--until", "2026-01-02")
+    capsys.readouterr()
+    assert await ctl(rm, "usage", *period) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[:3] == ["USER", "TICKETS", "MEM_GRANTED_GIB_H"]
+    bob = table[2].split()
+    # 1 GiB for 90 s = 0.025 GiB-hours; 100m for 90 s = 0.0025 core-hours; nothing measured
+    assert bob[:4] == ["bob", "1", "0.03", "0.00"] and bob[6:8] == ["-", "-"]
+    assert await ctl(rm, "usage", *period, "--by", "engine-type", "-o", "csv") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("engine_type,tickets,granted_memory_byte_seconds,")
+    hive = lines[1].split(",")
+    assert hive[:4] == ["hive-2.3.3", "1", str(GiB * 90.0), "9000.0"]
+    assert await ctl(rm, "usage", *period, "-o", "json") == 0
+    assert '"key": "alice"' in capsys.readouterr().out
+    assert await ctl(rm, "usage", "--since", "last week") == 2  # argparse: a usage error
