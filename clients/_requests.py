@@ -8,8 +8,8 @@ one builder call, one `_call`, and the field it returns.
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import Any, TypeAlias
 
 from google.protobuf.timestamp_pb2 import Timestamp

@@ -53,7 +53,6 @@ from clients._output import (
     stream_changes,
 )
 from clients.rmctl_demand import add_demand_commands
-from clients.rmctl_usage import add_usage_commands
 from clients.rmctl_describe import add_describe_commands
 from clients.rmctl_dev import exec_rm_server_dev
 from clients.rmctl_engineconn import add_engineconn_commands
@@ -66,6 +65,7 @@ from clients.rmctl_security import (
     run_local,
 )
 from clients.rmctl_status import add_status_commands
+from clients.rmctl_usage import add_usage_commands
 from labelrm_common.quantity import parse_cpu, parse_memory
 from labelrm_common.version import VERSION
 

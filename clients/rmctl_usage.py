@@ -78,9 +78,7 @@ def add_usage_commands(cmds: Any) -> None:
 
 def cmd_usage(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     """`rmctl usage`: every group of the period, as a table, JSON or CSV."""
-    rows = list(
-        client.get_usage(args.by.replace("-", "_"), args.since, args.until, args.user)
-    )
+    rows = list(client.get_usage(args.by.replace("-", "_"), args.since, args.until, args.user))
     output = args.output if args.output in ("table", "wide", "json", "csv") else "table"
     if output == "json":
         print(to_json(usage_pb2.GetUsageResponse(rows=rows)), file=out)

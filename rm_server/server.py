@@ -44,10 +44,10 @@ from rm_server.observability.metrics import Metrics, MetricsHttpServer
 from rm_server.security.setup import Security, build_security
 from rm_server.service.admin import AdminServicer
 from rm_server.service.demand import DemandServicer
-from rm_server.service.usage import UsageServicer
 from rm_server.service.engine_conn import EngineConnServicer
 from rm_server.service.interceptor import Interceptor
 from rm_server.service.resource_manager import ResourceManagerServicer
+from rm_server.service.usage import UsageServicer
 from rm_server.store import Database, LabelNotifier
 
 # Calls that reached the server but wait for a handler (see grpc.aio.server below).

@@ -63,8 +63,9 @@ class UsageServicer(pb_grpc.UsageServiceServicer):
             since = time_from_pb(request.since, "since")
         else:
             since = until - DEFAULT_PERIOD
-        since, until = hour_of(since), hour_of(until - timedelta(microseconds=1)) + timedelta(
-            hours=1
+        since, until = (
+            hour_of(since),
+            hour_of(until - timedelta(microseconds=1)) + timedelta(hours=1),
         )
         if since >= until:
             raise InvalidArgument("since", "must be before until")
@@ -97,4 +98,3 @@ def fill_usage_row(msg: pb.UsageRow, group: UsageGroup) -> None:
     msg.demands_planned = a["demands_planned"]
     msg.demands_allocated = a["demands_allocated"]
     msg.demands_failed = a["demands_failed"]
-

@@ -21,6 +21,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from rm_server.domain.errors import DomainError
 from rm_server.domain.usage import (
     DemandTransition,
     EndedEngineConn,
@@ -34,7 +35,6 @@ from rm_server.domain.usage import (
     merge,
     ticket_usage,
 )
-from rm_server.domain.errors import DomainError
 from rm_server.store.codec import labels_of, opt_res, res
 from rm_server.store.db import Conn
 
@@ -95,9 +95,7 @@ class RolledUp:
 async def roll_up(conn: Conn, now: datetime, batch: int) -> RolledUp:
     """One pass over every source, at most `batch` rows each, in the caller's
     transaction (see the module docstring)."""
-    cur = await conn.execute(
-        "SELECT source, xid FROM usage_watermark ORDER BY source FOR UPDATE"
-    )
+    cur = await conn.execute("SELECT source, xid FROM usage_watermark ORDER BY source FOR UPDATE")
     marks = dict(await cur.fetchall())
     cur = await conn.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
     found = await cur.fetchone()
@@ -129,7 +127,7 @@ async def _take(
     more are left."""
     if horizon <= mark:
         return [], mark, False
-    cur = await conn.execute(f"{select} ORDER BY 1 LIMIT %s", (mark, horizon, batch))  # noqa: S608
+    cur = await conn.execute(f"{select} ORDER BY 1 LIMIT %s", (mark, horizon, batch))
     rows = list(await cur.fetchall())
     if len(rows) < batch:
         return rows, horizon, False
@@ -137,7 +135,7 @@ async def _take(
     if rows[0][0] != last:  # the last transaction's rows may go on: leave them for next
         return [r for r in rows if r[0] != last], last, True
     # One transaction wrote more than a batch (an ECM leaving ends all its tickets): all of it.
-    cur = await conn.execute(f"{select} ORDER BY 1", (last, last + 1))  # noqa: S608
+    cur = await conn.execute(f"{select} ORDER BY 1", (last, last + 1))
     return list(await cur.fetchall()), last + 1, True
 
 
@@ -214,7 +212,9 @@ def _row_json(key: UsageKey, a: Any) -> dict[str, Any]:
 async def rolled_through(conn: Conn) -> datetime | None:
     """When the last roll-up pass of every source ended (the earliest of them); None
     before the first."""
-    cur = await conn.execute("SELECT min(rolled_at), bool_or(rolled_at IS NULL) FROM usage_watermark")
+    cur = await conn.execute(
+        "SELECT min(rolled_at), bool_or(rolled_at IS NULL) FROM usage_watermark"
+    )
     found = await cur.fetchone()
     if found is None or found[1]:
         return None
@@ -255,4 +255,3 @@ async def report(conn: Conn, q: UsageQuery) -> list[UsageGroup]:
         )
         for row in await cur.fetchall()
     ]
-

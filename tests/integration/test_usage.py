@@ -133,7 +133,9 @@ async def test_two_replicas_rolling_up_at_once_count_each_ticket_once(database_u
     first = await start_in_process(database_url, usage_interval=3600.0)
     second = await start_in_process(database_url, usage_interval=3600.0)
     try:
-        await first.admin.SetLabelLimit(limit_req("userCreator=*,engineType=*", load(64 * GiB, 64000)))
+        await first.admin.SetLabelLimit(
+            limit_req("userCreator=*,engineType=*", load(64 * GiB, 64000))
+        )
         stop = asyncio.Event()
 
         async def cycles(rm: Any, labels: str) -> None:
@@ -167,7 +169,9 @@ async def test_two_replicas_rolling_up_at_once_count_each_ticket_once(database_u
             if key.label == "":
                 totals[key.user] = totals.get(key.user, Amounts()) + amounts
         got = await report(first)
-        assert {u: g.granted for u, g in got.items()} == {u: dict(a.granted) for u, a in totals.items()}
+        assert {u: g.granted for u, g in got.items()} == {
+            u: dict(a.granted) for u, a in totals.items()
+        }
         assert {u: g.amounts["tickets"] for u, g in got.items()} == {"alice": 80, "bob": 80}
     finally:
         await stop_in_process(first)

@@ -47,7 +47,9 @@ async def test_get_usage_in_seconds_with_efficiency_absent_when_nothing_measured
     assert second.rows[0].granted["memory_bytes"] == GiB * 1830.0
     assert not second.next_page_token
     by_engine = await stub.GetUsage(
-        usage_pb2.GetUsageRequest(since=SINCE, until=UNTIL, group_by=usage_pb2.USAGE_GROUPING_ENGINE_TYPE)
+        usage_pb2.GetUsageRequest(
+            since=SINCE, until=UNTIL, group_by=usage_pb2.USAGE_GROUPING_ENGINE_TYPE
+        )
     )
     assert [r.key for r in by_engine.rows] == ["hive-2.3.3", "spark-3.2.1"]
 
@@ -74,7 +76,9 @@ async def test_a_user_reads_only_their_own_usage(database_url, tmp_path):
     try:
         admin = srm.stubs(srm.channel("root"))
         await admin.rm.RegisterEcm(register("agent1", load_instance(8 * GiB, 8000, 8)))
-        await admin.admin.SetLabelLimit(limit_req("userCreator=*,engineType=*", load(4 * GiB, 4000)))
+        await admin.admin.SetLabelLimit(
+            limit_req("userCreator=*,engineType=*", load(4 * GiB, 4000))
+        )
         for user in ("alice", "bob"):
             stubs = srm.stubs(srm.channel(user))
             labels = f"userCreator={user}-IDE,engineType=spark-3.2.1,emInstance=agent1"
