@@ -24,12 +24,13 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 from google.protobuf.message import Message
-from labelrm.v1 import admin_pb2, demand_pb2, engine_conn_pb2, resource_manager_pb2
+from labelrm.v1 import admin_pb2, demand_pb2, engine_conn_pb2, resource_manager_pb2, usage_pb2
 
 from rm_server.app.agents import AgentHub
 from rm_server.app.core import RMCore
@@ -39,6 +40,7 @@ from rm_server.console import views
 from rm_server.console.guard import HostGuard, Refused
 from rm_server.domain.labels import EM_INSTANCE, Label
 from rm_server.domain.model import LabelResource, Ticket
+from rm_server.domain.usage import HOUR, UsageQuery, hour_of
 from rm_server.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -60,6 +62,7 @@ STATIC = Path(__file__).parent / "static"
 mimetypes.add_type("text/javascript", ".mjs")
 CONSISTENCY_TTL = 5.0
 MAX_ROWS = 2000  # a list page shows at most this many rows (filters narrow it)
+MAX_USAGE_DAYS = 31  # the Usage page's longest period (744 hours on its chart)
 
 # The error hierarchy -> HTTP status (as service/errors.py maps it to gRPC codes).
 _HTTP: tuple[tuple[type[LabelrmError], int], ...] = (
@@ -119,6 +122,7 @@ class Console:
                 web.get("/api/resources", api.resources),
                 web.get("/api/tickets", api.tickets),
                 web.get("/api/demands", api.demands),
+                web.get("/api/usage", api.usage),
                 web.get("/", _index),
                 web.static("/static", STATIC, append_version=False),
             ]
@@ -418,6 +422,32 @@ class Api:
         )
         found = await self.src.demands.list_demands(("", ""), MAX_ROWS, "", user)
         return _reply({"demands": [views.demand(d) for d in found]})
+
+    async def usage(self, request: web.Request) -> web.Response:
+        """GetUsage for the Usage page: the last `days` (1-31) by hour (the chart), and
+        by user for those who see everyone's, by engine type for a user."""
+        p = self.principal(request)
+        user = await self.own_user(p, policy.USAGE + "GetUsage", usage_pb2.GetUsageRequest())
+        text = request.query.get("days", "7")
+        if not text.isdigit() or not 1 <= int(text) <= MAX_USAGE_DAYS:
+            raise InvalidArgument("days", f"must be a whole number from 1 to {MAX_USAGE_DAYS}")
+        until = hour_of(self.src.core.clock.now()) + HOUR
+        since = until - timedelta(days=int(text))
+        group_by = "engine_type" if user else "user"
+
+        async def report(grouping: str) -> list[views.Json]:
+            query = UsageQuery(grouping, since, until, user or None, "", MAX_ROWS)
+            return [views.usage(g) for g in await self.src.core.usage.report(query)]
+
+        return _reply(
+            {
+                "since": views.at(since),
+                "until": views.at(until),
+                "group_by": group_by,
+                "hours": await report("hour"),
+                "groups": await report(group_by),
+            }
+        )
 
 
 def _record_of(records: dict[str, Any], instance: str) -> Any:

@@ -19,9 +19,11 @@ from rm_server.domain.external import ProviderConfig
 from rm_server.domain.labels import ENGINE_TYPE, Label, LabelError, LabelKey
 from rm_server.domain.limits import LabelPattern, LimitRule, best_limit
 from rm_server.domain.model import ConsistencyReport, LabelResource, StoredLimit, Ticket
-from rm_server.domain.resources import Resource, ResourceError, headroom
+from rm_server.domain.resources import CPU, MEMORY, Resource, ResourceError, headroom
+from rm_server.domain.usage import US_PER_SECOND, UsageGroup, efficiency
 
 Json = dict[str, Any]
+GiB = 1024**3
 
 
 def shown(value: Any) -> Any:
@@ -256,4 +258,23 @@ def provider(c: ProviderConfig) -> Json:
         "cluster": c.cluster,
         "addresses": list(c.addresses),
         "auth": c.auth.value,
+    }
+
+
+def usage(g: UsageGroup) -> Json:
+    """One group of the usage ledger in the page's units: GiB-hours and core-hours
+    granted and measured, efficiencies (None: nothing measured), counts."""
+    a = g.amounts
+    hours = 3600 * US_PER_SECOND
+    return {
+        "key": g.key,
+        "tickets": a["tickets"],
+        "memory_gib_h": g.granted.get(MEMORY, 0) / GiB / hours,
+        "cpu_core_h": g.granted.get(CPU, 0) / 1000 / hours,
+        "measured_memory_gib_h": a["measured_memory"] / GiB / hours,
+        "measured_cpu_core_h": a["measured_cpu"] / hours,
+        "memory_efficiency": efficiency(a["measured_memory"], a["measured_granted_memory"]),
+        "cpu_efficiency": efficiency(a["measured_cpu"] * 1000, a["measured_granted_cpu"]),
+        "engine_conns": a["engine_conns"],
+        "demands_failed": a["demands_failed"],
     }

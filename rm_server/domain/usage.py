@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 
-from rm_server.domain.labels import ENGINE_TYPE, USER_CREATOR, Label
+from rm_server.domain.labels import ENGINE_TYPE, USER_CREATOR
 from rm_server.domain.resources import CPU, MEMORY, Resource
 
 HOUR = timedelta(hours=1)
+ZERO = timedelta(0)
 MICROSECOND = timedelta(microseconds=1)
 US_PER_SECOND = 1_000_000
 # What the report groups by: a column of the ledger (one key per group).
@@ -87,7 +88,8 @@ class EndedTicket:
     node is not contained)."""
 
     user: str
-    labels: tuple[Label, ...]
+    user_creator: str  # the request's userCreator value ("" when none): names_of
+    engine_type: str
     charged_labels: tuple[str, ...]
     requested: Resource
     used: Resource | None
@@ -101,7 +103,8 @@ class EndedTicket:
 @dataclass(frozen=True)
 class EndedEngineConn:
     user: str
-    labels: tuple[Label, ...]
+    user_creator: str
+    engine_type: str
     created_at: datetime
     ended_at: datetime
     failed: bool  # ended FAILED or LOST
@@ -112,14 +115,17 @@ class DemandTransition:
     """A demand entering ACCEPTED (planned), ALLOCATED or FAILED."""
 
     user: str
-    labels: tuple[Label, ...]
+    user_creator: str
+    engine_type: str
     to_state: str
     at: datetime
 
 
 def hour_of(t: datetime) -> datetime:
     """The start of the UTC hour `t` falls in."""
-    return t.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+    if t.utcoffset() != ZERO:  # the database's timestamps are already UTC
+        t = t.astimezone(UTC)
+    return t.replace(minute=0, second=0, microsecond=0)
 
 
 def micros(start: datetime, end: datetime) -> int:
@@ -130,8 +136,11 @@ def micros(start: datetime, end: datetime) -> int:
 def split_hours(start: datetime, end: datetime) -> list[tuple[datetime, int]]:
     """The span [start, end) cut at each hour: (hour, microseconds in it), in order; a
     span of no length is one piece of 0 in `start`'s hour."""
-    pieces: list[tuple[datetime, int]] = []
     hour = hour_of(start)
+    nxt = hour + HOUR
+    if end <= nxt:  # within one hour: most tickets
+        return [(hour, micros(start, end))]
+    pieces: list[tuple[datetime, int]] = []
     at = start
     while True:
         nxt = hour + HOUR
@@ -156,19 +165,30 @@ def share(total: int, weights: Sequence[int]) -> list[int]:
     return parts
 
 
-def _names(user: str, labels: Iterable[Label]) -> tuple[str, str, str]:
-    """The user (the request's, else its userCreator's: without authentication requests
-    name none), and the userCreator and engineType values ("" when absent)."""
-    found = {lb.key: lb for lb in labels if lb.key in (USER_CREATOR, ENGINE_TYPE)}
-    creator, engine = found.get(USER_CREATOR), found.get(ENGINE_TYPE)
-    if not user and creator is not None:
-        user = creator.user
-    return user, creator.value if creator else "", engine.value if engine else ""
+def names_of(labels: Iterable[Sequence[str]]) -> tuple[str, str]:
+    """The userCreator and engineType values of stored [key, value] labels ("" when
+    absent); read as stored, without validating them again."""
+    user_creator = engine_type = ""
+    for key, value in labels:
+        if key == USER_CREATOR:
+            user_creator = value
+        elif key == ENGINE_TYPE:
+            engine_type = value
+    return user_creator, engine_type
 
 
-def _granted_by_hour(t: EndedTicket) -> list[tuple[datetime, dict[str, int]]]:
-    """Per hour of the ticket's life, quantity x us per dimension: `requested` while
-    locked (until reported, or until it ended unreported), then `used`."""
+def _user(user: str, user_creator: str) -> str:
+    """The request's user, else its userCreator's (without authentication requests name
+    none)."""
+    return user or user_creator.rpartition("-")[0]
+
+
+def _granted_by_hour(
+    t: EndedTicket, life: list[tuple[datetime, int]]
+) -> list[tuple[datetime, dict[str, int]]]:
+    """Per hour of the ticket's `life` (split_hours of it), quantity x us per dimension:
+    `requested` while locked (until reported, or until it ended unreported), then
+    `used`."""
     start, end = t.created_at, max(t.created_at, t.ended_at)
     phases: list[tuple[datetime, datetime, Resource]] = []
     if t.used is None or t.reported_at is None:
@@ -177,7 +197,7 @@ def _granted_by_hour(t: EndedTicket) -> list[tuple[datetime, dict[str, int]]]:
         reported = min(max(t.reported_at, start), end)
         phases.append((start, reported, t.requested))
         phases.append((reported, end, t.used))
-    by_hour: dict[datetime, dict[str, int]] = {h: {} for h, _ in split_hours(start, end)}
+    by_hour: dict[datetime, dict[str, int]] = {h: {} for h, _ in life}
     for begin, finish, resource in phases:
         for hour, us in split_hours(begin, finish):
             if not us:
@@ -185,17 +205,18 @@ def _granted_by_hour(t: EndedTicket) -> list[tuple[datetime, dict[str, int]]]:
             row = by_hour[hour]
             for dim, qty in resource.quantities:
                 row[dim] = row.get(dim, 0) + qty * us
-    return sorted(by_hour.items())
+    return list(by_hour.items())  # in the order of `life`: by hour
 
 
 def ticket_usage(t: EndedTicket) -> Ledger:
     """What an ended ticket adds: its granted resource per hour of its life, on the ""
     row and on each charged label's; its measured usage spread over the same hours in
     proportion to their length; one ticket in its first hour."""
-    user, user_creator, engine_type = _names(t.user, t.labels)
-    hours = _granted_by_hour(t)
+    user, user_creator, engine_type = _user(t.user, t.user_creator), t.user_creator, t.engine_type
+    life = split_hours(t.created_at, max(t.created_at, t.ended_at))
+    hours = _granted_by_hour(t, life)
     measured = t.measured_memory is not None or t.measured_cpu is not None
-    lengths = [us for _, us in split_hours(t.created_at, max(t.created_at, t.ended_at))]
+    lengths = [us for _, us in life]
     memory = share(t.measured_memory or 0, lengths)
     cpu = share(t.measured_cpu or 0, lengths)
     ledger: Ledger = {}
@@ -208,15 +229,19 @@ def ticket_usage(t: EndedTicket) -> Ledger:
             measured_granted_memory=granted.get(MEMORY, 0) if measured else 0,
             measured_granted_cpu=granted.get(CPU, 0) if measured else 0,
         )
-        for label in ("", *t.charged_labels):
-            add(ledger, UsageKey(hour, user, user_creator, engine_type, label), amounts)
+        for label in ("", *t.charged_labels):  # distinct keys: no sum needed
+            ledger[UsageKey(hour, user, user_creator, engine_type, label)] = amounts
     return ledger
 
 
 def engine_conn_usage(ec: EndedEngineConn) -> Ledger:
     """What an ended EngineConn adds on the "" row: one EngineConn (and one failed) in
     its first hour, its life per hour."""
-    user, user_creator, engine_type = _names(ec.user, ec.labels)
+    user, user_creator, engine_type = (
+        _user(ec.user, ec.user_creator),
+        ec.user_creator,
+        ec.engine_type,
+    )
     ledger: Ledger = {}
     for i, (hour, us) in enumerate(split_hours(ec.created_at, max(ec.created_at, ec.ended_at))):
         first = i == 0
@@ -234,7 +259,7 @@ _DEMAND_COUNTS = {"ACCEPTED": "demands_planned", "ALLOCATED": "demands_allocated
 
 def demand_usage(d: DemandTransition) -> Ledger:
     """What a demand's transition adds on the "" row of its hour."""
-    user, user_creator, engine_type = _names(d.user, d.labels)
+    user, user_creator, engine_type = _user(d.user, d.user_creator), d.user_creator, d.engine_type
     name = _DEMAND_COUNTS.get(d.to_state, "demands_failed" if d.to_state == "FAILED" else "")
     if not name:
         return {}
@@ -249,12 +274,32 @@ def add(ledger: Ledger, key: UsageKey, amounts: Amounts) -> None:
 
 
 def merge(ledgers: Iterable[Ledger]) -> Ledger:
-    """The sum of several ledgers."""
-    total: Ledger = {}
+    """The sum of several ledgers (summed in place per row, then frozen: the roll-up
+    merges thousands of tickets' rows)."""
+    counts: dict[UsageKey, list[int]] = {}
+    granted: dict[UsageKey, dict[str, int]] = {}
     for ledger in ledgers:
         for key, amounts in ledger.items():
-            add(total, key, amounts)
-    return total
+            row = counts.get(key)
+            if row is None:
+                counts[key] = list(_fields(amounts))
+                granted[key] = dict(amounts.granted)
+                continue
+            for i, value in enumerate(_fields(amounts)):
+                row[i] += value
+            dims = granted[key]
+            for dim, amount in amounts.granted.items():
+                dims[dim] = dims.get(dim, 0) + amount
+    return {key: Amounts(row[0], granted[key], *row[1:]) for key, row in counts.items()}
+
+
+def _fields(a: Amounts) -> tuple[int, ...]:
+    """The integer fields of `a` in declaration order (granted left out)."""
+    return (
+        a.tickets, a.measured_memory, a.measured_cpu, a.measured_granted_memory,
+        a.measured_granted_cpu, a.engine_conns, a.engine_conns_failed, a.engine_conn_time,
+        a.demands_planned, a.demands_allocated, a.demands_failed,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

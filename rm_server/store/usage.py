@@ -33,9 +33,10 @@ from rm_server.domain.usage import (
     demand_usage,
     engine_conn_usage,
     merge,
+    names_of,
     ticket_usage,
 )
-from rm_server.store.codec import labels_of, opt_res, res
+from rm_server.store.codec import opt_res, res
 from rm_server.store.db import Conn
 
 log = logging.getLogger(__name__)
@@ -161,10 +162,12 @@ def _int(value: Any) -> int | None:
 
 def _ticket(row: tuple[Any, ...]) -> Ledger:
     (_, user, labels, charged, requested, used, created, reported, ended, cpu, memory) = row
+    user_creator, engine_type = names_of(labels)
     return ticket_usage(
         EndedTicket(
             user=user,
-            labels=labels_of(labels),
+            user_creator=user_creator,
+            engine_type=engine_type,
             charged_labels=tuple(charged),
             requested=res(requested),
             used=opt_res(used),
@@ -180,13 +183,13 @@ def _ticket(row: tuple[Any, ...]) -> Ledger:
 def _engine_conn(row: tuple[Any, ...]) -> Ledger:
     _, user, labels, created, ended, state = row
     return engine_conn_usage(
-        EndedEngineConn(user, labels_of(labels), created, ended, state != "SUCCEEDED")
+        EndedEngineConn(user, *names_of(labels), created, ended, state != "SUCCEEDED")
     )
 
 
 def _demand(row: tuple[Any, ...]) -> Ledger:
     _, user, labels, to_state, at = row
-    return demand_usage(DemandTransition(user, labels_of(labels), to_state, at))
+    return demand_usage(DemandTransition(user, *names_of(labels), to_state, at))
 
 
 _CONVERT: dict[str, Callable[[tuple[Any, ...]], Ledger]] = {

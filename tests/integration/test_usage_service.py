@@ -13,6 +13,7 @@ from labelrm.v1 import usage_pb2, usage_pb2_grpc
 
 from tests.helpers import GiB, apply_req, bad_field, limit_req, load, load_instance, register
 from tests.integration.security_fixtures import make_pki, start_secure, stop_secure
+from tests.integration.test_console import _get as console_get
 from tests.integration.test_usage import run_known_tickets
 
 SINCE = Timestamp(seconds=int(datetime(2026, 1, 1, tzinfo=UTC).timestamp()))
@@ -72,7 +73,7 @@ async def test_bad_periods_are_refused_naming_the_field(rm_manual_clock):
 async def test_a_user_reads_only_their_own_usage(database_url, tmp_path):
     """Bob asks for Alice's usage by name, by label and by engine type: refused without
     her name, or only his own rows; the operator sees both."""
-    srm = await start_secure(database_url, make_pki(tmp_path / "pki"))
+    srm = await start_secure(database_url, make_pki(tmp_path / "pki"), console_listen="127.0.0.1:0")
     try:
         admin = srm.stubs(srm.channel("root"))
         await admin.rm.RegisterEcm(register("agent1", load_instance(8 * GiB, 8000, 8)))
@@ -100,6 +101,16 @@ async def test_a_user_reads_only_their_own_usage(database_url, tmp_path):
         assert [r.key for r in everyone.rows] == ["alice", "bob"]
         hers = await operator.GetUsage(usage_pb2.GetUsageRequest(user="alice"))
         assert [r.key for r in hers.rows] == ["alice"]
+        # The console's Usage page: Bob's chart and table hold his own usage only.
+        bob_token, root_token = srm.pki.tokens["bob"], srm.pki.tokens["root"]
+        status, page = await console_get(srm, "/api/usage?days=1", bob_token)
+        assert status == 200 and page["group_by"] == "engine_type"
+        assert [g["key"] for g in page["groups"]] == ["spark-3.2.1"]
+        assert page["groups"][0]["tickets"] == 1 and sum(h["tickets"] for h in page["hours"]) == 1
+        status, page = await console_get(srm, "/api/usage?days=1", root_token)
+        assert [g["key"] for g in page["groups"]] == ["alice", "bob"]
+        status, page = await console_get(srm, "/api/usage?days=999", root_token)
+        assert status == 400 and "days" in page["error"]
     finally:
         await stop_secure(srm)
 

@@ -11,7 +11,6 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rm_server.domain.labels import Label
 from rm_server.domain.resources import Resource
 from rm_server.domain.usage import (
     HOUR,
@@ -24,13 +23,14 @@ from rm_server.domain.usage import (
     hour_of,
     merge,
     micros,
+    names_of,
     share,
     split_hours,
     ticket_usage,
 )
 
 BASE = datetime(2026, 3, 1, 22, 17, 3, 250_000, tzinfo=UTC)
-LABELS = (Label("userCreator", "alice-IDE"), Label("engineType", "spark-3.2.1"))
+LABELS = [["userCreator", "alice-IDE"], ["engineType", "spark-3.2.1"], ["emInstance", "h1:9101"]]
 CHARGED = ("emInstance=h1:9101", "userCreator=alice-IDE,engineType=spark-3.2.1")
 
 offsets = st.integers(min_value=0, max_value=3 * 86400 * 10**6).map(
@@ -59,7 +59,8 @@ def _ticket(created, reported_after, ended_after, measured=None):
     reported = None if reported_after is None else created + timedelta(microseconds=reported_after)
     return EndedTicket(
         user="alice",
-        labels=LABELS,
+        user_creator="alice-IDE",
+        engine_type="spark-3.2.1",
         charged_labels=CHARGED,
         requested=Resource.load(4 * 1024**3, 2000),
         used=None if reported is None else Resource.load(1024**3, 500),
@@ -105,7 +106,7 @@ def test_a_tickets_resource_seconds_are_exact_on_every_row(created, a, b, report
 
 
 def test_an_engineconn_counts_once_and_its_life_per_hour():
-    ec = EndedEngineConn("", LABELS, BASE, BASE + timedelta(hours=2), failed=True)
+    ec = EndedEngineConn("", *names_of(LABELS), BASE, BASE + timedelta(hours=2), failed=True)
     ledger = engine_conn_usage(ec)
     assert [k.hour for k in ledger] == [hour_of(BASE) + HOUR * i for i in range(3)]
     assert {k.user for k in ledger} == {"alice"}  # no user named: the userCreator's
@@ -116,9 +117,9 @@ def test_an_engineconn_counts_once_and_its_life_per_hour():
 
 
 def test_demand_transitions_count_in_their_hour():
-    planned = demand_usage(DemandTransition("bob", (), "ACCEPTED", BASE))
-    failed = demand_usage(DemandTransition("bob", (), "FAILED", BASE))
-    assert demand_usage(DemandTransition("bob", (), "MONITORING", BASE)) == {}
+    planned = demand_usage(DemandTransition("bob", "", "", "ACCEPTED", BASE))
+    failed = demand_usage(DemandTransition("bob", "", "", "FAILED", BASE))
+    assert demand_usage(DemandTransition("bob", "", "", "MONITORING", BASE)) == {}
     total = merge([planned, failed])
     ((key, amounts),) = total.items()
     assert key.hour == hour_of(BASE) and key.label == ""

@@ -399,6 +399,56 @@ function Demands() {
   ${Object.entries(byLabel).map(([l, items]) => html`<h2 class="muted">${l}</h2><${Timeline} items=${items}/>`)}`;
 }
 
+// ----- usage: the ledger's last days, granted against measured (rmctl usage) ---------------
+
+const pct = (x) => (x === null || x === undefined ? "-" : (x * 100).toFixed(1) + "%");
+const USAGE_COLS = [
+  { h: "key", v: (g) => g.key },
+  { h: "tickets", v: (g) => g.tickets },
+  { h: "GiB-h granted", v: (g) => g.memory_gib_h, r: (g) => g.memory_gib_h.toFixed(2) },
+  { h: "core-h granted", v: (g) => g.cpu_core_h, r: (g) => g.cpu_core_h.toFixed(2) },
+  { h: "GiB-h measured", v: (g) => g.measured_memory_gib_h, r: (g) => g.measured_memory_gib_h.toFixed(2) },
+  { h: "core-h measured", v: (g) => g.measured_cpu_core_h, r: (g) => g.measured_cpu_core_h.toFixed(2) },
+  { h: "memory eff.", v: (g) => g.memory_efficiency, r: (g) => pct(g.memory_efficiency) },
+  { h: "CPU eff.", v: (g) => g.cpu_efficiency, r: (g) => pct(g.cpu_efficiency) },
+  { h: "EngineConns", v: (g) => g.engine_conns },
+];
+
+// The ledger changes at each roll-up (every 10 s by default): read every 30 s.
+function Usage() {
+  const [days, setDays] = useState(7);
+  const [st, setSt] = useState({ data: null, error: null });
+  useEffect(() => {
+    let live = true;
+    const read = () => api("/api/usage?days=" + days).then((data) => live && setSt({ data, error: null }), (error) => live && setSt({ data: null, error }));
+    read();
+    const timer = setInterval(read, 30000);
+    return () => { live = false; clearInterval(timer); };
+  }, [days]);
+  const pick = html`<select data-testid="usage-days" value=${days} onChange=${(e) => setDays(Number(e.target.value))}>${[1, 7, 31].map((d) => html`<option value=${d}>last ${d} day${d > 1 ? "s" : ""}</option>`)}</select>`;
+  if (!st.data) return html`<h1>Usage</h1>${pick}<${Loading} state=${st}/>`;
+  const u = st.data;
+  return html`<h1>Usage</h1>${pick} <span class="muted">${u.since} – ${u.until} (UTC, ended tickets)</span>
+    <h2>Memory granted and measured per hour (GiB-hours)</h2><${UsageChart} hours=${u.hours} since=${u.since} until=${u.until}/>
+    <h2>By ${u.group_by.replace("_", " ")}</h2><${Table} name="usage" rows=${u.groups} cols=${USAGE_COLS} empty="no usage in this period"/>`;
+}
+
+// One bar per hour (granted), a dot per hour (measured); empty hours stay empty.
+function UsageChart({ hours, since, until }) {
+  const lo = Date.parse(since), hi = Date.parse(until), W = 900, H = 160, L = 50, B = 20;
+  const n = Math.max(1, Math.round((hi - lo) / 3600000));
+  const top = Math.max(1e-9, ...hours.map((h) => Math.max(h.memory_gib_h, h.measured_memory_gib_h)));
+  const x = (iso) => L + ((Date.parse(iso) - lo) / (hi - lo)) * (W - L);
+  const y = (v) => H - B - (v / top) * (H - B - 10);
+  const bw = Math.max(1, (W - L) / n - 1);
+  return html`<svg width=${W} height=${H} data-testid="usage-chart" role="img">
+    <text x="0" y="14" class="muted">${top.toFixed(2)}</text><text x="0" y=${H - B}>0</text>
+    <line x1=${L} x2=${W} y1=${H - B} y2=${H - B} stroke="#999"/>
+    ${hours.map((h) => html`<rect data-testid="usage-bar" data-hour=${h.key} x=${x(h.key)} y=${y(h.memory_gib_h)} width=${bw} height=${H - B - y(h.memory_gib_h)} fill="var(--used)"><title>${h.key}: ${h.memory_gib_h.toFixed(3)} GiB-h granted, ${h.measured_memory_gib_h.toFixed(3)} measured</title></rect>`)}
+    ${hours.filter((h) => h.measured_memory_gib_h > 0).map((h) => html`<circle cx=${x(h.key) + bw / 2} cy=${y(h.measured_memory_gib_h)} r="3" fill="var(--ok)"/>`)}
+    <text x=${L} y=${H - 4}>${since}</text><text x=${W - 150} y=${H - 4}>${until}</text></svg>`;
+}
+
 // Windows, planned starts and durations, allocations, deadlines and OrderBy arrows on one
 // time axis; one row per demand.
 function Timeline({ items }) {
@@ -454,7 +504,7 @@ function SignIn({ onDone, message }) {
     <button type="submit">Sign in</button>${err && html`<p class="error">${err}</p>`}</form>`;
 }
 
-const PAGES = [["overview", "Overview"], ["nodes", "Nodes"], ["engineconns", "EngineConns"], ["resources", "Resources"], ["tickets", "Tickets"], ["demands", "Demands"]];
+const PAGES = [["overview", "Overview"], ["nodes", "Nodes"], ["engineconns", "EngineConns"], ["resources", "Resources"], ["tickets", "Tickets"], ["demands", "Demands"], ["usage", "Usage"]];
 
 function useRoute() {
   const get = () => (location.hash.replace(/^#\/?/, "") || "overview").split("/").map(decodeURIComponent);
@@ -485,6 +535,7 @@ function App() {
     : page === "resources" ? html`<${Resources}/>`
     : page === "tickets" ? html`<${Tickets}/>`
     : page === "demands" ? html`<${Demands}/>`
+    : page === "usage" ? html`<${Usage}/>`
     : html`<${Overview}/>`;
   return html`<header><b>labelrm</b><nav>${PAGES.map(([p, t]) => html`<a href=${"#/" + p} class=${page === p ? "on" : ""}>${t}</a>`)}</nav>
     <span class="who" data-testid="who">${me.user}${me.admin ? " (admin)" : ""}</span>${me.auth && html`<button onClick=${signOut}>sign out</button>`}</header>
