@@ -2,7 +2,7 @@
 
 Roll-up: each source (ended tickets in ticket_history, EngineConns' ending events,
 demands' transitions) is read from its watermark up to the horizon, the oldest
-transaction id still running; what the rows add (rm_server/domain/usage.py) is upserted
+transaction id still running that could write to this database (HORIZON); what the rows add (rm_server/domain/usage.py) is upserted
 into usage_hour and the watermark moved past them, in one transaction under the
 watermark's row lock. A row is therefore added once: never twice (the watermark moves
 with the addition, and a second replica's pass waits for the lock, then starts where
@@ -43,6 +43,19 @@ log = logging.getLogger(__name__)
 
 SOURCES = ("tickets", "engine_conns", "demands")
 
+# The horizon: below it, every transaction that could have written to this database has
+# ended. Transaction ids are the cluster's: a transaction still running in another
+# database (seen in pg_stat_activity; a backend never changes database) holds nothing
+# back here; one that cannot be placed (another role's session without the privilege
+# to see it, a prepared transaction) does, to be safe.
+HORIZON = (
+    "WITH s AS (SELECT pg_current_snapshot() AS snap)"
+    " SELECT least((SELECT pg_snapshot_xmax(snap)::text::bigint FROM s),"
+    "  (SELECT min(x::text::bigint) FROM s, pg_snapshot_xip(s.snap) AS x"
+    "   WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a"
+    "     WHERE a.backend_xid::text::bigint = x::text::bigint % 4294967296"
+    "     AND a.datname IS DISTINCT FROM current_database())))"
+)
 _TICKETS = (
     "SELECT xid, user_name, labels, charged_labels, requested, used, created_at,"
     " reported_at, ended_at, measured->>'cpu_time_micros', measured_memory"
@@ -98,7 +111,7 @@ async def roll_up(conn: Conn, now: datetime, batch: int) -> RolledUp:
     transaction (see the module docstring)."""
     cur = await conn.execute("SELECT source, xid FROM usage_watermark ORDER BY source FOR UPDATE")
     marks = dict(await cur.fetchall())
-    cur = await conn.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
+    cur = await conn.execute(HORIZON)
     found = await cur.fetchone()
     assert found is not None
     horizon: int = found[0]

@@ -35,7 +35,7 @@ from tests.integration.security_fixtures import make_pki, secure_cluster, start_
 from tests.integration.test_tenant_isolation import SHELL_A, SHELL_B
 
 CHROMIUM = "/usr/bin/chromium"
-PAGES = ("overview", "nodes", "engineconns", "resources", "tickets", "demands")
+PAGES = ("overview", "nodes", "engineconns", "resources", "tickets", "demands", "usage")
 
 
 def _browser_path() -> str:

@@ -176,3 +176,43 @@ async def test_two_replicas_rolling_up_at_once_count_each_ticket_once(database_u
     finally:
         await stop_in_process(first)
         await stop_in_process(second)
+
+
+async def test_a_row_committed_after_a_later_one_is_not_skipped(rm_manual_clock, database_url):
+    """A transaction writes history and commits only after a later ticket's row was
+    rolled up: a watermark on time or on the ids seen would step over it for good. A
+    transaction left open in another database of the cluster holds nothing back."""
+    import psycopg
+    from psycopg.conninfo import make_conninfo
+
+    rm = rm_manual_clock
+    await rm.admin.SetLabelLimit(limit_req("userCreator=*,engineType=*", load(64 * GiB, 64000)))
+    late = await psycopg.AsyncConnection.connect(database_url)
+    elsewhere = await psycopg.AsyncConnection.connect(
+        make_conninfo(database_url, dbname="postgres")
+    )
+    try:
+        await elsewhere.execute("SELECT pg_current_xact_id()")  # an open transaction there
+        await late.execute(
+            "INSERT INTO ticket_history (ticket_id, final_state, reason, user_name, labels,"
+            " charged_labels, requested, created_at, ended_at) VALUES ('late', 'RELEASED',"
+            " 'released', 'carol', '[]', '{}', %s, %s, %s)",
+            (
+                psycopg.types.json.Jsonb({"kind": "memory", "memory_bytes": GiB}),
+                START,
+                START + timedelta(seconds=10),
+            ),
+        )
+        t = (await rm.rm.Apply(apply_req(OTHER, load(GiB, 100)))).ticket
+        rm.clock.advance(90)
+        await rm.rm.Release(pb.ReleaseRequest(ticket_id=t.ticket_id))
+        assert await rm.core.usage.roll_up() == 0  # bob's row waits behind the open one
+        await late.commit()
+        assert await rm.core.usage.roll_up() == 2
+        by_user = await report(rm)
+        assert by_user["carol"].granted == {"memory_bytes": GiB * 10 * US}
+        assert by_user["bob"].granted["memory_bytes"] == GiB * 90 * US
+        assert await rm.core.usage.roll_up() == 0
+    finally:
+        await late.close()
+        await elsewhere.close()
