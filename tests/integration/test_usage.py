@@ -216,3 +216,78 @@ async def test_a_row_committed_after_a_later_one_is_not_skipped(rm_manual_clock,
     finally:
         await late.close()
         await elsewhere.close()
+
+
+async def test_an_engineconn_and_demands_give_exact_figures(rm_manual_clock):
+    """An EngineConn's ticket held 3 min, its agent's memory samples (1 GiB, then 2 GiB a
+    minute later) and final CPU time, the EngineConn's life and end, a demand planned
+    then cancelled: each in the ledger exactly, on the manual clock."""
+    from labelrm.v1 import demand_pb2, demand_pb2_grpc
+
+    from rm_server.domain.engineconn import EcState, EngineConn, MeasuredUsage
+    from rm_server.domain.idempotency import Idempotency
+    from rm_server.domain.labels import Label
+    from rm_server.domain.resources import Resource
+    from rm_server.store import engineconns as ec_store
+
+    rm = rm_manual_clock
+    await rm.admin.SetLabelLimit(limit_req("userCreator=*,engineType=*", load(64 * GiB, 64000)))
+    t0 = rm.clock.now()
+    ticket = (await rm.rm.Apply(apply_req(USER, load(4 * GiB, 2000)))).ticket
+    ec = EngineConn(
+        ec_id="ec-1", state=EcState.IDLE, user="alice",
+        labels=(Label("userCreator", "alice-IDE"), Label("engineType", "spark-3.2.1")),
+        params={}, engine="shell", resource=Resource.load(4 * GiB, 2000), created_at=t0,
+        updated_at=t0, ecm_instance="agent1", ticket_id=ticket.ticket_id,
+    )  # fmt: skip
+    db = rm.core.db
+    await db.run(lambda c: ec_store.claim_ec(c, ec, Idempotency.of("CreateEngineConn", "r1", b"")))
+    await db.run(
+        lambda c: ec_store.update_ec(c, "ec-1", t0, state=EcState.IDLE, ecm_instance="agent1")
+    )
+    for seconds, memory in ((60, GiB), (120, 2 * GiB)):
+        at = t0 + timedelta(seconds=seconds)
+        sample = [("agent1", "ec-1", MeasuredUsage(memory_bytes=memory))]
+        await db.run(lambda c, s=sample, a=at: ec_store.record_usage(c, s, a))
+    rm.clock.advance(180)
+    end = rm.clock.now()
+    final = MeasuredUsage(memory_bytes=2 * GiB, memory_peak_bytes=2 * GiB, cpu_time_micros=30 * US)
+
+    async def ended(conn: Any) -> None:
+        from rm_server.store import tickets as ticket_store
+
+        await ticket_store.release(conn, ticket.ticket_id, end, "EngineConn succeeded")
+        await ec_store.update_ec(conn, "ec-1", end, state=EcState.SUCCEEDED, ended_at=end)
+        await ec_store.keep_measured(conn, ticket.ticket_id, "ec-1", final)
+
+    await db.run(ended)
+    demands = demand_pb2_grpc.DemandServiceStub(rm.channel)
+    await demands.SubmitDemand(
+        demand_pb2.SubmitDemandRequest(
+            demand_id="d1", labels=lbl_of(USER), resource=load(GiB, 100),
+            time_conditions_text="{Start: [+1h, +2h]}",
+        )
+    )  # fmt: skip
+    await demands.CancelDemand(demand_pb2.CancelDemandRequest(demand_id="d1"))
+    await rm.core.usage.roll_up()
+    alice = (await report(rm))["alice"]
+    assert alice.granted == {"memory_bytes": 4 * GiB * 180 * US, "cpu_millis": 2000 * 180 * US}
+    a = alice.amounts
+    # memory: 1 GiB held from the first sample to the second (60 s); CPU: the cgroup's total
+    assert (a["measured_memory"], a["measured_cpu"]) == (GiB * 60 * US, 30 * US)
+    assert a["measured_granted_memory"] == 4 * GiB * 180 * US
+    assert (a["engine_conns"], a["engine_conns_failed"], a["engine_conn_time"]) == (1, 0, 180 * US)
+    assert (a["demands_planned"], a["demands_allocated"], a["demands_failed"]) == (1, 0, 1)
+    # the service's efficiency: 60 GiB-s of 720 GiB-s granted, 30 CPU-s of 360 core-s
+    from labelrm.v1 import usage_pb2, usage_pb2_grpc
+
+    row = (await usage_pb2_grpc.UsageServiceStub(rm.channel).GetUsage(
+        usage_pb2.GetUsageRequest(user="alice")
+    )).rows[0]  # fmt: skip
+    assert row.memory_efficiency == 60 / 720 and row.cpu_efficiency == 30 / 360
+
+
+def lbl_of(text: str) -> Any:
+    from tests.helpers import lbl
+
+    return lbl(text)
