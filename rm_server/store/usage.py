@@ -4,12 +4,11 @@ Roll-up: each source (ended tickets in ticket_history, EngineConns' ending event
 demands' transitions) is read from its watermark up to the horizon, the oldest
 transaction id still running that could write to this database (HORIZON); what the
 rows add (rm_server/domain/usage.py) is upserted into usage_hour and the watermark
-moved past them, in one transaction under the
-watermark's row lock. A row is therefore added once: never twice (the watermark moves
-with the addition, and a second replica's pass waits for the lock, then starts where
-the first ended), never skipped (a transaction below the horizon has ended: nothing it
-wrote can appear later), whatever restarts in between (a pass that did not commit
-changed nothing).
+moved past them, in one transaction under the watermark's row lock. A row is therefore
+added once: never twice (the watermark moves with the addition, and a second replica's
+pass waits for the lock, then starts where the first ended), never skipped (a
+transaction below the horizon has ended: nothing it wrote can appear later), whatever
+restarts in between (a pass that did not commit changed nothing).
 """
 
 from __future__ import annotations
