@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import json
+import os
+import pstats
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -53,7 +56,7 @@ def _history(i: int, start: datetime) -> dict[str, Any]:
 
 async def run(url: str, tickets: int, group: int) -> dict[str, Any]:
     from rm_server.store import usage as usage_store
-    from rm_server.store.db import Database
+    from rm_server.store.db import Conn, Database
     from rm_server.store.tickets import INSERT_HISTORY
 
     db = Database(url, min_size=1, max_size=2)
@@ -63,28 +66,25 @@ async def run(url: str, tickets: int, group: int) -> dict[str, Any]:
         start = datetime(2026, 1, 1, 0, 40, tzinfo=UTC)
         rows = [_history(i, start) for i in range(tickets)]
         cpu0, wall0 = time.process_time(), time.perf_counter()
-        for at in range(0, tickets, group):
-            part = json.dumps(rows[at : at + group])
-            await db.run(lambda c, p=part: c.execute(INSERT_HISTORY, {"history": p}))
-        write = (time.process_time() - cpu0, time.perf_counter() - wall0)
-        import cProfile
-        import os
 
+        async def insert(conn: Conn, part: str) -> None:
+            await conn.execute(INSERT_HISTORY, {"history": part})
+
+        for at in range(0, tickets, group):
+            await db.run(insert, json.dumps(rows[at : at + group]))
+        write = (time.process_time() - cpu0, time.perf_counter() - wall0)
         prof = cProfile.Profile() if os.environ.get("USAGE_PROFILE") else None
         if prof:
             prof.enable()
         cpu0, wall0 = time.process_time(), time.perf_counter()
         done = 0
         while True:
-            now = datetime.now(UTC)
-            rolled = await db.run(lambda c, n=now: usage_store.roll_up(c, n, 5000))
+            rolled = await db.run(usage_store.roll_up, datetime.now(UTC), 5000)
             done += rolled.rows["tickets"]
             if not rolled.behind and rolled.rows["tickets"] == 0:
                 break
         roll = (time.process_time() - cpu0, time.perf_counter() - wall0)
         if prof:
-            import pstats
-
             prof.disable()
             pstats.Stats(prof).sort_stats("tottime").print_stats(15)
         assert done == tickets, (done, tickets)

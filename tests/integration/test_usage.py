@@ -30,7 +30,7 @@ async def ledger_rows(rm: Any) -> list[tuple[Any, ...]]:
 
 
 async def report(rm: Any, group_by: str = "user", user: str | None = None) -> dict[str, Any]:
-    from rm_server.store.usage import UsageQuery
+    from rm_server.domain.usage import UsageQuery
 
     query = UsageQuery(group_by, START - timedelta(days=1), START + timedelta(days=3650), user)
     return {g.key: g for g in await rm.core.usage.report(query)}

@@ -4,6 +4,7 @@ bad input, and on a secured deployment, a user reads their own usage only."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import grpc
 import pytest
@@ -20,7 +21,7 @@ SINCE = Timestamp(seconds=int(datetime(2026, 1, 1, tzinfo=UTC).timestamp()))
 UNTIL = Timestamp(seconds=int(datetime(2026, 1, 2, tzinfo=UTC).timestamp()))
 
 
-def usage_stub(rm):
+def usage_stub(rm: Any) -> usage_pb2_grpc.UsageServiceStub:
     return usage_pb2_grpc.UsageServiceStub(rm.channel)
 
 

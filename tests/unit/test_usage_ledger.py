@@ -55,7 +55,12 @@ def test_share_is_exact_and_never_negative(total, weights):
     assert sum(parts) == total and all(p >= 0 for p in parts)
 
 
-def _ticket(created, reported_after, ended_after, measured=None):
+def _ticket(
+    created: datetime,
+    reported_after: int | None,
+    ended_after: int,
+    measured: tuple[int, int] | None = None,
+) -> EndedTicket:
     reported = None if reported_after is None else created + timedelta(microseconds=reported_after)
     return EndedTicket(
         user="alice",
