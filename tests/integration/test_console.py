@@ -351,3 +351,34 @@ def test_the_console_listener_follows_the_tls_rule(tmp_path):
                                 console_listen=exposed))  # fmt: skip
     build_security(Settings(token_file=str(token_file), console_listen="127.0.0.1:7180"))
     build_security(Settings(token_file=str(token_file), console_listen=exposed, insecure=True))
+
+
+async def test_the_console_charts_usage_by_hour(database_url, browser):
+    """The Usage page: a bar per hour with granted memory, a row per user."""
+    from rm_server.clock import ManualClock
+    from tests.helpers import start_in_process, stop_in_process
+    from tests.integration.test_usage import run_known_tickets
+
+    rm = await start_in_process(
+        database_url, clock=ManualClock(), console_listen="127.0.0.1:0", sweep_interval=3600.0
+    )
+    try:
+        await run_known_tickets(rm)
+        await rm.core.usage.roll_up()
+        ctx = await browser.new_context(viewport={"width": 1400, "height": 900})
+        page = await ctx.new_page()
+        await page.goto(_url(rm) + "#/usage")
+        await page.wait_for_selector(
+            "[data-testid=usage-table] tbody tr td:has-text('bob')", timeout=90_000
+        )
+        bars = await page.query_selector_all("[data-testid=usage-bar]")
+        hours = [await b.get_attribute("data-hour") for b in bars]
+        assert hours == ["2026-01-01T00:00:00Z", "2026-01-01T01:00:00Z"]
+        heights = [float(await b.get_attribute("height") or 0) for b in bars]
+        assert heights[0] > heights[1] > 0  # 1.2 GiB-h before 01:00, 0.5 after
+        rows = await page.query_selector_all("[data-testid=usage-table] tbody tr td:first-child")
+        assert [await r.text_content() for r in rows] == ["alice", "bob"]
+        assert await page.query_selector("[data-testid=error]") is None
+        await ctx.close()
+    finally:
+        await stop_in_process(rm)

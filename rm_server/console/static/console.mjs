@@ -428,7 +428,7 @@ function Usage() {
   const pick = html`<select data-testid="usage-days" value=${days} onChange=${(e) => setDays(Number(e.target.value))}>${[1, 7, 31].map((d) => html`<option value=${d}>last ${d} day${d > 1 ? "s" : ""}</option>`)}</select>`;
   if (!st.data) return html`<h1>Usage</h1>${pick}<${Loading} state=${st}/>`;
   const u = st.data;
-  return html`<h1>Usage</h1>${pick} <span class="muted">${u.since} – ${u.until} (UTC, ended tickets)</span>
+  return html`<h1>Usage</h1>${pick} <span class="muted">${u.since.slice(0, 16)} – ${u.until.slice(0, 16)} UTC (tickets that ended)</span>
     <h2>Memory granted and measured per hour (GiB-hours)</h2><${UsageChart} hours=${u.hours} since=${u.since} until=${u.until}/>
     <h2>By ${u.group_by.replace("_", " ")}</h2><${Table} name="usage" rows=${u.groups} cols=${USAGE_COLS} empty="no usage in this period"/>`;
 }
@@ -446,7 +446,7 @@ function UsageChart({ hours, since, until }) {
     <line x1=${L} x2=${W} y1=${H - B} y2=${H - B} stroke="#999"/>
     ${hours.map((h) => html`<rect data-testid="usage-bar" data-hour=${h.key} x=${x(h.key)} y=${y(h.memory_gib_h)} width=${bw} height=${H - B - y(h.memory_gib_h)} fill="var(--used)"><title>${h.key}: ${h.memory_gib_h.toFixed(3)} GiB-h granted, ${h.measured_memory_gib_h.toFixed(3)} measured</title></rect>`)}
     ${hours.filter((h) => h.measured_memory_gib_h > 0).map((h) => html`<circle cx=${x(h.key) + bw / 2} cy=${y(h.measured_memory_gib_h)} r="3" fill="var(--ok)"/>`)}
-    <text x=${L} y=${H - 4}>${since}</text><text x=${W - 150} y=${H - 4}>${until}</text></svg>`;
+    <text x=${L} y=${H - 4}>${since.slice(0, 16)}</text><text x=${W - 110} y=${H - 4}>${until.slice(0, 16)}</text></svg>`;
 }
 
 // Windows, planned starts and durations, allocations, deadlines and OrderBy arrows on one
