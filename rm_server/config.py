@@ -140,7 +140,8 @@ class Settings:
     )
     history_retention_days: float = TIMINGS.setting(
         30.0,
-        "ended tickets, EngineConns and demands are deleted this many days after they ended",
+        "ended tickets, EngineConns and demands are deleted this many days after they ended,"
+        " a node's events this many days after they happened",
     )
     usage_interval: float = TIMINGS.setting(
         10.0,
@@ -310,6 +311,11 @@ RM_SERVER: Program[Settings] = Program(
     switches=(
         ("--dev", "also start one local agent (dev mode: embedded database, loopback only)"),
         ("--dev-tls", "with --dev: TLS, certificates and an admin token, from a throwaway CA"),
+        (
+            "--reset",
+            "start afresh: delete the embedded database of the data directory (wherever "
+            "its files are) before starting",
+        ),
     ),
 )
 

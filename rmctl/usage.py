@@ -18,8 +18,8 @@ from typing import Any, TextIO
 
 from labelrm.v1 import usage_pb2
 
-from clients._format import print_table, to_json
-from clients._impl import RMClient
+from clients import RMClient
+from rmctl.format import print_table, to_json
 
 _AGO = re.compile(r"([0-9]+)([dhm])")
 _UNITS = {"d": "days", "h": "hours", "m": "minutes"}
@@ -57,12 +57,12 @@ def when(text: str) -> datetime:
     return found if found.tzinfo is not None else found.replace(tzinfo=UTC)
 
 
-def add_usage_commands(cmds: Any) -> None:
+def register(cmds: Any) -> None:
     """Register ``rmctl usage`` on rmctl's sub-command parsers."""
     c = cmds.add_parser(
         "usage",
         help="usage over a period: granted against measured (sreport, seff)",
-        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        description=__doc__.split("\n\n")[2] if __doc__ else None,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     c.add_argument("--by", choices=_GROUPINGS, default="user", help="what to sum by")
