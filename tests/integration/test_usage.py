@@ -291,3 +291,37 @@ def lbl_of(text: str) -> Any:
     from tests.helpers import lbl
 
     return lbl(text)
+
+
+async def test_prometheus_counts_resource_seconds_by_user_and_engine_type(database_url):
+    """What a roll-up adds goes to the counters once; past the label cap, the rest
+    counts under _other."""
+    from rm_server.clock import ManualClock
+    from tests.helpers import start_in_process, stop_in_process
+
+    rm = await start_in_process(
+        database_url, clock=ManualClock(), sweep_interval=3600.0, metrics_label_cap=1
+    )
+    try:
+        await run_known_tickets(rm)
+        await rm.core.usage.roll_up()
+        await rm.core.usage.roll_up()  # nothing new: counted once
+        text = (await rm.server.metrics.exposition()).decode()
+        samples = {
+            line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("labelrm_usage_granted_resource_seconds_total{")
+        }
+        alice = (2 * GiB * 30 + GiB * 3600 + GiB * 10) * 1.0
+        assert samples == {
+            'labelrm_usage_granted_resource_seconds_total{dimension="memory_bytes",'
+            'engine_type="spark-3.2.1",user="alice"}': alice,
+            'labelrm_usage_granted_resource_seconds_total{dimension="cpu_millis",'
+            'engine_type="spark-3.2.1",user="alice"}': 500 * 30 + 250 * 3600 + 1000 * 10.0,
+            'labelrm_usage_granted_resource_seconds_total{dimension="memory_bytes",'
+            'engine_type="_other",user="_other"}': GiB * 90.0,
+            'labelrm_usage_granted_resource_seconds_total{dimension="cpu_millis",'
+            'engine_type="_other",user="_other"}': 100 * 90.0,
+        }
+    finally:
+        await stop_in_process(rm)
