@@ -7,7 +7,7 @@ Writes `--tickets` history rows as the grouped write path does (groups of `--gro
 rows per transaction, each ticket with a userCreator+engineType and an emInstance
 label, locked then used, across an hour boundary for one in eight), timing that
 (the ceiling: what the write path spends on history alone), then rolls them up with
-the RM's own pass (`store.usage.roll_up`, batches of 5000) and prints the RM's CPU
+the RM's own pass (`store.usage.roll_up`, batches of 1000) and prints the RM's CPU
 and the wall time per ticket of each, and one JSON line.
 """
 
@@ -26,6 +26,7 @@ from typing import Any
 from bench.common import BenchDatabase, emit
 
 GiB = 1024**3
+BATCH = 1000  # rows per source per transaction, as the RM (CoreSettings.usage_batch)
 
 
 def _history(i: int, start: datetime) -> dict[str, Any]:
@@ -79,7 +80,7 @@ async def run(url: str, tickets: int, group: int) -> dict[str, Any]:
         cpu0, wall0 = time.process_time(), time.perf_counter()
         done = 0
         while True:
-            rolled = await db.run(usage_store.roll_up, datetime.now(UTC), 5000)
+            rolled = await db.run(usage_store.roll_up, datetime.now(UTC), BATCH)
             done += rolled.rows["tickets"]
             if not rolled.behind and rolled.rows["tickets"] == 0:
                 break
@@ -116,7 +117,7 @@ def main() -> None:
             f"usage roll-up: {database.describe}, {args.tickets} ended tickets",
             f"history write (groups of {args.group}): {w['rm_cpu']:.1f} us RM CPU,"
             f" {w['wall']:.1f} us wall per ticket",
-            f"roll-up (batches of 5000): {r['rm_cpu']:.1f} us RM CPU,"
+            f"roll-up (batches of 1000): {r['rm_cpu']:.1f} us RM CPU,"
             f" {r['wall']:.1f} us wall per ticket",
         ]
     )

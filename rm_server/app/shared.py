@@ -32,7 +32,7 @@ class CoreSettings:
     # The usage ledger's roll-up (app/usage.py): every `usage_interval` seconds, at most
     # `usage_batch` rows of each source per transaction.
     usage_interval: float = 10.0
-    usage_batch: int = 5000
+    usage_batch: int = 1000
     sweep_interval: float = 1.0
     rules: tuple[TransformRule, ...] = DEFAULT_RULES
     expiry_batch: int = 200

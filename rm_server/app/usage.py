@@ -22,9 +22,10 @@ from rm_server.store import usage as usage_store
 
 log = logging.getLogger(__name__)
 
-# Transactions of one pass at most (each `usage_batch` rows per source), so that one
-# pass stays short; a backlog is worked off over the next passes.
-MAX_ROUNDS = 20
+# Transactions of one pass at most (each `usage_batch` rows per source: 50,000 tickets a
+# pass, 5,000 a second at the default interval); a backlog is worked off over the next
+# passes.
+MAX_ROUNDS = 50
 # History that ended this long before the last roll-up is in the ledger: no transaction
 # that writes it lasts anywhere near as long (statement timeouts are seconds).
 ROLL_UP_MARGIN = timedelta(hours=1)
