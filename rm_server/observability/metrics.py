@@ -332,10 +332,7 @@ class LabelResourceCollector(Collector):
             if r.max_resource is not None:
                 for dim, qty in r.max_resource.quantities:
                     maximum.add_metric([r.label, source, dim], qty)
-                try:
-                    rest = r.left()
-                except ValueError:  # incompatible kinds: `check` reports it, skip here
-                    rest = None
+                rest = r.left()  # None for incompatible kinds: `check` reports those
                 for dim, qty in rest.quantities if rest is not None else ():
                     left.add_metric([r.label, source, dim], qty)
             tickets.add_metric([r.label, source], r.live_tickets)
