@@ -19,6 +19,7 @@ from labelrm_common.settings import (
     SettingsError,
     load_or_exit,
     one_of_levels,
+    positive,
     redact_url,
 )
 from labelrm_common.version import VERSION
@@ -51,6 +52,18 @@ class Settings:
     )
     console_listen: str = SERVER.setting(
         "", "HOST:PORT of the web console (operations.md); off when empty, on in dev mode"
+    )
+    console_refresh: float = SERVER.setting(
+        2.0,
+        "seconds the web console keeps a view it computed for everyone who looks: the RM "
+        "computes each view at most once per period, however many browsers poll it",
+        check=positive,
+    )
+    console_list_rows: int = SERVER.setting(
+        5000,
+        "rows of a kind the web console reads for one list (newest first); a longer list "
+        "says it is cut and how to narrow it",
+        check=positive,
     )
     metrics_listen: str = SERVER.setting(
         "", "Prometheus endpoint HOST:PORT, served at /metrics (empty: off)"

@@ -249,6 +249,8 @@ class RMServer:
             )  # fmt: skip
             self.console = Console(sources, self.settings.console_listen)
             await self.console.start()
+            if self.metrics is not None:
+                self.metrics.attach_console(self.console.cache)
 
     @property
     def metrics_port(self) -> int:

@@ -9,15 +9,16 @@ so on. The caller signs in with a bearer token from the RM's token file (the pag
 it in the tab's session storage and sends it as ``Authorization: Bearer``; no cookie,
 so no cross-site request can act with it). A user sees their own tickets, EngineConns
 and demands, plus the cluster's shape (nodes, label resources) that ListEcms and
-ListLabelResources show every user; an admin sees everything."""
+ListLabelResources show every user; an admin sees everything.
+
+The lists are lists.py's, the pages of one object and the actions pages.py's; what they
+compute is kept for everyone who looks for `console_refresh` seconds (cache.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import mimetypes
 import ssl
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,15 +26,15 @@ from typing import Any
 
 from aiohttp import web
 from google.protobuf.message import Message
-from labelrm.v1 import admin_pb2, demand_pb2, engine_conn_pb2, resource_manager_pb2
 
 from rm_server.app.agents import AgentHub
 from rm_server.app.core import RMCore
 from rm_server.app.demands import DemandManager
 from rm_server.app.engineconns import EngineConnManager
-from rm_server.console import views
-from rm_server.domain.labels import EM_INSTANCE, Label
-from rm_server.domain.model import LabelResource, Ticket
+from rm_server.console.cache import ViewCache
+from rm_server.console.lists import Lists
+from rm_server.console.pages import Pages
+from rm_server.console.reply import reply
 from rm_server.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -53,8 +54,6 @@ log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
 # Browsers run module scripts only when served as JavaScript; not every mime.types knows .mjs
 mimetypes.add_type("text/javascript", ".mjs")
-CONSISTENCY_TTL = 5.0
-MAX_ROWS = 2000  # a list page shows at most this many rows (filters narrow it)
 
 # The error hierarchy -> HTTP status (as service/errors.py maps it to gRPC codes).
 _HTTP: tuple[tuple[type[LabelrmError], int], ...] = (
@@ -91,6 +90,9 @@ class Console:
         self.port = 0
         self.scheme = "https" if sources.security.settings.tls_cert else "http"
         self._runner: web.AppRunner | None = None
+        # Each view computed once per `console_refresh` for every browser that polls it.
+        self.cache = ViewCache()
+        self.api = Api(sources, self.cache)
 
     @property
     def url(self) -> str:
@@ -99,19 +101,25 @@ class Console:
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._errors])
-        api = Api(self.src)
+        api = self.api
+        lists = Lists(api)
+        pages = Pages(api, lists)
         app.add_routes(
             [
                 web.get("/api/me", api.me),
-                web.get("/api/overview", api.overview),
-                web.get("/api/nodes", api.nodes),
-                web.get("/api/nodes/{id}", api.node),
-                web.get("/api/engineconns", api.engine_conns),
-                web.get("/api/engineconns/{id}", api.engine_conn),
-                web.post("/api/engineconns/{id}/kill", api.kill_engine_conn),
-                web.get("/api/resources", api.resources),
-                web.get("/api/tickets", api.tickets),
-                web.get("/api/demands", api.demands),
+                web.get("/api/overview", pages.overview),
+                web.get("/api/nodes", lists.nodes),
+                web.get("/api/nodes/{id}", pages.node),
+                web.post("/api/nodes/{id}/drain", pages.drain_node),
+                web.get("/api/engineconns", lists.engine_conns),
+                web.get("/api/engineconns/{id}", pages.engine_conn),
+                web.get("/api/engineconns/{id}/logs", pages.engine_conn_logs),
+                web.post("/api/engineconns/{id}/kill", pages.kill_engine_conn),
+                web.get("/api/resources", lists.resources),
+                web.get("/api/tickets", lists.tickets),
+                web.get("/api/tickets/{id}", pages.ticket),
+                web.get("/api/demands", lists.demands),
+                web.get("/api/demands/{user}/{id}", pages.demand),
                 web.get("/", _index),
                 web.static("/static", STATIC, append_version=False),
             ]
@@ -145,14 +153,14 @@ class Console:
             status = next((code for kind, code in _HTTP if isinstance(err, kind)), 500)
             if status >= 500:
                 log.warning("console %s: %s", request.path, err.message)
-            response = web.json_response({"error": err.message}, status=status)
+            response = reply({"error": err.message}, status=status)
         except web.HTTPException as exc:  # no such route, wrong method: JSON too
             if exc.status < 400:
                 raise
-            response = web.json_response({"error": exc.reason}, status=exc.status)
+            response = reply({"error": exc.reason}, status=exc.status)
         except Exception as exc:  # the database away, a bug: one line, no traceback
             log.warning("console %s failed: %s: %s", request.path, type(exc).__name__, exc)
-            response = web.json_response({"error": "the RM cannot answer now"}, status=503)
+            response = reply({"error": "the RM cannot answer now"}, status=503)
         response.headers["Cache-Control"] = "no-store"
         response.headers["X-Content-Type-Options"] = "nosniff"
         response.headers["X-Frame-Options"] = "DENY"
@@ -167,22 +175,15 @@ async def _index(request: web.Request) -> web.StreamResponse:
 
 
 class Api:
-    """The JSON endpoints, one per view of the console."""
+    """Who is calling and what they may see (the RPCs' policy), and the views' cache:
+    what lists.py and pages.py answer with."""
 
-    def __init__(self, src: Sources) -> None:
+    def __init__(self, src: Sources, cache: ViewCache) -> None:
         self.src = src
-        # The consistency check reads every live ticket: one run serves every open
-        # overview for CONSISTENCY_TTL seconds, however many poll it.
-        self._consistency: tuple[float, views.Json] | None = None
-        self._consistency_lock = asyncio.Lock()
-
-    async def consistency(self) -> views.Json:
-        async with self._consistency_lock:
-            now = time.monotonic()
-            if self._consistency is None or now - self._consistency[0] > CONSISTENCY_TTL:
-                report = views.consistency(await self.src.core.consistency.check())
-                self._consistency = (now, report)
-            return self._consistency[1]
+        settings = src.security.settings
+        self.cache = cache
+        self.refresh = settings.console_refresh
+        self.list_rows = settings.console_list_rows
 
     # ----- who is calling, and may they ---------------------------------------------------
 
@@ -228,7 +229,8 @@ class Api:
         return True
 
     async def own_user(self, principal: Principal, method: str, message: Any) -> str:
-        """The user a list is scoped to: "" (everyone) for admins and proxy users."""
+        """The user a list is scoped to: the caller; for admins and proxy users the user
+        `message` names, "" (everyone) when it names none."""
         await self.allow(principal, method, message)
         return str(message.user)
 
@@ -236,170 +238,6 @@ class Api:
 
     async def me(self, request: web.Request) -> web.Response:
         p = self.principal(request)
-        return web.json_response(
+        return reply(
             {"user": p.name or "(dev mode)", "admin": p.is_admin, "auth": self.src.auth.enabled}
         )
-
-    async def overview(self, request: web.Request) -> web.Response:
-        p = self.principal(request)
-        await self.allow(p, policy.RM + "ListEcms", resource_manager_pb2.ListEcmsRequest())
-        user = await self.own_user(
-            p, policy.EC + "ListEngineConns", engine_conn_pb2.ListEngineConnsRequest()
-        )
-        core = self.src.core
-        nodes = await self.src.hub.list_ecm_status("", 10_000)
-        records = await core.capacity.list_label_resources("", 100_000, "")
-        counts = await core.cluster.counts(user)
-        report = None
-        if await self.may(
-            p, policy.ADMIN + "CheckConsistency", admin_pb2.CheckConsistencyRequest()
-        ):
-            report = views.consistency(await core.consistency.check())
-        node_states: dict[str, int] = {}
-        for n in nodes:
-            node_states[n.state.value] = node_states.get(n.state.value, 0) + 1
-        return web.json_response(
-            {
-                "scope": user or "all",
-                "nodes": node_states,
-                "engine_conns": counts.engine_conns,
-                "demands": counts.demands,
-                "waiting_applies": counts.waiting_applies,
-                "replicas": [
-                    {
-                        "id": r.replica_id,
-                        "host": r.host,
-                        "pid": r.pid,
-                        "started_at": views.at(r.started_at),
-                    }
-                    for r in counts.replicas
-                ],
-                "database": "up",
-                "labels": [views.label_resource(r) for r in records],
-                "tickets_by_user": dict(counts.top_users),
-                "consistency": report,
-            }
-        )
-
-    async def nodes(self, request: web.Request) -> web.Response:
-        p = self.principal(request)
-        await self.allow(p, policy.RM + "ListEcms", resource_manager_pb2.ListEcmsRequest())
-        records = await self._ecm_records()
-        out = []
-        for s in await self.src.hub.list_ecm_status("", 10_000):
-            out.append(views.node(s, _record_of(records, s.instance)))
-        return web.json_response({"nodes": out})
-
-    async def _ecm_records(self) -> dict[str, LabelResource]:
-        """The ECMs' label records by label."""
-        found = await self.src.core.capacity.list_label_resources("", 100_000, "ecm")
-        return {r.label: r for r in found}
-
-    async def node(self, request: web.Request) -> web.Response:
-        p = self.principal(request)
-        instance = request.match_info["id"]
-        await self.allow(
-            p, policy.RM + "GetEcm", resource_manager_pb2.GetEcmRequest(instance=instance)
-        )
-        status = await self.src.hub.ecm_status(instance)
-        records = await self._ecm_records()
-        user = await self.own_user(
-            p, policy.EC + "ListEngineConns", engine_conn_pb2.ListEngineConnsRequest()
-        )
-        ecs = await self.src.ecs.list("", MAX_ROWS, user, "", instance)
-        return web.json_response(
-            {
-                "node": views.node(status, _record_of(records, instance)),
-                "engine_conns": [views.engine_conn(e) for e in ecs],
-            }
-        )
-
-    async def engine_conns(self, request: web.Request) -> web.Response:
-        p = self.principal(request)
-        user = await self.own_user(
-            p,
-            policy.EC + "ListEngineConns",
-            engine_conn_pb2.ListEngineConnsRequest(user=request.query.get("user", "")[:64]),
-        )
-        ecs = await self.src.ecs.list("", MAX_ROWS, user, "", request.query.get("node", "")[:300])
-        return web.json_response({"engine_conns": [views.engine_conn(e) for e in ecs]})
-
-    async def engine_conn(self, request: web.Request) -> web.Response:
-        p = self.principal(request)
-        ec_id = request.match_info["id"][:128]
-        await self.allow(
-            p,
-            policy.EC + "GetEngineConn",
-            engine_conn_pb2.GetEngineConnRequest(engine_conn_id=ec_id),
-        )
-        ec = await self.src.ecs.get(ec_id)
-        return web.json_response({"engine_conn": views.engine_conn(ec, full=True)})
-
-    async def kill_engine_conn(self, request: web.Request) -> web.Response:
-        """KillEngineConn, for its owner and admins (the RPC's rule). The token travels in
-        a header, never a cookie: another site's page cannot make a browser send it."""
-        p = self.principal(request)
-        ec_id = request.match_info["id"][:128]
-        await self.allow(
-            p,
-            policy.EC + "KillEngineConn",
-            engine_conn_pb2.KillEngineConnRequest(engine_conn_id=ec_id),
-        )
-        ec = await self.src.ecs.kill(ec_id, "killed from the web console")
-        log.info("console: %s killed EngineConn %s", p.describe(), ec_id)
-        return web.json_response({"engine_conn": views.engine_conn(ec, full=True)})
-
-    async def resources(self, request: web.Request) -> web.Response:
-        p = self.principal(request)
-        await self.allow(
-            p, policy.RM + "ListLabelResources", resource_manager_pb2.ListLabelResourcesRequest()
-        )
-        records = await self.src.core.capacity.list_label_resources("", 100_000, "")
-        labels = [views.label_resource(r) for r in records]
-        tickets = await self._tickets(p)
-        limits = None
-        if await self.may(p, policy.ADMIN + "ListLabelLimits", admin_pb2.ListLabelLimitsRequest()):
-            stored = await self.src.core.capacity.list_limits("", 100_000)
-            limits = [views.limit(lim) for lim in stored]
-            for label in labels:
-                label["limit"] = views.winning_limit(label["label"], stored)
-        providers = None
-        external = self.src.core.external
-        if external is not None and await self.may(
-            p, policy.ADMIN + "ListExternalProviders", admin_pb2.ListExternalProvidersRequest()
-        ):
-            providers = [views.provider(c) for c in await external.list_providers()]
-        return web.json_response(
-            {
-                "labels": labels,
-                "limits": limits,
-                "providers": providers,
-                "by_user": views.totals_by(tickets, lambda t: t.user),
-                "by_engine_type": views.totals_by(tickets, views.engine_type),
-            }
-        )
-
-    async def tickets(self, request: web.Request) -> web.Response:
-        found = await self._tickets(self.principal(request))
-        return web.json_response({"tickets": [views.ticket(t) for t in found]})
-
-    async def _tickets(self, p: Principal) -> list[Ticket]:
-        """The live tickets `p` may list, as ListTickets reads them."""
-        user = await self.own_user(
-            p, policy.RM + "ListTickets", resource_manager_pb2.ListTicketsRequest()
-        )
-        # As ListTickets does: every caller but admins sees only their own.
-        return await self.src.core.tickets.list_tickets("", MAX_ROWS, "", "", user or None)
-
-    async def demands(self, request: web.Request) -> web.Response:
-        p = self.principal(request)
-        user = await self.own_user(
-            p, policy.DEMAND + "ListDemands", demand_pb2.ListDemandsRequest()
-        )
-        found = await self.src.demands.list_demands(("", ""), MAX_ROWS, "", user)
-        return web.json_response({"demands": [views.demand(d) for d in found]})
-
-
-def _record_of(records: dict[str, Any], instance: str) -> Any:
-    """The label record of an ECM (its label is ``emInstance=<instance>``)."""
-    return records.get(str(Label(EM_INSTANCE, instance)))

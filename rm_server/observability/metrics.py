@@ -30,7 +30,7 @@ import logging
 import re
 import ssl
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -165,6 +165,10 @@ class Metrics:
     def attach_external(self, source: Any) -> None:
         """Export the YARN queues labelrm admits against (`ExternalResources`)."""
         self.registry.register(ExternalQueueCollector(source))
+
+    def attach_console(self, source: ViewCounts) -> None:
+        """Export how often the web console computed and answered each view."""
+        self.registry.register(ConsoleCollector(source))
 
     def attach_states(self, source: StateSource) -> None:
         """Export ECMs and EngineConns by state."""
@@ -443,6 +447,38 @@ class StateCountCollector(Collector):
             family = GaugeMetricFamily(name, help_text, labels=["state"])
             for state in states:
                 family.add_metric([state], self._counts.get(key, {}).get(state, 0))
+            yield family
+
+
+class ViewCounts(Protocol):
+    """Per view of the web console, its computations and its answers (console/cache.py)."""
+
+    @property
+    def builds(self) -> Mapping[str, int]: ...
+
+    @property
+    def reads(self) -> Mapping[str, int]: ...
+
+
+class ConsoleCollector(Collector):
+    """``labelrm_console_view_builds_total{view}`` (computations) and
+    ``labelrm_console_view_reads_total{view}`` (answers): the first grows with the views
+    looked at and the refresh period, not with the browsers open; their ratio is how many
+    answers each computation served. Views are a fixed set of names."""
+
+    def __init__(self, source: ViewCounts) -> None:
+        self.source = source
+
+    def collect(self) -> Iterable[Metric]:
+        for name, counts, help_text in (
+            ("labelrm_console_view_builds", self.source.builds,
+             "Web console views computed (from the database), by view."),
+            ("labelrm_console_view_reads", self.source.reads,
+             "Web console views answered (computed or kept), by view."),
+        ):  # fmt: skip
+            family = CounterMetricFamily(name, help_text, labels=["view"])
+            for view, count in sorted(counts.items()):
+                family.add_metric([view], count)
             yield family
 
 
