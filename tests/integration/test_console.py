@@ -2,10 +2,8 @@
 nothing downloads a browser) against a real, secured RM with a real agent that launches
 EngineConns through sudo: the overview's figures are CheckConsistency's and
 ListLabelResources', an EngineConn created through the API appears without a reload,
-and a user's token shows neither the page nor the JSON of another user's EngineConns.
-Screenshots of every page go to the test's output directory (and, with
-LABELRM_CONSOLE_SCREENSHOTS=dir, the overview and node page to that directory: how
-docs/images/ is made)."""
+and a user's token shows neither the page nor the JSON of another user's EngineConns,
+tickets or demands. (The screenshots in docs/images are test_console_ops.py's.)"""
 
 # ruff: noqa: F811 - the tests take the imported fixtures (browser, console) as arguments
 from __future__ import annotations

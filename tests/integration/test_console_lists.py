@@ -77,6 +77,13 @@ async def test_lists_page_through_say_when_they_are_cut_and_filter_what_they_sho
         await page.click("[data-testid=tickets-prev]")
         await wait_until(lambda: _is(page, "tickets", "1,001\u20131,050 of 1,075"), what="back")
 
+        # A state facet narrows it (in the database), with its count beside it.
+        facet = "[data-testid=tickets-facets] a[data-state=USED]"
+        assert " ".join((await page.inner_text(facet)).split()) == "USED 10"
+        await page.click(facet)
+        await wait_until(lambda: _is(page, "tickets", "1\u201310 of 10"), what="USED only")
+        assert "state=USED" in page.url
+
         # The sums per user count every live ticket, not those a list read.
         await goto(page, rm, "#/resources")
         for user in ("alice", "bob"):
@@ -96,6 +103,16 @@ async def test_lists_page_through_say_when_they_are_cut_and_filter_what_they_sho
         )
         assert states == ["USED"] * 10
         assert "q=USED" in page.url  # the filtered list is a link
+
+        # Bad list parameters are refused, naming the parameter.
+        for path, name in (
+            ("/api/tickets?sort=secret", "sort"),
+            ("/api/tickets?limit=100000", "limit"),
+            ("/api/engineconns?state=BOGUS", "state"),
+            ("/api/tickets?q=" + "x" * 201, "q"),
+        ):
+            status, body, _ = await asyncio.to_thread(get_blocking, rm, path, None)
+            assert status == 400 and body["error"].startswith(name), (path, body)
 
         # A malformed %-escape: the page says the address is not valid (not "Loading…").
         await goto(page, rm, "#/engineconns/%zz")
