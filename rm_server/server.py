@@ -37,6 +37,7 @@ from rm_server.domain.demands.planner import PlannerSettings
 from rm_server.domain.labels import parse_rules
 from rm_server.embedded import EmbeddedPostgres
 from rm_server.external import ExternalResources
+from rm_server.external.secrets import SecretSource
 from rm_server.observability.metrics import Metrics, MetricsHttpServer
 from rm_server.security.setup import Security, build_security
 from rm_server.service.admin import AdminServicer
@@ -147,7 +148,8 @@ class RMServer:
             waiter_hold=timedelta(seconds=self.settings.waiter_hold),
         )
         self.metrics = Metrics(label_cap=self.settings.metrics_label_cap)
-        external = ExternalResources(self._db, self.clock)
+        secrets = SecretSource(self.settings.provider_secrets_dir)
+        external = ExternalResources(self._db, self.clock, secrets)
         self.core = RMCore(
             self._db,
             self._notifier,

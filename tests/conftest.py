@@ -22,6 +22,14 @@ pytest_plugins = [
 ]
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by the markers
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """The slow system tests `make test` leaves to `make test-all` (and CI): a Patroni
+    cluster (`ha`) or a browser (the `browser` fixture) make a test `system` too."""
+    if item.get_closest_marker("ha") or "browser" in getattr(item, "fixturenames", ()):
+        item.add_marker(pytest.mark.system)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked `ha` (they bring their own Patroni cluster) or `once` ignore the
     database target: they run in the embedded-database pass only (deselected, not

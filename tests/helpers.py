@@ -5,6 +5,7 @@ itself. Tests import these from here, never from a conftest."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import inspect
 import os
 import shutil
@@ -43,9 +44,14 @@ GiB = 1024**3
 T = TypeVar("T")
 
 # The sudo test users (scripts/create_test_users.sh) and the EngineConn runtime they run
-# (scripts/install_ec_runtime.sh installs it there).
+# (the `ec_python` fixture has scripts/install_ec_runtime.sh install it there).
 TEST_USERS = ("lrmtest_a", "lrmtest_b")
-EC_VENV = Path(os.environ.get("LABELRM_EC_VENV", "/opt/labelrm/ec-venv"))
+# Each checkout's tests get a runtime of their own (two checkouts' test runs on one
+# machine must not reinstall each other's code under running EngineConns).
+EC_VENV = Path(
+    os.environ.get("LABELRM_EC_VENV")
+    or f"/opt/labelrm/ec-venv-test-{hashlib.sha256(str(ROOT).encode()).hexdigest()[:10]}"
+)
 
 # The one spelling of "running in CI": .ci/run exports CI=true.
 IN_CI = os.environ.get("CI") == "true"

@@ -11,6 +11,10 @@ so no cross-site request can act with it). A user sees their own tickets, Engine
 and demands, plus the cluster's shape (nodes, label resources) that ListEcms and
 ListLabelResources show every user; an admin sees everything.
 
+Whatever the authentication mode (dev mode has none), the console answers only to the
+addresses it listens on (DNS rebinding) and takes a change only from its own page
+(cross-site requests): console/guard.py.
+
 The lists are lists.py's, the pages of one object and the actions pages.py's; what they
 compute is kept for everyone who looks for `console_refresh` seconds (cache.py)."""
 
@@ -32,6 +36,7 @@ from rm_server.app.core import RMCore
 from rm_server.app.demands import DemandManager
 from rm_server.app.engineconns import EngineConnManager
 from rm_server.console.cache import ViewCache
+from rm_server.console.guard import HostGuard, Refused
 from rm_server.console.lists import Lists
 from rm_server.console.pages import Pages
 from rm_server.console.reply import reply
@@ -93,6 +98,8 @@ class Console:
         # Each view computed once per `console_refresh` for every browser that polls it.
         self.cache = ViewCache()
         self.api = Api(sources, self.cache)
+        hosts = sources.security.settings.console_hosts.split(",")
+        self.guard = HostGuard.of(listen.rpartition(":")[0].strip("[]"), hosts)
 
     @property
     def url(self) -> str:
@@ -100,7 +107,7 @@ class Console:
         return f"{self.scheme}://{host}:{self.port}/"
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors])
+        app = web.Application(middlewares=[self._errors, self._guard])
         api = self.api
         lists = Lists(api)
         pages = Pages(api, lists)
@@ -146,9 +153,17 @@ class Console:
             await self._runner.cleanup()
 
     @web.middleware
+    async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Refuse what another web page could make a browser send (console/guard.py)."""
+        self.guard.check(request.method, request.headers)
+        return await handler(request)
+
+    @web.middleware
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             response = await handler(request)
+        except Refused as refused:  # not logged: any page could make a browser send many
+            response = reply({"error": refused.message}, status=refused.status)
         except LabelrmError as err:
             status = next((code for kind, code in _HTTP if isinstance(err, kind)), 500)
             if status >= 500:

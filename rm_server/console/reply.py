@@ -1,4 +1,5 @@
-"""The console's JSON answers: one place that turns a document into a response."""
+"""The console's JSON answers: one place that turns a document into a response, its
+strings as the page may show them (`views.shown`: control characters written out)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ from typing import Any
 
 from aiohttp import web
 
+from rm_server.console.views import shown
+
 
 def body(doc: Any) -> bytes:
     """`doc` as the bytes of a JSON answer (computed once for a view that many browsers
     read: the cache keeps these bytes)."""
-    return json.dumps(doc, separators=(",", ":")).encode()
+    return json.dumps(shown(doc), separators=(",", ":")).encode()
 
 
 def reply(doc: Any, status: int = 200) -> web.Response:

@@ -1,6 +1,8 @@
 """Domain objects -> JSON for the console (the console's one conversion module, as
 service/convert.py is the gRPC API's). Times are ISO 8601 in UTC; resources are
-``{"kind": ..., "dims": {dimension: quantity}}``.
+``{"kind": ..., "dims": {dimension: quantity}}``. Every string of an answer goes out
+through `shown`: text others wrote (reasons, an EngineConn's report, a program's log
+tail) has its control characters written out, as rmctl shows them.
 
 A list row comes with the text it shows (`Row`): the list filter matches that text, and
 only that text (ids, users, states, labels, nodes, reasons): never a field the page does
@@ -12,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
+from labelrm_common.text import visible
 from rm_server.app.listings import GroupTotal, Series
 from rm_server.domain.demands.model import Demand
 from rm_server.domain.demands.timelang import Span, order_ids
@@ -34,11 +37,26 @@ class Row(NamedTuple):
 
 
 def _text(*parts: Any) -> str:
-    return " ".join(str(p) for p in parts if p not in (None, "")).lower()
+    """The words a row shows, as the page shows them (`shown`), in lower case."""
+    return str(shown(" ".join(str(p) for p in parts if p not in (None, "")))).lower()
 
 
 def _label_text(items: Mapping[str, str]) -> str:
     return " ".join(f"{k}={v}" for k, v in items.items())
+
+
+def shown(value: Any) -> Any:
+    """`value` (JSON data) with the control characters of every string, keys included,
+    written out (``\\x1b``, ``\\u202e``; labelrm_common/text.py); line breaks and tabs
+    stay (a page shows them as spaces, a log tail in <pre> as what they are). A page
+    must not be made to show what it does not say (bidirectional overrides)."""
+    if isinstance(value, str):
+        return visible(value, keep="\n\t")
+    if isinstance(value, dict):
+        return {shown(k): shown(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [shown(v) for v in value]
+    return value
 
 
 def at(value: datetime | None) -> str | None:

@@ -11,8 +11,9 @@ nothing; the interceptor turns the error into the call's status):
    failure of its peer; once a peer has too many recent failures, its further invalid
    tokens are refused RESOURCE_EXHAUSTED (a valid token from the same address never is:
    a guesser must not lock out the users and admins behind the same address);
-3. a user's rate of calls (every RPC; admins exempt): RESOURCE_EXHAUSTED, before the
-   policy, whose ownership checks read the database;
+3. a user's rate of calls (every RPC; admins exempt), and that of the user's
+   EngineConns (their certificates' calls): RESOURCE_EXHAUSTED, before the policy,
+   whose ownership checks read the database;
 4. the policy table (`policy.authorize`): UNAUTHENTICATED / PERMISSION_DENIED;
 5. the per-user limits of apply-like calls: RESOURCE_EXHAUSTED.
 
@@ -38,7 +39,6 @@ from rm_server.security import policy
 from rm_server.security.identity import (
     ANONYMOUS,
     BadCredentials,
-    Kind,
     Principal,
     bearer_token,
     from_auth_context,
@@ -46,7 +46,7 @@ from rm_server.security.identity import (
     peer_host,
     principal_var,
 )
-from rm_server.security.limits import Limits
+from rm_server.security.limits import Limits, RateKeys
 from rm_server.security.tokens import TokenFile
 from rm_server.store import owners
 from rm_server.store.db import Database
@@ -93,6 +93,7 @@ class AuthInterceptor:
         self.tokens = tokens
         self.owners = owners
         self.limits = limits
+        self.rate_keys = RateKeys(owners)  # whose call rate each caller's calls count against
         self.proxy_users = frozenset(proxy_users)
         self.rules = tuple(rules)  # which label combinations charge a user
 
@@ -135,9 +136,8 @@ class AuthInterceptor:
         principal = self._authenticate(context)
         # Set before the checks: the access log names the caller of a refused call too.
         principal_var.set(principal)
-        if principal.kind is Kind.USER and not principal.is_admin:
-            # Before the policy, whose ownership checks read the database.
-            self.limits.admit_call(principal.name)
+        # Before the policy, whose ownership checks read the database.
+        await self.rate_keys.admit(self.limits, principal)
         rule = await self._authorize(method, principal, request)
         if rule is None or not rule.apply_like or principal.is_admin:
             return _nothing

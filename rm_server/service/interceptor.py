@@ -46,6 +46,7 @@ from rm_server.security.interceptor import AuthInterceptor, Release
 from rm_server.security.limits import Limits
 from rm_server.service.bounds import check_bounds
 from rm_server.service.errors import abort_with, reason_of, status_for
+from rm_server.service.free_text import check_free_text_fields
 from rm_server.service.wire import Rejected, reader
 
 Unary = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
@@ -148,6 +149,7 @@ class Interceptor(grpc.GenericRpcHandler):
             metrics=self.metrics.for_method(name) if self.metrics is not None else None,
             auth=self.auth if guarded else None,
             bounded=not policy.is_public(name),
+            free_text=not policy.is_public(name) and not policy.serves_agents(name),
             peer_streams=self.limits if name in CAPPED_STREAMS else None,
         )
         # Every request is read by service.wire, which refuses bad bytes (the call then
@@ -185,6 +187,7 @@ class _Method:
     metrics: RpcMetrics | None
     auth: AuthInterceptor | None  # None: not guarded
     bounded: bool = False  # its requests' counts and sizes are checked (service.bounds)
+    free_text: bool = False  # its strings may hold no control character (service.free_text)
     peer_streams: Limits | None = None  # its open calls are capped per peer
 
 
@@ -347,6 +350,8 @@ async def _admit(
             raise request.error
         if method.bounded:
             check_bounds(request)
+        if method.free_text:
+            check_free_text_fields(request)
     else:
         request = _each_checked(request, method.bounded)
     releases: list[Release] = []

@@ -108,6 +108,9 @@ def get_blocking(
         context = ssl.create_default_context(cafile=rm.pki.ca)
         context.check_hostname = False
     req = urllib.request.Request(url_of(rm).rstrip("/") + path, method=method)
+    if method == "POST":  # as the console's page sends a change (rm_server/console/guard.py)
+        req.add_header("Origin", url_of(rm).rstrip("/"))
+        req.add_header("X-Labelrm-Console", "1")
     if token is not None:
         req.add_header("Authorization", f"Bearer {token}")
     try:

@@ -191,11 +191,17 @@ async def test_a_user_sees_only_their_own_engineconns(console, browser, agent_fa
     b_ec = await _create(console, "lrmtest_b", SHELL_B)
     a_token, b_token = (console.pki.tokens[u] for u in ("lrmtest_a", "lrmtest_b"))
 
-    # The JSON endpoints: B's list holds B's EngineConn only; A's is refused by id.
+    # The JSON endpoints: B's list holds B's EngineConn only; A's, by its id, answers as
+    # an id nobody has (a 403 told B which ids exist).
     status, body = await _get(console, "/api/engineconns", b_token)
     assert status == 200 and [e["id"] for e in body["rows"]] == [b_ec]
-    status, body = await _get(console, f"/api/engineconns/{a_ec}", b_token)
-    assert status == 403 and "lrmtest_a" not in body["error"]
+    unknown = a_ec[:-3] + "zzz"
+    for path in ("/api/engineconns/{}", "/api/engineconns/{}/kill"):
+        call = _post if path.endswith("kill") else _get
+        hers = await call(console, path.format(a_ec), b_token)
+        nobodys = await call(console, path.format(unknown), b_token)
+        assert hers[0] == nobodys[0] == 404 and "lrmtest_a" not in hers[1]["error"]
+        assert hers[1]["error"].replace(a_ec, "ID") == nobodys[1]["error"].replace(unknown, "ID")
     status, body = await _get(console, "/api/engineconns?user=lrmtest_a", b_token)
     assert status == 403
     status, body = await _get(console, "/api/tickets", b_token)
@@ -228,8 +234,12 @@ async def test_a_user_sees_only_their_own_engineconns(console, browser, agent_fa
     # A's ticket, events and logs follow GetTicket's and GetEngineConn's rules.
     a_ticket = body["engine_conn"]["ticket_id"]
     assert (await _get(console, f"/api/tickets/{a_ticket}", a_token))[0] == 200
-    assert (await _get(console, f"/api/tickets/{a_ticket}", b_token))[0] == 403
-    assert (await _get(console, f"/api/engineconns/{a_ec}/logs", b_token))[0] == 403
+    for path, unknown in (
+        (f"/api/tickets/{a_ticket}", f"/api/tickets/{a_ticket[:-3]}zzz"),
+        (f"/api/engineconns/{a_ec}/logs", f"/api/engineconns/{a_ec[:-3]}zzz/logs"),
+    ):
+        hers, nobodys = await _get(console, path, b_token), await _get(console, unknown, b_token)
+        assert hers[0] == nobodys[0] == 404 and "lrmtest_a" not in hers[1]["error"]
     status, body = await _get(console, "/api/engineconns", console.pki.tokens["root"])
     assert {e["id"] for e in body["rows"]} == {a_ec, b_ec}
     assert (await _get(console, "/api/engineconns", None))[0] == 401
@@ -244,13 +254,11 @@ async def test_a_user_sees_only_their_own_engineconns(console, browser, agent_fa
     assert a_ec not in await page.content()
     await page.goto(_url(console) + f"#/engineconns/{a_ec}")
     error = await page.wait_for_selector("[data-testid=error]")
-    assert "403" in await error.inner_text()
+    assert "404" in await error.inner_text()
     assert "lrmtest_a" not in await page.content()
 
     # The kill action follows KillEngineConn's rule: not another user's (A's stays
     # live), the owner's own, an admin's anyone's; no token, no kill.
-    status, body = await _post(console, f"/api/engineconns/{a_ec}/kill", b_token)
-    assert status == 403 and "lrmtest_a" not in body["error"]
     assert (await _post(console, f"/api/engineconns/{a_ec}/kill", None))[0] == 401
     status, body = await _get(console, f"/api/engineconns/{a_ec}", a_token)
     assert body["engine_conn"]["state"] in ("IDLE", "BUSY")

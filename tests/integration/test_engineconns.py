@@ -19,6 +19,7 @@ from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as rm_pb
 
 from tests.helpers import (
+    ENGINECONN_TEST_SETTINGS,
     GiB,
     agent_beating,
     assert_consistent,
@@ -28,6 +29,8 @@ from tests.helpers import (
     refused,
     register,
     start_agent,
+    start_in_process,
+    stop_in_process,
     wait_until,
 )
 
@@ -402,8 +405,21 @@ async def test_kill_9_engineconn_is_reported_and_released(cluster_rm, agent_fact
     await assert_consistent(rm)
 
 
-async def test_agent_kill_9_lost_then_fenced(cluster_rm, agent_factory):
-    rm = cluster_rm
+@pytest.fixture
+async def patient_rm(database_url):
+    """A cluster RM whose expiries outlast an agent's restart on a busy machine (the
+    agent must be back before its ECM is judged LOST), yet not by much (the test then
+    waits one out)."""
+    settings = {**ENGINECONN_TEST_SETTINGS, "ecm_expiry": 12.0, "ec_expiry": 15.0}
+    rm = await start_in_process(database_url, **settings)
+    try:
+        yield rm
+    finally:
+        await stop_in_process(rm)
+
+
+async def test_agent_kill_9_lost_then_fenced(patient_rm, agent_factory):
+    rm = patient_rm
     agent = await start_agent(rm, agent_factory)
     kept = await create(rm)
     agent.kill()
@@ -425,7 +441,7 @@ async def test_agent_kill_9_lost_then_fenced(cluster_rm, agent_factory):
     pid = os.getpgid((await get_ec(rm, kept.engine_conn_id)).pid)
     # Now stay away past the expiry: LOST, released; on return the process is killed.
     agent.kill()
-    lost = await wait_until(lambda: ended(rm, kept.engine_conn_id), timeout=20)
+    lost = await wait_until(lambda: ended(rm, kept.engine_conn_id), timeout=60)
     assert lost.state == ec_pb.ENGINE_CONN_STATE_LOST
     assert await ticket_state(rm, kept.ticket_id) == rm_pb.TICKET_STATE_RELEASED
     ecm = (await rm.rm.GetEcm(rm_pb.GetEcmRequest(instance="agent1"))).ecm

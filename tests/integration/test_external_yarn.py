@@ -423,7 +423,7 @@ async def test_queue_view_shows_yarn_figures_in_flight_and_last_fetch(rm, capaci
 
     pair.stop()  # YARN away: the record still shows, with the last good figures and why
     record = await label_state(rm, A1)
-    assert "unreachable" in record.external_queue.error
+    assert "unavailable" in record.external_queue.error
     assert record.external_queue.fetch_time.ToDatetime() == fetched
     listed = await rm.rm.ListLabelResources(
         resource_manager_pb2.ListLabelResourcesRequest(source="external")

@@ -5,7 +5,7 @@ launches an EngineConn; `make test` runs the clone's own suite (a small selectio
 Slow (the clone installs its virtual environment), so each runs once per CI run (the
 embedded-database pass). Run as root, as the README's root variant has it
 (`sudo LABELRM_DEV_USERS=<user> make run`), with the EngineConn runtime that
-`scripts/install_ec_runtime.sh` installs."""
+`scripts/install_ec_runtime.sh` installs (the tests' own, LABELRM_EC_VENV)."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, free_port, log_tail, remove_with_relocated, shared_tmp
+from tests.helpers import EC_VENV, ROOT, free_port, log_tail, remove_with_relocated, shared_tmp
 from tests.integration.test_dev_mode import USER, launch_engineconns, stop
 
-pytestmark = [pytest.mark.slow, pytest.mark.once]
+pytestmark = [pytest.mark.system, pytest.mark.once]
 
 # The environment of an operator's shell: no virtual environment of this checkout's on
 # the PATH, no pytest or make state leaking in.
@@ -55,7 +55,8 @@ def test_make_run_from_a_fresh_clone_creates_the_venv_and_runs_labelrm(clone: Pa
     proc = subprocess.Popen(
         ["make", "run", f"LISTEN=127.0.0.1:{port}", f"CONSOLE=127.0.0.1:{console}"],
         stdout=log.open("ab"), stderr=subprocess.STDOUT, cwd=clone,
-        env=shell_env(LABELRM_DEV_USERS=USER), start_new_session=True,
+        env=shell_env(LABELRM_DEV_USERS=USER, LABELRM_EC_VENV=str(EC_VENV)),
+        start_new_session=True,
     )  # fmt: skip
     try:
         # The first run installs the project (minutes on a cold cache) before it serves.
