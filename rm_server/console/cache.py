@@ -65,10 +65,18 @@ class ViewCache:
         self._building.pop(full, None)
         if done.cancelled() or done.exception() is not None:
             return
-        self._entries[full] = (self.clock() + ttl, done.result())
-        self._entries.move_to_end(full)
+        now = self.clock()
+        # Expired results go at once: only what someone looked at within its time to live
+        # stays in memory (a list's snapshot holds up to console_list_rows rows).
+        for key in [k for k, (expires, _) in self._entries.items() if expires <= now]:
+            del self._entries[key]
+        self._entries[full] = (now + ttl, done.result())
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
+
+    def kept(self) -> list[tuple[Hashable, ...]]:
+        """The (view, key...) of every result kept now."""
+        return list(self._entries)
 
     def forget(self, view: str) -> None:
         """Drop every kept result of `view` (after an action changed what it shows)."""

@@ -63,6 +63,19 @@ async def test_a_failure_is_not_kept_and_a_gone_reader_cancels_nothing():
     assert cache.builds["w"] == 1
 
 
+async def test_expired_views_leave_memory():
+    now = [0.0]
+    cache = ViewCache(clock=lambda: now[0])
+
+    async def value() -> int:
+        return 1
+
+    await cache.get("big", (), 2.0, value)
+    now[0] = 5.0
+    await cache.get("other", (), 2.0, value)  # any computation clears what expired
+    assert cache.kept() == [("other",)]
+
+
 async def test_kept_views_are_bounded_and_can_be_dropped():
     cache = ViewCache(clock=lambda: 0.0, max_entries=3)
 
