@@ -22,9 +22,11 @@ from labelrm_common.text import visible
 __all__ = [
     "STATE_NAMES",
     "fmt_bytes",
+    "fmt_isolation",
     "fmt_labels",
     "fmt_resource",
     "fmt_time",
+    "fmt_usage",
     "opt",
     "print_details",
     "print_json",
@@ -84,6 +86,27 @@ def _fmt_dims(m: Any) -> str:
     if "instances" in names:
         parts.append(f"inst={m.instances}")
     return " ".join(parts)
+
+
+def fmt_usage(u: Any) -> str:
+    """A measured ResourceUsage ("-" when unset): memory now and at its peak, CPU over
+    the agent's last interval and in total."""
+    if u is None:
+        return "-"
+    return (
+        f"mem={fmt_bytes(u.memory_bytes)} peak={fmt_bytes(u.memory_peak_bytes)}"
+        f" cpu={u.cpu_millis}m cpu_time={u.cpu_time_micros / 1e6:.1f}s"
+    )
+
+
+def fmt_isolation(i: Any, full: bool = False) -> str:
+    """How a node contains its EngineConns: its mode ("cgroup-v1", "none"; "-" when its
+    agent did not say), with `full` its controllers and parent cgroups too."""
+    if i is None or not i.mode:
+        return "-"
+    if not full or not i.controllers:
+        return str(i.mode)
+    return f"{i.mode} ({','.join(i.controllers)}) under {', '.join(i.cgroup_parents)}"
 
 
 def _fmt_yarn(y: Any) -> str:

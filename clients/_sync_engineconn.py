@@ -41,14 +41,18 @@ class EngineConnCalls(ClientBase):
         # Sent to the server (how long it waits for ready), not a client-side timeout.
         timeout: float = 60,
         request_id: str | None = None,
+        memory: int | str | None = None,
+        cpu: int | str | None = None,
     ) -> engine_conn_pb2.EngineConn:
         """Start an EngineConn and wait (up to `timeout` s) until it is ready.
 
         `labels` must hold userCreator and engineType; `user` defaults to the userCreator's
-        user. Returns the ready EngineConn (IDLE, with its executor `address`); a launch
-        that failed on every ECM tried raises FailedPrecondition (reason LAUNCH_FAILED).
+        user. `memory` (bytes, or "512Mi") and `cpu` (millicores, or "500m", "2") are what
+        it asks for (default: the engine's defaults); its agent holds it to what is granted.
+        Returns the ready EngineConn (IDLE, with its executor `address`); a launch that
+        failed on every ECM tried raises FailedPrecondition (reason LAUNCH_FAILED).
         """
-        req = ecb.create(labels, user, params, timeout, request_id)
+        req = ecb.create(labels, user, ecb.sized(params, memory, cpu), timeout, request_id)
         resp = self._call(self._ecs.CreateEngineConn, req, timeout + self.timeout)
         return resp.engine_conn
 
@@ -60,10 +64,13 @@ class EngineConnCalls(ClientBase):
         timeout: float = 60,
         hold: float | None = None,
         request_id: str | None = None,
+        memory: int | str | None = None,
+        cpu: int | str | None = None,
     ) -> AskResult:
         """An idle EngineConn of the same user and labels, held for this caller for `hold`
-        s (server default when None), or a new one; returns (EngineConn, reused)."""
-        req = ecb.ask(labels, user, params, timeout, hold, request_id)
+        s (server default when None), or a new one (of `memory` and `cpu`, as in
+        `create_engine_conn`); returns (EngineConn, reused)."""
+        req = ecb.ask(labels, user, ecb.sized(params, memory, cpu), timeout, hold, request_id)
         resp = self._call(self._ecs.AskEngineConn, req, timeout + self.timeout)
         return AskResult(resp.engine_conn, bool(resp.reused))
 

@@ -100,7 +100,7 @@ def _row(d: Any, wide: bool) -> tuple[str, ...]:
         fmt_resource(opt(d, "resource")),
         fmt_time(d.planned_start_time),
         d.ticket_id or "-",
-        d.reason or "-",
+        d.waiting or d.reason or "-",  # what an ACCEPTED demand's OrderBy waits for
     )
     if wide:
         row += (str(d.passed_over_rounds), ";".join(d.charged_labels) or "-")
@@ -116,6 +116,7 @@ def _details(d: Any) -> list[tuple[str, str]]:
         ("demand_id", d.demand_id),
         ("state", _state(d.state)),
         ("reason", d.reason or "-"),
+        ("waiting", d.waiting or "-"),
         ("user", d.user or "-"),
         ("labels", fmt_labels(d.labels)),
         ("charged", ";".join(d.charged_labels) or "-"),

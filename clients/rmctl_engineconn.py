@@ -33,6 +33,7 @@ from clients._format import (
     fmt_labels,
     fmt_resource,
     fmt_time,
+    fmt_usage,
     opt,
     print_details,
     print_list,
@@ -42,6 +43,7 @@ from clients._format import (
 )
 from clients._impl import RMClient
 from clients.rmctl_node import resolve_by_prefix, resolve_ecm
+from labelrm_common.quantity import parse_cpu, parse_memory
 
 __all__ = ["add_engineconn_commands", "resolve_engine_conn", "with_progress"]
 
@@ -81,6 +83,18 @@ def add_engineconn_commands(cmds: Any) -> None:
         default=[],
         metavar="K=V",
         help="engine parameter, e.g. max_idle_seconds=600 (repeatable)",
+    )
+    c.add_argument(
+        "--memory",
+        type=_quantity(parse_memory),
+        metavar="QUANTITY",
+        help="memory it asks for, e.g. 512Mi or 2Gi (default: the engine's)",
+    )
+    c.add_argument(
+        "--cpu",
+        type=_quantity(parse_cpu),
+        metavar="QUANTITY",
+        help="CPU it asks for, e.g. 500m or 2 (default: the engine's)",
     )
     c.add_argument(
         "--start-timeout", type=float, default=60.0, metavar="SECONDS", help="wait for ready"
@@ -138,6 +152,18 @@ def add_engineconn_commands(cmds: Any) -> None:
         "-f", "--follow", action="store_true", help="keep printing until it ends (or Ctrl-C)"
     )
     c.set_defaults(func=cmd_ec_logs)
+
+
+def _quantity(parse: Callable[[str], int]) -> Callable[[str], int]:
+    """An argparse type: a quantity (labelrm_common/quantity.py), one-line error if bad."""
+
+    def convert(text: str) -> int:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return convert
 
 
 def _param(text: str) -> tuple[str, str]:
@@ -246,7 +272,11 @@ def _print_engine_conn(ec: Any, out: TextIO) -> None:
         ("user", ec.user or "-"),
         ("labels", fmt_labels(ec.labels)),
         ("params", ",".join(f"{k}={v}" for k, v in sorted(ec.params.items())) or "-"),
-        ("resource", fmt_resource(opt(ec, "resource"))),
+        # Asked for, what its ticket charges (its cgroup's limits), what it uses.
+        ("requested", fmt_resource(opt(ec, "resource"))),
+        ("granted", fmt_resource(opt(ec, "granted_resource"))),
+        ("measured", fmt_usage(opt(ec, "measured"))),
+        ("measured_at", fmt_time(ec.measure_time)),
         ("ecm", ec.ecm_instance or "-"),
         ("address", ec.address or "-"),
         ("pid", str(ec.pid or "-")),
@@ -283,18 +313,21 @@ def _print_engine_conn(ec: Any, out: TextIO) -> None:
 
 
 def cmd_ec_create(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
-    """`rmctl engineconn create --labels L [--user U] [--param K=V]... [--reuse] [-q]`."""
+    """`rmctl engineconn create --labels L [--user U] [--memory Q] [--cpu Q] [--param K=V]...
+    [--reuse] [-q]`."""
     params = dict(args.params)
     engine = next((lb.value for lb in args.labels if lb.key == "engineType"), "EngineConn")
     label = f"starting {engine}" + (f" for {args.user}" if args.user else "")
 
+    size = {"memory": args.memory, "cpu": args.cpu}
+
     def call() -> Any:
         if args.reuse:
             ec, _ = client.ask_engine_conn(
-                args.labels, args.user, params, timeout=args.start_timeout
+                args.labels, args.user, params, timeout=args.start_timeout, **size
             )
             return ec
-        return client.create_engine_conn(args.labels, args.user, params, args.start_timeout)
+        return client.create_engine_conn(args.labels, args.user, params, args.start_timeout, **size)
 
     try:
         ec = with_progress(label, call, sys.stderr)

@@ -23,9 +23,11 @@ from clients._filters import (
     sort_rows,
 )
 from clients._format import (
+    fmt_isolation,
     fmt_labels,
     fmt_resource,
     fmt_time,
+    fmt_usage,
     opt,
     print_details,
     print_json,
@@ -132,7 +134,7 @@ def resolve_ecm(client: RMClient, given: str) -> Any:
     )
 
 
-_HEADER = ("instance", "state", "engineconns", "total", "left", "last_heartbeat")
+_HEADER = ("instance", "state", "isolation", "engineconns", "total", "left", "last_heartbeat")
 _WIDE = (*_HEADER, "labels", "protected", "registered")
 
 
@@ -140,6 +142,7 @@ def _row(e: Any, wide: bool) -> tuple[str, ...]:
     row: tuple[str, ...] = (
         e.instance,
         ecm_state_name(e.state),
+        fmt_isolation(opt(e, "isolation")),
         str(e.live_engine_conns),
         fmt_resource(opt(e, "total_resource")),
         fmt_resource(opt(e, "left_resource")),
@@ -189,6 +192,7 @@ def cmd_node_status(client: RMClient, args: argparse.Namespace, out: TextIO) -> 
         [
             ("instance", e.instance),
             ("state", ecm_state_name(e.state)),
+            ("isolation", fmt_isolation(opt(e, "isolation"), full=True)),
             ("labels", fmt_labels(e.labels)),
             ("total", fmt_resource(opt(e, "total_resource"))),
             ("protected", fmt_resource(opt(e, "protected_resource"))),
@@ -209,13 +213,14 @@ def cmd_node_status(client: RMClient, args: argparse.Namespace, out: TextIO) -> 
         print(file=out)
         print_table(
             out,
-            ("engine_conn_id", "state", "user", "resource", "address"),
+            ("engine_conn_id", "state", "user", "granted", "measured", "address"),
             (
                 (
                     ec.engine_conn_id,
                     ec_state_name(ec.state),
                     ec.user,
-                    fmt_resource(opt(ec, "resource")),
+                    fmt_resource(opt(ec, "granted_resource")),
+                    fmt_usage(opt(ec, "measured")),
                     ec.address or "-",
                 )
                 for ec in live

@@ -18,7 +18,7 @@ from labelrm.v1 import demand_pb2
 
 from clients._engineconn import LIVE_EC_STATES, ec_state_name, ecm_state_name
 from clients._filters import fmt_age
-from clients._format import print_details, print_json, print_table
+from clients._format import fmt_time, print_details, print_json, print_table
 from clients._impl import RMClient
 from labelrm_common.quantity import format_bytes, format_cpu
 from labelrm_common.version import VERSION
@@ -82,6 +82,29 @@ def _counts(names: Iterable[str]) -> str:
     return ", ".join(f"{n} {s}" for s, n in sorted(counted.items())) or "none"
 
 
+def fmt_liveness(info: Any) -> str:
+    """What the liveness judge does now (GetClusterInfo's `liveness`): SUSPENDED during
+    a suspected disruption, a grace window after the RM could not hear, else judging."""
+    judge = info.liveness
+    if judge.disrupted:
+        return (
+            f"SUSPENDED since {fmt_time(judge.disrupted_since)}: {judge.silent_agents} of "
+            f"{judge.agents} agents silent at once, a suspected disruption (the RM or its "
+            "network): nothing is declared LOST (docs/operations.md)"
+        )
+    grace_end = max(
+        judge.agents_judged_from.ToDatetime(), judge.engine_conns_judged_from.ToDatetime()
+    )
+    if info.HasField("time") and grace_end > info.time.ToDatetime():
+        return (
+            f"grace window until {grace_end:%Y-%m-%dT%H:%M:%SZ} "
+            f"({judge.heard_since_reason}): nothing is declared LOST before then"
+        )
+    return (
+        f"judging; silence counts since {fmt_time(judge.heard_since)} ({judge.heard_since_reason})"
+    )
+
+
 def cmd_status(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     """`rmctl status`."""
     info = client.get_cluster_info()
@@ -108,6 +131,7 @@ def cmd_status(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
             ("rm", f"{args.rm} version {info.version} (rmctl {VERSION})"),
             ("replicas", f"{len(info.replicas)}: {replicas or '-'}"),
             ("database", info.database),
+            ("liveness", fmt_liveness(info)),
             ("nodes", f"{len(ecms)}: {_counts(ecm_state_name(e.state) for e in ecms)}"),
             ("engineconns", f"{len(live)} live: {_counts(ec_state_name(e.state) for e in live)}"),
             ("total", fmt_dims(_sum(r.max_resource for r in nodes))),

@@ -24,10 +24,12 @@ from labelrm_common.version import VERSION
 __all__ = ["AGENT", "HELP", "AgentSettings", "SettingsError", "load_agent_config"]
 
 ENV_PREFIX = "LABELRM_AGENT_"
+ISOLATION_MODES = ("cgroup", "none")
 
 RM = Section("rm", "The RM and this ECM's identity")
 RESOURCES = Section("resources", "Resources offered")
 LAUNCH = Section("launch", "EngineConn launches")
+ISOLATION = Section("isolation", "Containing EngineConns (cgroups)")
 TIMINGS = Section("timings", "Timings")
 LOGGING = Section("logging", "Logs")
 TLS = Section("tls", "Reaching the RM securely (security.md)")
@@ -85,6 +87,31 @@ class AgentSettings:
         600.0, "seconds without a launch before a user's fork server is closed"
     )
 
+    # Each EngineConn in a cgroup of its own (ecm_agent/containment.py): the granted
+    # memory and CPU enforced, its usage measured, kill ending all of it. `none` is the
+    # operator's explicit choice to run without (the RM shows it on the node).
+    isolation: str = ISOLATION.setting(
+        "cgroup",
+        "`cgroup`: each EngineConn in its own cgroup (the agent refuses to start without"
+        " one); `none`: no containment, no measured usage",
+        choices=ISOLATION_MODES,
+    )
+    cgroup_root: Path = ISOLATION.setting(
+        Path("/sys/fs/cgroup"), "where the cgroup hierarchies are mounted (v2, or v1 controllers)"
+    )
+    cgroup_parent: str = ISOLATION.setting(
+        "",
+        "the agent's cgroup for its EngineConns: relative to the agent's own cgroup, or"
+        " absolute from each hierarchy's root (default: labelrm-<agent_id> under its own)",
+        doc_default="labelrm-<agent_id>",
+    )
+    pids_max: int = ISOLATION.setting(4096, "processes and threads one EngineConn may have")
+    usage_interval: float = ISOLATION.setting(
+        5.0,
+        "seconds between readings of each EngineConn's cgroup (memory, CPU, OOM kills);"
+        " a heartbeat carries the newest",
+    )
+
     heartbeat_interval: float = TIMINGS.setting(
         3.0, "seconds between heartbeats until the RM's answer sets it"
     )
@@ -123,6 +150,9 @@ def _finish(values: dict[str, Any], sources: Mapping[str, str]) -> None:
     """The host name as the default agent_id; the token read from token_file."""
     if not values["agent_id"]:
         values["agent_id"] = socket.gethostname().split(".")[0]
+    if not values["cgroup_parent"]:
+        # The agent id names the ECM: unique among the agents sharing a hierarchy.
+        values["cgroup_parent"] = "labelrm-" + values["agent_id"].replace("/", "_")
     if values["token_file"]:
         try:
             values["token"] = read_token_file(Path(values["token_file"]))
@@ -190,6 +220,8 @@ def check_files(s: AgentSettings) -> None:
         parse_labels(s.labels)
     except ValueError as exc:
         raise SettingsError(f"labels: {exc}") from None
+    if s.pids_max < 16 or s.usage_interval <= 0:
+        raise SettingsError("pids_max must be at least 16 and usage_interval above 0")
 
 
 def read_token_file(path: Path) -> str:

@@ -117,6 +117,10 @@ def agent_command(settings: Settings, port: int, extra: tuple[str, ...] = ()) ->
         ec_python(),
         "--heartbeat-interval",
         "1",
+        # A development shortcut, not a worker: its EngineConns are not contained (an
+        # unprivileged agent could not make cgroups), and the node says so.
+        "--isolation",
+        "none",
         "--log-format",  # one format on the terminal: the RM's
         settings.log_format,
         *extra,

@@ -103,7 +103,7 @@ class RMServer:
     engine_conns: EngineConnManager | None = None
     hub: AgentHub | None = None
     demands: DemandManager | None = None
-    _liveness: asyncio.Task[None] | None = None
+    _liveness: list[asyncio.Task[None]] = field(default_factory=list)  # the judge, the hearing
     _server: grpc.aio.Server | None = None
     _serving = False  # the gRPC server started (only then can it be stopped)
     _health: health.aio.HealthServicer | None = None
@@ -190,16 +190,23 @@ class RMServer:
         )
         self.hub = AgentHub(self.engine_conns)
         self.metrics.attach_states(self.hub)
-        self._liveness = asyncio.create_task(
-            run_periodically(
-                "liveness",
-                self.settings.sweep_interval,
-                self.hub.sweep,
-                lease,
-                self.metrics.observe_pass,
+        self.metrics.attach_liveness(self.hub)
+        # Silence before this start proves nothing (the RM was away): marked before the
+        # judge's first pass. Then every replica proves each interval that it hears.
+        await self.hub.judge.hearing.start(self.core.replica_id)
+        interval = self.settings.sweep_interval
+        self._liveness = [
+            asyncio.create_task(
+                run_periodically(
+                    "liveness", interval, self.hub.sweep, lease, self.metrics.observe_pass
+                ),
+                name="liveness",
             ),
-            name="liveness",
-        )
+            asyncio.create_task(
+                run_periodically("hearing", interval, self.hub.judge.hearing.check),
+                name="hearing",
+            ),
+        ]
         # Every service is added to the interceptor, which wraps each method once with
         # logs, metrics, security and error statuses, then installs them (its module doc).
         calls = Interceptor(
@@ -270,6 +277,8 @@ class RMServer:
             ec_heartbeat_interval=st.ec_heartbeat_interval,
             kill_grace=st.kill_grace,
             node_include_required=st.node_include_required,
+            disruption_share=st.disruption_share,
+            disruption_min_agents=st.disruption_min_agents,
         )
 
     def _demand_settings(self) -> DemandSettings:
@@ -280,6 +289,8 @@ class RMServer:
             claim_timeout=timedelta(seconds=st.demand_claim_timeout),
             loose_slip=timedelta(seconds=st.demand_loose_slip),
             default_duration=timedelta(seconds=st.demand_default_duration),
+            order_by_timeout=timedelta(seconds=st.demand_order_by_timeout),
+            commit_margin=timedelta(seconds=min(st.demand_commit_margin, st.demand_interval / 2)),
         )
         return DemandSettings(planner=planner, interval=st.demand_interval)
 
@@ -294,10 +305,12 @@ class RMServer:
         grace = self.settings.shutdown_grace if grace is None else grace
         if self._server is not None and self._serving:
             await self._server.stop(grace)
-        if self._liveness is not None:
-            self._liveness.cancel()
+        for task in self._liveness:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._liveness
+                await task
+        if self.hub is not None:
+            self.hub.judge.hearing.close()
         if self.demands is not None:
             await self.demands.stop_background()
         if self.core is not None:

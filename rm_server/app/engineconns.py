@@ -32,8 +32,10 @@ from rm_server.domain.engineconn import (
     EngineConn,
     LaunchPayload,
     label_set,
+    local_limits,
 )
 from rm_server.domain.labels import EM_INSTANCE, ENGINE_TYPE, USER_CREATOR, Label
+from rm_server.domain.liveness import DEFAULT_DISRUPTION_MIN_AGENTS, DEFAULT_DISRUPTION_SHARE
 from rm_server.domain.model import Ticket
 from rm_server.domain.resources import Resource
 from rm_server.domain.selection import EcmCandidate, SelectionRequest, rank
@@ -78,6 +80,10 @@ class EcSettings:
     engine_defaults: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     # Only ECMs the node include list names are allowed (none while it is empty).
     node_include_required: bool = False
+    # A suspected disruption: at least this share of the agents, and this many, silent at
+    # once (domain/liveness.py).
+    disruption_share: float = DEFAULT_DISRUPTION_SHARE
+    disruption_min_agents: int = DEFAULT_DISRUPTION_MIN_AGENTS
 
     @property
     def start_timeout(self) -> timedelta:
@@ -351,8 +357,10 @@ class EngineConnManager:
                 exit_code=None,
                 pid=None,
                 ecm_choices=ec_store.choices_json(choices),
+                granted=ticket.locked,
             )
-            await ec_store.queue_command(conn, with_admitted_queue(command, ticket), now)
+            launch_command = with_grant(with_admitted_queue(command, ticket), ticket)
+            await ec_store.queue_command(conn, launch_command, now)
 
         labels = (*[lb for lb in ec.labels if lb.key != EM_INSTANCE], Label(EM_INSTANCE, ecm))
         idem = Idempotency.of("CreateEngineConn.Apply", f"{ec.ec_id}/{attempt}", b"")
@@ -499,6 +507,15 @@ def start_failure_reason(exc: BaseException) -> str:
     if isinstance(exc, asyncio.CancelledError):
         return "cancelled"
     return f"internal error: {type(exc).__name__}"
+
+
+def with_grant(command: AgentCommand, ticket: Ticket) -> AgentCommand:
+    """The launch command told what its ticket charges on the ECM: the memory limit and
+    CPU quota its agent holds the EngineConn to."""
+    if command.launch is None:
+        return command
+    memory, cpu = local_limits(ticket.locked)
+    return replace(command, launch=replace(command.launch, memory_bytes=memory, cpu_millis=cpu))
 
 
 def with_admitted_queue(command: AgentCommand, ticket: Ticket) -> AgentCommand:

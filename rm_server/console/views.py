@@ -18,6 +18,7 @@ from labelrm_common.text import visible
 from rm_server.app.listings import GroupTotal, Series
 from rm_server.domain.demands.model import Demand
 from rm_server.domain.demands.timelang import Span, order_ids
+from rm_server.domain.demands.waits import wait_text
 from rm_server.domain.engineconn import EcmStatus, EngineConn
 from rm_server.domain.external import ProviderConfig
 from rm_server.domain.labels import Label, LabelError, LabelKey
@@ -126,6 +127,7 @@ def node(s: EcmStatus, record: LabelResource | None) -> Json:
         "last_heartbeat_at": at(s.last_heartbeat_at),
         "live_engine_conns": s.live_engine_conns,
         "draining": s.state.value == "DRAINING",
+        "isolation": s.isolation.to_dict() if s.isolation is not None else None,
     }
 
 
@@ -145,6 +147,9 @@ def engine_conn(ec: EngineConn, full: bool = False) -> Json:
         "engine": ec.engine,
         "labels": labels(ec.labels),
         "resource": resource(ec.resource),
+        "granted": resource(ec.granted),
+        "measured": ec.measured.to_dict() if ec.measured is not None else None,
+        "measured_at": at(ec.measured_at),
         "node": ec.ecm_instance,
         "ticket_id": ec.ticket_id,
         "holder": ec.holder,
@@ -180,8 +185,8 @@ def engine_conn(ec: EngineConn, full: bool = False) -> Json:
 
 def engine_conn_row(ec: EngineConn) -> Row:
     out = engine_conn(ec)
-    shown = (ec.ec_id, ec.user, ec.engine, ec.state.value, ec.ecm_instance, ec.holder, ec.reason)
-    return Row(out, _text(*shown))
+    words = (ec.ec_id, ec.user, ec.engine, ec.state.value, ec.ecm_instance, ec.holder, ec.reason)
+    return Row(out, _text(*words))
 
 
 def ticket(t: Ticket, full: bool = False) -> Json:
@@ -240,6 +245,7 @@ def demand(d: Demand, full: bool = False) -> Json:
         "deadline": at(v.hold.deadline),
         # OrderBy names demands of the same user: their console ids.
         "order_by": [demand_key(d.user, i) for i in order_ids(v.order)],
+        "waiting": wait_text(d.order_wait),
         "allocated_at": at(d.allocated_at),
         "ended_at": at(d.ended_at),
         "ticket_id": d.ticket_id or "",
@@ -265,7 +271,7 @@ def demand(d: Demand, full: bool = False) -> Json:
 
 def demand_row(d: Demand) -> Row:
     out = demand(d)
-    return Row(out, _text(d.demand_id, d.user, d.state.value, d.reason,
+    return Row(out, _text(d.demand_id, d.user, d.state.value, out["waiting"] or d.reason,
                           _label_text(out["labels"])))  # fmt: skip
 
 

@@ -80,6 +80,66 @@ class ProcessState(enum.StrEnum):
 
 
 @dataclass(frozen=True)
+class MeasuredUsage:
+    """What an agent measured an EngineConn using, from its cgroup: memory now and at
+    its peak (bytes), CPU on average over the agent's last sampling interval
+    (millicores) and in total (microseconds)."""
+
+    memory_bytes: int = 0
+    memory_peak_bytes: int = 0
+    cpu_millis: int = 0
+    cpu_time_micros: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "memory_bytes": self.memory_bytes,
+            "memory_peak_bytes": self.memory_peak_bytes,
+            "cpu_millis": self.cpu_millis,
+            "cpu_time_micros": self.cpu_time_micros,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> MeasuredUsage:
+        def num(key: str) -> int:
+            value = data.get(key, 0)
+            return value if isinstance(value, int) else 0
+
+        return cls(
+            num("memory_bytes"), num("memory_peak_bytes"), num("cpu_millis"),
+            num("cpu_time_micros"),
+        )  # fmt: skip
+
+
+ISOLATION_MODES = ("cgroup-v2", "cgroup-v1", "none")
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """How an agent contains its EngineConns: ``cgroup-v2``, ``cgroup-v1`` or ``none``
+    (the operator's explicit choice), with the controllers and parent cgroups it uses."""
+
+    mode: str
+    controllers: tuple[str, ...] = ()
+    cgroup_parents: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "mode": self.mode,
+            "controllers": list(self.controllers),
+            "cgroup_parents": list(self.cgroup_parents),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> Isolation:
+        controllers, parents = data.get("controllers", []), data.get("cgroup_parents", [])
+        return cls(
+            str(data.get("mode", "")),
+            tuple(str(c) for c in controllers) if isinstance(controllers, list) else (),
+            tuple(str(p) for p in parents) if isinstance(parents, list) else (),
+        )
+
+
+@dataclass(frozen=True)
 class ProcessReport:
     """An agent's report on one EngineConn process."""
 
@@ -90,6 +150,8 @@ class ProcessReport:
     reason: str = ""
     log_tail: str = ""
     work_dir: str = ""
+    usage: MeasuredUsage | None = None  # measured from its cgroup, when it has news
+    out_of_memory: bool = False  # stopped over its memory: it ended FAILED
 
 
 @dataclass(frozen=True)
@@ -125,6 +187,10 @@ class EngineConn:
     hold_expires_at: datetime | None = None
     ready_at: datetime | None = None
     ended_at: datetime | None = None
+    # What its ticket charges (set at launch): on its ECM, its cgroup's limits.
+    granted: Resource | None = None
+    measured: MeasuredUsage | None = None  # its agent's last measurement, if any
+    measured_at: datetime | None = None
     # The bearer token its executor requires. Out of repr so that logging an EngineConn
     # never writes it out; only the owner's Create / Ask / Get responses carry it.
     secret: str = field(default="", repr=False)
@@ -142,6 +208,10 @@ class LaunchPayload:
     environment: Mapping[str, str] = field(repr=False)
     required_local_environment: tuple[str, ...]
     material_files: tuple[tuple[str, bytes, bool], ...] = field(default=(), repr=False)
+    # What the RM granted on the ECM (0: not granted): its cgroup's memory limit and CPU
+    # quota on the agent.
+    memory_bytes: int = 0
+    cpu_millis: int = 0
 
 
 class CommandKind(enum.StrEnum):
@@ -181,6 +251,21 @@ class EcmStatus:
     updated_at: datetime
     last_heartbeat_at: datetime | None
     live_engine_conns: int
+    isolation: Isolation | None = None  # None: its agent did not say (an older one)
+
+
+@dataclass(frozen=True)
+class EcmUsage:
+    """Over one ECM's live EngineConns: the sums of what they asked for, what their
+    tickets charge (granted) and what their agent measured (for metrics)."""
+
+    ecm: str
+    engine_conns: int
+    requested_memory_bytes: int
+    requested_cpu_millis: int
+    granted_memory_bytes: int
+    granted_cpu_millis: int
+    measured: MeasuredUsage
 
 
 @dataclass(frozen=True)
@@ -189,6 +274,13 @@ class HeartbeatOutcome:
     commands: tuple[AgentCommand, ...] = ()
     reason: str = ""
     sequence: int = 0
+
+
+def local_limits(granted: Resource) -> tuple[int, int]:
+    """(memory bytes, CPU millicores) of a grant that its ECM's agent enforces: the
+    resource's own memory and CPU (a driver_and_yarn's driver part; 0 where the kind has
+    none). The YARN part runs elsewhere."""
+    return granted.get("memory_bytes"), granted.get("cpu_millis")
 
 
 def heartbeat_is_routine(

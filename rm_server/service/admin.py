@@ -154,6 +154,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
             version=VERSION,
             database=_database(self.database_url, row.server_version),
             waiting_applies=row.waiting_applies,
+            liveness=convert.liveness_to_pb(await self.hub.liveness()),
         )
         out.time.FromDatetime(self.core.clock.now())
         for r in row.replicas:

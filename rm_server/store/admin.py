@@ -8,7 +8,10 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from psycopg.types.json import Jsonb
+
 from rm_server.domain.admission import ECM_SOURCE, charged_part, excess_dimensions
+from rm_server.domain.engineconn import Isolation
 from rm_server.domain.labels import Label, LabelKey
 from rm_server.domain.limits import LabelPattern, LimitRule, best_limit
 from rm_server.domain.model import (
@@ -70,9 +73,11 @@ async def register_ecm(
     protected: Resource,
     now: datetime,
     include_required: bool = False,
+    isolation: Isolation | None = None,
 ) -> Registration:
     """Create or update an ECM and its label record; a changed total is applied and logged.
-    `include_required`: only ECMs the include list names may register."""
+    `include_required`: only ECMs the include list names may register; `isolation`: how
+    its agent contains EngineConns (None: not said)."""
     if not (await node_lists(conn)).allows(instance, include_required):
         raise FailedPrecondition(
             f"ECM {instance} is not allowed by the include/exclude lists",
@@ -126,15 +131,24 @@ async def register_ecm(
         await notify_freed(conn, [label])
     registered_at = now if previous is None else previous[2]
     await conn.execute(
-        "INSERT INTO ecm (instance, label, labels, total, protected, registered_at, updated_at)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (instance) DO UPDATE SET"
+        "INSERT INTO ecm (instance, label, labels, total, protected, registered_at, updated_at,"
+        " isolation) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (instance) DO UPDATE SET"
         " labels = EXCLUDED.labels, total = EXCLUDED.total, protected = EXCLUDED.protected,"
-        " updated_at = EXCLUDED.updated_at,"
+        " updated_at = EXCLUDED.updated_at, isolation = EXCLUDED.isolation,"
         # A (re-)registration starts a new heartbeat sequence and revives a LOST ECM.
         " state = CASE WHEN ecm.state = 'DRAINING' THEN 'DRAINING' ELSE 'RUNNING' END,"
         " heartbeat_seq = 0, last_response = NULL, last_heartbeat_at = EXCLUDED.updated_at,"
         " beat_mark = EXCLUDED.updated_at",
-        (instance, label, jlabels(labels), jres(total), jres(protected), registered_at, now),
+        (
+            instance,
+            label,
+            jlabels(labels),
+            jres(total),
+            jres(protected),
+            registered_at,
+            now,
+            Jsonb(isolation.to_dict()) if isolation is not None else None,
+        ),
     )
     if changed and previous is not None:
         log.warning(
@@ -145,7 +159,7 @@ async def register_ecm(
             previous[1],
             protected.to_dict(),
         )
-    ecm = Ecm(instance, label, labels, total, protected, registered_at, now)
+    ecm = Ecm(instance, label, labels, total, protected, registered_at, now, isolation)
     return Registration(ecm, changed)
 
 

@@ -21,6 +21,7 @@ def agent_cmd(tmp: Path, *extra: str, rm: str = "") -> list[str]:
         "--agent-id", "a1",
         "--work-root", str(tmp / "work"),
         "--state-dir", str(tmp / "state"),
+        "--isolation", "none",  # (the signals and settings of the daemon, not its cgroups)
         *extra,
     ]  # fmt: skip
 

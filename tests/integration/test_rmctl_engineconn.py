@@ -42,9 +42,9 @@ async def test_engineconn_lifecycle_through_rmctl(
     assert await ctl(rm, "node", "list") == 0
     header, *rows = capsys.readouterr().out.splitlines()
     assert header.split() == [
-        "INSTANCE", "STATE", "ENGINECONNS", "TOTAL", "LEFT", "LAST_HEARTBEAT",
+        "INSTANCE", "STATE", "ISOLATION", "ENGINECONNS", "TOTAL", "LEFT", "LAST_HEARTBEAT",
     ]  # fmt: skip
-    assert [r.split()[:2] for r in rows] == [["agent1", "RUNNING"]]
+    assert [r.split()[:3] for r in rows] == [["agent1", "RUNNING", "cgroup-v1"]]
     assert await ctl(rm, "-o", "wide", "node", "list") == 0
     header = capsys.readouterr().out.splitlines()[0]
     assert header.split()[-3:] == ["LABELS", "PROTECTED", "REGISTERED"]

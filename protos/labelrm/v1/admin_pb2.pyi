@@ -204,18 +204,42 @@ class RmReplica(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class GetClusterInfoResponse(_message.Message):
-    __slots__ = ("version", "replicas", "database", "waiting_applies", "time")
+    __slots__ = ("version", "replicas", "database", "waiting_applies", "time", "liveness")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     DATABASE_FIELD_NUMBER: _ClassVar[int]
     WAITING_APPLIES_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
+    LIVENESS_FIELD_NUMBER: _ClassVar[int]
     version: str
     replicas: _containers.RepeatedCompositeFieldContainer[RmReplica]
     database: str
     waiting_applies: int
     time: _timestamp_pb2.Timestamp
-    def __init__(self, version: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[RmReplica, _Mapping]]] = ..., database: _Optional[str] = ..., waiting_applies: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    liveness: LivenessState
+    def __init__(self, version: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[RmReplica, _Mapping]]] = ..., database: _Optional[str] = ..., waiting_applies: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., liveness: _Optional[_Union[LivenessState, _Mapping]] = ...) -> None: ...
+
+class LivenessState(_message.Message):
+    __slots__ = ("heard_since", "heard_since_reason", "agents_judged_from", "engine_conns_judged_from", "disrupted", "disrupted_since", "silent_agents", "agents", "last_pass_time")
+    HEARD_SINCE_FIELD_NUMBER: _ClassVar[int]
+    HEARD_SINCE_REASON_FIELD_NUMBER: _ClassVar[int]
+    AGENTS_JUDGED_FROM_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_CONNS_JUDGED_FROM_FIELD_NUMBER: _ClassVar[int]
+    DISRUPTED_FIELD_NUMBER: _ClassVar[int]
+    DISRUPTED_SINCE_FIELD_NUMBER: _ClassVar[int]
+    SILENT_AGENTS_FIELD_NUMBER: _ClassVar[int]
+    AGENTS_FIELD_NUMBER: _ClassVar[int]
+    LAST_PASS_TIME_FIELD_NUMBER: _ClassVar[int]
+    heard_since: _timestamp_pb2.Timestamp
+    heard_since_reason: str
+    agents_judged_from: _timestamp_pb2.Timestamp
+    engine_conns_judged_from: _timestamp_pb2.Timestamp
+    disrupted: bool
+    disrupted_since: _timestamp_pb2.Timestamp
+    silent_agents: int
+    agents: int
+    last_pass_time: _timestamp_pb2.Timestamp
+    def __init__(self, heard_since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., heard_since_reason: _Optional[str] = ..., agents_judged_from: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., engine_conns_judged_from: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., disrupted: _Optional[bool] = ..., disrupted_since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., silent_agents: _Optional[int] = ..., agents: _Optional[int] = ..., last_pass_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ListEventsRequest(_message.Message):
     __slots__ = ("kind", "id", "user")

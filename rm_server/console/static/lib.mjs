@@ -130,6 +130,12 @@ export function resText(r) {
   return (r.queue ? "queue " + r.queue + ": " : "") + (parts.join(", ") || "none");
 }
 export const dim = (r, d) => (r && r.dims[d]) || 0;
+// what an EngineConn's agent measured from its cgroup
+export function usageText(u) {
+  if (!u) return "–";
+  return `memory ${bytes(u.memory_bytes)} (peak ${bytes(u.memory_peak_bytes)}), cpu ${qty("cpu_millis", u.cpu_millis)}, cpu time ${(u.cpu_time_micros / 1e6).toFixed(1)} s`;
+}
+export const isolationText = (i) => (!i ? "–" : i.mode === "none" ? "none (not contained)" : `${i.mode} (${i.controllers.join(", ")})`);
 export const fmt = (n) => Number(n).toLocaleString("en-US");
 
 // Times: relative in lists ("3 min ago"), the absolute time in UTC on hover and on the

@@ -2,8 +2,8 @@
 // polls its own endpoint; ids link to their pages.
 import { html, useState, useEffect, useRef } from "./vendor/htm-preact.mjs";
 import {
-  api, usePoll, href, link, qty, dimName, resText, dim, fmt, utc, When, Pill, Labels,
-  Loading, Bar, Legend, UsageChart, List, Rows,
+  api, usePoll, href, link, bytes, qty, dimName, resText, dim, fmt, utc, When, Pill, Labels,
+  Loading, Bar, Legend, UsageChart, List, Rows, usageText, isolationText,
 } from "./lib.mjs";
 import { Timeline } from "./timeline.mjs";
 
@@ -74,6 +74,7 @@ const NODE_COLS = [
   { h: "use", r: bars },
   { h: "left", sort: "left", f: "left", val: (n) => dim(n.left, "memory_bytes"), r: (n) => resText(n.left) },
   { h: "EngineConns", sort: "engineconns", r: (n) => html`<a href=${href(["engineconns"], { node: n.instance })}>${n.live_engine_conns}</a>` },
+  { h: "isolation", r: (n) => isolationText(n.isolation) },
   { h: "last heartbeat", sort: "heartbeat", r: (n) => html`<${When} at=${n.last_heartbeat_at}/>` },
 ];
 
@@ -89,6 +90,7 @@ const EC_COLS = [
   { h: "state", sort: "state", r: (e) => html`<${Pill} s=${e.state}/>` },
   { h: "node", sort: "node", r: (e) => (e.node ? link("nodes", e.node) : "–") },
   { h: "resources", sort: "memory", r: (e) => resText(e.resource) },
+  { h: "measured", r: (e) => (e.measured ? bytes(e.measured.memory_bytes) + ", " + qty("cpu_millis", e.measured.cpu_millis) : html`<span class="muted">–</span>`) },
   { h: "created", sort: "created", r: (e) => html`<${When} at=${e.created_at}/>` },
   { h: "ended", sort: "ended", r: (e) => html`<${When} at=${e.ended_at}/>` },
   { h: "reason", sort: "reason", f: "reason", r: (e) => e.reason || html`<span class="muted">–</span>` },
@@ -102,7 +104,7 @@ export function Node({ id }) {
   const ended = ecs.filter((e) => e.ended_at);
   return html`<h1>Node ${n.instance} <${Pill} s=${n.state}/> ${st.data.may_drain && n.state === "RUNNING" && html`<${Action} testid="drain" label="drain" path=${"/api/nodes/" + encodeURIComponent(n.instance) + "/drain"} confirm=${"Drain " + n.instance + "? It takes no new EngineConns and leaves once its last one has ended."}/>`}</h1>
   <div class="cards">
-    <div class="card"><h3>Labels</h3><${Labels} labels=${n.labels}/></div>
+    <div class="card"><h3>Labels</h3><${Labels} labels=${n.labels}/><div data-testid="isolation">isolation: ${isolationText(n.isolation)}</div></div>
     <div class="card" data-testid="capacity"><h3>Capacity</h3><${Legend}/>${Object.keys(n.total.dims).map((d) => html`<div data-dim=${d}><${Bar} d=${d} max=${n.total} used=${n.used} locked=${n.locked} reserved=${n.reserved} protectedR=${n.protected}/> ${dimName(d)}: ${qty(d, dim(n.used, d))} used, ${qty(d, dim(n.locked, d))} locked, ${qty(d, dim(n.reserved, d))} reserved of ${qty(d, dim(n.total, d))}</div>`)}
       <div>left: <span data-testid="node-left" data-value=${dim(n.left, "memory_bytes")}>${resText(n.left)}</span></div></div>
     <div class="card"><h3>Liveness</h3><div>last heartbeat <${When} at=${n.last_heartbeat_at}/></div><div>registered <${When} at=${n.registered_at}/></div><div>state changed <${When} at=${n.updated_at}/></div></div>
@@ -146,7 +148,7 @@ export function EngineConn({ id }) {
   <div class="cards">
     <div class="card"><h3>Owner</h3>${e.user} · ${e.engine}<div><${Labels} labels=${e.labels}/></div></div>
     <div class="card"><h3>Placement</h3>node ${e.node ? link("nodes", e.node) : "–"} · pid ${e.pid || "–"}<div class="muted">${e.address}</div><div>ticket ${e.ticket_id ? link("tickets", e.ticket_id) : "–"}</div><div>launch attempts ${e.launch_attempts}</div></div>
-    <div class="card"><h3>Resources</h3>${resText(e.resource)}</div>
+    <div class="card" data-testid="ec-resources"><h3>Resources</h3><div>requested: ${resText(e.resource)}</div><div>granted: ${resText(e.granted)}</div><div>measured: ${usageText(e.measured)} ${e.measured_at && html`<${When} at=${e.measured_at}/>`}</div></div>
     <div class="card"><h3>Holder</h3>${e.holder || "–"} ${e.hold_expires_at && html`<div>until <${When} at=${e.hold_expires_at}/></div>`}</div>
   </div>
   ${e.reason && html`<p data-testid="ec-reason">reason: ${e.reason}</p>`}
@@ -308,7 +310,7 @@ const DEMAND_COLS = [
   { h: "planned start", sort: "planned_start", f: "planned_start", val: (d) => d.planned_start, r: (d) => html`<${When} at=${d.planned_start}/>` },
   { h: "deadline", sort: "deadline", r: (d) => html`<${When} at=${d.deadline}/>` },
   { h: "after", r: (d) => d.order_by.map((k) => html`<a href=${href(["demands", ...k.split("/")])}>${k.split("/").slice(1).join("/")}</a> `) },
-  { h: "reason", r: (d) => d.reason },
+  { h: "reason", r: (d) => d.waiting || d.reason },
 ];
 
 export function Demands({ route }) {
@@ -336,7 +338,7 @@ export function Demand({ user, id }) {
   const d = st.data.demand;
   return html`<h1>Demand ${d.demand_id} <span class="muted">of ${d.user}</span> <${Pill} s=${d.state}/></h1>
   <div class="cards" data-testid="demand">
-    <div class="card"><h3>What</h3>${resText(d.resource)}<div><${Labels} labels=${d.labels}/></div><div class="muted">${d.reason}</div></div>
+    <div class="card"><h3>What</h3>${resText(d.resource)}<div><${Labels} labels=${d.labels}/></div><div class="muted">${d.waiting || d.reason}</div></div>
     <div class="card"><h3>Plan (UTC)</h3>
       <div>planned start <b data-testid="planned-start" data-value=${d.planned_start}>${utc(Date.parse(d.planned_start))}</b></div>
       <div>reserved from ${utc(Date.parse(d.plan_start))} <span class="muted">(one lead time earlier)</span></div>
