@@ -153,7 +153,8 @@ class Settings:
     )
     history_retention_days: float = TIMINGS.setting(
         30.0,
-        "ended tickets, EngineConns and demands are deleted this many days after they ended",
+        "ended tickets, EngineConns and demands are deleted this many days after they ended,"
+        " a node's events this many days after they happened",
     )
     request_id_retention_hours: float = TIMINGS.setting(
         48.0,
@@ -318,6 +319,11 @@ RM_SERVER: Program[Settings] = Program(
     switches=(
         ("--dev", "also start one local agent (dev mode: embedded database, loopback only)"),
         ("--dev-tls", "with --dev: TLS, certificates and an admin token, from a throwaway CA"),
+        (
+            "--reset",
+            "start afresh: delete the embedded database of the data directory (wherever "
+            "its files are) before starting",
+        ),
     ),
 )
 

@@ -10,6 +10,7 @@ import logging
 import signal
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -265,6 +266,11 @@ class RMServer:
     def metrics_port(self) -> int:
         """The port of the metrics endpoint (0 when it is off)."""
         return self._metrics_http.port if self._metrics_http is not None else 0
+
+    @property
+    def database_files(self) -> Path | None:
+        """Where the embedded database's files are (None: an external database)."""
+        return self._embedded.pgdata if self._embedded is not None else None
 
     def _ec_settings(self) -> EcSettings:
         st = self.settings

@@ -320,13 +320,21 @@ def private_tmp(prefix: str) -> Path:
 
 
 def remove_with_relocated(path: Path) -> None:
-    """Remove `path` and what root's rm-server kept elsewhere for data directories in
-    it that others could not reach (the targets of their pgdata and work links)."""
-    for link in [*path.glob("**/pgdata"), *path.glob("**/work")]:
-        if link.is_symlink():
-            target = Path(os.readlink(link))
-            shutil.rmtree(target.parent if link.name == "pgdata" else target, ignore_errors=True)
+    """Remove `path` and what root's rm-servers kept elsewhere for data directories in
+    it that others could not reach: their homes (rm_server/relocated.py), found by the
+    data directory each names, whatever happened to its links. rm-server would remove
+    them at its next start as root; a test leaves nothing for later."""
+    from rm_server.relocated import RELOCATED_ROOT, read_owner
+
+    homes = []
+    if RELOCATED_ROOT.is_dir():
+        for home in RELOCATED_ROOT.iterdir():
+            owner = read_owner(home)
+            if owner is not None and owner.data_dir.is_relative_to(path.resolve()):
+                homes.append(home)
     shutil.rmtree(path, ignore_errors=True)
+    for home in homes:
+        shutil.rmtree(home, ignore_errors=True)
 
 
 # ----- PostgreSQL and in-process RMs -------------------------------------------------------
@@ -544,7 +552,7 @@ CLIENT_ECM = "h1:9101"
 def ctl(rm: Any, *argv: str) -> Awaitable[int]:
     """rmctl against `rm` (anything with a `target`) in a thread; an awaitable of its
     exit code."""
-    from clients import rmctl
+    import rmctl
 
     return asyncio.to_thread(rmctl.main, ["--rm", rm.target, *argv])
 

@@ -29,6 +29,7 @@ from rm_server.domain.engineconn import (
     MeasuredUsage,
     ProcessReport,
     ProcessState,
+    ended_on_request,
     heartbeat_is_routine,
     reported_transition,
 )
@@ -195,6 +196,9 @@ class AgentHub:
         `silent` (silent before, STARTING before): it ends for its silence, which is
         checked again under its row lock (_Heard, rolling the transaction back, if it
         reported since the judge read it)."""
+        kill = await ec_store.kill_of(conn, ec_id)
+        if kill is not None and state is not EcState.LOST:  # stopped on request: one rule
+            state, reason = ended_on_request(kill[0], state, kill[1], reason)
         if ticket_id:
             await ticket_store.release(conn, ticket_id, now, f"EngineConn {state.value.lower()}")
         current = await ec_store.get_ec(conn, ec_id, lock=True)
@@ -235,7 +239,7 @@ class AgentHub:
         async def body(conn: Conn) -> bool:
             if await ec_store.live_ecs_on(conn, agent_id):
                 return False
-            await admin_store.unregister_ecm(conn, agent_id, self._now())
+            await admin_store.unregister_ecm(conn, agent_id, self._now(), "decommissioned")
             log.info("ECM %s drained and left", agent_id)
             return True
 
@@ -378,6 +382,21 @@ class AgentHub:
             return status.live_engine_conns
 
         return await self.db.run(body)
+
+    async def cordon(self, instance: str, cordoned: bool, reason: str = "") -> EcmStatus:
+        """Cordon an ECM (no new work, what runs goes on) or uncordon it (which also calls
+        off a decommission in progress); returns it as it is then."""
+        now = self._now()
+
+        async def body(conn: Conn) -> EcmStatus:
+            if not await ecm_store.set_cordon(conn, instance, cordoned, reason, now):
+                raise NotFound(f"ECM {instance} is not registered")
+            return await ecm_store.ecm_status(conn, instance)
+
+        status = await self.db.run(body)
+        log.info("ECM %s %s%s", instance, "cordoned" if cordoned else "uncordoned",
+                 f": {reason}" if reason else "")  # fmt: skip
+        return status
 
     async def state_counts(self) -> dict[str, dict[str, int]]:
         return await self.db.run(ecm_store.state_counts)

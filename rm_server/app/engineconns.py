@@ -287,6 +287,7 @@ class EngineConnManager:
                 total=s.total,
                 left=s.left if s.left is not None else s.total,
                 live_engine_conns=s.live_engine_conns,
+                cordoned=s.cordoned,
             )
             for s in statuses
         ]
@@ -450,6 +451,7 @@ class EngineConnManager:
                     ec, state=EcState.FAILED, ended_at=now, reason=reason, updated_at=now
                 )
             await self.queue_kill(conn, ec.ecm_instance, ec_id, reason, now)
+            await ec_store.mark_killed(conn, ec_id, ec.state)
             await ec_store.update_ec(conn, ec_id, now, state=EcState.SHUTTING_DOWN, reason=reason)
             # What the row now holds, without reading it again.
             return replace(ec, state=EcState.SHUTTING_DOWN, reason=reason, updated_at=now)
@@ -489,8 +491,19 @@ class EngineConnManager:
                 await queued.wait()
 
 
+# The refusal when not a single ECM is registered: what to start, on a cluster and in the
+# README's dev mode run as root (whose local agent needs a user to run EngineConns as).
+NO_AGENT_HINT = (
+    "no agent is registered: start ecm-agent on a worker (docs/operations.md); "
+    "in dev mode as root, set LABELRM_DEV_USERS=<user> (see README)"
+)
+
+
 def _no_ecm(ec_id: str, choices: list[EcmChoiceRecord]) -> LabelrmError:
-    detail = "; ".join(f"{c.instance}: {', '.join(c.reasons)}" for c in choices) or "none"
+    if not choices:
+        message = f"no ECM can host EngineConn {ec_id}: {NO_AGENT_HINT}"
+        return FailedPrecondition(message, state="NO_ECM", reason="NO_ELIGIBLE_ECM")
+    detail = "; ".join(f"{c.instance}: {', '.join(c.reasons)}" for c in choices)
     message = f"no ECM can host EngineConn {ec_id} (ECMs: {detail})"
     if any("resource:" in r and "available" in r for c in choices for r in c.reasons):
         return ResourceExhausted(message, reason="NO_ECM_WITH_CAPACITY")

@@ -132,9 +132,7 @@ class Pages:
         may_events = await self.api.may(
             p, policy.ADMIN + "ListEvents", admin_pb2.ListEventsRequest()
         )
-        may_drain = await self.api.may(
-            p, policy.ADMIN + "DecommissionEcm", admin_pb2.DecommissionEcmRequest()
-        )
+        may_act = await self.api.may(p, policy.ADMIN + "CordonEcm", admin_pb2.CordonEcmRequest())
 
         async def build() -> bytes:
             status = await self.src.hub.ecm_status(instance)
@@ -154,14 +152,14 @@ class Pages:
                 "engine_conns": [views.engine_conn(e) for e in found.rows],
                 "engine_conns_by_state": found.by_state,
                 "events": views.events(events) if events is not None else None,
-                "may_drain": may_drain,
+                "may_act": may_act,  # cordon, drain, decommission (admins)
             }
             return body(doc)
 
-        key = (instance, user, may_events, may_drain)
+        key = (instance, user, may_events, may_act)
         return raw(await self.cache.get("node", key, self.api.refresh, build))
 
-    async def drain_node(self, request: web.Request) -> web.Response:
+    async def decommission_node(self, request: web.Request) -> web.Response:
         """DecommissionEcm (admins): the node takes no new EngineConns and leaves once its
         last one has ended."""
         p = self.api.principal(request)
@@ -172,10 +170,43 @@ class Pages:
             admin_pb2.DecommissionEcmRequest(instance=instance),
         )
         live = await self.src.hub.decommission(instance)
-        log.info("console: %s drains ECM %s", p.describe(), instance)
+        log.info("console: %s decommissions ECM %s", p.describe(), instance)
+        self._forget_nodes()
+        return reply({"instance": instance, "live_engine_conns": live})
+
+    async def cordon_node(self, request: web.Request) -> web.Response:
+        """CordonEcm (admins), with the ``reason`` the page gives: no new work on the node,
+        what runs there goes on (a drain is a cordon watched until none is left)."""
+        p = self.api.principal(request)
+        instance = _id(request, most=300)
+        reason = request.query.get("reason", "")
+        if len(reason) > 500:
+            raise InvalidArgument("reason", "must be at most 500 characters")
+        req = admin_pb2.CordonEcmRequest(instance=instance, reason=reason)
+        await self.api.allow(p, policy.ADMIN + "CordonEcm", req)
+        status = await self.src.hub.cordon(
+            instance, True, reason or "cordoned from the web console"
+        )
+        log.info("console: %s cordons ECM %s", p.describe(), instance)
+        self._forget_nodes()
+        return reply({"node": views.node(status, None)})
+
+    async def uncordon_node(self, request: web.Request) -> web.Response:
+        """UncordonEcm (admins): the node takes new work again (a decommission in
+        progress is called off)."""
+        p = self.api.principal(request)
+        instance = _id(request, most=300)
+        req = admin_pb2.UncordonEcmRequest(instance=instance)
+        await self.api.allow(p, policy.ADMIN + "UncordonEcm", req)
+        status = await self.src.hub.cordon(instance, False)
+        log.info("console: %s uncordons ECM %s", p.describe(), instance)
+        self._forget_nodes()
+        return reply({"node": views.node(status, None)})
+
+    def _forget_nodes(self) -> None:
+        """What a node action changed, recomputed at the next read."""
         for view in ("node", "nodes", "nodes/page", "cluster", "overview"):
             self.cache.forget(view)
-        return reply({"instance": instance, "live_engine_conns": live})
 
     # ----- EngineConns -----------------------------------------------------------------------
 

@@ -127,13 +127,16 @@ def node(s: EcmStatus, record: LabelResource | None) -> Json:
         "last_heartbeat_at": at(s.last_heartbeat_at),
         "live_engine_conns": s.live_engine_conns,
         "draining": s.state.value == "DRAINING",
+        "cordoned": s.cordoned,  # CordonEcm: no new work, what runs goes on
+        "cordon_reason": s.cordon_reason,
         "isolation": s.isolation.to_dict() if s.isolation is not None else None,
     }
 
 
 def node_row(s: EcmStatus, record: LabelResource | None) -> Row:
     out = node(s, record)
-    return Row(out, _text(s.instance, s.state.value, _label_text(out["labels"])))
+    cordon = "cordoned " + s.cordon_reason if s.cordoned else ""
+    return Row(out, _text(s.instance, s.state.value, _label_text(out["labels"]), cordon))
 
 
 # ----- EngineConns, tickets, demands ---------------------------------------------------------

@@ -11,8 +11,12 @@ its ECM falls silent):
                       (max idle, kill)
     any live state ──silent past expiry, or ECM lost──> LOST
 
-ECM lifecycle: RUNNING ──decommission──> DRAINING ──no EngineConns left──> (gone)
+ECM lifecycle: RUNNING ──decommission──> DRAINING ──no EngineConns left──> (left)
+               DRAINING ──uncordon──> RUNNING
                RUNNING / DRAINING ──silent past expiry──> LOST ──re-register──> RUNNING
+A cordon (kubectl's) is beside the state: a cordoned ECM takes no new work in any state,
+and stays cordoned through LOST spells until uncordoned. A node's history (its events)
+outlives it: after it left, a LEFT event ends it.
 """
 
 from __future__ import annotations
@@ -42,6 +46,28 @@ class EcState(enum.StrEnum):
 
 
 ENDED_STATES = frozenset({EcState.SUCCEEDED, EcState.FAILED, EcState.LOST})
+
+
+def ended_on_request(
+    killed_from: EcState, ended: EcState, kill_reason: str, detail: str
+) -> tuple[EcState, str]:
+    """How an EngineConn killed on request ends (its state, its reason), given the state it
+    was in when the kill was ordered, how it ended (`ended`, as it or its agent reported)
+    and what they said (`detail`).
+
+    One rule for everything stopped on request (a cancelled demand follows it too): a stop
+    that cuts work short is a failure, one that does not is not. An EngineConn killed
+    before it was ready FAILED; one whose execution the stop cut short reports FAILED
+    itself (only it knows whether one still ran); else it SUCCEEDED when it stopped
+    cleanly. The reason is the kill's, with what went wrong after it when it FAILED, not
+    the signal the process saw. (LOST is not an end on request: callers keep it.)"""
+    if killed_from is EcState.STARTING:
+        return EcState.FAILED, f"{kill_reason} (before it was ready)"
+    if ended is EcState.FAILED:
+        return ended, f"{kill_reason}: {detail}"
+    return ended, kill_reason
+
+
 LIVE_STATES = tuple(s for s in EcState if s not in ENDED_STATES)
 
 # Transitions an EngineConn's own report may make; anything else is ignored.
@@ -252,6 +278,9 @@ class EcmStatus:
     last_heartbeat_at: datetime | None
     live_engine_conns: int
     isolation: Isolation | None = None  # None: its agent did not say (an older one)
+    # No new work while cordoned (CordonEcm); what runs there goes on.
+    cordoned: bool = False
+    cordon_reason: str = ""
 
 
 @dataclass(frozen=True)

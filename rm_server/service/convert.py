@@ -589,6 +589,8 @@ def ecm_status_to_pb(s: EcmStatus) -> resource_manager_pb2.Ecm:
         live_engine_conns=s.live_engine_conns,
         left_resource=resource_to_pb(s.left) if s.left is not None else None,
         isolation=isolation_to_pb(s.isolation) if s.isolation is not None else None,
+        cordoned=s.cordoned,
+        cordon_reason=s.cordon_reason,
     )
 
 

@@ -163,8 +163,11 @@ async def register_ecm(
     return Registration(ecm, changed)
 
 
-async def unregister_ecm(conn: Conn, instance: str, now: datetime) -> list[str]:
-    """Release every live ticket charged to the ECM, then remove its records."""
+async def unregister_ecm(
+    conn: Conn, instance: str, now: datetime, why: str = "unregistered"
+) -> list[str]:
+    """Release every live ticket charged to the ECM, then remove its records; its history
+    stays, ending with a LEFT event that says `why`."""
     cur = await conn.execute("SELECT label FROM ecm WHERE instance = %s", (instance,))
     found = await cur.fetchone()
     if found is None:
@@ -182,6 +185,10 @@ async def unregister_ecm(conn: Conn, instance: str, now: datetime) -> list[str]:
     await release_all(conn, released, now, "ECM unregistered")
     await conn.execute("DELETE FROM label_resource WHERE label = %s", (label,))
     await conn.execute("DELETE FROM ecm WHERE instance = %s", (instance,))
+    await conn.execute(
+        "INSERT INTO ecm_event (instance, at, state, reason) VALUES (%s, %s, 'LEFT', %s)",
+        (instance, now, why),
+    )
     # Its EngineConns are released above; they learn it at their next report.
     await conn.execute(
         "UPDATE engine_conn SET state = 'LOST', reason = 'ECM unregistered', ended_at = %s,"

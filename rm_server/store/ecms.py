@@ -63,6 +63,18 @@ async def store_response(conn: Conn, agent_id: str, sequence: int, response: byt
     )
 
 
+async def set_cordon(conn: Conn, instance: str, cordoned: bool, reason: str, now: datetime) -> bool:
+    """Cordon (or uncordon) an ECM; uncordoning also calls off a decommission (DRAINING
+    back to RUNNING). False when it is not registered."""
+    cur = await conn.execute(
+        "UPDATE ecm SET cordoned = %(on)s, cordon_reason = %(reason)s, updated_at = %(now)s,"
+        " state = CASE WHEN NOT %(on)s AND state = 'DRAINING' THEN 'RUNNING' ELSE state END"
+        " WHERE instance = %(instance)s",
+        {"on": cordoned, "reason": reason if cordoned else "", "now": now, "instance": instance},
+    )
+    return cur.rowcount > 0
+
+
 async def set_state(conn: Conn, instance: str, state: EcmState, now: datetime) -> bool:
     cur = await conn.execute(
         "UPDATE ecm SET state = %s, updated_at = %s WHERE instance = %s AND state <> %s",
@@ -122,7 +134,7 @@ async def mark_lost(conn: Conn, instance: str, silent_since: datetime, now: date
 ECM_STATUS_SQL = (
     "SELECT e.instance, e.labels, e.state, e.total, e.protected, e.registered_at,"
     " e.updated_at, e.last_heartbeat_at, r.max_resource, r.used, r.locked, r.protected,"
-    " r.reserved,"
+    " r.reserved, e.cordoned, e.cordon_reason,"
     " (SELECT count(*) FROM engine_conn c WHERE c.ecm_instance = e.instance"
     "  AND c.state = ANY(%s)), e.isolation"
     " FROM ecm e LEFT JOIN label_resource r ON r.label = e.label"
@@ -131,7 +143,7 @@ ECM_STATUS_SQL = (
 
 def _status(row: tuple[Any, ...]) -> EcmStatus:
     (instance, labels, state, total, protected, registered, updated, last_hb, maximum, used,
-     locked, row_protected, reserved, live, isolation) = row  # fmt: skip
+     locked, row_protected, reserved, cordoned, cordon_reason, live, isolation) = row  # fmt: skip
     # Demand reservations are held back, as an Apply sees them (None: no maximum).
     left = left_of(opt_res(maximum), res(used), res(locked), res(row_protected), opt_res(reserved))
     return EcmStatus(
@@ -146,6 +158,8 @@ def _status(row: tuple[Any, ...]) -> EcmStatus:
         last_heartbeat_at=last_hb,
         live_engine_conns=int(live),
         isolation=Isolation.from_dict(isolation) if isolation is not None else None,
+        cordoned=bool(cordoned),
+        cordon_reason=str(cordon_reason),
     )
 
 

@@ -394,6 +394,24 @@ async def purge_done_commands(conn: Conn, done_before: datetime) -> int:
     return cur.rowcount
 
 
+async def mark_killed(conn: Conn, ec_id: str, state: EcState) -> None:
+    """Record the state the EngineConn was in when its kill was ordered (the first kill's)."""
+    await conn.execute(
+        "UPDATE engine_conn SET killed_from = %s WHERE ec_id = %s AND killed_from IS NULL",
+        (state.value, ec_id),
+    )
+
+
+async def kill_of(conn: Conn, ec_id: str) -> tuple[EcState, str] | None:
+    """(the state it was in when a kill was ordered, the kill's reason); None when no kill
+    was ordered."""
+    cur = await conn.execute(
+        "SELECT killed_from, reason FROM engine_conn WHERE ec_id = %s", (ec_id,)
+    )
+    row = await cur.fetchone()
+    return (EcState(row[0]), str(row[1])) if row is not None and row[0] is not None else None
+
+
 async def keep_measured(conn: Conn, ticket_id: str, usage: MeasuredUsage) -> None:
     """An ended EngineConn's last measurement, kept on its ticket's history row (written
     in the transaction that released the ticket)."""

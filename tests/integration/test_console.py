@@ -256,6 +256,12 @@ async def test_a_user_sees_only_their_own_engineconns(console, browser, agent_fa
     assert (await _get(console, "/api/engineconns", None))[0] == 401
     assert (await _get(console, "/api/engineconns", "lrm_not-a-token"))[0] == 401
     assert (await _get(console, "/api/nosuch", b_token))[0] == 404
+    # The node actions are the admins' (CordonEcm, UncordonEcm, DecommissionEcm).
+    for action in ("cordon", "uncordon", "decommission"):
+        status, body = await _post(console, f"/api/nodes/agent1/{action}", b_token)
+        assert status == 403, (action, body)
+    status, body = await _get(console, "/api/nodes/agent1", b_token)
+    assert body["may_act"] is False and body["node"]["cordoned"] is False
 
     # The pages: B's list shows B's EngineConn and not A's; A's page shows the refusal.
     page = await _signed_in(browser, console, "lrmtest_b")

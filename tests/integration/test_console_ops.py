@@ -37,6 +37,11 @@ async def _create(srm: Any, who: str, labels: str) -> ec_pb.EngineConn:
     return (await stubs.ecs.CreateEngineConn(req, timeout=60)).engine_conn
 
 
+async def _first_event(page: Any) -> bool:
+    events = await _cells(page, "[data-testid=node-events-table] td:nth-child(2)")
+    return bool(events) and events[0] == "UNCORDONED"
+
+
 async def _cells(page: Any, selector: str) -> list[str]:
     return [
         " ".join((await c.inner_text()).split()) for c in await page.query_selector_all(selector)
@@ -144,19 +149,37 @@ async def test_an_operators_pages_links_logs_and_actions(console, browser, agent
     assert gone.reason and await page.inner_text(f"{row} td[data-field=reason]") == gone.reason
     await shot(page, shots, "engineconns")
 
-    # The node: its events, and a drain from its page.
+    # The node: its events, and cordon, uncordon and decommission from its page.
     await goto(page, console, "#/nodes")
     await page.wait_for_selector("[data-testid=nodes-table] tr[data-id=agent1]")
     await shot(page, shots, "nodes")
     await page.click("a[href='#/nodes/agent1']")
     await page.wait_for_selector("[data-testid=node-events-table] tbody tr")
+    page.on(
+        "dialog",
+        lambda d: asyncio.ensure_future(
+            d.accept("disk swap") if d.type == "prompt" else d.accept()
+        ),
+    )
+    await page.click("[data-testid=cordon]")
+    cordon = await page.wait_for_selector("[data-testid=cordon-status]:has-text('disk swap')")
+    # B's EngineConn still runs there: the page follows the drain.
+    assert "draining: 1 EngineConn still running" in await cordon.inner_text()
+    assert (await _cells(page, "[data-testid=node-events-table] td:nth-child(2)"))[0] == "CORDONED"
     await shot(page, shots, "node")
-    page.on("dialog", lambda dialog: asyncio.ensure_future(dialog.accept()))
-    await page.click("[data-testid=drain]")
-    await page.wait_for_selector("[data-testid=drain-result] >> text=drain sent")
+    await goto(page, console, "#/nodes")
+    cell = "[data-testid=nodes-table] tr[data-id=agent1] td[data-field=cordon]"
+    assert "CORDONED disk swap" in " ".join(
+        (await (await page.wait_for_selector(cell)).inner_text()).split()
+    )
+    await goto(page, console, "#/nodes/agent1")
+    await page.click("[data-testid=uncordon]")
+    await page.wait_for_selector("[data-testid=cordon-status]", state="detached")
+    await wait_until(lambda: _first_event(page), timeout=20, what="the uncordon recorded")
+    await page.click("[data-testid=decommission]")
     await page.wait_for_selector("h1 .pill.st-DRAINING")
     events = await _cells(page, "[data-testid=node-events-table] td:nth-child(2)")
-    assert events[0] == "DRAINING" and "REGISTERED" in events
+    assert events[0] == "DRAINING" and {"UNCORDONED", "CORDONED", "REGISTERED"} <= set(events)
     await goto(page, console, "#/tickets")
     await page.wait_for_selector("[data-testid=tickets-table] tbody tr[data-id]")
     await shot(page, shots, "tickets")

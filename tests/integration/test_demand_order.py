@@ -30,7 +30,7 @@ def _at(ts: Timestamp, like: datetime) -> datetime:
 
 
 async def _show(target: str, demand_id: str) -> str:
-    from clients import rmctl
+    import rmctl
 
     out = io.StringIO()
     argv = ["--rm", target, "demand", "show", demand_id, "--user", "alice"]

@@ -223,7 +223,7 @@ async def test_reserved_capacity_is_shown_by_the_api_rmctl_and_metrics(drm):
 
     from prometheus_client.parser import text_string_to_metric_families
 
-    from clients import rmctl
+    import rmctl
 
     await drm.submit("shown", 3, "{Start: {Time: [+2m, +10m], Strategy: strict}}")
     await drm.tick(60)  # one lead time before its start: reserved
@@ -782,11 +782,11 @@ async def test_rmctl_demand_commands(drm):
 
     from clients._errors import InvalidArgument as ClientInvalidArgument
     from clients._impl import RMClient
-    from clients.rmctl_demand import EXAMPLE, add_demand_commands
+    from rmctl.demand import EXAMPLE, register
 
     parser = argparse.ArgumentParser()
     parser.add_argument("-o", "--output", default="table")
-    add_demand_commands(parser.add_subparsers(dest="command", required=True))
+    register(parser.add_subparsers(dest="command", required=True))
 
     def run(*argv: str) -> str:
         args = parser.parse_args(argv)

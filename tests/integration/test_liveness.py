@@ -272,7 +272,7 @@ async def test_agents_falling_silent_together_are_a_disruption_not_lost(
     """All three agents stop at once (as behind a broken network): the judge suspects
     a disruption, says so in its log, GetClusterInfo and `rmctl status`, and declares
     none LOST; once they beat again the disruption ends, and still none is LOST."""
-    from clients.rmctl import main as rmctl
+    from rmctl import main as rmctl
 
     c = await make_cluster()
     agents = [await c.start_agent(agent_factory, f"agent{i}") for i in (1, 2, 3)]

@@ -3,6 +3,7 @@ import datetime
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from labelrm.v1 import external_pb2 as _external_pb2
 from labelrm.v1 import resource_pb2 as _resource_pb2
+from labelrm.v1 import resource_manager_pb2 as _resource_manager_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -94,6 +95,36 @@ class DecommissionEcmResponse(_message.Message):
     LIVE_ENGINE_CONNS_FIELD_NUMBER: _ClassVar[int]
     live_engine_conns: int
     def __init__(self, live_engine_conns: _Optional[int] = ...) -> None: ...
+
+class CordonEcmRequest(_message.Message):
+    __slots__ = ("request_id", "instance", "reason")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    instance: str
+    reason: str
+    def __init__(self, request_id: _Optional[str] = ..., instance: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class CordonEcmResponse(_message.Message):
+    __slots__ = ("ecm",)
+    ECM_FIELD_NUMBER: _ClassVar[int]
+    ecm: _resource_manager_pb2.Ecm
+    def __init__(self, ecm: _Optional[_Union[_resource_manager_pb2.Ecm, _Mapping]] = ...) -> None: ...
+
+class UncordonEcmRequest(_message.Message):
+    __slots__ = ("request_id", "instance")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    instance: str
+    def __init__(self, request_id: _Optional[str] = ..., instance: _Optional[str] = ...) -> None: ...
+
+class UncordonEcmResponse(_message.Message):
+    __slots__ = ("ecm",)
+    ECM_FIELD_NUMBER: _ClassVar[int]
+    ecm: _resource_manager_pb2.Ecm
+    def __init__(self, ecm: _Optional[_Union[_resource_manager_pb2.Ecm, _Mapping]] = ...) -> None: ...
 
 class LabelLimit(_message.Message):
     __slots__ = ("pattern", "labels", "max_resource", "update_time")

@@ -174,7 +174,7 @@ class LabelResource(_message.Message):
     def __init__(self, label: _Optional[str] = ..., labels: _Optional[_Iterable[_Union[_resource_pb2.Label, _Mapping]]] = ..., source: _Optional[str] = ..., max_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., protected_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., used_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., locked_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., left_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., live_tickets: _Optional[int] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reserved_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., external_queue: _Optional[_Union[_external_pb2.ExternalQueue, _Mapping]] = ...) -> None: ...
 
 class Ecm(_message.Message):
-    __slots__ = ("instance", "labels", "total_resource", "protected_resource", "register_time", "update_time", "state", "last_heartbeat_time", "live_engine_conns", "left_resource", "isolation")
+    __slots__ = ("instance", "labels", "total_resource", "protected_resource", "register_time", "update_time", "state", "last_heartbeat_time", "live_engine_conns", "left_resource", "isolation", "cordoned", "cordon_reason")
     INSTANCE_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_RESOURCE_FIELD_NUMBER: _ClassVar[int]
@@ -186,6 +186,8 @@ class Ecm(_message.Message):
     LIVE_ENGINE_CONNS_FIELD_NUMBER: _ClassVar[int]
     LEFT_RESOURCE_FIELD_NUMBER: _ClassVar[int]
     ISOLATION_FIELD_NUMBER: _ClassVar[int]
+    CORDONED_FIELD_NUMBER: _ClassVar[int]
+    CORDON_REASON_FIELD_NUMBER: _ClassVar[int]
     instance: str
     labels: _containers.RepeatedCompositeFieldContainer[_resource_pb2.Label]
     total_resource: _resource_pb2.Resource
@@ -197,7 +199,9 @@ class Ecm(_message.Message):
     live_engine_conns: int
     left_resource: _resource_pb2.Resource
     isolation: Isolation
-    def __init__(self, instance: _Optional[str] = ..., labels: _Optional[_Iterable[_Union[_resource_pb2.Label, _Mapping]]] = ..., total_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., protected_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., register_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., state: _Optional[_Union[EcmState, str]] = ..., last_heartbeat_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., live_engine_conns: _Optional[int] = ..., left_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., isolation: _Optional[_Union[Isolation, _Mapping]] = ...) -> None: ...
+    cordoned: bool
+    cordon_reason: str
+    def __init__(self, instance: _Optional[str] = ..., labels: _Optional[_Iterable[_Union[_resource_pb2.Label, _Mapping]]] = ..., total_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., protected_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., register_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., state: _Optional[_Union[EcmState, str]] = ..., last_heartbeat_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., live_engine_conns: _Optional[int] = ..., left_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., isolation: _Optional[_Union[Isolation, _Mapping]] = ..., cordoned: _Optional[bool] = ..., cordon_reason: _Optional[str] = ...) -> None: ...
 
 class Isolation(_message.Message):
     __slots__ = ("mode", "controllers", "cgroup_parents")

@@ -76,6 +76,7 @@ const NODE_COLS = [
   { h: "EngineConns", sort: "engineconns", r: (n) => html`<a href=${href(["engineconns"], { node: n.instance })}>${n.live_engine_conns}</a>` },
   { h: "isolation", r: (n) => isolationText(n.isolation) },
   { h: "last heartbeat", sort: "heartbeat", r: (n) => html`<${When} at=${n.last_heartbeat_at}/>` },
+  { h: "cordon", f: "cordon", r: (n) => (n.cordoned ? html`<${Pill} s="CORDONED"/> <span class="muted">${n.cordon_reason}</span>` : "") },
 ];
 
 export function Nodes({ route }) {
@@ -102,7 +103,10 @@ export function Node({ id }) {
   const { node: n, engine_conns: ecs, events } = st.data;
   const live = ecs.filter((e) => !e.ended_at);
   const ended = ecs.filter((e) => e.ended_at);
-  return html`<h1>Node ${n.instance} <${Pill} s=${n.state}/> ${st.data.may_drain && n.state === "RUNNING" && html`<${Action} testid="drain" label="drain" path=${"/api/nodes/" + encodeURIComponent(n.instance) + "/drain"} confirm=${"Drain " + n.instance + "? It takes no new EngineConns and leaves once its last one has ended."}/>`}</h1>
+  return html`<h1>Node ${n.instance} <${Pill} s=${n.state}/> ${n.cordoned && html`<${Pill} s="CORDONED"/>`}</h1>
+  ${st.data.may_act && html`<${NodeActions} n=${n}/>`}
+  ${n.cordoned && html`<p data-testid="cordon-status">Cordoned: ${n.cordon_reason || "no reason given"}. It takes no new work;
+    ${n.live_engine_conns ? ` draining: ${n.live_engine_conns} EngineConn${n.live_engine_conns > 1 ? "s" : ""} still running.` : " drained: no EngineConn left."}</p>`}
   <div class="cards">
     <div class="card"><h3>Labels</h3><${Labels} labels=${n.labels}/><div data-testid="isolation">isolation: ${isolationText(n.isolation)}</div></div>
     <div class="card" data-testid="capacity"><h3>Capacity</h3><${Legend}/>${Object.keys(n.total.dims).map((d) => html`<div data-dim=${d}><${Bar} d=${d} max=${n.total} used=${n.used} locked=${n.locked} reserved=${n.reserved} protectedR=${n.protected}/> ${dimName(d)}: ${qty(d, dim(n.used, d))} used, ${qty(d, dim(n.locked, d))} locked, ${qty(d, dim(n.reserved, d))} reserved of ${qty(d, dim(n.total, d))}</div>`)}
@@ -121,14 +125,33 @@ const EVENT_COLS = [
   { h: "reason", r: (e) => e.reason || html`<span class="muted">–</span>` },
 ];
 
-// A POST action behind a confirmation; says what came back.
-function Action({ testid, label, path, confirm: question }) {
+// A POST action behind a confirmation (or a question whose answer it sends as the
+// reason); says what came back.
+function Action({ testid, label, path, confirm: question, ask }) {
   const [msg, setMsg] = useState("");
   const act = async () => {
-    if (!confirm(question)) return;
-    try { await api(path, "POST"); setMsg(label + " sent"); } catch (e) { setMsg(e.message); }
+    let target = path;
+    if (ask) {
+      const reason = prompt(ask, "");
+      if (reason === null) return;
+      target += "?" + new URLSearchParams({ reason }).toString();
+    } else if (!confirm(question)) return;
+    try { await api(target, "POST"); setMsg(label + " done"); } catch (e) { setMsg(e.message); }
   };
-  return html`<button data-testid=${testid} onClick=${act}>${label}</button> <small class="muted" data-testid=${testid + "-result"}>${msg}</small>`;
+  return html`<button data-testid=${testid} onClick=${act}>${label}</button> <small class="muted" data-testid=${testid + "-result"}>${msg}</small> `;
+}
+
+// A node's actions (admins), as rmctl names them: cordon (no new work, what runs goes
+// on), drain (a cordon watched until no EngineConn is left), uncordon, decommission (it
+// leaves once its last EngineConn ended: DecommissionEcm).
+function NodeActions({ n }) {
+  const base = "/api/nodes/" + encodeURIComponent(n.instance);
+  return html`<div class="actions" data-testid="node-actions">
+    ${!n.cordoned && html`<${Action} testid="cordon" label="cordon" path=${base + "/cordon"} ask=${"Cordon " + n.instance + ": no new work goes there, what runs goes on. Why?"}/>`}
+    ${!n.cordoned && html`<${Action} testid="drain" label="drain" path=${base + "/cordon?reason=" + encodeURIComponent("drained from the web console")} confirm=${"Drain " + n.instance + "? No new work goes there; this page shows its EngineConns until none is left."}/>`}
+    ${(n.cordoned || n.draining) && html`<${Action} testid="uncordon" label="uncordon" path=${base + "/uncordon"} confirm=${"Uncordon " + n.instance + "? It takes new work again" + (n.draining ? " and stays registered." : ".")}/>`}
+    ${n.state === "RUNNING" && html`<${Action} testid="decommission" label="decommission" path=${base + "/decommission"} confirm=${"Decommission " + n.instance + "? It takes no new EngineConns and leaves once its last one has ended."}/>`}
+  </div>`;
 }
 
 // ----- EngineConns -------------------------------------------------------------------------
