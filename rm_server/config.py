@@ -128,6 +128,17 @@ class Settings:
     pool_max: int = DATABASE.setting(
         16, "maximum database connections in the pool (plus one LISTEN connection)"
     )
+    statement_timeout: float = DATABASE.setting(
+        5.0,
+        "seconds a database transaction may take, retries included: each statement's "
+        "statement_timeout, and the bound after which rm-server abandons the transaction "
+        "and answers UNAVAILABLE (a frozen or unreachable primary stalls no call longer)",
+    )
+    report_timeout: float = DATABASE.setting(
+        60.0,
+        "the same bound for the transactions that read or delete in bulk "
+        "(CheckConsistency, the cluster overview, retention)",
+    )
 
     log_level: str = LOGGING.setting("INFO", "DEBUG, INFO, WARNING or ERROR", check=one_of_levels)
     log_format: str = LOGGING.setting(
