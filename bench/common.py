@@ -235,6 +235,7 @@ class Server:
     proc: subprocess.Popen[bytes] | None = None
     others: list[subprocess.Popen[bytes]] = field(default_factory=list)
     log: Path | None = None
+    cwd: Path = ROOT  # the checkout whose rm_server runs (another one: earlier figures)
 
     @property
     def target(self) -> str:
@@ -258,7 +259,9 @@ class Server:
         def spawn() -> subprocess.Popen[bytes]:
             assert self.log is not None
             out = self.log.open("ab")
-            return subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
+            return subprocess.Popen(
+                cmd, cwd=self.cwd, stdout=out, stderr=subprocess.STDOUT, env=env
+            )
 
         self.proc = spawn()
         self._wait_serving(timeout)  # the first one alone: it migrates the database

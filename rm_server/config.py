@@ -19,6 +19,7 @@ from labelrm_common.settings import (
     SettingsError,
     load_or_exit,
     one_of_levels,
+    positive,
     redact_url,
 )
 from labelrm_common.version import VERSION
@@ -61,6 +62,18 @@ class Settings:
     )
     console_listen: str = SERVER.setting(
         "", "HOST:PORT of the web console (operations.md); off when empty, on in dev mode"
+    )
+    console_refresh: float = SERVER.setting(
+        2.0,
+        "seconds the web console keeps a view it computed for everyone who looks: the RM "
+        "computes each view at most once per period, however many browsers poll it",
+        check=positive,
+    )
+    console_list_rows: int = SERVER.setting(
+        5000,
+        "rows of a kind the web console reads for one list (newest first); a longer list "
+        "says it is cut and how to narrow it",
+        check=positive,
     )
     provider_secrets_dir: str = SERVER.setting(
         "",
@@ -114,6 +127,17 @@ class Settings:
     pool_min: int = DATABASE.setting(2, "minimum database connections in the pool")
     pool_max: int = DATABASE.setting(
         16, "maximum database connections in the pool (plus one LISTEN connection)"
+    )
+    statement_timeout: float = DATABASE.setting(
+        5.0,
+        "seconds a database transaction may take, retries included: each statement's "
+        "statement_timeout, and the bound after which rm-server abandons the transaction "
+        "and answers UNAVAILABLE (a frozen or unreachable primary stalls no call longer)",
+    )
+    report_timeout: float = DATABASE.setting(
+        60.0,
+        "the same bound for the transactions that read or delete in bulk "
+        "(CheckConsistency, the cluster overview, retention)",
     )
 
     log_level: str = LOGGING.setting("INFO", "DEBUG, INFO, WARNING or ERROR", check=one_of_levels)

@@ -135,10 +135,16 @@ class RMServer:
         if not url:
             self._embedded = EmbeddedPostgres(self.settings.data_dir)
             url = await asyncio.to_thread(self._embedded.start)
-        self._db = Database(url, min_size=self.settings.pool_min, max_size=self.settings.pool_max)
+        self._db = Database(
+            url,
+            min_size=self.settings.pool_min,
+            max_size=self.settings.pool_max,
+            timeout=self.settings.statement_timeout,
+            slow_timeout=self.settings.report_timeout,
+        )
         await self._db.migrate()
         await self._db.open()
-        self._notifier = LabelNotifier(url)
+        self._notifier = LabelNotifier(self._db.connect)
         await self._notifier.start()
         core_settings = CoreSettings(
             lock_timeout=timedelta(seconds=self.settings.lock_timeout),
@@ -266,6 +272,8 @@ class RMServer:
             )  # fmt: skip
             self.console = Console(sources, self.settings.console_listen)
             await self.console.start()
+            if self.metrics is not None:
+                self.metrics.attach_console(self.console.cache)
 
     @property
     def metrics_port(self) -> int:

@@ -135,7 +135,8 @@ def cmd_status(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     nodes = [r for r in records if r.source == "ecm" and _instance_of(r) not in lost]
     cordoned = sum(1 for e in ecms if e.cordoned)
     replicas = "; ".join(
-        f"{r.replica_id} on {r.host} (pid {r.pid}, up {fmt_age(r.start_time)})"
+        f"{r.replica_id} on {r.host} (pid {r.pid}, up {fmt_age(r.start_time)}"
+        f"{', runs ' + ', '.join(r.leases) if r.leases else ''})"
         for r in info.replicas
     )
     demand_states = (demand_pb2.DemandState.Name(d.state).removeprefix("DEMAND_STATE_")

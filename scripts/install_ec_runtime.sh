@@ -31,8 +31,15 @@ if [[ ! -x "$venv/bin/python" ]]; then
     "$python" -m venv "$venv"
     "$venv/bin/pip" install --quiet --disable-pip-version-check --upgrade pip
 fi
-"$venv/bin/pip" install --quiet --disable-pip-version-check --force-reinstall --no-deps "$repo"
-"$venv/bin/pip" install --quiet --disable-pip-version-check "$repo"
+# Built from a copy of exactly those files: a build from the checkout itself would go
+# through its build/ directory, where setuptools keeps modules the tree has since moved
+# or deleted, and would install them again.
+src=$(mktemp -d)
+trap 'rm -rf "$src"' EXIT
+(cd "$repo" && { printf '%s\0' pyproject.toml README.md; sources; } | sort -zu |
+    tar --null --no-recursion -T - -cf - | tar -xf - -C "$src")
+"$venv/bin/pip" install --quiet --disable-pip-version-check --force-reinstall --no-deps "$src"
+"$venv/bin/pip" install --quiet --disable-pip-version-check "$src"
 # Bytecode for everything, written now as root: the users cannot write __pycache__ here,
 # so a module without it would be compiled again by every EngineConn start.
 "$venv/bin/python" -m compileall -q -j 0 "$venv/lib" >/dev/null || true

@@ -57,13 +57,15 @@ async def run_periodically(
 ) -> None:
     """Run `run_once` every `interval` seconds until cancelled (with a lease, only while
     this replica holds the lease of `job`). A failed pass is logged and the next one runs:
-    an unreachable database in one line, anything else with its traceback (a bug).
+    an unreachable database in one line per outage (and one when it is back), anything
+    else with its traceback (a bug).
     `observe`, if given, is told how long each pass that ran took.
 
     The interval counts from the start of a pass: a pass that took the whole interval
     (a planner round over many due demands) is followed by the next at once."""
     loop = asyncio.get_running_loop()
     running = False
+    unavailable_since: float | None = None
     while True:
         started = loop.time()
         try:
@@ -75,10 +77,19 @@ async def run_periodically(
             elif running:
                 log.info("background job %s: another replica took it over", job)
                 running = False
+            if unavailable_since is not None:
+                log.info(
+                    "background job %s: database back after %.1f s",
+                    job,
+                    loop.time() - unavailable_since,
+                )
+                unavailable_since = None
         except asyncio.CancelledError:
             raise
         except Unavailable as exc:
-            log.warning("background job %s: %s", job, exc)
+            if unavailable_since is None:
+                unavailable_since = started
+                log.warning("background job %s: %s", job, exc)
         except Exception:
             log.exception("background job %s failed", job)
         await asyncio.sleep(max(0.0, started + interval - loop.time()))

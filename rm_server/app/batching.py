@@ -16,6 +16,11 @@ waited that long behind a running group leave as soon as it is done.
 Two requests with the same key never share a group: the second of two with the same
 request id replays the first's stored outcome in a later group, and two heartbeats of
 one agent run one after the other.
+
+A group that cannot finish (its database frozen or unreachable) holds the requests
+behind it no longer than the database's statement timeout: its transaction is then
+abandoned (Database.run) and each of its requests answered UNAVAILABLE, to be retried
+with its request id; the next group starts on a fresh connection.
 """
 
 from __future__ import annotations

@@ -20,9 +20,10 @@ class Cluster:
         self.core = core
 
     async def info(self) -> ClusterRow:
-        """The database's version, the live replicas (oldest first) and how many applies
-        wait for capacity (each once)."""
-        return await self.core.db.run(cluster_store.cluster_info, read_only=True)
+        """The database's version, the live replicas (oldest first, with the background
+        leases each holds) and how many applies wait for capacity (each once)."""
+        now = self.core.clock.now()
+        return await self.core.db.run(lambda c: cluster_store.cluster_info(c, now), read_only=True)
 
     async def events(self, kind: str, object_id: str, user: str = "") -> list[Event]:
         """(time, state, reason) of every state the object entered, oldest first (the
@@ -34,4 +35,7 @@ class Cluster:
 
     async def counts(self, user: str) -> ClusterCounts:
         """The overview's counts as `user` sees them ("" for an operator: everyone's)."""
-        return await self.core.db.run(lambda c: overview.cluster_counts(c, user), read_only=True)
+        db = self.core.db
+        return await db.run(
+            lambda c: overview.cluster_counts(c, user), read_only=True, bound=db.slow_timeout
+        )

@@ -17,4 +17,5 @@ class Consistency:
         """Recompute each record's used and locked resource from the live tickets and
         report the records that disagree, and those over their maximum (read-only:
         nothing is repaired)."""
-        return await self.core.db.run(admin_store.check_consistency, read_only=True)
+        db = self.core.db
+        return await db.run(admin_store.check_consistency, read_only=True, bound=db.slow_timeout)

@@ -5,6 +5,7 @@ the service layer talks to, composed of one part per kind of work.
 - `capacity` (app/capacity.py): ECM registrations, label limits, the label records;
 - `consistency` (app/consistency.py): the consistency check;
 - `cluster` (app/cluster.py): the cluster figures (replicas, waiting applies, events);
+- `listings` (app/listings.py): bounded lists and aggregates for the web console;
 - `sweeps` and `replicas` (app/sweeps.py): lock expiry, retention, replica liveness;
 - `usage` (app/usage.py): the usage ledger's roll-up and reports.
 
@@ -22,6 +23,7 @@ from rm_server.app.background import Lease, PassObserver
 from rm_server.app.capacity import Capacity
 from rm_server.app.cluster import Cluster
 from rm_server.app.consistency import Consistency
+from rm_server.app.listings import Listings
 from rm_server.app.shared import CoreSettings
 from rm_server.app.sweeps import Replicas, Sweeps
 from rm_server.app.tickets import Tickets
@@ -56,6 +58,7 @@ class RMCore:
     capacity: Capacity = field(init=False)
     consistency: Consistency = field(init=False)
     cluster: Cluster = field(init=False)
+    listings: Listings = field(init=False)
     replicas: Replicas = field(init=False)
     sweeps: Sweeps = field(init=False)
     usage: Usage = field(init=False)
@@ -65,6 +68,7 @@ class RMCore:
         self.capacity = Capacity(self)
         self.consistency = Consistency(self)
         self.cluster = Cluster(self)
+        self.listings = Listings(self)
         self.replicas = Replicas(self)
         self.usage = Usage(self, self.on_rolled)
         self.sweeps = Sweeps(self, self.replicas, self.usage, self.on_reclaimed)

@@ -552,7 +552,9 @@ class DemandManager:
         )
 
     async def check_reservations(self) -> list[str]:
-        return await self.db.run(store.check_reservations, read_only=True)
+        return await self.db.run(
+            store.check_reservations, read_only=True, bound=self.db.slow_timeout
+        )
 
 
 async def _locked(conn: Conn, user: str | None, demand_id: str) -> Demand:

@@ -40,7 +40,7 @@ class Replicas:
         """Record this replica under a new id and take its session lock."""
         self.replica_id = self.core.new_id("rm")
         self._presence = await replicas_store.join(
-            self.core.db.conninfo, self.replica_id, self.core.clock.now()
+            self.core.db.connect, self.replica_id, self.core.clock.now()
         )
 
     async def check(self) -> list[str]:
@@ -60,7 +60,7 @@ class Replicas:
         with contextlib.suppress(Exception):
             await presence.session.close()
         self._presence = await replicas_store.join(
-            self.core.db.conninfo, self.replica_id, self.core.clock.now()
+            self.core.db.connect, self.replica_id, self.core.clock.now()
         )
 
     async def leave(self) -> None:

@@ -41,7 +41,7 @@ import logging
 import re
 import ssl
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -239,6 +239,10 @@ class Metrics:
         """Export the YARN queues labelrm admits against (`ExternalResources`)."""
         self.registry.register(ExternalQueueCollector(source))
 
+    def attach_console(self, source: ViewCounts) -> None:
+        """Export how often the web console computed and answered each view."""
+        self.registry.register(ConsoleCollector(source))
+
     def attach_states(self, source: FleetSource) -> None:
         """Export ECMs and EngineConns by state, and the EngineConns' requested, granted
         and measured resource per ECM (rm_server/observability/usage.py)."""
@@ -417,10 +421,7 @@ class LabelResourceCollector(Collector):
             if r.max_resource is not None:
                 for dim, qty in r.max_resource.quantities:
                     maximum.add_metric([r.label, source, dim], qty)
-                try:
-                    rest = r.left()
-                except ValueError:  # incompatible kinds: `check` reports it, skip here
-                    rest = None
+                rest = r.left()  # None for incompatible kinds: `check` reports those
                 for dim, qty in rest.quantities if rest is not None else ():
                     left.add_metric([r.label, source, dim], qty)
             tickets.add_metric([r.label, source], r.live_tickets)
@@ -494,6 +495,38 @@ class ExternalQueueCollector(Collector):
                 apps.add_metric([name, path, "running"], q.apps_running)
                 apps.add_metric([name, path, "pending"], q.apps_pending)
         yield from (maximum, used, apps, fetched, fetches)
+
+
+class ViewCounts(Protocol):
+    """Per view of the web console, its computations and its answers (console/cache.py)."""
+
+    @property
+    def builds(self) -> Mapping[str, int]: ...
+
+    @property
+    def reads(self) -> Mapping[str, int]: ...
+
+
+class ConsoleCollector(Collector):
+    """``labelrm_console_view_builds_total{view}`` (computations) and
+    ``labelrm_console_view_reads_total{view}`` (answers): the first grows with the views
+    looked at and the refresh period, not with the browsers open; their ratio is how many
+    answers each computation served. Views are a fixed set of names."""
+
+    def __init__(self, source: ViewCounts) -> None:
+        self.source = source
+
+    def collect(self) -> Iterable[Metric]:
+        for name, counts, help_text in (
+            ("labelrm_console_view_builds", self.source.builds,
+             "Web console views computed (from the database), by view."),
+            ("labelrm_console_view_reads", self.source.reads,
+             "Web console views answered (computed or kept), by view."),
+        ):  # fmt: skip
+            family = CounterMetricFamily(name, help_text, labels=["view"])
+            for view, count in sorted(counts.items()):
+                family.add_metric([view], count)
+            yield family
 
 
 def split_host_port(address: str) -> tuple[str, int]:

@@ -174,7 +174,9 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         )
         out.time.FromDatetime(self.core.clock.now())
         for r in row.replicas:
-            replica = out.replicas.add(replica_id=r.replica_id, host=r.host, pid=r.pid)
+            replica = out.replicas.add(
+                replica_id=r.replica_id, host=r.host, pid=r.pid, leases=r.leases
+            )
             replica.start_time.FromDatetime(r.started_at)
         return out
 

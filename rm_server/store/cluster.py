@@ -9,6 +9,7 @@ from datetime import datetime
 from rm_server.domain.model import Ticket, TicketState
 from rm_server.errors import NotFound
 from rm_server.store import demands
+from rm_server.store import lease as lease_store
 from rm_server.store.db import Conn
 from rm_server.store.ticket_reads import get_ticket
 
@@ -30,6 +31,7 @@ class ReplicaRow:
     host: str
     pid: int
     started_at: datetime
+    leases: tuple[str, ...] = ()  # the background jobs whose lease it holds, sorted
 
 
 @dataclass(frozen=True)
@@ -41,21 +43,33 @@ class ClusterRow:
     waiting_applies: int
 
 
-async def cluster_info(conn: Conn) -> ClusterRow:
-    """The server version, the replicas (oldest first) and the number of waiting applies."""
+async def cluster_info(conn: Conn, now: datetime) -> ClusterRow:
+    """The server version, the replicas (oldest first, each with the background leases
+    it holds at `now`) and the number of waiting applies."""
     cur = await conn.execute("SHOW server_version")
     version = await cur.fetchone()
     return ClusterRow(
-        str(version[0]) if version else "", await list_replicas(conn), await waiting_applies(conn)
+        str(version[0]) if version else "",
+        await list_replicas(conn, now),
+        await waiting_applies(conn),
     )
 
 
-async def list_replicas(conn: Conn) -> tuple[ReplicaRow, ...]:
-    """The live replicas' rows, oldest first."""
+async def list_replicas(conn: Conn, now: datetime | None = None) -> tuple[ReplicaRow, ...]:
+    """The live replicas' rows, oldest first; with `now`, each with the background
+    leases it holds then."""
+    held: dict[str, list[str]] = {}
+    if now is not None:
+        for job, (holder, expires_at) in (await lease_store.holders(conn)).items():
+            if expires_at > now:
+                held.setdefault(holder, []).append(job)
     cur = await conn.execute(
         "SELECT replica_id, host, pid, started_at FROM rm_replica ORDER BY started_at, replica_id"
     )
-    return tuple(ReplicaRow(str(a), str(b), int(c), d) for a, b, c, d in await cur.fetchall())
+    return tuple(
+        ReplicaRow(str(a), str(b), int(c), d, tuple(sorted(held.get(str(a), ()))))
+        for a, b, c, d in await cur.fetchall()
+    )
 
 
 async def waiting_applies(conn: Conn, user: str = "") -> int:

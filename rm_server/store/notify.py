@@ -15,14 +15,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
 import psycopg
 
+from rm_server.store.db import ping
+
 log = logging.getLogger(__name__)
 
 CHANNEL = "labelrm_events"
+# Reconnecting after a lost connection: the first try at once-ish, then backing off
+# (doubling) to at most RECONNECT_MAX seconds while the database stays away.
+RECONNECT_MIN = 0.2
+RECONNECT_MAX = 5.0
+# A quiet LISTEN connection is probed this often: a frozen server (its kernel still
+# acknowledging keepalives) would otherwise hold the listener, and so every wake-up,
+# until it thawed.
+PROBE_INTERVAL = 5.0
+PROBE_TIMEOUT = 5.0
 
 
 async def notify_freed(conn: psycopg.AsyncConnection[Any], labels: Iterable[str]) -> None:
@@ -40,10 +52,16 @@ def agent_key(agent_id: str) -> str:
 
 
 class LabelNotifier:
-    """One LISTEN connection per process, fanning out to waiters by label."""
+    """One LISTEN connection per process, fanning out to waiters by label; `connect`
+    opens it (Database.connect: keepalives and timeouts)."""
 
-    def __init__(self, conninfo: str, *, reconnect_delay: float = 0.2) -> None:
-        self.conninfo = conninfo
+    def __init__(
+        self,
+        connect: Callable[[], Awaitable[psycopg.AsyncConnection[Any]]],
+        *,
+        reconnect_delay: float = RECONNECT_MIN,
+    ) -> None:
+        self.connect = connect
         self.reconnect_delay = reconnect_delay
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._task: asyncio.Task[None] | None = None
@@ -87,19 +105,35 @@ class LabelNotifier:
                 event.set()
 
     async def _listen_forever(self) -> None:
+        delay = self.reconnect_delay
+        lost_at: float | None = None  # when the current outage began
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(
-                    self.conninfo, autocommit=True
-                ) as conn:
+                async with await self.connect() as conn:
                     await conn.execute("LISTEN labelrm_events")  # == CHANNEL
+                    if lost_at is not None:
+                        log.info(
+                            "notification listener reconnected after %.1f s",
+                            time.monotonic() - lost_at,
+                        )
+                    lost_at, delay = None, self.reconnect_delay
                     self._connected.set()
                     self._wake_all()
-                    async for note in conn.notifies():
-                        self._wake(note.payload)
+                    await self._relay(conn)
             except asyncio.CancelledError:
                 raise
             except psycopg.Error as exc:
                 self._connected.clear()
-                log.warning("notification listener lost its connection: %s", exc)
-                await asyncio.sleep(self.reconnect_delay)
+                if lost_at is None:  # one line per outage, not one per try
+                    lost_at = time.monotonic()
+                    reason = " ".join(str(exc).split()) or type(exc).__name__
+                    log.warning("notification listener lost its connection: %s", reason)
+                await asyncio.sleep(delay)
+                delay = min(RECONNECT_MAX, 2 * delay)
+
+    async def _relay(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Wake the subscribers of each notification; probe the server when quiet."""
+        while True:
+            async for note in conn.notifies(timeout=PROBE_INTERVAL):
+                self._wake(note.payload)
+            await ping(conn, PROBE_TIMEOUT)

@@ -11,15 +11,20 @@ import contextlib
 import os
 import secrets
 import socket
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import psycopg
 
-from rm_server.store.db import Conn
+from rm_server.errors import Unavailable
+from rm_server.store.db import Conn, ping
 from rm_server.store.notify import notify_freed
 from rm_server.store.waiters import locked_waiters
+
+# Seconds the presence session has to answer its liveness probe.
+PROBE_TIMEOUT = 5.0
 
 
 @dataclass
@@ -36,7 +41,7 @@ class Presence:
         if self.session.closed:
             return False
         try:
-            await self.session.execute("SELECT 1")
+            await ping(self.session, PROBE_TIMEOUT)
         except psycopg.Error:
             return False
         return True
@@ -49,10 +54,27 @@ class Presence:
             await self.session.close()
 
 
-async def join(conninfo: str, replica_id: str, now: datetime) -> Presence:
-    """Open this replica's session, take its advisory lock and record it (again, with
-    a new lock, when its earlier session was lost)."""
-    session = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+async def join(
+    connect: Callable[[], Awaitable[psycopg.AsyncConnection[Any]]],
+    replica_id: str,
+    now: datetime,
+) -> Presence:
+    """Open this replica's session (`connect`: Database.connect), take its advisory
+    lock and record it (again, with a new lock, when its earlier session was lost).
+    Unavailable, in one line, while the database cannot be reached (a failover)."""
+    try:
+        return await _join(connect, replica_id, now)
+    except psycopg.OperationalError as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise Unavailable(f"database unavailable: {reason}") from exc
+
+
+async def _join(
+    connect: Callable[[], Awaitable[psycopg.AsyncConnection[Any]]],
+    replica_id: str,
+    now: datetime,
+) -> Presence:
+    session = await connect()
     try:
         lock_key = secrets.randbits(62) + 1
         await session.execute("SELECT pg_advisory_lock(%s)", (lock_key,))

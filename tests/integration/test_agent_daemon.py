@@ -167,7 +167,7 @@ def pki_as_documented(tls: Path) -> None:
         ("issue", "agent", "worker-1"),
     ):
         done = subprocess.run(
-            [sys.executable, "-m", "clients.rmctl", "pki", argv[0], "--dir", str(tls), *argv[1:]],
+            [sys.executable, "-m", "rmctl", "pki", argv[0], "--dir", str(tls), *argv[1:]],
             capture_output=True, text=True, timeout=60, cwd=ROOT,
         )  # fmt: skip
         assert done.returncode == 0, done.stdout + done.stderr

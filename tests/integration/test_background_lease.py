@@ -9,13 +9,23 @@ and reclaims an expired ticket.
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 
 import grpc
 import psycopg
+from labelrm.v1 import admin_pb2, admin_pb2_grpc, resource_manager_pb2_grpc
 from labelrm.v1 import resource_manager_pb2 as pb
-from labelrm.v1 import resource_manager_pb2_grpc
 
-from tests.helpers import GiB, apply_req, load, load_instance, register, wait_until_sync
+from tests.helpers import (
+    ROOT,
+    GiB,
+    apply_req,
+    load,
+    load_instance,
+    register,
+    wait_until_sync,
+)
 
 JOBS = ("demand-planner", "liveness", "ticket-sweep")
 RUNS = re.compile(r"background job (\S+): this replica \((\S+)\) runs it")
@@ -46,6 +56,7 @@ def test_each_job_runs_on_one_replica_and_moves_when_it_dies(rm_process_factory,
     for job in JOBS:
         claimed = [r[job] for r in runners if job in r]
         assert claimed == [leases[job]], f"{job}: run by {claimed}, lease {leases[job]}"
+    _cluster_info_names_the_lease_holders(first.target, leases)
 
     holder = first if "ticket-sweep" in runners[0] else second
     survivor = second if holder is first else first
@@ -62,3 +73,28 @@ def test_each_job_runs_on_one_replica_and_moves_when_it_dies(rm_process_factory,
         # Lease time to live (5 s) + lock timeout (1 s) + a margin for a loaded machine.
         wait_until_sync(reclaimed, 30, what="the survivor reclaims the expired ticket")
     assert _leases(database_url)["ticket-sweep"] == _runners(survivor)["ticket-sweep"]
+
+
+def _cluster_info_names_the_lease_holders(target: str, leases: dict[str, str]) -> None:
+    """GetClusterInfo lists, per replica, the jobs whose lease it holds; `rmctl status`
+    says it on the replicas line."""
+    held: dict[str, list[str]] = {}
+    for job, holder in leases.items():
+        held.setdefault(holder, []).append(job)
+    with grpc.insecure_channel(target) as channel:
+        admin = admin_pb2_grpc.AdminServiceStub(channel)
+        info = admin.GetClusterInfo(admin_pb2.GetClusterInfoRequest(), timeout=10)
+    assert {r.replica_id: list(r.leases) for r in info.replicas if r.leases} == {
+        holder: sorted(jobs) for holder, jobs in held.items()
+    }
+    status = subprocess.run(
+        [sys.executable, "-m", "rmctl", "--rm", target, "status"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        check=True,
+    ).stdout
+    line = next(ln for ln in status.splitlines() if ln.strip().startswith("replicas"))
+    for holder, jobs in held.items():
+        assert f"{holder} on " in line and f"runs {', '.join(sorted(jobs))})" in line, line

@@ -343,7 +343,7 @@ def test_make_run_as_root_without_a_dev_user_says_what_to_do(data_root):
         assert summary[0].endswith(f"{NO_DEV_USER}."), summary
         assert "LABELRM_DEV_USERS=<user>" in NO_DEV_USER and "local agent 'local" not in summary[0]
         created = subprocess.run(
-            [sys.executable, "-m", "clients.rmctl", "--rm", f"127.0.0.1:{port}", "engineconn",
+            [sys.executable, "-m", "rmctl", "--rm", f"127.0.0.1:{port}", "engineconn",
              "create", "--labels", "userCreator=root-IDE,engineType=shell-1", "-q"],
             capture_output=True, text=True, cwd=ROOT, timeout=120,
         )  # fmt: skip

@@ -306,7 +306,9 @@ async def test_prometheus_counts_resource_seconds_by_user_and_engine_type(databa
         await run_known_tickets(rm)
         await rm.core.usage.roll_up()
         await rm.core.usage.roll_up()  # nothing new: counted once
-        text = (await rm.server.metrics.exposition()).decode()
+        metrics = rm.server.metrics
+        assert metrics is not None
+        text = (await metrics.exposition()).decode()
         samples = {
             line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
             for line in text.splitlines()

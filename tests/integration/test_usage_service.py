@@ -13,8 +13,15 @@ from labelrm.v1 import resource_manager_pb2 as pb
 from labelrm.v1 import usage_pb2, usage_pb2_grpc
 
 from tests.helpers import GiB, apply_req, bad_field, limit_req, load, load_instance, register
+from tests.integration.console_fixtures import (
+    browser,  # noqa: F401 - a fixture
+    dev_console,
+    errors_of,
+    goto,
+    new_page,
+)
+from tests.integration.console_fixtures import get as console_get
 from tests.integration.security_fixtures import make_pki, start_secure, stop_secure
-from tests.integration.test_console import _get as console_get
 from tests.integration.test_usage import run_known_tickets
 
 SINCE = Timestamp(seconds=int(datetime(2026, 1, 1, tzinfo=UTC).timestamp()))
@@ -138,3 +145,25 @@ async def test_rmctl_usage_table_csv_and_json(rm_manual_clock, capsys):
     assert await ctl(rm, "usage", *period, "-o", "json") == 0
     assert '"key": "alice"' in capsys.readouterr().out
     assert await ctl(rm, "usage", "--since", "last week") == 2  # argparse: a usage error
+
+
+async def test_the_console_charts_usage_by_hour(database_url, browser):  # noqa: F811
+    """The Usage page: a bar per hour with granted memory, a row per user."""
+    from rm_server.clock import ManualClock
+
+    async with dev_console(database_url, clock=ManualClock(), sweep_interval=3600.0) as rm:
+        await run_known_tickets(rm)
+        await rm.core.usage.roll_up()
+        page = await new_page(browser, rm)
+        await goto(page, rm, "#/usage")
+        await page.wait_for_selector(
+            "[data-testid=usage-table] tbody tr td:has-text('bob')", timeout=90_000
+        )
+        bars = await page.query_selector_all("[data-testid=usage-bar]")
+        hours = [await b.get_attribute("data-hour") for b in bars]
+        assert hours == ["2026-01-01T00:00:00Z", "2026-01-01T01:00:00Z"]
+        heights = [float(await b.get_attribute("height") or 0) for b in bars]
+        assert heights[0] > heights[1] > 0  # 1.2 GiB-h before 01:00, 0.5 after
+        rows = await page.query_selector_all("[data-testid=usage-table] tbody tr td:first-child")
+        assert [await r.text_content() for r in rows] == ["alice", "bob"]
+        assert errors_of(page) == []

@@ -223,16 +223,18 @@ class GetClusterInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RmReplica(_message.Message):
-    __slots__ = ("replica_id", "host", "pid", "start_time")
+    __slots__ = ("replica_id", "host", "pid", "start_time", "leases")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     START_TIME_FIELD_NUMBER: _ClassVar[int]
+    LEASES_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     host: str
     pid: int
     start_time: _timestamp_pb2.Timestamp
-    def __init__(self, replica_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    leases: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, replica_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., leases: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetClusterInfoResponse(_message.Message):
     __slots__ = ("version", "replicas", "database", "waiting_applies", "time", "liveness")
