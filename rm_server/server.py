@@ -1,4 +1,5 @@
-"""Assembles and runs the RM: database, notifier, core, gRPC server with the
+"""Assembles and runs the RM: database, notifier, core, a gRPC server per listener
+(`listen`, and `agent_listen` when set: each with its own receive limit) with the
 server's interceptor, reflection and the standard health service."""
 
 from __future__ import annotations
@@ -88,6 +89,31 @@ def tune_collector() -> None:
     gc.set_threshold(*COLLECTOR_THRESHOLDS)
 
 
+def user_receive_limit(settings: Settings) -> int:
+    """The largest message gRPC receives on `listen`: a user's request
+    (`user_max_message_bytes`) when agents have a listener of their own, else an
+    agent's (`max_message_bytes`: the one listener serves them too)."""
+    largest = settings.max_message_bytes
+    user = settings.user_max_message_bytes
+    return min(user, largest) if settings.agent_listen and user > 0 else largest
+
+
+def _grpc_server(settings: Settings, receive_limit: int) -> grpc.aio.Server:
+    return grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", receive_limit),
+            ("grpc.max_send_message_length", settings.max_message_bytes),
+            ("grpc.so_reuseport", 1 if settings.reuse_port else 0),
+            # gRPC core starts cancelling calls at random once more than 1000 have
+            # arrived that the server has not picked up yet (3000: all of them); a
+            # few thousand agents beating at once pass that in a burst, and each
+            # cancelled beat comes back 0.5 s later. Queue them instead.
+            ("grpc.server.max_pending_requests", PENDING_RPCS_SOFT_LIMIT),
+            ("grpc.server.max_pending_requests_hard_limit", PENDING_RPCS_HARD_LIMIT),
+        ],
+    )
+
+
 @dataclass
 class RMServer:
     """One RM process (or an in-process RM for tests)."""
@@ -103,8 +129,10 @@ class RMServer:
     hub: AgentHub | None = None
     demands: DemandManager | None = None
     _liveness: asyncio.Task[None] | None = None
-    _server: grpc.aio.Server | None = None
+    _server: grpc.aio.Server | None = None  # serves `listen`
     _serving = False  # the gRPC server started (only then can it be stopped)
+    _agent_server: grpc.aio.Server | None = None  # serves `agent_listen`, when set
+    _agent_serving = False
     _health: health.aio.HealthServicer | None = None
     _embedded: EmbeddedPostgres | None = None
     _db: Database | None = None
@@ -169,20 +197,13 @@ class RMServer:
         )
         self.core.start_background(lease, self.metrics.observe_pass)
 
-        limit = self.settings.max_message_bytes
-        self._server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", limit),
-                ("grpc.max_send_message_length", limit),
-                ("grpc.so_reuseport", 1 if self.settings.reuse_port else 0),
-                # gRPC core starts cancelling calls at random once more than 1000 have
-                # arrived that the server has not picked up yet (3000: all of them); a
-                # few thousand agents beating at once pass that in a burst, and each
-                # cancelled beat comes back 0.5 s later. Queue them instead.
-                ("grpc.server.max_pending_requests", PENDING_RPCS_SOFT_LIMIT),
-                ("grpc.server.max_pending_requests_hard_limit", PENDING_RPCS_HARD_LIMIT),
-            ],
-        )
+        # One gRPC server per listener: gRPC's receive limit is a server's, and the users'
+        # listener takes user-sized requests only (a larger one is dropped by gRPC itself,
+        # before a byte of it reaches Python), while agents' heartbeats may be large.
+        st = self.settings
+        self._server = _grpc_server(st, user_receive_limit(st))
+        if st.agent_listen:
+            self._agent_server = _grpc_server(st, st.max_message_bytes)
         self.engine_conns = EngineConnManager(
             self.core, self._ec_settings(), self.security.ec_credentials
         )
@@ -229,9 +250,15 @@ class RMServer:
             calls,
         )
         calls.install(self._server)
-        self.port, self.agent_port = self.security.add_ports(self._server)
+        self.port = self.security.add_user_port(self._server)
+        if self._agent_server is not None:
+            calls.install(self._agent_server)
+            self.agent_port = self.security.add_agent_port(self._agent_server)
         await self._server.start()
         self._serving = True
+        if self._agent_server is not None:
+            await self._agent_server.start()
+            self._agent_serving = True
         for name in ("", *SERVICE_NAMES):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("rm-server listening on %s (port %d)", self.settings.listen, self.port)
@@ -288,8 +315,9 @@ class RMServer:
         if self.console is not None:
             await self.console.stop()
         grace = self.settings.shutdown_grace if grace is None else grace
-        if self._server is not None and self._serving:
-            await self._server.stop(grace)
+        serving = [self._server] if self._serving else []
+        serving += [self._agent_server] if self._agent_serving else []
+        await asyncio.gather(*(server.stop(grace) for server in serving if server is not None))
         if self._liveness is not None:
             self._liveness.cancel()
             with contextlib.suppress(asyncio.CancelledError):

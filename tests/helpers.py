@@ -220,15 +220,22 @@ def wait_serving(
     timeout: float,
     proc: subprocess.Popen[bytes] | None = None,
     log: Path | None = None,
+    tls_ca: str = "",
 ) -> None:
     """Poll the standard health service until SERVING, with a deadline; if `proc` (the
-    server) exits first, fail at once with the end of its `log`."""
+    server) exits first, fail at once with the end of its `log`. `tls_ca`: the server
+    has TLS, verified with this CA file."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     def tail() -> str:
         return log_tail(log) if log is not None else ""
 
-    with grpc.insecure_channel(target) as channel:
+    if tls_ca:
+        creds = grpc.ssl_channel_credentials(Path(tls_ca).read_bytes())
+        opened = grpc.secure_channel(target, creds)
+    else:
+        opened = grpc.insecure_channel(target)
+    with opened as channel:
         stub = health_pb2_grpc.HealthStub(channel)
 
         def serving() -> bool:

@@ -146,8 +146,8 @@ class Security:
     def ec_credentials(self) -> Callable[[str], EcCredentials] | None:
         return self.issuer.issue if self.issuer is not None else None
 
-    def add_ports(self, server: grpc.aio.Server) -> tuple[int, int]:
-        """Open `listen` (and `agent_listen`); returns their ports (0: not opened)."""
+    def add_user_port(self, server: grpc.aio.Server) -> int:
+        """Open `listen` on `server`; returns its port."""
         st = self.settings
         if self._main_certs is None:
             port = server.add_insecure_port(st.listen)
@@ -156,13 +156,16 @@ class Security:
             port = server.add_secure_port(st.listen, creds)
         if port == 0:
             raise OSError(f"cannot listen on {st.listen}")
-        agent_port = 0
-        if st.agent_listen:
-            assert self._mtls_certs is not None
-            agent_port = server.add_secure_port(st.agent_listen, self._mtls_certs.credentials(True))
-            if agent_port == 0:
-                raise OSError(f"cannot listen on {st.agent_listen}")
-        return port, agent_port
+        return int(port)
+
+    def add_agent_port(self, server: grpc.aio.Server) -> int:
+        """Open `agent_listen` (mutual TLS) on `server`; returns its port."""
+        st = self.settings
+        assert st.agent_listen and self._mtls_certs is not None
+        port = server.add_secure_port(st.agent_listen, self._mtls_certs.credentials(True))
+        if port == 0:
+            raise OSError(f"cannot listen on {st.agent_listen}")
+        return int(port)
 
     def metrics_guard(
         self,
