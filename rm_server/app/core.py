@@ -68,11 +68,16 @@ class RMCore:
         return self.replicas.replica_id
 
     def start_background(
-        self, lease: Lease | None = None, observe: PassObserver | None = None
+        self,
+        lease: Lease | None = None,
+        observe: PassObserver | None = None,
+        *,
+        ticket_sweep: bool = True,
     ) -> None:
         """Start the sweeps (the ticket sweep only while this replica holds `lease`, each
-        of its passes told to `observe`)."""
-        self.sweeps.start(lease, observe)
+        of its passes told to `observe`; not at all without `ticket_sweep`: a process
+        that serves agents only leaves it to the users' one)."""
+        self.sweeps.start(lease, observe, ticket_sweep=ticket_sweep)
 
     async def stop_background(self, grace: float | None = None) -> None:
         """Finish the grouped requests (cancelled past `grace` seconds), stop the sweeps

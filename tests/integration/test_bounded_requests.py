@@ -7,11 +7,7 @@ that its Python layer never saw the bytes, that the refusal names the limit."""
 from __future__ import annotations
 
 import asyncio
-import re
-import urllib.request
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import grpc
 import pytest
@@ -20,11 +16,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from labelrm.v1 import demand_pb2 as dpb
 from labelrm.v1 import resource_manager_pb2 as pb
 
-from clients._channel import ChannelSecurity, aio_channel
 from rm_server.domain.demands.timelang import MAX_INTERVALS
-from tests.fixtures.rm import RMProcess
-from tests.helpers import GiB, free_port, lbl, load, load_instance, register
-from tests.integration.security_fixtures import Pki, Stubs, make_pki
+from tests.helpers import GiB, lbl, load, load_instance, register
+from tests.integration.security_fixtures import (
+    Pki,
+    SecuredProcess,
+    Stubs,
+    make_pki,
+    start_secured_process,
+)
 
 ALICE = "userCreator=alice-IDE,engineType=spark-3.2.1"
 HEARTBEAT = "/labelrm.v1.ResourceManagerService/Heartbeat"
@@ -39,75 +39,19 @@ def keys(tmp_path_factory) -> Pki:
     return make_pki(tmp_path_factory.mktemp("bounded-pki"))
 
 
-@dataclass
-class Secured:
-    """A real rm-server process with TLS and tokens, and channels to it."""
-
-    proc: RMProcess
-    keys: Pki
-    agent_port: int = 0
-    metrics_port: int = 0
-    channels: list[grpc.aio.Channel] = field(default_factory=list)
-
-    def channel(
-        self, token_of: str = "", cert: tuple[str, str] | None = None, agent: bool = False
-    ) -> grpc.aio.Channel:
-        security = ChannelSecurity(
-            tls_ca=self.keys.ca,
-            tls_cert=cert[0] if cert else "",
-            tls_key=cert[1] if cert else "",
-            token=self.keys.tokens[token_of] if token_of else "",
-        )
-        target = f"127.0.0.1:{self.agent_port}" if agent else self.proc.target
-        channel = aio_channel(target, security)
-        self.channels.append(channel)
-        return channel
-
-    def memory(self, key: str = "VmRSS") -> int:
-        """The process's resident memory (VmRSS) or its peak so far (VmHWM), in bytes."""
-        assert self.proc.proc is not None
-        status = Path(f"/proc/{self.proc.proc.pid}/status").read_text()
-        found = re.search(rf"^{key}:\s+(\d+) kB", status, re.MULTILINE)
-        assert found is not None, status
-        return int(found.group(1)) * 1024
-
-    def rpc_count(self, method: str) -> float:
-        """Calls of `method` the RM's Python layer finished, by its metrics."""
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        text = urllib.request.urlopen(url, timeout=10).read().decode()
-        pattern = rf'^labelrm_rpc_total{{[^}}]*method="{re.escape(method)}"[^}}]*}} (\S+)$'
-        return sum(float(v) for v in re.findall(pattern, text, re.MULTILINE))
-
-
 @pytest.fixture
-async def secured(rm_process_factory, keys) -> AsyncIterator[Callable[..., Secured]]:
-    """Starts secured rm-server processes: with the agent listener (``agents=True``) or
-    with one listener for everyone, agents by token (``agents=False``)."""
-    started: list[Secured] = []
+async def secured(rm_process_factory, keys) -> AsyncIterator[Callable[..., SecuredProcess]]:
+    """Starts secured rm-server processes (`start_secured_process`), closes their channels."""
+    started: list[SecuredProcess] = []
 
-    def start(*, agents: bool = True) -> Secured:
-        agent_port, metrics_port = free_port(), free_port()
-        args = [
-            "--tls-cert", keys.path("server", "crt"), "--tls-key", keys.path("server", "key"),
-            "--token-file", keys.token_file,
-            "--metrics-listen", f"127.0.0.1:{metrics_port}",
-        ]  # fmt: skip
-        if agents:
-            args += [
-                "--tls-client-ca", keys.ca, "--agent-listen", f"127.0.0.1:{agent_port}",
-                "--tls-issuer-cert", keys.ca, "--tls-issuer-key", keys.path("ca", "key"),
-            ]  # fmt: skip
-        proc = rm_process_factory(*args)
-        proc.tls_ca = keys.ca
-        proc.start()
-        rm = Secured(proc, keys, agent_port if agents else 0, metrics_port)
+    def start(*, agents: bool = True) -> SecuredProcess:
+        rm = start_secured_process(rm_process_factory, keys, agents=agents)
         started.append(rm)
         return rm
 
     yield start
     for rm in started:
-        for channel in rm.channels:
-            await channel.close()
+        await rm.close()
 
 
 def raw(channel: grpc.aio.Channel, method: str) -> grpc.aio.UnaryUnaryMultiCallable:
@@ -115,7 +59,7 @@ def raw(channel: grpc.aio.Channel, method: str) -> grpc.aio.UnaryUnaryMultiCalla
     return channel.unary_unary(method)
 
 
-async def serving(rm: Secured) -> bool:
+async def serving(rm: SecuredProcess) -> bool:
     health = health_pb2_grpc.HealthStub(rm.channel())
     answer = await health.Check(health_pb2.HealthCheckRequest(), timeout=10)
     return bool(answer.status == health_pb2.HealthCheckResponse.SERVING)
