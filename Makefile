@@ -23,6 +23,9 @@ DATA_DIR ?= ./labelrm-data
 
 # `make test`: extra pytest arguments, e.g. make test PYTEST_ARGS='-k apply -x'
 PYTEST_ARGS ?=
+# `make test`: parallel pytest workers (pytest-xdist); 0 runs the tests in one process. The
+# tests mostly wait on processes and sockets, so twice the cores keeps a machine busy.
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) * 2 )))
 # `make bench`: e.g. make bench BENCH_ARGS='--only apply_cycle --database-url postgresql://...'
 BENCH_ARGS ?=
 # The system PostgreSQL used by `make test-all-dbs` (second run; PYTEST_ARGS passes through).
@@ -35,14 +38,14 @@ TEST_ENV := $(if $(LABELRM_TEST_DATABASE_URL),env LABELRM_TEST_DATABASE_URL='$(L
 
 TYPED := labelrm_common rm_server clients ecm_agent engineconn bench tests
 
-.PHONY: ha-up ha-down ha-status help venv run docs test test-setup test-all-dbs format lint typecheck protos protos-check sync-client bench bench-native clean distclean
+.PHONY: ha-up ha-down ha-status help venv run docs test test-system test-all _pytest test-setup test-all-dbs format lint typecheck protos protos-check sync-client bench bench-native clean distclean
 
 help: ## list the targets
 	@echo "labelrm make targets:"
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) \
 	  | awk 'BEGIN {FS = ":.*## "}; {printf "  %-14s %s\n", $$1, $$2}'
 	@echo
-	@echo "variables: PYTEST_ARGS='...'  LABELRM_TEST_DATABASE_URL=postgresql://...  LISTEN=$(LISTEN)  DATA_DIR=$(DATA_DIR)  PYTHON=$(PYTHON)"
+	@echo "variables: PYTEST_ARGS='...'  TEST_WORKERS=$(TEST_WORKERS)  LABELRM_TEST_DATABASE_URL=postgresql://...  LISTEN=$(LISTEN)  CONSOLE=$(CONSOLE)  DATA_DIR=$(DATA_DIR)  PYTHON=$(PYTHON)"
 
 venv: $(STAMP) ## create .venv (if missing) and pip install -e '.[dev]' (re-runs when pyproject.toml changes)
 
@@ -56,22 +59,28 @@ $(STAMP): pyproject.toml
 run: $(STAMP) ## run labelrm: rm-server --dev (embedded database in ./labelrm-data + one local agent), 127.0.0.1:7100, web console on 127.0.0.1:7180, foreground
 	exec $(BIN)/rm-server --dev --data-dir $(DATA_DIR) --listen $(LISTEN) --console-listen $(CONSOLE)
 
-test: $(STAMP) ## run the whole test suite (PYTEST_ARGS=..., honours LABELRM_TEST_DATABASE_URL); skipped groups listed with their reason
-	@echo "test database: $(or $(LABELRM_TEST_DATABASE_URL),embedded PostgreSQL)"
-	@rc=0; log=$$(mktemp); $(TEST_ENV) $(BIN)/pytest -rs $(PYTEST_ARGS) | tee "$$log" || rc=$$?; \
+test: $(STAMP) ## run the test suite on TEST_WORKERS parallel workers, without the slow system tests (PYTEST_ARGS=..., honours LABELRM_TEST_DATABASE_URL); skipped groups listed with their reason
+	@$(MAKE) _pytest MARKS='not system'
+
+test-system: $(STAMP) ## run only the slow system tests: a Patroni cluster, a browser, a fresh clone's install
+	@$(MAKE) _pytest MARKS='system'
+
+test-all: $(STAMP) ## the whole suite, system tests included (what CI runs on the embedded PostgreSQL)
+	@$(MAKE) _pytest MARKS=''
+
+_pytest:
+	@echo "test database: $(or $(LABELRM_TEST_DATABASE_URL),embedded PostgreSQL); $(TEST_WORKERS) workers; tests: $(or $(MARKS),all)"
+	@rc=0; log=$$(mktemp); $(TEST_ENV) $(BIN)/pytest -rs -n $(TEST_WORKERS) $(if $(MARKS),-m '$(MARKS)') $(PYTEST_ARGS) | tee "$$log" || rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: counted as a failure" >&2; fi; \
 	  if grep -q '^SKIPPED' "$$log"; then \
 	    echo "some tests were skipped (reasons above); to run everything: sudo make test-setup, then make test (as root)"; \
 	  fi; rm -f "$$log"; exit $$rc
 
-test-setup: ## as root: what the skipped tests need (test users, EngineConn runtime, Debian packages for the native load generator and Node.js)
-	bash scripts/create_test_users.sh
-	bash scripts/install_ec_runtime.sh
-	apt-get install -y --no-install-recommends sudo g++ pkg-config protobuf-compiler \
-	  protobuf-compiler-grpc libgrpc++-dev libprotobuf-dev nodejs npm
+test-setup: ## as root, on Debian: install what the skipped tests need (only what is missing: Debian packages, test users, EngineConn runtime, Patroni, Chromium); CI runs the same script
+	bash scripts/install_test_deps.sh
 
-test-all-dbs: $(STAMP) ## run the suite twice: embedded PostgreSQL, then the system PostgreSQL (TEST_PG_URL)
-	$(MAKE) test LABELRM_TEST_DATABASE_URL=
+test-all-dbs: $(STAMP) ## the whole suite twice: embedded PostgreSQL, then the system PostgreSQL (TEST_PG_URL) without the system tests
+	$(MAKE) test-all LABELRM_TEST_DATABASE_URL=
 	$(MAKE) test LABELRM_TEST_DATABASE_URL='$(TEST_PG_URL)'
 
 format: $(STAMP) ## ruff format + ruff check --fix

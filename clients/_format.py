@@ -1,5 +1,9 @@
 """rmctl's output: tables, ``key = value`` detail views, compact resources, JSON in
-grpcurl's style, and the --watch loop."""
+grpcurl's style, and the --watch loop.
+
+What the RM stores was written by others (a user's reason, an EngineConn's report, a
+program's log): tables and detail views write its control characters out (``\x1b``,
+labelrm_common/text.py) rather than hand them to the terminal; JSON escapes them."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from google.protobuf import json_format
 from labelrm.v1 import resource_manager_pb2
 
 from labelrm_common.quantity import format_bytes, format_cpu
+from labelrm_common.text import visible
 
 __all__ = [
     "STATE_NAMES",
@@ -27,7 +32,9 @@ __all__ = [
     "print_table",
     "run_watch",
     "set_table_headers",
+    "terminal_text",
     "to_json",
+    "visible",
 ]
 
 T = TypeVar("T")
@@ -100,7 +107,7 @@ def print_details(out: TextIO, rows: Sequence[tuple[str, str]]) -> None:
     """The detail view of one object: ``key = value`` lines, keys aligned."""
     width = max((len(k) for k, _ in rows), default=0)
     for key, value in rows:
-        print(f"{key.ljust(width)} = {value}", file=out)
+        print(f"{key.ljust(width)} = {visible(value)}", file=out)
 
 
 def fmt_labels(labels: Iterable[Any]) -> str:
@@ -117,11 +124,18 @@ def set_table_headers(on: bool) -> None:
 
 def print_table(out: TextIO, header: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
     """Aligned columns with an upper-case header row, kubectl style."""
-    all_rows = [[h.upper() for h in header], *([str(c) for c in row] for row in rows)]
+    all_rows = [[h.upper() for h in header], *([visible(str(c)) for c in row] for row in rows)]
     widths = [max(len(row[i]) for row in all_rows) for i in range(len(header))]
     for row in all_rows[0 if _TABLE["headers"] else 1 :]:
         cells = [c.ljust(w) for c, w in zip(row[:-1], widths[:-1], strict=True)]
         print("   ".join([*cells, row[-1]]).rstrip(), file=out)
+
+
+def terminal_text(text: str, out: TextIO) -> str:
+    """Log text as `out` should get it: with its control characters but tab, newline and
+    carriage return written out on a terminal (a log can hold anything its program
+    printed), as it is into a pipe or a file."""
+    return visible(text, keep="\t\n\r") if out.isatty() else text
 
 
 def print_json(out: TextIO, output: str, message: Any) -> bool:

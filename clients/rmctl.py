@@ -42,6 +42,7 @@ from clients._format import (
     run_watch,
     set_table_headers,
     to_json,
+    visible,
 )
 from clients._impl import DEFAULT_TARGET, RMClient, parse_labels
 from clients._output import (
@@ -489,7 +490,7 @@ def error_line(err: RMError) -> str:
     head = err.code.name
     if err.reason and err.reason != head:
         head += f" ({err.reason})"
-    message = " ".join(err.message.split())  # one line, whatever the server sent
+    message = visible(" ".join(err.message.split()))  # one line, whatever the server sent
     missing = [str(s) for s in getattr(err, "shortfalls", ()) if str(s) not in message]
     if missing:
         message += ": " + "; ".join(missing)

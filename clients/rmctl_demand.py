@@ -23,6 +23,7 @@ from clients._format import (
     print_json,
     print_list,
     print_table,
+    visible,
 )
 from clients._format import to_json as _to_json
 from clients._impl import RMClient
@@ -169,7 +170,7 @@ def cmd_demand_submit(client: RMClient, args: argparse.Namespace, out: TextIO) -
     if print_json(out, args.output, resp):
         return 0
     verb = "submitted" if resp.created else "already submitted"
-    print(f"{verb}: {resp.demand.demand_id} {_state(resp.demand.state)}", file=out)
+    print(f"{verb}: {visible(resp.demand.demand_id)} {_state(resp.demand.state)}", file=out)
     print_details(out, _details(resp.demand)[1:])
     return 0
 
@@ -209,7 +210,7 @@ def cmd_demand_cancel(client: RMClient, args: argparse.Namespace, out: TextIO) -
     if args.output == "json":
         print(_to_json(d), file=out)
     else:
-        print(f"{d.demand_id} {_state(d.state)}: {d.reason}", file=out)
+        print(f"{visible(d.demand_id)} {_state(d.state)}: {visible(d.reason)}", file=out)
     return 0
 
 
@@ -219,5 +220,5 @@ def cmd_demand_claim(client: RMClient, args: argparse.Namespace, out: TextIO) ->
     if args.output == "json":
         print(_to_json(resp), file=out)
     else:
-        print(f"{resp.demand.demand_id} claimed: ticket {resp.ticket.ticket_id}", file=out)
+        print(f"{visible(resp.demand.demand_id)} claimed: ticket {resp.ticket.ticket_id}", file=out)
     return 0

@@ -36,7 +36,9 @@ from clients._format import (
     opt,
     print_details,
     print_list,
+    terminal_text,
     to_json,
+    visible,
 )
 from clients._impl import RMClient
 from clients.rmctl_node import resolve_by_prefix, resolve_ecm
@@ -50,10 +52,7 @@ DEFAULT_EXEC_TIMEOUT = 3600.0  # rmctl exec: the code is stopped, and the call e
 _FOLLOW_POLL = 0.25  # seconds between reads of the log files while following
 _STATE_POLL = 1.0  # seconds between GetEngineConn calls while following
 _READY = (engine_conn_pb2.ENGINE_CONN_STATE_IDLE, engine_conn_pb2.ENGINE_CONN_STATE_BUSY)
-# Control characters a log could use to rewrite an operator's terminal (ESC, C1, ...);
-# tab, newline and carriage return pass.
 _SPINNER = "|/-\\"
-_UNSAFE = {c: "?" for c in [*range(0, 9), 11, 12, *range(14, 32), *range(127, 160)]}
 
 
 def add_engineconn_commands(cmds: Any) -> None:
@@ -276,8 +275,8 @@ def _print_engine_conn(ec: Any, out: TextIO) -> None:
     print_details(out, rows)
     if ec.log_tail.strip():
         print("\nlog tail (kept by the RM):", file=out)
-        for line in ec.log_tail.rstrip("\n").splitlines():
-            print(f"  {line}", file=out)
+        for line in ec.log_tail.rstrip("\n").split("\n"):
+            print(f"  {visible(line, keep=chr(9))}", file=out)  # tabs pass
 
 
 # --- commands ----------------------------------------------------------------------------
@@ -359,7 +358,8 @@ def cmd_ec_kill(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     elif given.state not in LIVE_EC_STATES:
         print(f"{ec.engine_conn_id} had already ended: {ec_state_name(ec.state)}", file=out)
     else:
-        print(f"{ec.engine_conn_id} {ec_state_name(ec.state)}: {ec.reason or 'killed'}", file=out)
+        reason = visible(ec.reason) or "killed"
+        print(f"{ec.engine_conn_id} {ec_state_name(ec.state)}: {reason}", file=out)
     return 0
 
 
@@ -441,7 +441,6 @@ class _LogReader:
         self.offsets = dict.fromkeys(LOG_FILES, 0)
         self.decoders = {n: codecs.getincrementaldecoder("utf-8")("replace") for n in LOG_FILES}
         self.last: str | None = None
-        self.sanitize = out.isatty()
 
     def pump(self) -> None:
         for name in LOG_FILES:
@@ -457,9 +456,9 @@ class _LogReader:
             if not data:
                 continue
             self.offsets[name] += len(data)
-            text = self.decoders[name].decode(data)
-            if self.sanitize:
-                text = text.translate(_UNSAFE)
+            # Control characters a log could use to rewrite an operator's terminal (ESC,
+            # C1, ...) are written out on a terminal; tab, newline and carriage return pass.
+            text = terminal_text(self.decoders[name].decode(data), self.out)
             if name != self.last:
                 print(f"==> {self.logs / name} <==", file=self.out)
                 self.last = name
@@ -479,7 +478,8 @@ def _print_stored_tail(ec: Any, out: TextIO) -> int:
             f"no logs of {ec.engine_conn_id} here: the RM keeps a tail only when an "
             f"EngineConn fails, and its log files are {where}, not readable from this host"
         )
-    out.write(ec.log_tail if ec.log_tail.endswith("\n") else ec.log_tail + "\n")
+    tail = terminal_text(ec.log_tail, out)
+    out.write(tail if tail.endswith("\n") else tail + "\n")
     print(f"note: this is the tail the RM kept; the full logs are {where}", file=sys.stderr)
     return 0
 

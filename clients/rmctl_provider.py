@@ -2,7 +2,10 @@
 
 Wired into rmctl by one call in ``build_parser``: ``add_provider_commands(cmds)``. A basic-auth
 password is read from ``$LABELRM_PROVIDER_PASSWORD`` or ``--password-file`` (never a flag:
-flags show in ps); list calls never return it.
+flags show in ps) and stored by the RM; list calls never return it. With
+``--password-secret NAME`` the RM stores only the name and reads the password itself (a
+file of its ``provider_secrets_dir``, or ``$LABELRM_PROVIDER_SECRET_<NAME>`` in its
+environment): then it never enters the database.
 """
 
 from __future__ import annotations
@@ -34,8 +37,10 @@ def add_provider_commands(cmds: Any) -> None:
             "Create or replace a provider serving the requests with label cluster=CLUSTER. "
             "Give each ResourceManager web address with --address (an HA pair: two), or "
             "Linkis' ';'-separated form with --rm-web-address. A basic-auth password comes "
-            f"from ${PASSWORD_ENV} or --password-file; replacing a provider without one "
-            "keeps the stored password."
+            f"from ${PASSWORD_ENV} or --password-file (stored by the RM), or, kept out of "
+            "the RM's database, from the secret --password-secret names (a file of the "
+            "RM's provider_secrets_dir, or $LABELRM_PROVIDER_SECRET_<NAME> in the RM's "
+            "environment); replacing a provider without either keeps what it had."
         ),
     )
     c.add_argument("name", metavar="NAME", help="lower-case name, e.g. prod-yarn")
@@ -46,6 +51,12 @@ def add_provider_commands(cmds: Any) -> None:
     c.add_argument("--auth", choices=("none", "basic"), default="none")
     c.add_argument("--user", default="", help="basic-auth user name")
     c.add_argument("--password-file", default="", metavar="FILE")
+    c.add_argument(
+        "--password-secret",
+        default="",
+        metavar="NAME",
+        help="the RM reads the password from its secret NAME (not stored)",
+    )
     c.add_argument("--request-timeout", type=float, default=5.0, metavar="SECONDS")
     c.add_argument("--cache-ttl", type=float, default=2.0, metavar="SECONDS")
     c.add_argument(
@@ -84,7 +95,8 @@ def cmd_provider_add(client: RMClient, args: argparse.Namespace, out: TextIO) ->
         addresses=addresses,
         auth=args.auth,
         username=args.user,
-        password=_password(args) if args.auth == "basic" else "",
+        password=_password(args) if args.auth == "basic" and not args.password_secret else "",
+        password_secret=args.password_secret,
         timeout_seconds=args.request_timeout,
         cache_ttl_seconds=args.cache_ttl,
         capacity_guaranteed=args.capacity_guaranteed,
@@ -94,6 +106,14 @@ def cmd_provider_add(client: RMClient, args: argparse.Namespace, out: TextIO) ->
         return 0
     _print_providers(out, [stored])
     return 0
+
+
+def _credentials(p: Any) -> str:
+    """`` (user, secret NAME)``: who the provider authenticates as, and with what."""
+    parts = [p.username] if p.username else []
+    if p.password_secret:
+        parts.append(f"secret {p.password_secret}")
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def cmd_provider_list(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
@@ -115,7 +135,7 @@ def _print_providers(out: TextIO, providers: list[Any]) -> None:
                 p.type,
                 f"cluster={p.cluster}",
                 ";".join(p.addresses),
-                p.auth + (f" ({p.username})" if p.username else ""),
+                p.auth + _credentials(p),
                 f"{p.cache_ttl_seconds:g}s",
                 f"{p.timeout_seconds:g}s",
             )

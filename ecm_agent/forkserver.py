@@ -365,6 +365,16 @@ class ForkServers:
         """The live servers by (user, interpreter)."""
         return {k: s for k, s in self._servers.items() if s.alive}
 
+    def starting(self) -> int:
+        """How many servers are being started."""
+        return len(self._starting)
+
+    def backing_off(self, user: str) -> bool:
+        """Whether the user's launches go through sudo for now, without trying to start
+        a server for them (one failed lately)."""
+        now = time.monotonic()
+        return any(key[0] == user and now < at for key, at in self._retry_at.items())
+
     async def spawn(
         self, validated: ValidatedLaunch, work_dir: Path, env: Mapping[str, str]
     ) -> tuple[int, int, ForkServer] | None:

@@ -135,6 +135,7 @@ class Runtime:
         self._executor: Executor | None = None
         self._channel: grpc.aio.Channel | None = None
         self._stub: Any = None
+        self._auth: list[SecretAuth] = []  # the executor's interceptor (none: insecure)
 
     def request_stop(self, reason: str) -> None:
         """Starts the orderly shutdown (first reason wins)."""
@@ -182,6 +183,8 @@ class Runtime:
         finally:
             if server is not None:
                 await server.stop(grace=0.5)
+            for auth in self._auth:
+                auth.close()  # the refusals still counted get their line
             await self._channel.close()
 
     async def _serve(self) -> grpc.aio.Server:
@@ -189,7 +192,8 @@ class Runtime:
         await engine.start()
         self._executor = Executor(engine, self._changed.set)
         # The port is open to every local user: with a secret, only its holders get in.
-        auth = [SecretAuth(self.settings.executor_secret)] if self.settings.executor_secret else []
+        secret = self.settings.executor_secret
+        self._auth = auth = [SecretAuth(secret)] if secret else []
         # No SO_REUSEPORT: a --listen port in use must fail, not be shared with another.
         server = grpc.aio.server(interceptors=auth, options=[("grpc.so_reuseport", 0)])
         executor_pb2_grpc.add_ExecutorServiceServicer_to_server(self._executor, server)

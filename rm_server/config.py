@@ -52,6 +52,18 @@ class Settings:
     console_listen: str = SERVER.setting(
         "", "HOST:PORT of the web console (operations.md); off when empty, on in dev mode"
     )
+    provider_secrets_dir: str = SERVER.setting(
+        "",
+        "directory of external providers' passwords, one file per secret named by a "
+        "provider's `password_secret` (else the environment variable "
+        "LABELRM_PROVIDER_SECRET_<NAME>); read at each fetch (security.md)",
+    )
+    console_hosts: str = SERVER.setting(
+        "",
+        "host names the console also answers to in the Host header, comma-separated (the "
+        "name users open it at, when it listens on a wildcard or another address); "
+        "others are refused, against DNS rebinding (security.md)",
+    )
     metrics_listen: str = SERVER.setting(
         "", "Prometheus endpoint HOST:PORT, served at /metrics (empty: off)"
     )

@@ -79,6 +79,13 @@ class ResourceExhausted(LabelrmError):
         self.shortfalls = tuple(shortfalls)
 
 
+def not_found(kind: str, object_id: str) -> NotFound:
+    """The answer for an object id that does not exist, and for one the caller may not
+    know of (another user's ticket or EngineConn, rm_server.security.policy): the same
+    answer, so that a refusal does not tell which ids exist."""
+    return NotFound(f"{kind} {object_id} not found")
+
+
 class EcmNotRegistered(NotFound):
     """An Apply names an `emInstance` that no registered ECM has."""
 

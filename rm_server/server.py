@@ -40,6 +40,7 @@ from rm_server.domain.demands.planner import PlannerSettings
 from rm_server.domain.labels import parse_rules
 from rm_server.embedded import EmbeddedPostgres
 from rm_server.external import ExternalResources
+from rm_server.external.secrets import SecretSource
 from rm_server.observability.metrics import Metrics, MetricsHttpServer
 from rm_server.security.setup import Security, build_security
 from rm_server.service.admin import AdminServicer
@@ -236,7 +237,7 @@ class RMServer:
             node_include_required=st.node_include_required,
             waiter_hold=timedelta(seconds=st.waiter_hold),
         )
-        external = ExternalResources(db, self.clock)
+        external = ExternalResources(db, self.clock, SecretSource(st.provider_secrets_dir))
         self.core = RMCore(
             db,
             self._notifier,

@@ -8,6 +8,11 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${LABELRM_EC_VENV:-/opt/labelrm/ec-venv}
 python=${LABELRM_EC_BASE_PYTHON:-/usr/bin/python3}
 stamp="$venv/.labelrm-source-hash"
+# One install at a time per runtime (parallel test workers all ask for it at start):
+# the others wait here, then find it up to date.
+mkdir -p "$(dirname "$venv")"
+exec 9>"$venv.lock"
+flock 9
 # What pip would install: the files in the tree, tracked or new (--others), by name and
 # content; a tracked file deleted in the tree is skipped (it is not installed either).
 sources() {

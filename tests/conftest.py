@@ -22,13 +22,25 @@ pytest_plugins = [
 ]
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by the markers
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """The slow system tests `make test` leaves to `make test-all` (and CI): a Patroni
+    cluster (`ha`) or a browser (the `browser` fixture) make a test `system` too."""
+    if item.get_closest_marker("ha") or "browser" in getattr(item, "fixturenames", ()):
+        item.add_marker(pytest.mark.system)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked `ha` bring their own Patroni cluster and ignore the database target:
-    they run in the embedded-database pass only (deselected, not skipped, when
-    LABELRM_TEST_DATABASE_URL names another server), so CI runs them once."""
+    """Tests marked `ha` (they bring their own Patroni cluster) or `once` ignore the
+    database target: they run in the embedded-database pass only (deselected, not
+    skipped, when LABELRM_TEST_DATABASE_URL names another server), so CI runs them once."""
     if not os.environ.get("LABELRM_TEST_DATABASE_URL"):
         return
-    kept = [item for item in items if item.get_closest_marker("ha") is None]
+    kept = [
+        item
+        for item in items
+        if not any(item.iter_markers("ha")) and not any(item.iter_markers("once"))
+    ]
     if len(kept) != len(items):
         config.hook.pytest_deselected(items=[i for i in items if i not in kept])
         items[:] = kept

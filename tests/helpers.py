@@ -5,6 +5,7 @@ itself. Tests import these from here, never from a conftest."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import inspect
 import os
 import shutil
@@ -16,7 +17,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 import psycopg
@@ -43,9 +44,26 @@ GiB = 1024**3
 T = TypeVar("T")
 
 # The sudo test users (scripts/create_test_users.sh) and the EngineConn runtime they run
-# (scripts/install_ec_runtime.sh installs it there).
+# (the `ec_python` fixture has scripts/install_ec_runtime.sh install it there).
 TEST_USERS = ("lrmtest_a", "lrmtest_b")
-EC_VENV = Path(os.environ.get("LABELRM_EC_VENV", "/opt/labelrm/ec-venv"))
+# Each checkout's tests get a runtime of their own (two checkouts' test runs on one
+# machine must not reinstall each other's code under running EngineConns).
+EC_VENV = Path(
+    os.environ.get("LABELRM_EC_VENV")
+    or f"/opt/labelrm/ec-venv-test-{hashlib.sha256(str(ROOT).encode()).hexdigest()[:10]}"
+)
+
+# The one spelling of "running in CI": .ci/run exports CI=true.
+IN_CI = os.environ.get("CI") == "true"
+
+
+def unavailable(reason: str) -> NoReturn:
+    """A test's prerequisite is missing: in CI, where everything must run, the test
+    fails; elsewhere it is skipped with the reason (and what to install)."""
+    if IN_CI:
+        pytest.fail(f"CI prerequisite missing: {reason}")
+    pytest.skip(reason)
+
 
 # Short liveness intervals for EngineConn tests (agents and EngineConns come and go).
 ENGINECONN_TEST_SETTINGS: dict[str, Any] = {
@@ -498,6 +516,34 @@ async def snapshot(rm: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     records = await rm.rm.ListLabelResources(resource_manager_pb2.ListLabelResourcesRequest())
     tickets = await rm.rm.ListTickets(resource_manager_pb2.ListTicketsRequest())
     return json_format.MessageToDict(records), json_format.MessageToDict(tickets)
+
+
+def reason_of(err: grpc.aio.AioRpcError) -> str:
+    """The ErrorInfo reason of a refusal ("" when it has none)."""
+    from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
+
+    status = rpc_status.from_call(err)
+    for detail in status.details if status else ():
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            return str(info.reason)
+    return ""
+
+
+async def refused(
+    call: Awaitable[Any], code: grpc.StatusCode, reason: str | None = None
+) -> grpc.aio.AioRpcError:
+    """Await `call`, which must be refused with `code` (and, when given, the ErrorInfo
+    `reason`): a refusal for any other cause (INTERNAL, say) fails the test. Returns
+    the error for further checks."""
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await call
+    assert exc.value.code() == code, (exc.value.code(), exc.value.details())
+    if reason is not None:
+        assert reason_of(exc.value) == reason, (reason_of(exc.value), exc.value.details())
+    return exc.value
 
 
 def bad_field(err: grpc.aio.AioRpcError) -> str:

@@ -75,6 +75,11 @@ class Combiner(Generic[OpT]):
         self.requests = 0
         self.seconds = 0.0
 
+    @property
+    def queued(self) -> int:
+        """Requests submitted that no group has taken yet."""
+        return len(self._queue)
+
     async def submit(self, op: OpT) -> Any:
         """Run `op` in the next group; its result, or its exception raised here."""
         loop = asyncio.get_running_loop()

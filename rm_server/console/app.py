@@ -9,7 +9,11 @@ so on. The caller signs in with a bearer token from the RM's token file (the pag
 it in the tab's session storage and sends it as ``Authorization: Bearer``; no cookie,
 so no cross-site request can act with it). A user sees their own tickets, EngineConns
 and demands, plus the cluster's shape (nodes, label resources) that ListEcms and
-ListLabelResources show every user; an admin sees everything."""
+ListLabelResources show every user; an admin sees everything.
+
+Whatever the authentication mode (dev mode has none), the console answers only to the
+addresses it listens on (DNS rebinding) and takes a change only from its own page
+(cross-site requests): console/guard.py."""
 
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ from rm_server.app.core import RMCore
 from rm_server.app.demands import DemandManager
 from rm_server.app.engineconns import EngineConnManager
 from rm_server.console import views
+from rm_server.console.guard import HostGuard, Refused
 from rm_server.domain.labels import EM_INSTANCE, Label
 from rm_server.domain.model import LabelResource, Ticket
 from rm_server.errors import (
@@ -91,6 +96,8 @@ class Console:
         self.port = 0
         self.scheme = "https" if sources.security.settings.tls_cert else "http"
         self._runner: web.AppRunner | None = None
+        hosts = sources.security.settings.console_hosts.split(",")
+        self.guard = HostGuard.of(listen.rpartition(":")[0].strip("[]"), hosts)
 
     @property
     def url(self) -> str:
@@ -98,7 +105,7 @@ class Console:
         return f"{self.scheme}://{host}:{self.port}/"
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors])
+        app = web.Application(middlewares=[self._errors, self._guard])
         api = Api(self.src)
         app.add_routes(
             [
@@ -138,21 +145,29 @@ class Console:
             await self._runner.cleanup()
 
     @web.middleware
+    async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Refuse what another web page could make a browser send (console/guard.py)."""
+        self.guard.check(request.method, request.headers)
+        return await handler(request)
+
+    @web.middleware
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             response = await handler(request)
+        except Refused as refused:  # not logged: any page could make a browser send many
+            response = _reply({"error": refused.message}, status=refused.status)
         except LabelrmError as err:
             status = next((code for kind, code in _HTTP if isinstance(err, kind)), 500)
             if status >= 500:
                 log.warning("console %s: %s", request.path, err.message)
-            response = web.json_response({"error": err.message}, status=status)
+            response = _reply({"error": err.message}, status=status)
         except web.HTTPException as exc:  # no such route, wrong method: JSON too
             if exc.status < 400:
                 raise
-            response = web.json_response({"error": exc.reason}, status=exc.status)
+            response = _reply({"error": exc.reason}, status=exc.status)
         except Exception as exc:  # the database away, a bug: one line, no traceback
             log.warning("console %s failed: %s: %s", request.path, type(exc).__name__, exc)
-            response = web.json_response({"error": "the RM cannot answer now"}, status=503)
+            response = _reply({"error": "the RM cannot answer now"}, status=503)
         response.headers["Cache-Control"] = "no-store"
         response.headers["X-Content-Type-Options"] = "nosniff"
         response.headers["X-Frame-Options"] = "DENY"
@@ -160,6 +175,11 @@ class Console:
             "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:"
         )
         return response
+
+
+def _reply(doc: Any, status: int = 200) -> web.Response:
+    """A JSON answer, its strings as the page may show them (`views.shown`)."""
+    return web.json_response(views.shown(doc), status=status)
 
 
 async def _index(request: web.Request) -> web.StreamResponse:
@@ -236,7 +256,7 @@ class Api:
 
     async def me(self, request: web.Request) -> web.Response:
         p = self.principal(request)
-        return web.json_response(
+        return _reply(
             {"user": p.name or "(dev mode)", "admin": p.is_admin, "auth": self.src.auth.enabled}
         )
 
@@ -258,7 +278,7 @@ class Api:
         node_states: dict[str, int] = {}
         for n in nodes:
             node_states[n.state.value] = node_states.get(n.state.value, 0) + 1
-        return web.json_response(
+        return _reply(
             {
                 "scope": user or "all",
                 "nodes": node_states,
@@ -288,7 +308,7 @@ class Api:
         out = []
         for s in await self.src.hub.list_ecm_status("", 10_000):
             out.append(views.node(s, _record_of(records, s.instance)))
-        return web.json_response({"nodes": out})
+        return _reply({"nodes": out})
 
     async def _ecm_records(self) -> dict[str, LabelResource]:
         """The ECMs' label records by label."""
@@ -307,7 +327,7 @@ class Api:
             p, policy.EC + "ListEngineConns", engine_conn_pb2.ListEngineConnsRequest()
         )
         ecs = await self.src.ecs.list("", MAX_ROWS, user, "", instance)
-        return web.json_response(
+        return _reply(
             {
                 "node": views.node(status, _record_of(records, instance)),
                 "engine_conns": [views.engine_conn(e) for e in ecs],
@@ -322,7 +342,7 @@ class Api:
             engine_conn_pb2.ListEngineConnsRequest(user=request.query.get("user", "")[:64]),
         )
         ecs = await self.src.ecs.list("", MAX_ROWS, user, "", request.query.get("node", "")[:300])
-        return web.json_response({"engine_conns": [views.engine_conn(e) for e in ecs]})
+        return _reply({"engine_conns": [views.engine_conn(e) for e in ecs]})
 
     async def engine_conn(self, request: web.Request) -> web.Response:
         p = self.principal(request)
@@ -333,7 +353,7 @@ class Api:
             engine_conn_pb2.GetEngineConnRequest(engine_conn_id=ec_id),
         )
         ec = await self.src.ecs.get(ec_id)
-        return web.json_response({"engine_conn": views.engine_conn(ec, full=True)})
+        return _reply({"engine_conn": views.engine_conn(ec, full=True)})
 
     async def kill_engine_conn(self, request: web.Request) -> web.Response:
         """KillEngineConn, for its owner and admins (the RPC's rule). The token travels in
@@ -347,7 +367,7 @@ class Api:
         )
         ec = await self.src.ecs.kill(ec_id, "killed from the web console")
         log.info("console: %s killed EngineConn %s", p.describe(), ec_id)
-        return web.json_response({"engine_conn": views.engine_conn(ec, full=True)})
+        return _reply({"engine_conn": views.engine_conn(ec, full=True)})
 
     async def resources(self, request: web.Request) -> web.Response:
         p = self.principal(request)
@@ -369,7 +389,7 @@ class Api:
             p, policy.ADMIN + "ListExternalProviders", admin_pb2.ListExternalProvidersRequest()
         ):
             providers = [views.provider(c) for c in await external.list_providers()]
-        return web.json_response(
+        return _reply(
             {
                 "labels": labels,
                 "limits": limits,
@@ -381,7 +401,7 @@ class Api:
 
     async def tickets(self, request: web.Request) -> web.Response:
         found = await self._tickets(self.principal(request))
-        return web.json_response({"tickets": [views.ticket(t) for t in found]})
+        return _reply({"tickets": [views.ticket(t) for t in found]})
 
     async def _tickets(self, p: Principal) -> list[Ticket]:
         """The live tickets `p` may list, as ListTickets reads them."""
@@ -397,7 +417,7 @@ class Api:
             p, policy.DEMAND + "ListDemands", demand_pb2.ListDemandsRequest()
         )
         found = await self.src.demands.list_demands(("", ""), MAX_ROWS, "", user)
-        return web.json_response({"demands": [views.demand(d) for d in found]})
+        return _reply({"demands": [views.demand(d) for d in found]})
 
 
 def _record_of(records: dict[str, Any], instance: str) -> Any:

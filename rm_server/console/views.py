@@ -1,6 +1,8 @@
 """Domain objects -> JSON for the console (the console's one conversion module, as
 service/convert.py is the gRPC API's). Times are ISO 8601 in UTC; resources are
-``{"kind": ..., "dims": {dimension: quantity}}``."""
+``{"kind": ..., "dims": {dimension: quantity}}``. Every string of an answer goes out
+through `shown`: text others wrote (reasons, an EngineConn's report, a program's log
+tail) has its control characters written out, as rmctl shows them."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
+from labelrm_common.text import visible
 from rm_server.domain.demands.model import Demand
 from rm_server.domain.demands.timelang import Span, order_ids
 from rm_server.domain.engineconn import EcmStatus, EngineConn
@@ -18,6 +21,20 @@ from rm_server.domain.model import ConsistencyReport, LabelResource, StoredLimit
 from rm_server.domain.resources import Resource, ResourceError, headroom
 
 Json = dict[str, Any]
+
+
+def shown(value: Any) -> Any:
+    """`value` (JSON data) with the control characters of every string, keys included,
+    written out (``\\x1b``, ``\\u202e``; labelrm_common/text.py); line breaks and tabs
+    stay (a page shows them as spaces, a log tail in <pre> as what they are). A page
+    must not be made to show what it does not say (bidirectional overrides)."""
+    if isinstance(value, str):
+        return visible(value, keep="\n\t")
+    if isinstance(value, dict):
+        return {shown(k): shown(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [shown(v) for v in value]
+    return value
 
 
 def at(value: datetime | None) -> str | None:

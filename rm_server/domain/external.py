@@ -42,6 +42,9 @@ QUEUE_KEY = "yarnQueue"
 UNLIMITED_APPS = 2**31 - 1
 
 _NAME_RE = re.compile(r"[a-z][a-z0-9-]{0,62}")
+# A secret's name: the file of that name in provider_secrets_dir, or the environment
+# variable LABELRM_PROVIDER_SECRET_<NAME> (rm_server/external/secrets.py): no path in it.
+SECRET_NAME_RE = re.compile(r"[a-z][a-z0-9_-]{0,62}")
 _ADDRESS_RE = re.compile(r"https?://[A-Za-z0-9_.:\[\]-]+(/[A-Za-z0-9_./-]*)?")
 _QUEUE_PATH_RE = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
 
@@ -96,6 +99,9 @@ class ProviderConfig:
     # Capacity scheduler: a queue's maximum is absoluteMaxCapacity (what YARN lets it grow
     # to) unless `capacity_guaranteed` asks for absoluteCapacity (its guaranteed share).
     capacity_guaranteed: bool = False
+    # Instead of `password`: the name of a secret the RM reads it from at each fetch (a
+    # file, an environment variable); then no password is stored.
+    password_secret: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME_RE.fullmatch(self.name):
@@ -123,8 +129,17 @@ class ProviderConfig:
             raise ProviderConfigError("auth", f"unknown auth {self.auth!r}") from None
         if self.auth is AuthKind.BASIC and not self.username:
             raise ProviderConfigError("username", "basic auth needs a user name")
-        if self.auth is AuthKind.NONE and (self.username or self.password):
+        if self.auth is AuthKind.NONE and (self.username or self.password or self.password_secret):
             raise ProviderConfigError("auth", "a user name or password needs auth=basic")
+        if self.password_secret:
+            if not SECRET_NAME_RE.fullmatch(self.password_secret):
+                raise ProviderConfigError(
+                    "password_secret", "a secret's name must match [a-z][a-z0-9_-]{0,62}"
+                )
+            if self.password:
+                raise ProviderConfigError(
+                    "password_secret", "give a password or the name of a secret, not both"
+                )
         if not 0 < self.timeout_seconds <= 60 or math.isnan(self.timeout_seconds):
             raise ProviderConfigError("timeout_seconds", "must be in (0, 60]")
         if not 0 <= self.cache_ttl_seconds <= 300 or math.isnan(self.cache_ttl_seconds):
@@ -147,6 +162,7 @@ class ProviderConfig:
             self.timeout_seconds,
             self.cache_ttl_seconds,
             self.capacity_guaranteed,
+            self.password_secret,  # a name, not the secret
         )
 
     def to_config_json(self) -> dict[str, Any]:
@@ -159,6 +175,7 @@ class ProviderConfig:
             "timeout_seconds": self.timeout_seconds,
             "cache_ttl_seconds": self.cache_ttl_seconds,
             "capacity_guaranteed": self.capacity_guaranteed,
+            "password_secret": self.password_secret,
         }
 
     @classmethod
@@ -177,6 +194,7 @@ class ProviderConfig:
             timeout_seconds=float(config.get("timeout_seconds", 5.0)),
             cache_ttl_seconds=float(config.get("cache_ttl_seconds", 2.0)),
             capacity_guaranteed=bool(config.get("capacity_guaranteed", False)),
+            password_secret=str(config.get("password_secret", "")),
         )
 
 

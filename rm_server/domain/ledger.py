@@ -38,6 +38,7 @@ from rm_server.errors import (
     LabelrmError,
     NotFound,
     ResourceExhausted,
+    not_found,
 )
 
 
@@ -343,7 +344,7 @@ def lock_expired_error(ticket_id: str) -> FailedPrecondition:
 def not_live_error(ticket_id: str, ended: Ticket | None) -> FailedPrecondition | NotFound:
     """Why a ticket that is not live cannot be reported: ended (`ended`), or unknown."""
     if ended is None:
-        return NotFound(f"ticket {ticket_id} not found")
+        return not_found("ticket", ticket_id)
     return FailedPrecondition(
         f"ticket {ticket_id} is {ended.state.value} ({ended.end_reason})",
         state=ended.state.value,

@@ -4,6 +4,11 @@ one requester per provider, and the queue figures an Apply is admitted against.
 Only the YARN requester exists today (rm_server/external/yarn.py); another provider type (a
 Kubernetes ResourceQuota, say) adds a ProviderType, a requester with the same ``snapshot()``
 shape, and a parser in rm_server/domain/external.py.
+
+A failed fetch is told to users by its cluster only (``YARN of cluster=prod is
+unavailable``): users may not list providers, and the addresses, ports and errors of
+the system behind them are the operator's (the requester logs them, one line per failed
+fetch, and `rmctl provider test` shows them to admins).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from rm_server.errors import (
     NotFound,
     Unavailable,
 )
+from rm_server.external.secrets import SecretMissing, SecretSource
 from rm_server.external.yarn import RMAuthRejected, RMUnreachable, YarnRequester
 from rm_server.store import providers as provider_store
 from rm_server.store.db import Database, Idempotency, OutcomeEncoder, Replay
@@ -61,7 +67,7 @@ class Requester(Protocol):
 
 # One requester class per provider type: a new type (a Kubernetes ResourceQuota, say) adds
 # its ProviderType, a requester here, and a parser into QueueFigures.
-REQUESTERS: dict[ProviderType, Callable[[ProviderConfig, Clock], Requester]] = {
+REQUESTERS: dict[ProviderType, Callable[[ProviderConfig, Clock, SecretSource], Requester]] = {
     ProviderType.YARN: YarnRequester,
 }
 
@@ -73,9 +79,10 @@ PROVIDERS_TTL = 2.0  # how long a replica trusts its copy of the provider table
 class ExternalResources:
     """Providers, requesters and the live queue figures of every cluster label."""
 
-    def __init__(self, db: Database, clock: Clock) -> None:
+    def __init__(self, db: Database, clock: Clock, secrets: SecretSource | None = None) -> None:
         self.db = db
         self.clock = clock
+        self.secrets = secrets if secrets is not None else SecretSource()  # password_secret
         self._providers: dict[str, ProviderConfig] = {}  # by cluster
         self._providers_until = 0.0
         self._requesters: dict[str, Requester] = {}  # by provider name
@@ -99,7 +106,17 @@ class ExternalResources:
         self, idem: Idempotency, provider: ProviderConfig, encoder: OutcomeEncoder[ProviderConfig]
     ) -> ProviderConfig | Replay:
         """Create or replace a provider; this replica sees the change at once, others
-        within PROVIDERS_TTL."""
+        within PROVIDERS_TTL. A secret it names must be there (on this replica)."""
+        if provider.password_secret:
+            try:
+                self.secrets.read(provider.password_secret)
+            except SecretMissing as exc:
+                raise FailedPrecondition(
+                    f"provider.password_secret: {exc} (put the password in a file of"
+                    " provider_secrets_dir or in that variable first)",
+                    state="SECRET_MISSING",
+                    reason="EXTERNAL_SECRET_MISSING",
+                ) from None
         now = self.clock.now()
         try:
             return await self.db.run_idempotent(
@@ -123,7 +140,8 @@ class ExternalResources:
         return await self.db.run(provider_store.list_providers, read_only=True)
 
     async def test_provider(self, name: str) -> tuple[SchedulerSnapshot, list[QueueView]]:
-        """Fetch the named provider's figures now (no cache) and list its queues."""
+        """Fetch the named provider's figures now (no cache) and list its queues; a failure
+        says what the admin needs (addresses and errors)."""
         found = [p for p in await self.list_providers() if p.name == name]
         if not found:
             raise NotFound(f"provider {name} not found")
@@ -147,33 +165,19 @@ class ExternalResources:
                 self._closing.add(task)
                 task.add_done_callback(self._closing.discard)
             make = REQUESTERS[provider.type]
-            current = self._requesters[provider.name] = make(provider, self.clock)
+            current = self._requesters[provider.name] = make(provider, self.clock, self.secrets)
         return current
 
-    async def snapshot(self, provider: ProviderConfig, *, fresh: bool = False) -> SchedulerSnapshot:
-        """The provider's live scheduler snapshot; errors mapped to the RM's statuses."""
+    async def snapshot(
+        self, provider: ProviderConfig, *, fresh: bool = False, detailed: bool = False
+    ) -> SchedulerSnapshot:
+        """The provider's live scheduler snapshot; errors mapped to the RM's statuses. A
+        failure names the cluster only (module doc), unless `detailed` (for admins): then
+        the provider, its addresses and the error as well."""
         try:
             return await self.requester(provider).snapshot(fresh=fresh)
-        except RMUnreachable as exc:
-            raise Unavailable(
-                f"YARN of cluster={provider.cluster} unreachable: {exc}",
-                reason="EXTERNAL_UNAVAILABLE",
-            ) from None
-        except RMAuthRejected as exc:
-            raise FailedPrecondition(
-                f"provider {provider.name}: {exc}", state="AUTH_REJECTED", reason="EXTERNAL_AUTH"
-            ) from None
-        except MalformedResponse as exc:
-            raise Unavailable(
-                f"YARN of cluster={provider.cluster} answered a malformed document: {exc}",
-                reason="EXTERNAL_MALFORMED",
-            ) from None
-        except UnsupportedScheduler as exc:
-            raise FailedPrecondition(
-                f"provider {provider.name}: {exc}",
-                state="UNSUPPORTED_SCHEDULER",
-                reason="EXTERNAL_UNSUPPORTED",
-            ) from None
+        except (RMUnreachable, RMAuthRejected, MalformedResponse, UnsupportedScheduler) as exc:
+            raise _refusal(provider, exc, detailed) from None
 
     async def admission(
         self, labels: tuple[Label, ...], resource: Resource, field: str = "resource"
@@ -253,7 +257,7 @@ class ExternalResources:
     ) -> tuple[SchedulerSnapshot, list[QueueView]]:
         """Every queue of a provider with labelrm's in-flight part (for `provider test` and
         the queue views)."""
-        snap = await self.snapshot(provider, fresh=True)
+        snap = await self.snapshot(provider, fresh=True, detailed=True)
         locked = await self.db.run(
             lambda c: provider_store.queue_rows_locked(c, f"cluster={provider.cluster},"),
             read_only=True,
@@ -264,6 +268,32 @@ class ExternalResources:
             in_flight = in_flight_of(locked.get(label, Resource.yarn("", 0, 0, 0)))
             views.append(QueueView(label, figures, in_flight))
         return snap, views
+
+
+def _refusal(provider: ProviderConfig, exc: Exception, detailed: bool) -> LabelrmError:
+    """The error a failed fetch of `provider` ends a call with: for users, what happened
+    to the cluster they named; `detailed`, the provider and the error (addresses)."""
+    where = f"YARN of cluster={provider.cluster}"
+    detail = f" (provider {provider.name}: {exc})" if detailed else " (details in the RM's log)"
+    if isinstance(exc, RMAuthRejected):
+        return FailedPrecondition(
+            f"{where} refused labelrm's credentials, or labelrm has none for it{detail}",
+            state="AUTH_REJECTED",
+            reason="EXTERNAL_AUTH",
+        )
+    if isinstance(exc, MalformedResponse):
+        return Unavailable(
+            f"{where} answered a document labelrm cannot read{detail}",
+            reason="EXTERNAL_MALFORMED",
+        )
+    if isinstance(exc, UnsupportedScheduler):  # no address in it: the scheduler's type
+        return FailedPrecondition(
+            f"{where}: {exc}", state="UNSUPPORTED_SCHEDULER", reason="EXTERNAL_UNSUPPORTED"
+        )
+    return Unavailable(
+        f"{where} is unavailable: no ResourceManager answered{detail}",
+        reason="EXTERNAL_UNAVAILABLE",
+    )
 
 
 def _yarn_field(resource: Resource) -> str:

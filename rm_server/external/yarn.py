@@ -39,6 +39,7 @@ from rm_server.domain.external import (
     ha_state,
     parse_scheduler,
 )
+from rm_server.external.secrets import SecretMissing, SecretSource
 
 log = logging.getLogger(__name__)
 # httpx logs every request at INFO ("HTTP Request: GET ..."): one line per fetch and URL in
@@ -66,18 +67,18 @@ class _Standby(Exception):
 
 
 class YarnRequester:
-    """Fetches and caches one provider's scheduler snapshot."""
+    """Fetches and caches one provider's scheduler snapshot. A password named by the
+    provider's `password_secret` is read from `secrets` at every fetch (rotation needs
+    no restart; rm_server/external/secrets.py)."""
 
-    def __init__(self, config: ProviderConfig, clock: Clock) -> None:
+    def __init__(
+        self, config: ProviderConfig, clock: Clock, secrets: SecretSource | None = None
+    ) -> None:
         self.config = config
         self.clock = clock
-        auth = (
-            httpx.BasicAuth(config.username, config.password)
-            if config.auth is AuthKind.BASIC
-            else None
-        )
+        self._secrets = secrets if secrets is not None else SecretSource()
+        self._auth: httpx.Auth | None = None  # this fetch's credentials
         self._client = httpx.AsyncClient(
-            auth=auth,
             timeout=httpx.Timeout(config.timeout_seconds),
             follow_redirects=False,
             headers={"Accept": "application/json"},
@@ -115,6 +116,12 @@ class YarnRequester:
             future.cancel()
             raise
         except Exception as exc:
+            # The one line of a failed fetch, with what only the operator may see (users
+            # are told the cluster only: rm_server/external/__init__.py).
+            log.warning(
+                "yarn provider %s (cluster=%s): fetch failed: %s",
+                self.config.name, self.config.cluster, exc,
+            )  # fmt: skip
             future.set_exception(exc)
             # Nobody may be waiting any more: mark the exception retrieved.
             future.exception()
@@ -125,9 +132,24 @@ class YarnRequester:
         finally:
             self._inflight = None
 
+    def _credentials(self) -> httpx.Auth | None:
+        """The provider's basic auth: its stored password, or the one its secret holds
+        now (RMAuthRejected when that secret is not there)."""
+        config = self.config
+        if config.auth is not AuthKind.BASIC:
+            return None
+        password = config.password
+        if config.password_secret:
+            try:
+                password = self._secrets.read(config.password_secret)
+            except SecretMissing as exc:
+                raise RMAuthRejected(f"no password: {exc}") from None
+        return httpx.BasicAuth(config.username, password)
+
     async def _fetch_with_retries(self) -> SchedulerSnapshot:
         """At most ATTEMPTS rounds, and never longer than ATTEMPTS request timeouts in all
         (an address list of hosts that do not answer must not hold applies for minutes)."""
+        self._auth = self._credentials()
         budget = self.config.timeout_seconds * ATTEMPTS
         try:
             async with asyncio.timeout(budget):
@@ -155,7 +177,7 @@ class YarnRequester:
             if _scheduler_type(doc) == "capacityScheduler":
                 metrics = await self._get_json(address, METRICS)
         except (_Standby, RMUnreachable) as exc:
-            # One line per failed call comes from the server's interceptor; this is detail.
+            # The failed fetch gets its one line (_refresh); this is detail.
             log.debug(
                 "yarn provider %s: RM %s unusable (%s), re-discovering",
                 self.config.name,
@@ -187,7 +209,7 @@ class YarnRequester:
 
     async def _get_json(self, address: str, path: str) -> Any:
         try:
-            resp = await self._client.get(address + path)
+            resp = await self._client.get(address + path, auth=self._auth)
         except httpx.HTTPError as exc:
             raise RMUnreachable(f"{type(exc).__name__}: {exc}") from None
         if resp.status_code in (401, 403):

@@ -12,8 +12,9 @@ nothing; the interceptor turns the error into the call's status):
    failure of its peer; once a peer has too many recent failures, its further invalid
    tokens are refused RESOURCE_EXHAUSTED (a valid token from the same address never is:
    a guesser must not lock out the users and admins behind the same address);
-3. a user's rate of calls (every RPC; admins exempt): RESOURCE_EXHAUSTED, before the
-   policy, whose ownership checks read the database;
+3. a user's rate of calls (every RPC; admins exempt), and that of the user's
+   EngineConns (their certificates' calls): RESOURCE_EXHAUSTED, before the policy,
+   whose ownership checks read the database;
 4. the caller's role against the policy table (`policy.check_role`): UNAUTHENTICATED /
    PERMISSION_DENIED, still before the request is read: an anonymous caller's bytes,
    or a user's sent to an agent's method, are never parsed;
@@ -41,7 +42,6 @@ from rm_server.security import policy
 from rm_server.security.identity import (
     ANONYMOUS,
     BadCredentials,
-    Kind,
     Principal,
     bearer_token,
     from_auth_context,
@@ -49,7 +49,7 @@ from rm_server.security.identity import (
     peer_host,
     principal_var,
 )
-from rm_server.security.limits import Limits
+from rm_server.security.limits import Limits, RateKeys
 from rm_server.security.tokens import TokenFile
 from rm_server.store import owners
 from rm_server.store.db import Database
@@ -96,6 +96,7 @@ class AuthInterceptor:
         self.tokens = tokens
         self.owners = owners
         self.limits = limits
+        self.rate_keys = RateKeys(owners)  # whose call rate each caller's calls count against
         self.proxy_users = frozenset(proxy_users)
         self.rules = tuple(rules)  # which label combinations charge a user
 
@@ -132,7 +133,7 @@ class AuthInterceptor:
             raise Unauthenticated(str(exc), reason="BAD_CERTIFICATE") from exc
         return found if found is not None else ANONYMOUS
 
-    def admit_caller(self, method: str, context: grpc.aio.ServicerContext) -> None:
+    async def admit_caller(self, method: str, context: grpc.aio.ServicerContext) -> None:
         """Authenticate one call and judge its caller, before a byte of its request is
         read: credentials, the caller's rate of calls, and whether its role may call
         `method` at all (anonymous bytes are refused unread, whatever their size).
@@ -140,9 +141,8 @@ class AuthInterceptor:
         principal = self._authenticate(context)
         # Set before the checks: the access log names the caller of a refused call too.
         principal_var.set(principal)
-        if principal.kind is Kind.USER and not principal.is_admin:
-            # Before the policy, whose ownership checks read the database.
-            self.limits.admit_call(principal.name)
+        # Before the policy, whose ownership checks read the database.
+        await self.rate_keys.admit(self.limits, principal)
         self._refusal_logged(lambda: policy.check_role(method, principal))
 
     async def admit(self, method: str, request: Any) -> Release:

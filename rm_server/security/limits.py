@@ -1,8 +1,9 @@
 """Abuse limits, checked before a request reaches its servicer (so a refusal changes
 nothing): a per-user rate on every user RPC and a stricter one on the apply-like RPCs
-(token buckets), a per-user cap on Applies waiting for capacity, a per-peer throttle on
-failed authentications (invalid credentials only), and a per-peer cap on the open
-streams of the public health Watch.
+(token buckets), the same per-user rate on the calls of each user's EngineConns
+together (their certificates are the user's too), a per-user cap on Applies waiting
+for capacity, a per-peer throttle on failed authentications (invalid credentials only),
+and a per-peer cap on the open streams of the public health Watch.
 
 The counters live in each RM process: with N replicas behind a balancer a user gets
 up to N times the rate. They bound abuse, they are not a fair-share scheduler.
@@ -17,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rm_server.errors import ResourceExhausted
+from rm_server.security.identity import Kind, Principal
+from rm_server.security.policy import Owners
 
 RATE_LIMITED = "RATE_LIMITED"
 TOO_MANY_WAITING = "TOO_MANY_WAITING"
@@ -57,6 +60,7 @@ class Limits:
         self._clock = clock
         self._buckets: OrderedDict[str, _Bucket] = OrderedDict()  # apply-like calls
         self._calls: OrderedDict[str, _Bucket] = OrderedDict()  # every user RPC
+        self._engine_calls: OrderedDict[str, _Bucket] = OrderedDict()  # by EC owner
         self._streams: dict[str, int] = {}  # open health Watch streams per peer
         self._waiting: dict[str, int] = {}
         self._failures: OrderedDict[str, deque[float]] = OrderedDict()
@@ -130,14 +134,35 @@ class Limits:
 
     def _take(self, user: str) -> None:
         st = self.settings
-        _take(self._buckets, user, st.apply_rate, st.apply_burst, self._clock(), "applies")
+        _take(
+            self._buckets, user, st.apply_rate, st.apply_burst, self._clock(),
+            f"user {user!r} exceeds {st.apply_rate:g} applies per second (apply_rate",
+        )  # fmt: skip
 
     def admit_call(self, user: str) -> None:
         """Count one call of any user RPC by `user`, or raise ResourceExhausted: one user's
         flood of cheap calls must not starve the others (nor the health checks)."""
         st = self.settings
         if st.call_rate > 0:
-            _take(self._calls, user, st.call_rate, st.call_burst, self._clock(), "calls")
+            _take(
+                self._calls, user, st.call_rate, st.call_burst, self._clock(),
+                f"user {user!r} exceeds {st.call_rate:g} calls per second (call_rate",
+            )  # fmt: skip
+
+    def admit_engine_call(self, owner: str, who: str = "") -> None:
+        """Count one call by an EngineConn of `owner`, or raise ResourceExhausted. All of a
+        user's EngineConns share one bucket of `call_rate`: a user holds the certificates
+        of their EngineConns, and must not flood the database through them. The bucket
+        is apart from the user's own calls, so that a user's busy script does not keep
+        their EngineConns from reporting (a refused first report ends an EngineConn).
+        `who` names the bucket in the refusal (default: the EngineConns of `owner`)."""
+        st = self.settings
+        if st.call_rate > 0:
+            who = who or f"the EngineConns of user {owner!r}"
+            _take(
+                self._engine_calls, owner, st.call_rate, st.call_burst, self._clock(),
+                f"{who} exceed {st.call_rate:g} calls per second together (call_rate",
+            )  # fmt: skip
 
     def open_stream(self, peer: str) -> Callable[[], None]:
         """Count one open public stream (health Watch) of `peer`, or raise
@@ -177,9 +202,10 @@ def _take(
     rate: float,
     burst: int,
     now: float,
-    what: str,
+    exceeds: str,
 ) -> None:
-    """Take one token of `user`'s bucket (refilled at `rate` per second up to `burst`)."""
+    """Take one token of `user`'s bucket (refilled at `rate` per second up to `burst`);
+    `exceeds` opens the refusal's message (who exceeds what, and the setting's name)."""
     bucket = buckets.get(user)
     if bucket is None:
         bucket = buckets[user] = _Bucket(float(burst), now)
@@ -191,13 +217,51 @@ def _take(
     bucket.stamp = now
     if bucket.tokens < 1.0:
         wait = (1.0 - bucket.tokens) / rate
-        setting = "apply_rate" if what == "applies" else "call_rate"
         raise ResourceExhausted(
-            f"user {user!r} exceeds {rate:g} {what} per second"
-            f" ({setting}, burst {burst}): retry in {wait:.2f} s",
-            reason=RATE_LIMITED,
+            f"{exceeds}, burst {burst}): retry in {wait:.2f} s", reason=RATE_LIMITED
         )
     bucket.tokens -= 1.0
+
+
+class RateKeys:
+    """Whose call rate a caller's calls count against: a user's own; an EngineConn's,
+    its owner's EngineConns' together (its own when it has no row any more); none for
+    admins and agents (trusted, and exempt).
+
+    An EngineConn's owner is read once and kept: an EngineConn certificate names an id
+    the RM created and never reuses, whose owner never changes, so neither does the
+    answer (no row: its row was purged, and no row of that id comes back)."""
+
+    def __init__(self, owners: Owners, capacity: int = MAX_TRACKED_USERS) -> None:
+        self._owners = owners
+        self._capacity = capacity
+        self._ec_owners: OrderedDict[str, str] = OrderedDict()
+
+    async def admit(self, limits: Limits, principal: Principal) -> None:
+        """Count one call of `principal` against its rate, or raise ResourceExhausted."""
+        if principal.is_admin:
+            return
+        if principal.kind is Kind.USER:
+            limits.admit_call(principal.name)
+        elif principal.kind is Kind.ENGINECONN:
+            owner = await self._owner_of(principal.name)
+            if owner:
+                limits.admit_engine_call(owner)
+            else:  # a bucket of its own, under a key no user name can take
+                limits.admit_engine_call(
+                    f"/engineconn/{principal.name}", f"EngineConn {principal.name!r} (no owner)"
+                )
+
+    async def _owner_of(self, ec_id: str) -> str:
+        """The owner of EngineConn `ec_id` ("" when it has no row)."""
+        owner = self._ec_owners.get(ec_id)
+        if owner is None:
+            owner = await self._owners.engine_conn_owner(ec_id) or ""
+            self._ec_owners[ec_id] = owner
+            while len(self._ec_owners) > self._capacity:
+                self._ec_owners.popitem(last=False)
+        self._ec_owners.move_to_end(ec_id)
+        return owner
 
 
 def _nothing() -> None:

@@ -18,8 +18,10 @@ itself is admitted on the role alone):
   ``userCreator`` combination of the label rules), so that their limits apply: a user
   may not apply on infrastructure labels (``emInstance``) alone (OWN_LABELS_REQUIRED).
 - OWN_LIST: a list's ``user`` filter is forced to the caller.
-- OWN_TICKET / OWN_ENGINE_CONN: the named object must belong to the caller. An unknown
-  id passes through, so the servicer answers NOT_FOUND as usual.
+- OWN_TICKET / OWN_ENGINE_CONN: the named object must belong to the caller. Another
+  user's is NOT_FOUND, word for word what an id nobody has gets: a PERMISSION_DENIED
+  there told a user which ids exist. An unknown id passes through, so the servicer
+  answers NOT_FOUND as usual (or replays the outcome stored under a request id).
 
 Demand ids are chosen by clients and are per user, so the demand RPCs are ACT_AS on the
 request's ``user``: a user only ever looks among their own demands, and another user's
@@ -30,6 +32,7 @@ A refusal names the caller and what they asked for, never another user.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -46,8 +49,11 @@ from rm_server.domain.labels import (
     charges_user,
     user_rule_keys,
 )
-from rm_server.errors import PermissionDenied, Unauthenticated
+from rm_server.domain.text import clip
+from rm_server.errors import PermissionDenied, Unauthenticated, not_found
 from rm_server.security.identity import Kind, Principal
+
+log = logging.getLogger(__name__)
 
 RM = "labelrm.v1.ResourceManagerService/"
 ADMIN = "labelrm.v1.AdminService/"
@@ -256,8 +262,11 @@ async def authorize(
     }[rule.check]
     owner = await lookup[0](value)
     if owner is not None and owner != principal.name:
-        # Never the owner's name: a refusal tells nothing about other tenants.
-        raise _denied(principal, f"act on {lookup[1]} {value} (not yours)")
+        # The answer an unknown id gets: a refusal tells nothing about other tenants,
+        # not even that the id exists. The log (the operator's) says what happened.
+        who, what = principal.describe(), lookup[1]
+        log.info("refused: %s may not act on %s %s (another user's)", who, what, clip(value))
+        raise not_found(lookup[1], value)
     return rule
 
 

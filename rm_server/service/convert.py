@@ -545,6 +545,7 @@ def provider_from_pb(msg: external_pb2.ExternalProvider, field: str = "provider"
             timeout_seconds=msg.timeout_seconds or 5.0,
             cache_ttl_seconds=msg.cache_ttl_seconds if msg.HasField("cache_ttl_seconds") else 2.0,
             capacity_guaranteed=msg.capacity_guaranteed,
+            password_secret=msg.password_secret,
         )
 
 
@@ -561,6 +562,7 @@ def provider_to_pb(p: ProviderConfig) -> external_pb2.ExternalProvider:
         cache_ttl_seconds=p.cache_ttl_seconds,
         capacity_guaranteed=p.capacity_guaranteed,
         has_password=bool(p.password),
+        password_secret=p.password_secret,
     )
 
 

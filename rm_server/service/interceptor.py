@@ -54,6 +54,7 @@ from rm_server.security.interceptor import AuthInterceptor, Release
 from rm_server.security.limits import Limits
 from rm_server.service.bounds import check_bounds
 from rm_server.service.errors import abort_with, reason_of, status_for
+from rm_server.service.free_text import check_free_text_fields
 from rm_server.service.wire import Deserializer, check_strings, reader
 
 Unary = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
@@ -157,6 +158,7 @@ class Interceptor(grpc.GenericRpcHandler):
             metrics=self.metrics.for_method(name) if self.metrics is not None else None,
             auth=self.auth if guarded else None,
             bounded=not policy.is_public(name),
+            free_text=not policy.is_public(name) and not policy.serves_agents(name),
             peer_streams=self.limits if name in CAPPED_STREAMS else None,
             read=reader(handler.request_deserializer),
             max_bytes=limit if limit > 0 and not policy.serves_agents(name) else 0,
@@ -191,6 +193,7 @@ class _Method:
     metrics: RpcMetrics | None
     auth: AuthInterceptor | None  # None: not guarded
     bounded: bool = False  # its requests' counts and sizes are checked (service.bounds)
+    free_text: bool = False  # its strings may hold no control character (service.free_text)
     peer_streams: Limits | None = None  # its open calls are capped per peer
     read: Deserializer | None = None  # bytes -> request (service.wire); None: taken as is
     max_bytes: int = 0  # the largest request it reads (user RPCs); 0: the server's limit
@@ -200,7 +203,8 @@ def _read(method: _Method, data: Any) -> Any:
     """The request of a call, from the bytes received, each step cheaper than the next
     and bounding it: the size (user RPCs: refused unparsed), the parse, the counts and
     sizes of its repeated fields (service.bounds, before anything walks them), then its
-    strings (service.wire)."""
+    strings (service.wire: no NUL; service.free_text: no control character in a user
+    RPC's)."""
     read = method.read
     if read is None:  # a handler without a deserializer: the request as it came
         return data
@@ -216,6 +220,8 @@ def _read(method: _Method, data: Any) -> Any:
     if method.bounded:
         check_bounds(request)
     check_strings(request, data)
+    if method.free_text:
+        check_free_text_fields(request)
     return request
 
 
@@ -361,7 +367,7 @@ async def _admit(
     Returns what to call when the call ends and the request to serve."""
     auth = method.auth
     if auth is not None:
-        auth.admit_caller(method.name, context)
+        await auth.admit_caller(method.name, context)
     if unary_request:
         request = _read(method, request)
         state.read(request)

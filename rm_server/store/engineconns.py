@@ -21,7 +21,7 @@ from rm_server.domain.engineconn import (
     LaunchPayload,
     label_set,
 )
-from rm_server.errors import NotFound
+from rm_server.errors import not_found
 from rm_server.store.codec import jlabels, jres, labels_of, res
 from rm_server.store.db import Conn, Idempotency, page_filters
 from rm_server.store.notify import agent_key, ec_key, notify_freed
@@ -117,7 +117,7 @@ async def get_ec(conn: Conn, ec_id: str, *, lock: bool = False) -> EngineConn:
     cur = await conn.execute(sql + (" FOR UPDATE" if lock else ""), (ec_id,))
     row = await cur.fetchone()
     if row is None:
-        raise NotFound(f"EngineConn {ec_id} not found")
+        raise not_found("EngineConn", ec_id)
     return ec_from_row(row)
 
 

@@ -26,15 +26,23 @@ def _provider(row: tuple[Any, ...]) -> ProviderConfig:
 async def put_provider(conn: Conn, provider: ProviderConfig, now: datetime) -> ProviderConfig:
     """Create or replace a provider (by name); another provider's cluster is refused.
 
-    Replacing a basic-auth provider without a password keeps the stored one (an operator
-    changing a timeout need not handle the secret again); auth "none" drops it."""
+    Replacing a basic-auth provider with neither a password nor a secret's name keeps the
+    stored one (an operator changing a timeout need not handle the secret again); auth
+    "none" drops it, and a password replaces a secret's name and the reverse."""
     cur = await conn.execute(
         f"SELECT {_COLUMNS} FROM external_provider WHERE name = %s FOR UPDATE",  # noqa: S608
         (provider.name,),
     )
     row = await cur.fetchone()
-    if row is not None and provider.auth is AuthKind.BASIC and not provider.password:
-        provider = replace(provider, password=_provider(row).password)
+    if (
+        row is not None
+        and provider.auth is AuthKind.BASIC
+        and not (provider.password or provider.password_secret)
+    ):
+        stored = _provider(row)
+        provider = replace(
+            provider, password=stored.password, password_secret=stored.password_secret
+        )
     try:
         async with conn.transaction():  # a savepoint: the clash leaves the transaction usable
             await conn.execute(

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from rm_server.domain.model import Ticket
-from rm_server.errors import NotFound
+from rm_server.errors import not_found
 from rm_server.store.codec import (
     HISTORY_COLUMNS,
     TICKET_COLUMNS,
@@ -41,7 +41,7 @@ async def get_ticket(conn: Conn, ticket_id: str) -> Ticket:
     if ticket is None:
         ticket = await read_history(conn, ticket_id)
     if ticket is None:
-        raise NotFound(f"ticket {ticket_id} not found")
+        raise not_found("ticket", ticket_id)
     return ticket
 
 

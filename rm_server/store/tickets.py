@@ -51,7 +51,7 @@ from rm_server.domain.ledger import (
 from rm_server.domain.limits import LabelPattern, LimitRule, best_limit
 from rm_server.domain.model import Refusal, Ticket, TicketState
 from rm_server.domain.resources import Resource
-from rm_server.errors import InvalidArgument, LabelrmError, NotFound
+from rm_server.errors import InvalidArgument, LabelrmError, not_found
 from rm_server.store.codec import (
     ECM_STATE,
     HISTORY_COLUMNS,
@@ -424,7 +424,7 @@ def _execute(
         if ticket is None:
             ended = state.ended.get(op.ticket_id) or history.get(op.ticket_id)
             if ended is None:
-                raise NotFound(f"ticket {op.ticket_id} not found")
+                raise not_found("ticket", op.ticket_id)
             return ended  # Release is idempotent: an ended ticket is returned as it is
         return state.end(ticket, now, TicketState.RELEASED, op.reason)
     if ticket is None:

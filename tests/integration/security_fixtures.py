@@ -23,9 +23,14 @@ from labelrm.v1 import (
 
 from clients._channel import ChannelSecurity, aio_channel
 from labelrm_common import pki, tokens
+from rm_server.domain.engineconn import EcState, EngineConn
+from rm_server.domain.resources import Resource
+from rm_server.store import engineconns as ec_store
+from rm_server.store.db import Idempotency
 from tests.fixtures.rm import RMProcess
 from tests.helpers import (
     ENGINECONN_TEST_SETTINGS,
+    GiB,
     InProcessRM,
     free_port,
     start_agent_on,
@@ -141,6 +146,24 @@ class Stubs:
         self.admin = admin_pb2_grpc.AdminServiceStub(channel)
         self.ecs = engine_conn_pb2_grpc.EngineConnServiceStub(channel)
         self.demands = demand_pb2_grpc.DemandServiceStub(channel)
+
+
+async def engine_conn_of(srm: SecureRM, ec_id: str, user: str) -> tuple[str, str]:
+    """An IDLE EngineConn `ec_id` of `user` in the RM's database, and the certificate the
+    RM's issuing CA gives it (what its launch material holds)."""
+    now = srm.server.core.clock.now()
+    ec = EngineConn(
+        ec_id=ec_id, state=EcState.IDLE, user=user, labels=tuple(), params={},
+        engine="shell", resource=Resource.load_instance(GiB, 100, 1), created_at=now,
+        updated_at=now,
+    )  # fmt: skip
+    idem = Idempotency.of("CreateEngineConn", f"req-{ec_id}", b"")
+    await srm.server.core.db.run(lambda c: ec_store.claim_ec(c, ec, idem))
+    root = Path(srm.pki.root)
+    pki.save(
+        root, pki.file_stem("engineconn", ec_id), pki.issue(pki.load_ca(root), "engineconn", ec_id)
+    )
+    return srm.pki.cert("engineconn", ec_id)
 
 
 async def start_secure(database_url: str, p: Pki, **overrides: Any) -> SecureRM:

@@ -31,7 +31,7 @@ from ecm_agent.launch import (
     read_start_ticks,
 )
 from ecm_agent.validate import AgentPolicy, LaunchRefused, LaunchSpec, MaterialFile
-from tests.helpers import wait_until
+from tests.helpers import unavailable, wait_until
 
 USER_A = "lrmtest_a"
 USER_B = "lrmtest_b"
@@ -42,27 +42,25 @@ DEADLINE = 15.0
 def test_users() -> dict[str, int]:
     """The test users' uids; fails in CI, skips elsewhere, when they cannot be used."""
 
-    def unavailable(reason: str) -> None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"agent launch prerequisites missing in CI: {reason}")
-        pytest.skip(f"{reason} (run scripts/create_test_users.sh as root)")
+    def missing(reason: str) -> None:
+        unavailable(f"{reason} (run scripts/create_test_users.sh as root)")
 
     if os.geteuid() != 0:
-        unavailable("the agent tests must run as root")
+        missing("the agent tests must run as root")
     if shutil.which("sudo") is None:
-        unavailable("sudo is not installed")
+        missing("sudo is not installed")
     uids: dict[str, int] = {}
     for user in (USER_A, USER_B):
         try:
             uids[user] = pwd.getpwnam(user).pw_uid
         except KeyError:
-            unavailable(f"user {user} does not exist")
+            missing(f"user {user} does not exist")
     for user in (USER_A, USER_B):
         probe = subprocess.run(
             ["sudo", "-n", "-u", user, "true"], capture_output=True, text=True, timeout=30
         )
         if probe.returncode != 0:
-            unavailable(f"`sudo -n -u {user} true` failed: {probe.stderr.strip()}")
+            missing(f"`sudo -n -u {user} true` failed: {probe.stderr.strip()}")
     return uids
 
 

@@ -40,6 +40,7 @@ from tests.helpers import (
     private_tmp,
     remove_with_relocated,
     shared_tmp,
+    unavailable,
     wait_serving,
     wait_until_sync,
 )
@@ -170,9 +171,9 @@ def _works_in(proc: psutil.Process, directory: Path) -> bool:
         return False
 
 
-def launch_engineconns(target: str, log: Path, rounds: int) -> None:
+def launch_engineconns(target: str, log: Path, rounds: int, serving_timeout: float = 90) -> None:
     """The local agent comes up and launches EngineConns as USER that run code."""
-    wait_serving(target, 90, log=log)
+    wait_serving(target, serving_timeout, log=log)
     with grpc.insecure_channel(target) as channel:
         rm = resource_manager_pb2_grpc.ResourceManagerServiceStub(channel)
         ecs = engine_conn_pb2_grpc.EngineConnServiceStub(channel)
@@ -304,7 +305,7 @@ def dev_env(**extra: str) -> dict[str, str]:
 
 def test_make_run_as_root_without_a_dev_user_says_what_to_do(data_root):
     if os.geteuid() != 0:
-        pytest.skip("the root path of make run")
+        unavailable("the root path of make run needs root")
     port = free_port()
     err = data_root / "stderr"
     proc = subprocess.Popen(

@@ -29,6 +29,7 @@ from tests.helpers import (
     limit_req,
     load,
     load_instance,
+    refused,
     register,
     snapshot,
     wait_until,
@@ -55,13 +56,6 @@ async def seeded(rm):
     await rm.admin.SetLabelLimit(limit_req("userCreator=*,engineType=*", load(4 * GiB, 4000)))
     held = await rm.rm.Apply(apply_req(f"{USER},{ECM_LABEL}", load(GiB, 1000)))
     return rm, held.ticket
-
-
-async def refused(call, code: grpc.StatusCode) -> grpc.aio.AioRpcError:
-    with pytest.raises(grpc.aio.AioRpcError) as exc:
-        await call
-    assert exc.value.code() == code, exc.value.details()
-    return exc.value
 
 
 # ----- bad input ---------------------------------------------------------------------------

@@ -4,9 +4,11 @@ EngineConn reporting with it, and users reaching only their own EngineConns."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pwd
 import stat
+import subprocess
 from pathlib import Path
 
 import grpc
@@ -55,14 +57,14 @@ async def test_engineconn_reports_with_the_certificate_the_rm_issued(cluster, ag
     assert (Path(ec.work_dir) / SECRET_FILE).read_text() == ec.secret
     assert ec.secret not in (Path(ec.work_dir) / LAUNCH_SCRIPT).read_text()
     assert _environs_holding(ec.secret.encode()) == []
-    # Another user can neither see nor stop it; its owner can.
+    # Another user can neither see nor stop it (it does not exist for them); its owner can.
     for rpc, req in (
         (other.ecs.GetEngineConn, ec_pb.GetEngineConnRequest(engine_conn_id=ec.engine_conn_id)),
         (other.ecs.KillEngineConn, ec_pb.KillEngineConnRequest(engine_conn_id=ec.engine_conn_id)),
     ):
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await rpc(req)
-        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
     listed = (await other.ecs.ListEngineConns(ec_pb.ListEngineConnsRequest())).engine_conns
     assert listed == []
     # So only the owner (and admins) learn the executor's secret, which it requires.
@@ -101,6 +103,55 @@ async def test_engineconn_reports_with_the_certificate_the_rm_issued(cluster, ag
         return bool(got.engine_conn.state == ec_pb.ENGINE_CONN_STATE_SUCCEEDED)
 
     await wait_until(ended, timeout=30)
+
+
+# Local user B's client: 500 Execute calls to an EngineConn's port without its secret.
+FLOOD = """
+import sys, grpc
+from labelrm.v1 import executor_pb2, executor_pb2_grpc
+refused = 0
+with grpc.insecure_channel(sys.argv[1]) as channel:
+    stub = executor_pb2_grpc.ExecutorServiceStub(channel)
+    for _ in range(500):
+        try:
+            list(stub.Execute(executor_pb2.ExecuteRequest(code="id"), timeout=10))
+        except grpc.RpcError as exc:
+            refused += exc.code() == grpc.StatusCode.UNAUTHENTICATED
+print(refused)
+"""
+
+
+async def test_a_local_user_cannot_fill_an_engineconns_log(cluster, agent_factory, ec_python):
+    """Local user B calls user A's EngineConn port 500 times without its secret: every
+    call is refused, and A's stderr.log gets one line at once and one with the count
+    of the rest, not 500 lines."""
+    await start_secure_agent(cluster, agent_factory)
+    owner = cluster.stubs(cluster.channel("lrmtest_a"))
+    request = ec_pb.CreateEngineConnRequest(labels=lbl(SHELL_A), timeout=Duration(seconds=30))
+    ec = (await owner.ecs.CreateEngineConn(request, timeout=60)).engine_conn
+    stderr = Path(ec.work_dir) / "logs" / "stderr.log"
+    before = stderr.stat().st_size
+    flood = await asyncio.to_thread(
+        subprocess.run,
+        ["sudo", "-n", "-u", "lrmtest_b", "--", ec_python, "-c", FLOOD, ec.address],
+        capture_output=True, text=True, timeout=120, cwd="/",
+    )  # fmt: skip
+    assert flood.returncode == 0 and flood.stdout.split() == ["500"], flood.stderr[-2000:]
+
+    def refusals() -> list[str]:
+        with stderr.open("rb") as log:
+            log.seek(before)
+            return [line for line in log.read().decode().splitlines() if "refused" in line]
+
+    first = refusals()
+    assert len(first) == 1 and "no authorization" in first[0], first
+    assert sum(len(line) + 1 for line in first) < 300
+    # The rest are counted, and written when the interval ends or, here, as it stops.
+    await owner.ecs.KillEngineConn(ec_pb.KillEngineConnRequest(engine_conn_id=ec.engine_conn_id))
+    await wait_until(lambda: len(refusals()) >= 2, timeout=30)
+    lines = refusals()
+    assert len(lines) == 2, lines
+    assert "refused 499 more calls from ipv4:127.0.0.1 (no authorization: 499)" in lines[1]
 
 
 def _environs_holding(secret: bytes) -> list[Path]:

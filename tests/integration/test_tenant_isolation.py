@@ -5,6 +5,9 @@ attack as a hostile tenant would run it and asserts that it fails."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
@@ -19,16 +22,17 @@ from tests.helpers import (
     lbl,
     limit_req,
     load_instance,
+    reason_of,
     register,
 )
 from tests.integration.security_fixtures import (
+    engine_conn_of,
     make_pki,
     secure_cluster,
     start_secure,
     start_secure_agent,
     stop_secure,
 )
-from tests.integration.test_security import reason_of
 
 SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"
 SHELL_B = "userCreator=lrmtest_b-IDE,engineType=shell-1"
@@ -74,10 +78,10 @@ async def test_another_users_request_id_is_a_new_engineconn(cluster, agent_facto
     asked = (await bob.ecs.AskEngineConn(ask, timeout=60)).engine_conn
     assert asked.engine_conn_id != a_ec.engine_conn_id and asked.secret != a_ec.secret
 
-    # B cannot reach A's EngineConn by its id either, and the refusal does not say whose.
+    # B cannot reach A's EngineConn by its id either: for B it does not exist.
     get = ec_pb.GetEngineConnRequest(engine_conn_id=a_ec.engine_conn_id)
     err = await refused(bob.ecs.GetEngineConn, get)
-    assert err.code() == grpc.StatusCode.PERMISSION_DENIED and "lrmtest_a" not in err.details()
+    assert err.code() == grpc.StatusCode.NOT_FOUND and "lrmtest_a" not in err.details()
     # The owner's retry is a replay: the same EngineConn, its secret included.
     again = (await alice.ecs.CreateEngineConn(mine, timeout=60)).engine_conn
     assert again.engine_conn_id == a_ec.engine_conn_id and again.secret == a_ec.secret
@@ -140,6 +144,39 @@ async def test_users_cannot_apply_past_their_limits_on_infrastructure_labels(srm
     assert ticket.user == "bob"
     # Operators may still apply on infrastructure labels alone.
     await admin.rm.Apply(apply_req("emInstance=agent1", four))
+
+
+# ----- another user's objects do not exist for a user ------------------------------------------
+
+
+async def test_another_users_ids_answer_as_unknown_ids(srm):
+    """Bob names Alice's ticket and EngineConn: he gets word for word what an id nobody
+    has gets (a PERMISSION_DENIED here told him which ids exist), and nothing changes."""
+    alice = srm.stubs(srm.channel("alice"))
+    bob = srm.stubs(srm.channel("bob"))
+    admin = srm.stubs(srm.channel("root"))
+    labels = "userCreator=alice-IDE,engineType=spark-3.2.1,emInstance=agent1"
+    ticket = (await alice.rm.Apply(apply_req(labels, load_instance(GiB, 1000, 1)))).ticket
+    await engine_conn_of(srm, "ec-of-alice", "alice")
+    probes: list[tuple[Any, Callable[[str], Any], str]] = [
+        (bob.rm.GetTicket, lambda i: pb.GetTicketRequest(ticket_id=i), ticket.ticket_id),
+        (bob.rm.ReportUsed, lambda i: pb.ReportUsedRequest(ticket_id=i), ticket.ticket_id),
+        (bob.rm.Release, lambda i: pb.ReleaseRequest(ticket_id=i), ticket.ticket_id),
+        (bob.ecs.GetEngineConn, lambda i: ec_pb.GetEngineConnRequest(engine_conn_id=i), "ec-of-alice"),
+        (bob.ecs.KillEngineConn, lambda i: ec_pb.KillEngineConnRequest(engine_conn_id=i), "ec-of-alice"),
+    ]  # fmt: skip
+    for call, make, theirs in probes:
+        unknown = theirs[:-3] + "zzz"  # an id of the same shape that nobody has
+        hers, nobodys = await refused(call, make(theirs)), await refused(call, make(unknown))
+        assert hers.code() == nobodys.code() == grpc.StatusCode.NOT_FOUND, hers.details()
+        assert reason_of(hers) == reason_of(nobodys) == "NOT_FOUND"
+        assert hers.details().replace(theirs, "ID") == nobodys.details().replace(unknown, "ID")
+    # Nothing changed; Alice and the admins see her objects as before.
+    get = pb.GetTicketRequest(ticket_id=ticket.ticket_id)
+    assert (await alice.rm.GetTicket(get)).ticket.state == pb.TICKET_STATE_LOCKED
+    ec = ec_pb.GetEngineConnRequest(engine_conn_id="ec-of-alice")
+    assert (await alice.ecs.GetEngineConn(ec)).engine_conn.state == ec_pb.ENGINE_CONN_STATE_IDLE
+    assert (await admin.ecs.GetEngineConn(ec)).engine_conn.user == "alice"
 
 
 # ----- demand ids are per user ----------------------------------------------------------------

@@ -90,12 +90,16 @@ async def test_requests_that_lingered_behind_a_running_group_leave_when_it_is_do
     first = asyncio.ensure_future(combiner.submit(FakeOp("a")))
     await wait_until(lambda: groups_are([["a"]]), 5, interval=0.001)
     second = asyncio.ensure_future(combiner.submit(FakeOp("b")))
-    await asyncio.sleep(0.25)  # b has now waited longer than the linger behind a's group
-    assert rec.groups == [["a"]]
+    # Let b's linger pass while a's group still runs (b cannot leave: no room in flight).
+    await asyncio.sleep(0.25)
+    assert rec.groups == [["a"]] and combiner.queued == 1
     rec.gate.set()
-    # b leaves as soon as a's group is done, not a whole linger later
-    await wait_until(lambda: groups_are([["a"], ["b"]]), 0.1, interval=0.001)
-    assert [await first, await second] == ["done a", "done b"]
+    # b leaves the moment a's group is done (the same step that answers a), with no
+    # timer of its own: by the time a's caller has its answer, b is out of the queue.
+    assert await first == "done a"
+    assert combiner.queued == 0
+    assert await second == "done b"
+    assert rec.groups == [["a"], ["b"]]
 
 
 async def test_a_crashing_group_answers_every_request_with_the_error():
@@ -113,15 +117,24 @@ async def test_a_crashing_group_answers_every_request_with_the_error():
 async def test_linger_gathers_company_but_a_full_group_leaves_at_once():
     rec = Recorder()
     rec.gate.set()
-    combiner = Combiner(rec.run, max_batch=3, linger=0.05)
+    # A linger far longer than the test: whatever leaves, leaves because its group is full.
+    combiner = Combiner(rec.run, max_batch=2, linger=600)
     first = asyncio.ensure_future(combiner.submit(FakeOp("a")))
     await settle()
-    assert rec.groups == []  # waits for company instead of leaving alone
+    assert rec.groups == [] and combiner.queued == 1  # waits for company, not alone
     second = asyncio.ensure_future(combiner.submit(FakeOp("b")))
-    assert list(await asyncio.wait_for(asyncio.gather(first, second), 5)) == ["done a", "done b"]
+    assert list(await asyncio.wait_for(asyncio.gather(first, second), 30)) == ["done a", "done b"]
     assert rec.groups == [["a", "b"]]
-    # Three (max_batch) at once: no waiting for the linger to end.
-    full = [asyncio.ensure_future(combiner.submit(FakeOp(r))) for r in "cde"]
+    # Two (max_batch) at once: no waiting for the linger to end.
+    full = [asyncio.ensure_future(combiner.submit(FakeOp(r))) for r in "cd"]
     await settle()
-    assert rec.groups[-1] == ["c", "d", "e"]
-    assert [await f for f in full] == ["done c", "done d", "done e"]
+    assert rec.groups[-1] == ["c", "d"]
+    assert [await f for f in full] == ["done c", "done d"]
+
+
+async def test_a_lone_request_leaves_when_its_linger_ends():
+    rec = Recorder()
+    rec.gate.set()
+    combiner = Combiner(rec.run, max_batch=8, linger=0.05)
+    assert await asyncio.wait_for(combiner.submit(FakeOp("a")), 30) == "done a"
+    assert rec.groups == [["a"]]

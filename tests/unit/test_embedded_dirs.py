@@ -11,8 +11,13 @@ from pathlib import Path
 import pytest
 
 from rm_server.embedded import EmbeddedDatabaseError, data_dir_key, make_root_dir
+from tests.helpers import unavailable
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="root's directories")
+
+@pytest.fixture(autouse=True)
+def as_root() -> None:
+    if os.geteuid() != 0:
+        unavailable("root's directories: these tests run as root")
 
 
 def test_made_0755_whatever_the_umask(tmp_path):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from labelrm_common.roles import Role
 from rm_server.errors import ResourceExhausted
+from rm_server.security.identity import Kind, Principal
 from rm_server.security.limits import (
     RATE_LIMITED,
     TOO_MANY_AUTH_FAILURES,
@@ -12,6 +14,7 @@ from rm_server.security.limits import (
     TOO_MANY_WAITING,
     Limits,
     LimitSettings,
+    RateKeys,
 )
 
 
@@ -115,3 +118,54 @@ def test_public_streams_are_capped_per_peer():
     limits.open_stream("ipv4:10.0.0.1")
     with pytest.raises(ResourceExhausted):
         limits.open_stream("ipv4:10.0.0.1")
+
+
+class CountingOwners:
+    """`policy.Owners` from a dict, counting the EngineConn lookups."""
+
+    def __init__(self, owners: dict[str, str]) -> None:
+        self.owners = owners
+        self.lookups = 0
+
+    async def ticket_owner(self, ticket_id: str) -> str | None:
+        return None
+
+    async def engine_conn_owner(self, ec_id: str) -> str | None:
+        self.lookups += 1
+        return self.owners.get(ec_id)
+
+
+async def test_engineconns_share_their_owners_rate_apart_from_the_owners_calls():
+    limits = Limits(LimitSettings(call_rate=1, call_burst=2), Clock())
+    owners = CountingOwners({"ec-1": "alice", "ec-2": "alice", "ec-3": "bob"})
+    keys = RateKeys(owners)
+
+    def engineconn(ec_id: str) -> Principal:
+        return Principal(Kind.ENGINECONN, ec_id, frozenset({Role.ENGINECONN}))
+
+    await keys.admit(limits, engineconn("ec-1"))
+    await keys.admit(limits, engineconn("ec-2"))
+    with pytest.raises(ResourceExhausted) as err:  # alice's EngineConns' burst is spent
+        await keys.admit(limits, engineconn("ec-1"))
+    assert err.value.reason == RATE_LIMITED
+    assert "EngineConns of user 'alice'" in err.value.message
+    await keys.admit(limits, engineconn("ec-3"))  # bob's have their own
+    alice = Principal(Kind.USER, "alice", frozenset({Role.USER}))
+    await keys.admit(limits, alice)  # alice's own calls too
+    await keys.admit(limits, alice)
+    with pytest.raises(ResourceExhausted):
+        await keys.admit(limits, alice)
+    # An owner is read once per EngineConn; admins and agents are not counted.
+    assert owners.lookups == 3
+    admin = Principal(Kind.USER, "ops", frozenset({Role.ADMIN}))
+    agent = Principal(Kind.AGENT, "agent1", frozenset({Role.AGENT}))
+    for _ in range(10):
+        await keys.admit(limits, admin)
+        await keys.admit(limits, agent)
+    # An EngineConn without a row any more counts on its own.
+    await keys.admit(limits, engineconn("ec-gone"))
+    await keys.admit(limits, engineconn("ec-gone"))
+    with pytest.raises(ResourceExhausted) as err:
+        await keys.admit(limits, engineconn("ec-gone"))
+    assert "EngineConn 'ec-gone' (no owner)" in err.value.message
+    await keys.admit(limits, engineconn("ec-3"))  # and not on bob's

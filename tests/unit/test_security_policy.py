@@ -12,7 +12,7 @@ from labelrm.v1 import (
 )
 
 from labelrm_common.roles import Role
-from rm_server.errors import PermissionDenied, Unauthenticated
+from rm_server.errors import NotFound, PermissionDenied, Unauthenticated, not_found
 from rm_server.security import policy
 from rm_server.security.identity import (
     ANONYMOUS,
@@ -231,9 +231,12 @@ async def test_lists_are_filtered_to_the_caller():
     ],
 )
 async def test_objects_of_another_user_are_off_limits(method, request_type, field, foreign):
-    with pytest.raises(PermissionDenied, match="not yours") as err:
+    with pytest.raises(NotFound) as err:
         await policy.authorize(method, ALICE, request_type(**{field: foreign}), OWNERS)
-    assert "user 'bob'" not in err.value.message  # never names another tenant
+    # Word for word what an id nobody has gets (never another tenant's name either).
+    kind = "ticket" if field == "ticket_id" else "EngineConn"
+    assert err.value.message == not_found(kind, foreign).message
+    assert err.value.reason == not_found(kind, "nope").reason
     # Unknown ids pass (the servicer answers NOT_FOUND); owners, admins and proxies pass.
     await policy.authorize(method, ALICE, request_type(**{field: "nope"}), OWNERS)
     await policy.authorize(

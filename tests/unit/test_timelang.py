@@ -239,11 +239,8 @@ def test_and_or_commute(x, y, t, n):
 
 
 @given(exprs, probe_times, probe_rounds)
-def test_evaluation_is_deterministic_and_may_hold_is_implied(x, t, n):
-    first = holds(x, t, n)
-    assert all(holds(x, t, n) == first for _ in range(3))
-    assert may_hold(x, t, n) == may_hold(x, t, n)
-    if first:
+def test_what_holds_may_hold(x, t, n):
+    if holds(x, t, n):
         assert may_hold(x, t, n)
 
 

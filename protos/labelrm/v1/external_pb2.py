@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from labelrm.v1 import resource_pb2 as labelrm_dot_v1_dot_resource__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19labelrm/v1/external.proto\x12\nlabelrm.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19labelrm/v1/resource.proto\"\x86\x02\n\x10\x45xternalProvider\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x0f\n\x07\x63luster\x18\x03 \x01(\t\x12\x11\n\taddresses\x18\x04 \x03(\t\x12\x0c\n\x04\x61uth\x18\x05 \x01(\t\x12\x10\n\x08username\x18\x06 \x01(\t\x12\x10\n\x08password\x18\x07 \x01(\t\x12\x17\n\x0ftimeout_seconds\x18\x08 \x01(\x01\x12\x1e\n\x11\x63\x61\x63he_ttl_seconds\x18\t \x01(\x01H\x00\x88\x01\x01\x12\x1b\n\x13\x63\x61pacity_guaranteed\x18\n \x01(\x08\x12\x14\n\x0chas_password\x18\x0b \x01(\x08\x42\x14\n\x12_cache_ttl_seconds\"\xd7\x02\n\rExternalQueue\x12\r\n\x05label\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x11\n\tscheduler\x18\x03 \x01(\t\x12\x0c\n\x04leaf\x18\x04 \x01(\x08\x12&\n\x08yarn_max\x18\x05 \x01(\x0b\x32\x14.labelrm.v1.Resource\x12\'\n\tyarn_used\x18\x06 \x01(\x0b\x32\x14.labelrm.v1.Resource\x12\'\n\tin_flight\x18\x07 \x01(\x0b\x32\x14.labelrm.v1.Resource\x12\"\n\x04left\x18\x08 \x01(\x0b\x32\x14.labelrm.v1.Resource\x12\x14\n\x0c\x61pps_running\x18\t \x01(\x03\x12\x14\n\x0c\x61pps_pending\x18\n \x01(\x03\x12.\n\nfetch_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x65rror\x18\x0c \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19labelrm/v1/external.proto\x12\nlabelrm.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19labelrm/v1/resource.proto\"\x9f\x02\n\x10\x45xternalProvider\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x0f\n\x07\x63luster\x18\x03 \x01(\t\x12\x11\n\taddresses\x18\x04 \x03(\t\x12\x0c\n\x04\x61uth\x18\x05 \x01(\t\x12\x10\n\x08username\x18\x06 \x01(\t\x12\x10\n\x08password\x18\x07 \x01(\t\x12\x17\n\x0ftimeout_seconds\x18\x08 \x01(\x01\x12\x1e\n\x11\x63\x61\x63he_ttl_seconds\x18\t \x01(\x01H\x00\x88\x01\x01\x12\x1b\n\x13\x63\x61pacity_guaranteed\x18\n \x01(\x08\x12\x14\n\x0chas_password\x18\x0b \x01(\x08\x12\x17\n\x0fpassword_secret\x18\x0c \x01(\tB\x14\n\x12_cache_ttl_seconds\"\xd7\x02\n\rExternalQueue\x12\r\n\x05label\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x11\n\tscheduler\x18\x03 \x01(\t\x12\x0c\n\x04leaf\x18\x04 \x01(\x08\x12&\n\x08yarn_max\x18\x05 \x01(\x0b\x32\x14.labelrm.v1.Resource\x12\'\n\tyarn_used\x18\x06 \x01(\x0b\x32\x14.labelrm.v1.Resource\x12\'\n\tin_flight\x18\x07 \x01(\x0b\x32\x14.labelrm.v1.Resource\x12\"\n\x04left\x18\x08 \x01(\x0b\x32\x14.labelrm.v1.Resource\x12\x14\n\x0c\x61pps_running\x18\t \x01(\x03\x12\x14\n\x0c\x61pps_pending\x18\n \x01(\x03\x12.\n\nfetch_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x65rror\x18\x0c \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,7 +34,7 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'labelrm.v1.external_pb2', _
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_EXTERNALPROVIDER']._serialized_start=102
-  _globals['_EXTERNALPROVIDER']._serialized_end=364
-  _globals['_EXTERNALQUEUE']._serialized_start=367
-  _globals['_EXTERNALQUEUE']._serialized_end=710
+  _globals['_EXTERNALPROVIDER']._serialized_end=389
+  _globals['_EXTERNALQUEUE']._serialized_start=392
+  _globals['_EXTERNALQUEUE']._serialized_end=735
 # @@protoc_insertion_point(module_scope)

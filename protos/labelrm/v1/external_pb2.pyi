@@ -11,7 +11,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ExternalProvider(_message.Message):
-    __slots__ = ("name", "type", "cluster", "addresses", "auth", "username", "password", "timeout_seconds", "cache_ttl_seconds", "capacity_guaranteed", "has_password")
+    __slots__ = ("name", "type", "cluster", "addresses", "auth", "username", "password", "timeout_seconds", "cache_ttl_seconds", "capacity_guaranteed", "has_password", "password_secret")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
@@ -23,6 +23,7 @@ class ExternalProvider(_message.Message):
     CACHE_TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_GUARANTEED_FIELD_NUMBER: _ClassVar[int]
     HAS_PASSWORD_FIELD_NUMBER: _ClassVar[int]
+    PASSWORD_SECRET_FIELD_NUMBER: _ClassVar[int]
     name: str
     type: str
     cluster: str
@@ -34,7 +35,8 @@ class ExternalProvider(_message.Message):
     cache_ttl_seconds: float
     capacity_guaranteed: bool
     has_password: bool
-    def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., cluster: _Optional[str] = ..., addresses: _Optional[_Iterable[str]] = ..., auth: _Optional[str] = ..., username: _Optional[str] = ..., password: _Optional[str] = ..., timeout_seconds: _Optional[float] = ..., cache_ttl_seconds: _Optional[float] = ..., capacity_guaranteed: _Optional[bool] = ..., has_password: _Optional[bool] = ...) -> None: ...
+    password_secret: str
+    def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., cluster: _Optional[str] = ..., addresses: _Optional[_Iterable[str]] = ..., auth: _Optional[str] = ..., username: _Optional[str] = ..., password: _Optional[str] = ..., timeout_seconds: _Optional[float] = ..., cache_ttl_seconds: _Optional[float] = ..., capacity_guaranteed: _Optional[bool] = ..., has_password: _Optional[bool] = ..., password_secret: _Optional[str] = ...) -> None: ...
 
 class ExternalQueue(_message.Message):
     __slots__ = ("label", "queue", "scheduler", "leaf", "yarn_max", "yarn_used", "in_flight", "left", "apps_running", "apps_pending", "fetch_time", "error")

@@ -7,9 +7,12 @@ const TOKEN_KEY = "labelrm.token";
 
 // ----- data ------------------------------------------------------------------------------
 
+// X-Labelrm-Console: the console takes a change only with it (and this page's Origin):
+// no form on another site can send it (rm_server/console/guard.py).
 async function api(path, method = "GET") {
   const token = sessionStorage.getItem(TOKEN_KEY);
-  const headers = token ? { Authorization: "Bearer " + token } : {};
+  const headers = { "X-Labelrm-Console": "1" };
+  if (token) headers.Authorization = "Bearer " + token;
   const r = await fetch(path, { method, headers, cache: "no-store" });
   const body = await r.json().catch(() => ({ error: r.statusText }));
   if (!r.ok) {
