@@ -118,7 +118,7 @@ class AgentProcess:
             raise OSError(f"the agents' process (agent_listen) did not start: exit {code}")
         ready = json.loads(line)
         self._proc = proc
-        # A restarted child binds the same address again: the port stays what it was.
+        # A restarted child binds the configured address again (port 0, in tests: a new one).
         self.port = int(ready["agent_port"])
         self.metrics_port = int(ready.get("metrics_port", 0))
         log.info("agents' process %d serves agent_listen (port %d)", proc.pid, self.port)
