@@ -19,6 +19,7 @@ STAMP    := $(VENV)/.installed
 # `make run`
 LISTEN   ?= 127.0.0.1:7100
 CONSOLE  ?= 127.0.0.1:7180
+METRICS  ?= 127.0.0.1:7190
 DATA_DIR ?= ./labelrm-data
 
 # `make test`: extra pytest arguments, e.g. make test PYTEST_ARGS='-k apply -x'
@@ -36,7 +37,7 @@ LABELRM_TEST_DATABASE_URL ?=
 unexport LABELRM_TEST_DATABASE_URL
 TEST_ENV := $(if $(LABELRM_TEST_DATABASE_URL),env LABELRM_TEST_DATABASE_URL='$(LABELRM_TEST_DATABASE_URL)',env -u LABELRM_TEST_DATABASE_URL)
 
-TYPED := labelrm_common rm_server clients ecm_agent engineconn bench tests
+TYPED := labelrm_common rm_server clients rmctl ecm_agent engineconn bench tests
 
 .PHONY: ha-up ha-down ha-status help venv run docs test test-system test-all _pytest test-setup test-all-dbs format lint typecheck protos protos-check sync-client bench bench-native clean distclean
 
@@ -45,7 +46,7 @@ help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) \
 	  | awk 'BEGIN {FS = ":.*## "}; {printf "  %-14s %s\n", $$1, $$2}'
 	@echo
-	@echo "variables: PYTEST_ARGS='...'  TEST_WORKERS=$(TEST_WORKERS)  LABELRM_TEST_DATABASE_URL=postgresql://...  LISTEN=$(LISTEN)  CONSOLE=$(CONSOLE)  DATA_DIR=$(DATA_DIR)  PYTHON=$(PYTHON)"
+	@echo "variables: PYTEST_ARGS='...'  TEST_WORKERS=$(TEST_WORKERS)  LABELRM_TEST_DATABASE_URL=postgresql://...  LISTEN=$(LISTEN)  CONSOLE=$(CONSOLE)  METRICS=$(METRICS)  DATA_DIR=$(DATA_DIR)  PYTHON=$(PYTHON)"
 
 venv: $(STAMP) ## create .venv (if missing) and pip install -e '.[dev]' (re-runs when pyproject.toml changes)
 
@@ -56,8 +57,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	@touch $@
 
-run: $(STAMP) ## run labelrm: rm-server --dev (embedded database in ./labelrm-data + one local agent), 127.0.0.1:7100, web console on 127.0.0.1:7180, foreground
-	exec $(BIN)/rm-server --dev --data-dir $(DATA_DIR) --listen $(LISTEN) --console-listen $(CONSOLE)
+run: $(STAMP) ## run labelrm: rm-server --dev (embedded database in ./labelrm-data + one local agent), 127.0.0.1:7100, web console on 127.0.0.1:7180, metrics on 127.0.0.1:7190, foreground
+	exec $(BIN)/rm-server --dev --data-dir '$(DATA_DIR)' --listen '$(LISTEN)' --console-listen '$(CONSOLE)' --metrics-listen '$(METRICS)'
 
 test: $(STAMP) ## run the test suite on TEST_WORKERS parallel workers, without the slow system tests (PYTEST_ARGS=..., honours LABELRM_TEST_DATABASE_URL); skipped groups listed with their reason
 	@$(MAKE) _pytest MARKS='not system'

@@ -20,8 +20,9 @@ Measures, on this machine:
 - the CPU each launch costs, whole (create, start, ready, kill, exit, clean-up), which
   contention from other work on the machine barely moves, unlike the rates: the RM's
   and the agent's (per process), and everything the agent started (sudo, bash, fork
-  servers, EngineConns; a cgroup the agent is moved into, when one can be made), per
-  launch. `LABELRM_AGENT_FORK_SERVERS=0` in the environment measures without fork servers.
+  servers, EngineConns; a cgroup the agent is moved into, when one can be made, with the
+  agent's own EngineConn cgroups made under it), per launch. The agent runs contained, as
+  by default: each launch pays for its cgroup. `LABELRM_AGENT_FORK_SERVERS=0` in the environment measures without fork servers.
 Prints a table and one JSON line.
 """
 
@@ -179,9 +180,12 @@ class TreeCpu:
         print(f"bench.launch: could not remove {self.path} (processes left in it)", file=sys.stderr)
 
 
-def start_agent(target: str, user: str, python: str, root: Path) -> subprocess.Popen[bytes]:
+def start_agent(
+    target: str, user: str, python: str, root: Path, cgroup_parent: str
+) -> subprocess.Popen[bytes]:
     (root / "work").mkdir(mode=0o755, parents=True)
     cmd = [sys.executable, "-m", "ecm_agent", "--rm", target, "--agent-id", "bench-agent"]
+    cmd += ["--cgroup-parent", cgroup_parent]
     cmd += [
         "--work-root",
         str(root / "work"),
@@ -202,6 +206,26 @@ def start_agent(target: str, user: str, python: str, root: Path) -> subprocess.P
     log = (root / "agent.log").open("ab")
     env = {**os.environ, "GRPC_ENABLE_FORK_SUPPORT": "false"}
     return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def remove_agent_cgroups(parent: str, tree: TreeCpu | None = None) -> None:
+    """After the agent: its cgroups (what its EngineConns left in them ended); with
+    `tree` (an absolute `parent` under it), the directories above them made for it in
+    each hierarchy but the tree's own."""
+    from ecm_agent.cgroups import NoContainment
+    from ecm_agent.containment import Containment, detect_layout
+
+    try:
+        layout = detect_layout(Path("/sys/fs/cgroup"), parent)
+    except NoContainment:
+        return
+    asyncio.run(Containment(layout, 0).teardown())
+    if tree is None:
+        return
+    for h in layout.hierarchies:
+        if h.parent.parent != tree.path:
+            with contextlib.suppress(OSError):
+                h.parent.parent.rmdir()
 
 
 def _cpu_seconds(pids: list[int]) -> float:
@@ -434,9 +458,11 @@ def main(argv: list[str] | None = None) -> int:
     root.chmod(0o755)
     agent = None
     tree = TreeCpu(f"labelrm-bench-launch-{os.getpid()}")
+    # The EngineConns' cgroups under the tree's: their CPU counts in the tree's figure.
+    cgroup_parent = f"/labelrm-bench-launch-{os.getpid()}/engineconns"
     try:
         with stack(args.database_url) as (db, server):
-            agent = start_agent(server.target, args.user, args.python, root)
+            agent = start_agent(server.target, args.user, args.python, root, cgroup_parent)
             tree.add(agent.pid)  # before it launches anything: its children follow it
             plan = [(1, min(10.0, args.seconds)), (args.in_flight, args.seconds)]
             pids = {"server": server.pids, "agent": [agent.pid]}
@@ -452,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
                 agent.wait(15)
             except subprocess.TimeoutExpired:
                 agent.kill()
+        remove_agent_cgroups(cgroup_parent, tree)
         tree.remove()
         shutil.rmtree(root, ignore_errors=True)
 

@@ -560,6 +560,7 @@ def main(argv: list[str] | None = None) -> int:
             dl["planner"]["p99_le_ms"] is not None and dl["planner"]["p99_le_ms"] <= 200,
             f"histogram bucket bounds; {ds['demands']} demands: p99 <= {ds['planner']['p99_le_ms']} ms,"
             f" {dl['demands']}: <= {dl['planner']['p99_le_ms']} ms ({dl['planner']['passes']} passes);"
+            f" mean {ds['planner']['mean_ms']} -> {dl['planner']['mean_ms']} ms;"
             f" blocked demands' rounds/s {ds['blocked_rounds_per_s']} -> {dl['blocked_rounds_per_s']};"
             f" while submissions come one at a time: p99 <= {dl['planner_while_submitting']['p99_le_ms']} ms;"
             f" other CPU {dl['cpu_window']['other']} cores",

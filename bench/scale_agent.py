@@ -25,7 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import CpuMeter, stack
-from bench.launch import EngineConns, preconditions, start_agent, wait_registered
+from bench.launch import (
+    EngineConns,
+    preconditions,
+    remove_agent_cgroups,
+    start_agent,
+    wait_registered,
+)
 from bench.scale_parts import progress
 
 
@@ -101,6 +107,7 @@ def agent_memory_run(
     root = Path(tempfile.mkdtemp(prefix="labelrm-bench-agent-", dir="/tmp"))
     root.chmod(0o755)
     agent = None
+    cgroup_parent = f"labelrm-bench-agent-{os.getpid()}"  # under this process's cgroups
     samples: list[dict[str, Any]] = []
     t0 = time.monotonic()
     try:
@@ -111,7 +118,7 @@ def agent_memory_run(
             idle.start()
             time.sleep(3.0)
             idle_cpu = idle.stop()
-            agent = start_agent(server.target, user, python, root)
+            agent = start_agent(server.target, user, python, root, cgroup_parent)
             pid = agent.pid
             assert server.proc is not None
             rm_pid = server.proc.pid
@@ -142,6 +149,7 @@ def agent_memory_run(
                 agent.wait(15)
             except subprocess.TimeoutExpired:
                 agent.kill()
+        remove_agent_cgroups(cgroup_parent)
         shutil.rmtree(root, ignore_errors=True)
     seconds = round(time.monotonic() - t0, 1)
     return {

@@ -257,17 +257,28 @@ def unplanned(url: str) -> int:
     return int(row[0])
 
 
-def blocked_rounds(url: str) -> tuple[int, int]:
-    """The rounds counted on the blocked demands (passed over), and how many there are."""
-    import psycopg
+async def blocked_rounds(target: str) -> tuple[int, int]:
+    """The rounds the blocked demands were passed over (as GetDemand and ListDemands say:
+    parked ones count on with the time), and how many there are."""
+    import grpc
+    from labelrm.v1 import demand_pb2, demand_pb2_grpc
 
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT coalesce(sum(rounds), 0), count(*) FROM demand WHERE user_name = %s",
-            (BLOCKED_USER.removesuffix("-IDE"),),
-        ).fetchone()
-    assert row is not None
-    return int(row[0]), int(row[1])
+    total = count = 0
+    token = ""
+    async with grpc.aio.insecure_channel(target) as ch:
+        stub = demand_pb2_grpc.DemandServiceStub(ch)
+        while True:
+            page = await stub.ListDemands(
+                demand_pb2.ListDemandsRequest(
+                    user=BLOCKED_USER.removesuffix("-IDE"), page_size=1000, page_token=token
+                ),
+                timeout=60,
+            )
+            total += sum(d.passed_over_rounds for d in page.demands)
+            count += len(page.demands)
+            token = page.next_page_token
+            if not token:
+                return total, count
 
 
 class PassCounts(NamedTuple):
@@ -403,13 +414,13 @@ def demand_run(database_url: str, accepted: int, blocked: int, window: float) ->
                     break
             # The planner alone: its passes over the demands there are.
             before = scrape_passes(port, "demand-planner")
-            rounds0 = blocked_rounds(db.url)
+            rounds0 = asyncio.run(blocked_rounds(server.target))
             meter = CpuMeter(groups)
             meter.start()
             t0 = time.monotonic()
             time.sleep(window)
             window_cpu = meter.stop()
-            rounds1 = blocked_rounds(db.url)
+            rounds1 = asyncio.run(blocked_rounds(server.target))
             # Rounds each blocked demand was given per second: 1 / demand_interval when
             # every pass gives each one its round, half that when every second pass does.
             rate = (rounds1[0] - rounds0[0]) / max(rounds1[1], 1) / (time.monotonic() - t0)

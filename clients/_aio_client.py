@@ -14,7 +14,8 @@ class AsyncRMClient(AsyncRMCalls, AsyncEngineConnCalls):
     EngineConnService and DemandService (plus `execute` on an EngineConn's
     ExecutorService); the same methods as RMClient, as coroutines.
 
-    The list_* methods and `execute` return async iterators.
+    The list_* methods return lists: every page, fetched by the call, so that a failure
+    is raised there; `execute` returns an async iterator.
 
     Mutating calls carry a request id (a fresh uuid4 per call unless given) that is reused
     by their retries; calls are retried only on UNAVAILABLE, with jittered exponential

@@ -6,11 +6,12 @@ blocking one: scripts/gen_sync_client.py).
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping
 from typing import Any
 
 import grpc
 from labelrm.v1 import (
+    admin_pb2,
     demand_pb2,
     engine_conn_pb2,
     executor_pb2,
@@ -39,14 +40,18 @@ class AsyncEngineConnCalls(AsyncClientBase):
         # Sent to the server (how long it waits for ready), not a client-side timeout.
         timeout: float = 60,  # noqa: ASYNC109
         request_id: str | None = None,
+        memory: int | str | None = None,
+        cpu: int | str | None = None,
     ) -> engine_conn_pb2.EngineConn:
         """Start an EngineConn and wait (up to `timeout` s) until it is ready.
 
         `labels` must hold userCreator and engineType; `user` defaults to the userCreator's
-        user. Returns the ready EngineConn (IDLE, with its executor `address`); a launch
-        that failed on every ECM tried raises FailedPrecondition (reason LAUNCH_FAILED).
+        user. `memory` (bytes, or "512Mi") and `cpu` (millicores, or "500m", "2") are what
+        it asks for (default: the engine's defaults); its agent holds it to what is granted.
+        Returns the ready EngineConn (IDLE, with its executor `address`); a launch that
+        failed on every ECM tried raises FailedPrecondition (reason LAUNCH_FAILED).
         """
-        req = ecb.create(labels, user, params, timeout, request_id)
+        req = ecb.create(labels, user, ecb.sized(params, memory, cpu), timeout, request_id)
         resp = await self._call(self._ecs.CreateEngineConn, req, timeout + self.timeout)
         return resp.engine_conn
 
@@ -58,10 +63,13 @@ class AsyncEngineConnCalls(AsyncClientBase):
         timeout: float = 60,  # noqa: ASYNC109 - sent to the server, as in create
         hold: float | None = None,
         request_id: str | None = None,
+        memory: int | str | None = None,
+        cpu: int | str | None = None,
     ) -> AskResult:
         """An idle EngineConn of the same user and labels, held for this caller for `hold`
-        s (server default when None), or a new one; returns (EngineConn, reused)."""
-        req = ecb.ask(labels, user, params, timeout, hold, request_id)
+        s (server default when None), or a new one (of `memory` and `cpu`, as in
+        `create_engine_conn`); returns (EngineConn, reused)."""
+        req = ecb.ask(labels, user, ecb.sized(params, memory, cpu), timeout, hold, request_id)
         resp = await self._call(self._ecs.AskEngineConn, req, timeout + self.timeout)
         return AskResult(resp.engine_conn, bool(resp.reused))
 
@@ -70,13 +78,13 @@ class AsyncEngineConnCalls(AsyncClientBase):
         req = engine_conn_pb2.GetEngineConnRequest(engine_conn_id=ec_id)
         return (await self._call(self._ecs.GetEngineConn, req)).engine_conn
 
-    def list_engine_conns(
+    async def list_engine_conns(
         self, user: str = "", state: int | str | None = None, ecm: str = "", page_size: int = 0
-    ) -> AsyncIterator[engine_conn_pb2.EngineConn]:
-        """Every EngineConn (all pages, live and ended), optionally of one user, in one
-        state, or on one ECM."""
+    ) -> list[engine_conn_pb2.EngineConn]:
+        """Every EngineConn (all pages, fetched by the call; live and ended), optionally of
+        one user, in one state, or on one ECM."""
         req = ecb.list_engine_conns(user, state, ecm, page_size)
-        return self._pages(self._ecs.ListEngineConns, req, "engine_conns")
+        return await self._pages(self._ecs.ListEngineConns, req, "engine_conns")
 
     async def kill_engine_conn(
         self, ec_id: str, reason: str = "", request_id: str | None = None
@@ -93,10 +101,10 @@ class AsyncEngineConnCalls(AsyncClientBase):
         req = ecb.get_ecm(instance)
         return (await self._call(self._rm.GetEcm, req)).ecm
 
-    def list_ecms(self, page_size: int = 0) -> AsyncIterator[resource_manager_pb2.Ecm]:
-        """Every registered Ecm (all pages)."""
+    async def list_ecms(self, page_size: int = 0) -> list[resource_manager_pb2.Ecm]:
+        """Every registered Ecm (all pages, fetched by the call)."""
         req = resource_manager_pb2.ListEcmsRequest(page_size=page_size)
-        return self._pages(self._rm.ListEcms, req, "ecms")
+        return await self._pages(self._rm.ListEcms, req, "ecms")
 
     async def refresh_nodes(
         self,
@@ -110,10 +118,28 @@ class AsyncEngineConnCalls(AsyncClientBase):
         return list((await self._call(self._admin.RefreshNodes, req)).disallowed_instances)
 
     async def decommission_ecm(self, instance: str, request_id: str | None = None) -> int:
-        """Drain an ECM (no new EngineConns; it leaves once its own end); returns how many
-        EngineConns it still runs."""
+        """Decommission an ECM (no new EngineConns; it leaves once its own end); returns how
+        many EngineConns it still runs."""
         req = ecb.decommission(instance, request_id)
         return int((await self._call(self._admin.DecommissionEcm, req)).live_engine_conns)
+
+    async def cordon_ecm(
+        self, instance: str, reason: str = "", request_id: str | None = None
+    ) -> resource_manager_pb2.Ecm:
+        """Cordon an ECM: no new work there (no EngineConn starts, no Apply takes its
+        label), what runs goes on; `reason` goes into its history. Returns the Ecm."""
+        req = admin_pb2.CordonEcmRequest(
+            request_id=rq.request_id(request_id), instance=instance, reason=reason
+        )
+        return (await self._call(self._admin.CordonEcm, req)).ecm
+
+    async def uncordon_ecm(
+        self, instance: str, request_id: str | None = None
+    ) -> resource_manager_pb2.Ecm:
+        """Let a cordoned ECM take new work again (a decommission in progress is called
+        off too); returns the Ecm."""
+        req = admin_pb2.UncordonEcmRequest(request_id=rq.request_id(request_id), instance=instance)
+        return (await self._call(self._admin.UncordonEcm, req)).ecm
 
     # --- DemandService --------------------------------------------------------------------------
 
@@ -132,15 +158,15 @@ class AsyncEngineConnCalls(AsyncClientBase):
         req = demand_pb2.GetDemandRequest(demand_id=demand_id, user=user)
         return (await self._call(self._demands.GetDemand, req)).demand
 
-    def list_demands(
+    async def list_demands(
         self, state: StateLike = None, user: str = "", page_size: int = 0
-    ) -> AsyncIterator[demand_pb2.Demand]:
-        """Every Demand (all pages), optionally in one state ("allocated", ...) or of one
-        user."""
+    ) -> list[demand_pb2.Demand]:
+        """Every Demand (all pages, fetched by the call), optionally in one state
+        ("allocated", ...) or of one user."""
         req = demand_pb2.ListDemandsRequest(
             page_size=page_size, state=rq.demand_state(state), user=user
         )
-        return self._pages(self._demands.ListDemands, req, "demands")
+        return await self._pages(self._demands.ListDemands, req, "demands")
 
     async def cancel_demand(
         self, demand_id: str, reason: str = "", user: str = "", request_id: str | None = None
@@ -180,6 +206,18 @@ class AsyncEngineConnCalls(AsyncClientBase):
         req = ecb.execute(code, timeout, execution_id)
         return _execute(target, metadata, req, ecb.exec_deadline(timeout, self.timeout))
 
+    async def cancel_execution(
+        self, address: Any, execution_id: str = "", secret: str | None = None
+    ) -> bool:
+        """Stop the execution `execution_id` (whatever runs, when empty) in an EngineConn
+        (`address` and `secret` as in `execute`); True when one was running and was told
+        to stop: its `execute` stream then ends with an ExecResult with `cancelled` set.
+        The shell engine stops the code's processes (TERM, then KILL); the python engine
+        interrupts the code (KeyboardInterrupt) at its next Python instruction."""
+        target, metadata = ecb.executor_target(address, secret)
+        req = executor_pb2.CancelRequest(execution_id=execution_id)
+        return await _cancel(target, metadata, req, self.timeout)
+
 
 async def _execute(
     address: str,
@@ -199,3 +237,18 @@ async def _execute(
             raise from_rpc_error(exc) from exc
         finally:
             call.cancel()  # no-op once finished; otherwise the engine stops the code
+
+
+async def _cancel(
+    address: str,
+    metadata: tuple[tuple[str, str], ...],
+    request: executor_pb2.CancelRequest,
+    deadline: float,
+) -> bool:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = executor_pb2_grpc.ExecutorServiceStub(channel)
+        try:
+            resp = await stub.Cancel(request, timeout=deadline, metadata=metadata)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from exc
+        return bool(resp.cancelled)

@@ -5,7 +5,6 @@ one: scripts/gen_sync_client.py).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 from labelrm.v1 import admin_pb2, external_pb2, resource_manager_pb2
@@ -72,24 +71,26 @@ class AsyncRMCalls(AsyncClientBase):
         req = resource_manager_pb2.GetTicketRequest(ticket_id=ticket_id)
         return (await self._call(self._rm.GetTicket, req)).ticket
 
-    def list_tickets(
+    async def list_tickets(
         self, label: LabelsLike = "", state: StateLike = None, page_size: int = 0
-    ) -> AsyncIterator[resource_manager_pb2.Ticket]:
-        """Every live Ticket (all pages), optionally charged to `label` / in `state`."""
+    ) -> list[resource_manager_pb2.Ticket]:
+        """Every live Ticket (all pages, fetched by the call), optionally charged to `label`
+        / in `state`."""
         req = rq.list_tickets(label, state, page_size)
-        return self._pages(self._rm.ListTickets, req, "tickets")
+        return await self._pages(self._rm.ListTickets, req, "tickets")
 
     async def get_label_resource(self, labels: LabelsLike) -> resource_manager_pb2.LabelResource:
         """The LabelResource record of one resource-carrying label (or combination)."""
         req = resource_manager_pb2.GetLabelResourceRequest(labels=to_labels(labels))
         return (await self._call(self._rm.GetLabelResource, req)).label_resource
 
-    def list_label_resources(
+    async def list_label_resources(
         self, source: str = "", page_size: int = 0
-    ) -> AsyncIterator[resource_manager_pb2.LabelResource]:
-        """Every LabelResource (all pages), only "ecm" or "limit" records when `source` is set."""
+    ) -> list[resource_manager_pb2.LabelResource]:
+        """Every LabelResource (all pages, fetched by the call), only "ecm" or "limit"
+        records when `source` is set."""
         req = resource_manager_pb2.ListLabelResourcesRequest(page_size=page_size, source=source)
-        return self._pages(self._rm.ListLabelResources, req, "label_resources")
+        return await self._pages(self._rm.ListLabelResources, req, "label_resources")
 
     # --- AdminService ---------------------------------------------------------------------------
 
@@ -100,10 +101,10 @@ class AsyncRMCalls(AsyncClientBase):
         req = rq.set_label_limit(labels, max_resource, request_id)
         return (await self._call(self._admin.SetLabelLimit, req)).limit
 
-    def list_label_limits(self, page_size: int = 0) -> AsyncIterator[admin_pb2.LabelLimit]:
-        """Every LabelLimit (all pages)."""
+    async def list_label_limits(self, page_size: int = 0) -> list[admin_pb2.LabelLimit]:
+        """Every LabelLimit (all pages, fetched by the call)."""
         req = admin_pb2.ListLabelLimitsRequest(page_size=page_size)
-        return self._pages(self._admin.ListLabelLimits, req, "limits")
+        return await self._pages(self._admin.ListLabelLimits, req, "limits")
 
     async def delete_label_limit(self, labels: LabelsLike, request_id: str | None = None) -> int:
         """Delete the limit of a label pattern; returns how many label records changed."""

@@ -18,6 +18,7 @@ from labelrm.v1 import admin_pb2, engine_conn_pb2, executor_pb2, resource_manage
 
 from clients._requests import LabelsLike, request_id, to_labels
 from labelrm_common.durations import duration
+from labelrm_common.quantity import parse_cpu, parse_memory
 
 __all__ = [
     "ECM_STATES",
@@ -118,6 +119,25 @@ def exec_item(event: Any) -> ExecItem:
 
 
 # --- request builders -------------------------------------------------------------------------
+
+
+def sized(
+    params: Mapping[str, Any] | None, memory: int | str | None, cpu: int | str | None
+) -> dict[str, Any]:
+    """`params` with the engine params memory_bytes and cpu_millis set from `memory`
+    (bytes, or a quantity: "512Mi", "2Gi") and `cpu` (millicores, or "500m", "2");
+    ValueError for a bad quantity or one given twice."""
+    out = dict(params or {})
+    for name, value, parse in (
+        ("memory_bytes", memory, parse_memory),
+        ("cpu_millis", cpu, parse_cpu),
+    ):
+        if value is None:
+            continue
+        if name in out:
+            raise ValueError(f"{name} given both as a param and as {name.split('_')[0]}")
+        out[name] = parse(value) if isinstance(value, str) else int(value)
+    return out
 
 
 def create(

@@ -12,7 +12,7 @@ Failures raise `clients.RMError` subclasses, never a raw grpc.RpcError.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Self
 
@@ -112,11 +112,13 @@ class ClientBase:
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from exc
 
-    def _pages(self, method: Callable[..., Any], request: Any, field: str) -> Iterator[Any]:
-        """Every item in `field` of every page of a List call."""
+    def _pages(self, method: Callable[..., Any], request: Any, field: str) -> list[Any]:
+        """Every item in `field` of every page of a List call, fetched now: a failure is
+        raised by the call, not later by whoever iterates."""
+        items: list[Any] = []
         while True:
             resp = self._call(method, request)
-            yield from getattr(resp, field)
+            items.extend(getattr(resp, field))
             if not resp.next_page_token:
-                return
+                return items
             request.page_token = resp.next_page_token

@@ -16,7 +16,8 @@ class RMClient(RMCalls, EngineConnCalls):
     EngineConnService and DemandService (plus `execute` on an EngineConn's
     ExecutorService).
 
-    The list_* methods and `execute` return iterators.
+    The list_* methods return lists: every page, fetched by the call, so that a failure
+    is raised there; `execute` returns an iterator.
 
     Mutating calls carry a request id (a fresh uuid4 per call unless given) that is reused
     by their retries; calls are retried only on UNAVAILABLE, with jittered exponential

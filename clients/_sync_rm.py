@@ -7,7 +7,6 @@ one: scripts/gen_sync_client.py).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 from labelrm.v1 import admin_pb2, external_pb2, resource_manager_pb2
@@ -74,8 +73,9 @@ class RMCalls(ClientBase):
 
     def list_tickets(
         self, label: LabelsLike = "", state: StateLike = None, page_size: int = 0
-    ) -> Iterator[resource_manager_pb2.Ticket]:
-        """Every live Ticket (all pages), optionally charged to `label` / in `state`."""
+    ) -> list[resource_manager_pb2.Ticket]:
+        """Every live Ticket (all pages, fetched by the call), optionally charged to `label`
+        / in `state`."""
         req = rq.list_tickets(label, state, page_size)
         return self._pages(self._rm.ListTickets, req, "tickets")
 
@@ -86,8 +86,9 @@ class RMCalls(ClientBase):
 
     def list_label_resources(
         self, source: str = "", page_size: int = 0
-    ) -> Iterator[resource_manager_pb2.LabelResource]:
-        """Every LabelResource (all pages), only "ecm" or "limit" records when `source` is set."""
+    ) -> list[resource_manager_pb2.LabelResource]:
+        """Every LabelResource (all pages, fetched by the call), only "ecm" or "limit"
+        records when `source` is set."""
         req = resource_manager_pb2.ListLabelResourcesRequest(page_size=page_size, source=source)
         return self._pages(self._rm.ListLabelResources, req, "label_resources")
 
@@ -100,8 +101,8 @@ class RMCalls(ClientBase):
         req = rq.set_label_limit(labels, max_resource, request_id)
         return self._call(self._admin.SetLabelLimit, req).limit
 
-    def list_label_limits(self, page_size: int = 0) -> Iterator[admin_pb2.LabelLimit]:
-        """Every LabelLimit (all pages)."""
+    def list_label_limits(self, page_size: int = 0) -> list[admin_pb2.LabelLimit]:
+        """Every LabelLimit (all pages, fetched by the call)."""
         req = admin_pb2.ListLabelLimitsRequest(page_size=page_size)
         return self._pages(self._admin.ListLabelLimits, req, "limits")
 

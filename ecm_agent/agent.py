@@ -8,7 +8,10 @@ pull model), carries out the commands the RM pushes on a stream the agent opens
       │      process event;
       │      REREGISTER -> register again; SHUTDOWN -> stop (EngineConns keep running)
       ├── command stream: launch / kill / clean up, each carried out once by id
-      └── one watcher per EngineConn process: its exit becomes a report
+      ├── one watcher per EngineConn process: its exit becomes a report
+      └── with containment, the usage monitor: every `usage_interval` each EngineConn's
+             cgroup is read (memory, CPU, OOM kills); the next heartbeat carries it, and
+             an EngineConn whose OOM killer struck is stopped whole
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from labelrm.v1 import resource_manager_pb2 as rm_pb
 
 from clients._channel import ChannelSecurity, aio_channel
 from ecm_agent.beats import HeartbeatSender
+from ecm_agent.cgroups import Sample, cpu_millis_between
+from ecm_agent.containment import Containment
 from ecm_agent.launch import Launcher
 from ecm_agent.pacing import next_beat_delay
 from ecm_agent.settings import AgentSettings, detect_total, parse_labels
@@ -58,12 +63,51 @@ class _Process:
 
     report: ec_pb.EngineConnProcess
     ended: bool = False
+    last: Sample | None = None  # its cgroup's last figures
+    fresh: resource_pb2.ResourceUsage | None = None  # measured, not yet reported
+    stopping: bool = False  # over its memory: being stopped
+
+    def measure(self, sample: Sample) -> None:
+        """A new reading of its cgroup: the next heartbeat carries it."""
+        self.fresh = usage_of(sample, self.last)
+        self.last = sample
+
+    def outgoing(self) -> ec_pb.EngineConnProcess:
+        """Its report for the next heartbeat (with the newest measurement, if any)."""
+        if self.fresh is None or self.ended:
+            return self.report
+        report = ec_pb.EngineConnProcess()
+        report.CopyFrom(self.report)
+        report.usage.CopyFrom(self.fresh)
+        return report
+
+
+def usage_of(sample: Sample, earlier: Sample | None) -> resource_pb2.ResourceUsage:
+    """A cgroup reading as reported (CPU as millicores since the `earlier` reading)."""
+    return resource_pb2.ResourceUsage(
+        memory_bytes=sample.memory_bytes,
+        memory_peak_bytes=sample.memory_peak_bytes,
+        cpu_millis=cpu_millis_between(earlier, sample),
+        cpu_time_micros=sample.cpu_usec,
+    )
+
+
+# gRPC's own reconnect backoff grows to 120 s while the RM is away: after an outage of a
+# few minutes an agent would come back up to two minutes after the RM did, past the
+# grace window the RM gives every agent once it hears again (measured: back 27 s after
+# a 90 s outage). Retries are paced by `_retrying`; the channel just reconnects promptly.
+RECONNECT_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.min_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+)
 
 
 @dataclass
 class Agent:
     settings: AgentSettings
     policy: AgentPolicy
+    containment: Containment | None = None
     launcher: Launcher = field(init=False)
     _processes: dict[str, _Process] = field(default_factory=dict)
     _done: set[str] = field(default_factory=set)  # command ids carried out, not yet acked
@@ -73,16 +117,18 @@ class Agent:
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    _shut_down_by_rm: bool = False
 
     def __post_init__(self) -> None:
         self.launcher = Launcher(
             self.policy,
             fork_servers=self.settings.fork_servers,
             fork_server_idle=self.settings.fork_server_idle,
+            containment=self.containment,
         )
         st = self.settings
         security = ChannelSecurity(st.tls_ca, st.tls_cert, st.tls_key, st.token)
-        self.channel = aio_channel(st.rm, security)
+        self.channel = aio_channel(st.rm, security, RECONNECT_OPTIONS)
         self.rm = resource_manager_pb2_grpc.ResourceManagerServiceStub(self.channel)
         self.beats = HeartbeatSender(self.rm, timeout=10)
         self.ecs = engine_conn_pb2_grpc.EngineConnServiceStub(self.channel)
@@ -106,6 +152,9 @@ class Agent:
                 )
             )
             self._spawn(self._watch(proc.ec_id))
+        await self.launcher.sweep_cgroups()
+        if self.containment is not None:
+            self._spawn(self._monitor())
         try:
             await self.register()
             self._spawn(self._command_stream())
@@ -118,6 +167,10 @@ class Agent:
             for task in list(self._tasks):
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+            if self._shut_down_by_rm:
+                # For good (drained, or excluded): nothing of its EngineConns stays behind.
+                log.warning("ending every EngineConn of this agent")
+                await self.launcher.end_all()
             await self.launcher.close()
             self.beats.close()
             await self.channel.close()
@@ -184,6 +237,7 @@ class Agent:
             labels=labels,
             total_resource=total,
             protected_resource=protected,
+            isolation=self.isolation(),
         )
         try:
             await self._retrying(lambda: self.rm.RegisterEcm(request, timeout=10))
@@ -193,6 +247,37 @@ class Agent:
             raise RegistrationRefused(f"{exc.code().name}: {exc.details()}") from exc
         self._sequence = 0
         log.info("registered as %s with %s", self.agent_id, self.settings.rm)
+
+    def isolation(self) -> rm_pb.Isolation:
+        """How this agent contains its EngineConns, as it registers it."""
+        if self.containment is None:
+            return rm_pb.Isolation(mode="none")
+        layout = self.containment.layout
+        return rm_pb.Isolation(
+            mode=layout.mode, controllers=layout.controllers, cgroup_parents=layout.parents()
+        )
+
+    # ----- usage ---------------------------------------------------------------------------
+
+    async def _monitor(self) -> None:
+        """Reads every running EngineConn's cgroup each `usage_interval`; stops those over
+        their memory (the kernel's OOM killer struck in their cgroup)."""
+        while True:
+            try:
+                contained = self.launcher.contained()
+                samples = await asyncio.to_thread(self.launcher.samples, contained)
+            except OSError as exc:  # a kernel that refuses a read: the next round retries
+                log.warning("reading the EngineConns' cgroups failed: %s", exc)
+                samples = {}
+            for ec_id, sample in samples.items():
+                entry = self._processes.get(ec_id)
+                if entry is None or entry.ended:
+                    continue
+                entry.measure(sample)
+                if sample.oom_kills > 0 and not entry.stopping:
+                    entry.stopping = True
+                    self._spawn(self.launcher.stop_over_memory(ec_id))
+            await asyncio.sleep(self.settings.usage_interval)
 
     # ----- heartbeats ----------------------------------------------------------------------
 
@@ -205,10 +290,11 @@ class Agent:
             self._wake.clear()
             self._sequence += 1
             done = sorted(self._done)
+            measured = [(p, p.fresh) for p in self._processes.values() if p.fresh is not None]
             request = rm_pb.HeartbeatRequest(
                 agent_id=self.agent_id,
                 sequence=self._sequence,
-                engine_conns=[p.report for p in self._processes.values()],
+                engine_conns=[p.outgoing() for p in self._processes.values()],
                 done_command_ids=done,
             )
             # A lost answer is retried with the same sequence; the RM replays it.
@@ -217,6 +303,9 @@ class Agent:
                 functools.partial(self.beats.send, request)
             )
             self._done.difference_update(done)
+            for entry, usage in measured:
+                if entry.fresh is usage:  # reported; a newer one waits for the next beat
+                    entry.fresh = None
             if response.heartbeat_interval.ToNanoseconds() > 0:
                 interval = response.heartbeat_interval.ToNanoseconds() / 1e9
             if response.action == rm_pb.HEARTBEAT_ACTION_REREGISTER:
@@ -225,6 +314,7 @@ class Agent:
                 continue
             if response.action == rm_pb.HEARTBEAT_ACTION_SHUTDOWN:
                 log.warning("RM asks this agent to shut down: %s", response.reason)
+                self._shut_down_by_rm = True
                 return
             for command in response.commands:
                 await self._execute(command)
@@ -286,6 +376,8 @@ class Agent:
             material_files=tuple(
                 MaterialFile(m.name, m.content, m.executable) for m in request.material_files
             ),
+            memory_bytes=launch.granted_memory_bytes,
+            cpu_millis=launch.granted_cpu_millis,
         )
         report = ec_pb.EngineConnProcess(engine_conn_id=spec.ec_id)
         try:
@@ -324,12 +416,20 @@ class Agent:
                 "exit code unknown (re-attached after an agent restart, or its fork server "
                 "went away)"
             )
+        if info.usage is not None:
+            entry.report.usage.CopyFrom(usage_of(info.usage, entry.last))
+        if info.oom_reason:
+            entry.report.out_of_memory = True
+            entry.report.reason = info.oom_reason
         entry.ended = True
-        log.info("EngineConn %s exited with %s", ec_id, info.exit_code)
+        log.info(
+            "EngineConn %s exited with %s%s", ec_id, info.exit_code,
+            f" ({info.oom_reason})" if info.oom_reason else "",
+        )  # fmt: skip
         self._report_now()
 
 
-def build_agent(settings: AgentSettings) -> Agent:
+def build_agent(settings: AgentSettings, containment: Containment | None = None) -> Agent:
     policy = AgentPolicy(
         work_root=settings.work_root,
         state_dir=settings.state_dir,
@@ -339,4 +439,4 @@ def build_agent(settings: AgentSettings) -> Agent:
         local_env={"LABELRM_RM": settings.rm, "LABELRM_AGENT_ID": settings.agent_id},
         kill_grace=settings.kill_grace,
     )
-    return Agent(settings, policy)
+    return Agent(settings, policy, containment)

@@ -51,6 +51,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ecm_agent.cgroups import Limits
+from ecm_agent.containment import Cgroup, Containment
 from ecm_agent.validate import (
     AgentPolicy,
     LaunchSpec,
@@ -83,6 +85,9 @@ KEEP_RECENT_SECONDS = 60.0
 #: How long an exit is waited for once the process is gone (the server reaps it first).
 EXIT_CODE_WAIT_SECONDS = 2.0
 _LINE_LIMIT = 64 * 1024
+#: A fork server's own cgroup: its imports done it needs ~60 MiB and little CPU; the
+#: bound is for a server its user has tampered with (it is the user's process).
+FORK_SERVER_LIMITS = Limits(memory_bytes=512 * 2**20, cpu_millis=1000)
 _KEPT_EXITS = 4096
 
 
@@ -144,6 +149,9 @@ class ForkServer:
     work_dir: Path
     process: asyncio.subprocess.Process  # sudo (or bash, unprivileged dev mode)
     pid: int = 0  # the server itself, once it said ready and /proc agreed
+    holds: bool = False  # it can hold a child until the agent says go (a cgroup move)
+    cgroup: Cgroup | None = None  # its own cgroup, when the agent contains its launches
+    containment: Containment | None = None
     last_used: float = field(default_factory=time.monotonic)
     closing: bool = False
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -182,6 +190,7 @@ class ForkServer:
         ):
             raise ForkServerError(f"reported pid {pid}, which is not its own process")
         self.pid = pid
+        self.holds = message.get("hold") is True
         self._reader = asyncio.ensure_future(self._read())
 
     async def _read(self) -> None:
@@ -208,6 +217,12 @@ class ForkServer:
             if self.process.returncode is None and not self.closing:
                 self.kill()
         await self.process.wait()  # reaps sudo (not when cancelled: the agent is stopping)
+        await self.end_cgroup()
+
+    async def end_cgroup(self) -> None:
+        """Once the server has exited: ends whatever is left in its cgroup, removes it."""
+        if self.containment is not None and self.cgroup is not None:
+            await self.containment.destroy(self.cgroup)
 
     def _dispatch(self, message: Any) -> None:
         if not isinstance(message, dict):
@@ -235,16 +250,30 @@ class ForkServer:
         self._reply.set_result(message)
 
     async def spawn(
-        self, ec_id: str, work_dir: Path, argv: Sequence[str], env: Mapping[str, str]
+        self,
+        ec_id: str,
+        work_dir: Path,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        hold: Callable[[int], None] | None = None,
     ) -> tuple[int, int] | None:
         """Forks the EngineConn; (pid, start ticks). None if the request could not be
         delivered (nothing was started: the sudo path may be taken); ForkServerError if
-        it was delivered and failed (a process may exist: the launch fails)."""
+        it was delivered and failed (a process may exist: the launch fails).
+
+        `hold(pid)`, if given, runs while the child waits before running any of the
+        EngineConn (it moves the child into the EngineConn's cgroup); then it goes on."""
         async with self._lock:
-            if not self.alive or self.process.stdin is None:
+            if not self.alive or self.process.stdin is None or (hold and not self.holds):
                 return None
             self.last_used = time.monotonic()
-            request = {"spawn": ec_id, "cwd": str(work_dir), "argv": list(argv), "env": dict(env)}
+            request = {
+                "spawn": ec_id,
+                "cwd": str(work_dir),
+                "argv": list(argv),
+                "env": dict(env),
+                "hold": hold is not None,
+            }
             self._reply = asyncio.get_running_loop().create_future()
             try:
                 self.process.stdin.write(json.dumps(request).encode() + b"\n")
@@ -267,7 +296,28 @@ class ForkServer:
                     self._spawned.discard(pid)
                 self.kill()
                 raise ForkServerError("the fork server answered another request")
-            return pid, self._check_child(pid)
+            ticks = self._check_child(pid)
+            if hold is not None:
+                await self._release(pid, ticks, hold)
+            return pid, ticks
+
+    async def _release(self, pid: int, ticks: int, hold: Callable[[int], None]) -> None:
+        """Runs `hold(pid)` on the held child, then lets it go (ForkServerError, the
+        child killed, if `hold` fails)."""
+        assert self.process.stdin is not None
+        try:
+            if ticks == 0:
+                raise OSError(f"pid {pid} is gone")
+            hold(pid)
+        except OSError as exc:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+            raise ForkServerError(f"cannot contain the forked EngineConn: {exc}") from None
+        try:
+            self.process.stdin.write(json.dumps({"go": pid}).encode() + b"\n")
+            await self.process.stdin.drain()
+        except (OSError, RuntimeError):
+            pass  # the server is gone: the held child sees its pipe end and exits
 
     def _check_child(self, pid: int) -> int:
         """The child's start ticks, after /proc confirmed it is ours (0: already gone)."""
@@ -346,8 +396,12 @@ class ForkServers:
         lookup_user: UserLookup,
         max_servers: int,
         idle_seconds: float,
+        containment: Containment | None = None,
     ) -> None:
         self._policy = policy
+        # With containment, each server runs in a cgroup of its own and holds each child
+        # until the agent has moved it into its EngineConn's cgroup.
+        self._containment = containment
         self._prepare = prepare
         self._argv_for = argv_for
         self._sudo_env = dict(sudo_env)
@@ -376,10 +430,15 @@ class ForkServers:
         return any(key[0] == user and now < at for key, at in self._retry_at.items())
 
     async def spawn(
-        self, validated: ValidatedLaunch, work_dir: Path, env: Mapping[str, str]
+        self,
+        validated: ValidatedLaunch,
+        work_dir: Path,
+        env: Mapping[str, str],
+        hold: Callable[[int], None] | None = None,
     ) -> tuple[int, int, ForkServer] | None:
         """Forks the launch from its user's server: (pid, start ticks, server). None when
-        it is not forkable or no server is ready (one is then started for the next)."""
+        it is not forkable or no server is ready (one is then started for the next).
+        `hold`: see ForkServer.spawn (required when the agent contains its launches)."""
         python = self._policy.programs.get("python", "")
         argv = forkable_argv(validated, python)
         if self.max_servers <= 0 or argv is None or not forkable_env(env):
@@ -392,7 +451,7 @@ class ForkServers:
             self._start_soon(key, validated)
             return None
         try:
-            spawned = await server.spawn(validated.spec.ec_id, work_dir, argv, env)
+            spawned = await server.spawn(validated.spec.ec_id, work_dir, argv, env, hold)
         except ForkServerError:
             if server.closing:  # it was stopped (no answer, or a lie): back off
                 self._retire(key)
@@ -424,13 +483,18 @@ class ForkServers:
             argv=FORK_SERVER_ARGV,
         )
         server: ForkServer | None = None
+        cgroup: Cgroup | None = None
         try:
             # Its own launch passes the same rules as any (user, program, paths).
             checked = validate_launch(spec, self._policy, self._lookup_user)
             work_dir, log_fd = await asyncio.to_thread(self._prepare, checked, True)
+            argv = self._argv_for(user, checked.uid, work_dir / "launch.sh")
             try:
+                if self._containment is not None:
+                    cgroup = self._containment.create(spec.ec_id, FORK_SERVER_LIMITS)
+                    argv = [*self._containment.join_command(cgroup), *argv]
                 process = await asyncio.create_subprocess_exec(
-                    *self._argv_for(user, checked.uid, work_dir / "launch.sh"),
+                    *argv,
                     stdin=asyncio.subprocess.PIPE,
                     stdout=asyncio.subprocess.PIPE,
                     stderr=log_fd,
@@ -441,8 +505,13 @@ class ForkServers:
                 )
             finally:
                 os.close(log_fd)
-            server = ForkServer(user, checked.uid, python, work_dir, process)
+            server = ForkServer(
+                user, checked.uid, python, work_dir, process, cgroup=cgroup,
+                containment=self._containment,
+            )  # fmt: skip
             await server.wait_ready(START_TIMEOUT_SECONDS)
+            if self._containment is not None and not server.holds:
+                raise ForkServerError("its runtime cannot hold a child for its cgroup (older)")
         except asyncio.CancelledError:
             if server is not None:
                 server.kill()
@@ -454,6 +523,8 @@ class ForkServers:
                 server.kill()
                 with contextlib.suppress(Exception):
                     await server.process.wait()
+            if cgroup is not None and self._containment is not None:
+                await self._containment.destroy(cgroup)
             return
         log.info("fork server for %s ready: pid %d in %s", user, server.pid, server.work_dir)
         self._failures.pop(key, None)

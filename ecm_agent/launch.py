@@ -19,16 +19,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import json
 import logging
 import os
 import signal
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ecm_agent.cgroups import Limits, Sample, oom_reason
+from ecm_agent.containment import Cgroup, Containment
 from ecm_agent.forkserver import ForkServer, ForkServers
+from ecm_agent.procs import (
+    RunningProcess,
+    _is_alive,
+    _signal_group,
+    _wait_gone,
+    _wait_group_gone,
+    find_main_pid,
+    read_start_ticks,
+)
 from ecm_agent.validate import (
     AgentPolicy,
     LaunchRefused,
@@ -67,41 +79,22 @@ log = logging.getLogger(__name__)
 BASH = "/bin/bash"
 #: sudo gets no environment from the agent: whatever it passes on must be harmless.
 SUDO_ENV: Mapping[str, str] = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
-_POLL_SECONDS = 0.05
-_REAP_WAIT_SECONDS = 0.02
-_REATTACHED_POLL_SECONDS = 0.2
 #: After SIGKILL the kernel tears the group down quickly; this only bounds the wait.
 _AFTER_KILL_SECONDS = 5.0
-
-
-@dataclass(frozen=True)
-class RunningProcess:
-    """An EngineConn process the agent launched (or re-attached to)."""
-
-    ec_id: str
-    pid: int
-    pgid: int
-    start_ticks: int
-    user: str
-    work_dir: Path
-    # The EngineConn's own process when `pid` is sudo's (0: `pid` is the EngineConn).
-    main_pid: int = 0
-
-    @property
-    def engine_conn_pid(self) -> int:
-        """The pid the EngineConn runs as (what the RM reports); `pid` stays the one
-        the agent waits on and whose group it signals."""
-        return self.main_pid or self.pid
 
 
 @dataclass(frozen=True)
 class ExitInfo:
     """How an EngineConn ended. ``exit_code`` is None when it is not knowable
     (re-attached processes are not our children); a negative code -N means it
-    was killed by signal N (sudo re-raises the command's signal on itself)."""
+    was killed by signal N (sudo re-raises the command's signal on itself).
+    ``oom_reason``: set when it was stopped over its memory; ``usage``: its cgroup's
+    last figures (None when it was not contained)."""
 
     exit_code: int | None
     log_tail: str
+    oom_reason: str = ""
+    usage: Sample | None = None
 
 
 # ----- pure parts ------------------------------------------------------------------------
@@ -116,120 +109,6 @@ def launch_argv(user: str, uid: int, script: Path, agent_uid: int | None = None)
     return ["sudo", "-n", "-u", user, "-H", "--", BASH, str(script)]
 
 
-def _parse_stat(text: str) -> tuple[str, int, int, int]:
-    # comm (field 2) may contain spaces and parentheses: split after the last ')'.
-    rest = text[text.rindex(")") + 2 :].split()
-    # rest[0] is field 3 (state); field N is rest[N - 3].
-    return rest[0], int(rest[2]), int(rest[3]), int(rest[19])
-
-
-def _proc_stat(pid: int) -> tuple[str, int, int, int] | None:
-    """(state, pgrp, session, start_ticks) of a pid, or None if there is none."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
-            return _parse_stat(f.read())
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _ppid_and_uid(pid: int) -> tuple[int, int] | None:
-    try:
-        with open(f"/proc/{pid}/status", encoding="utf-8", errors="replace") as f:
-            fields = dict(line.split(":", 1) for line in f if ":" in line)
-        return int(fields["PPid"]), int(fields["Uid"].split()[0])
-    except (OSError, ValueError, KeyError, IndexError):
-        return None
-
-
-def _first_descendant_of_user(root: int, uid: int) -> int | None:
-    """The highest process under `root` running as `uid`: below sudo (and its pty
-    monitor, which runs the command in a session of its own), the EngineConn."""
-    children: dict[int, list[int]] = {}
-    owners: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            found = _ppid_and_uid(int(entry))
-            if found is not None:
-                children.setdefault(found[0], []).append(int(entry))
-                owners[int(entry)] = found[1]
-    level = sorted(children.get(root, []))
-    while level:
-        for pid in level:
-            if owners.get(pid) == uid:
-                return pid
-        level = sorted(c for pid in level for c in children.get(pid, []))
-    return None
-
-
-async def find_main_pid(proc: RunningProcess, uid: int, within: float = 5.0) -> int:
-    """The EngineConn's own pid under sudo, once sudo has started it as its user (0 if
-    sudo ended first or took longer than `within`)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while _is_alive(proc.pid, proc.start_ticks) and loop.time() < deadline:
-        found = await asyncio.to_thread(_first_descendant_of_user, proc.pid, uid)
-        if found is not None:
-            return found
-        await asyncio.sleep(0.01)
-    return 0
-
-
-def read_start_ticks(pid: int) -> int | None:
-    """Field 22 of ``/proc/<pid>/stat``: start time in clock ticks after boot."""
-    found = _proc_stat(pid)
-    return None if found is None else found[3]
-
-
-def _is_alive(pid: int, start_ticks: int) -> bool:
-    """True if ``pid`` is still the process that started at ``start_ticks``."""
-    found = _proc_stat(pid)
-    return found is not None and found[0] not in ("Z", "X") and found[3] == start_ticks
-
-
-def _group_members(proc: RunningProcess) -> list[int]:
-    """Live (non-zombie) processes of the EngineConn's process group.
-
-    A pid is never reused while it names a live process group, so members of
-    ``pgid`` are ours; the session and start-time checks make that hold even in
-    the far-fetched case where the group's number came back as someone else's.
-    """
-    members: list[int] = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return members
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        found = _proc_stat(int(entry))
-        if found is None:
-            continue
-        state, pgrp, session, ticks = found
-        if (
-            pgrp == proc.pgid
-            and session == proc.pgid
-            and state not in ("Z", "X")
-            and ticks >= proc.start_ticks
-        ):
-            members.append(int(entry))
-    return members
-
-
-def _signal_group(proc: RunningProcess, sig: signal.Signals) -> bool:
-    """Signal the process group if it is still ours; False if there was nothing to signal."""
-    if not _is_alive(proc.pid, proc.start_ticks):
-        leader = _proc_stat(proc.pid)
-        if leader is not None and leader[0] not in ("Z", "X"):
-            return False  # the pid now belongs to another process: pid reuse
-        if not _group_alive(proc):
-            return False
-    try:
-        os.killpg(proc.pgid, sig)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 # ----- the launcher ----------------------------------------------------------------------
 
 
@@ -241,6 +120,8 @@ class _Tracked:
     child: asyncio.subprocess.Process | None  # None: re-attached or forked, not our child
     exit: ExitInfo | None = None
     server: ForkServer | None = None  # the fork server it was forked from
+    cgroup: Cgroup | None = None  # None: not contained (isolation none, or launched so)
+    ending: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 class Launcher:
@@ -254,14 +135,17 @@ class Launcher:
         today: Callable[[], dt.date] = dt.date.today,
         fork_servers: int = 0,
         fork_server_idle: float = 600.0,
+        containment: Containment | None = None,
     ) -> None:
         """``lookup_user`` and ``today`` are injectable for tests. ``fork_servers``: how
         many users may have a warm fork server (ecm_agent/forkserver.py); 0: every
-        launch goes through sudo and a fresh interpreter."""
+        launch goes through sudo and a fresh interpreter. ``containment``: each
+        EngineConn gets a cgroup (ecm_agent/containment.py); None: none does."""
         self._policy = policy
         self._lookup_user = lookup_user
         self._today = today
         self._tracked: dict[str, _Tracked] = {}
+        self.containment = containment
         self.forks = ForkServers(
             policy,
             prepare=self._prepare_fork_server_dir,
@@ -270,6 +154,7 @@ class Launcher:
             lookup_user=lookup_user,
             max_servers=fork_servers,
             idle_seconds=fork_server_idle,
+            containment=containment,
         )
 
     def _prepare_fork_server_dir(
@@ -289,6 +174,7 @@ class Launcher:
 
     def _write_state(self, tracked: _Tracked) -> None:
         proc = tracked.proc
+        limits = tracked.cgroup.limits if tracked.cgroup is not None else Limits()
         data: dict[str, Any] = {
             "ec_id": proc.ec_id,
             "pid": proc.pid,
@@ -299,6 +185,8 @@ class Launcher:
             "uid": tracked.uid,
             "work_dir": str(proc.work_dir),
             "engine": tracked.engine,
+            "cgroup": proc.cgroup,
+            "limits": [limits.memory_bytes, limits.cpu_millis, limits.pids],
         }
         final = self._state_path(proc.ec_id)
         tmp = final.with_name(f".{final.name}.tmp")
@@ -319,7 +207,8 @@ class Launcher:
     # -- public API --
 
     async def launch(self, spec: LaunchSpec) -> RunningProcess:
-        """Validate ``spec``, prepare its work directory and start it as its user.
+        """Validate ``spec``, prepare its work directory and start it as its user, in a
+        cgroup of its own made first (when the agent contains its EngineConns).
 
         Raises :class:`LaunchRefused` (nothing started) when a rule is broken.
         """
@@ -328,87 +217,106 @@ class Launcher:
             raise LaunchRefused("ec_id", f"{spec.ec_id} was already launched by this agent")
         os.makedirs(self._policy.state_dir, mode=0o700, exist_ok=True)
         prepared = await asyncio.to_thread(prepare_work_dir, self._policy, validated, self._today())
-        work_dir = prepared.path
+        cgroup: Cgroup | None = None
         try:
-            forked = await self.forks.spawn(
-                validated, work_dir, launch_environment(validated, work_dir)
-            )
+            if self.containment is not None:
+                limits = Limits(spec.memory_bytes, spec.cpu_millis)
+                cgroup = self.containment.create(spec.ec_id, limits)
+            tracked = await self._start(validated, prepared, cgroup)
         except BaseException:
-            os.close(prepared.launcher_log_fd)
+            if cgroup is not None and self.containment is not None:
+                await self.containment.destroy(cgroup)
             raise
-        if forked is not None:
-            os.close(prepared.launcher_log_fd)
-            pid, start_ticks, server = forked
-            proc = RunningProcess(
-                ec_id=spec.ec_id,
-                pid=pid,
-                pgid=pid,
-                start_ticks=start_ticks,
-                user=spec.user,
-                work_dir=work_dir,
-            )
-            tracked = _Tracked(
-                proc=proc, uid=validated.uid, engine=spec.engine, child=None, server=server
-            )
-            self._tracked[spec.ec_id] = tracked
-            self._write_state(tracked)
-            log.info("forked %s as %s: pid %d in %s", spec.ec_id, spec.user, pid, work_dir)
-            return proc
-        try:
-            argv = launch_argv(spec.user, validated.uid, work_dir / LAUNCH_SCRIPT)
-            child = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=prepared.launcher_log_fd,
-                stderr=prepared.launcher_log_fd,
-                start_new_session=True,  # own session and process group: pgid == pid
-                env=dict(SUDO_ENV),
-                cwd=str(work_dir),
-            )
         finally:
             os.close(prepared.launcher_log_fd)
-        # 0 when it already exited and was reaped: a re-attach then sees it as gone.
-        start_ticks = read_start_ticks(child.pid) or 0
-        proc = RunningProcess(
-            ec_id=spec.ec_id,
-            pid=child.pid,
-            pgid=child.pid,
-            start_ticks=start_ticks,
-            user=spec.user,
-            work_dir=work_dir,
-        )
-        if argv[0] == "sudo":
-            proc = replace(proc, main_pid=await find_main_pid(proc, validated.uid))
-        tracked = _Tracked(proc=proc, uid=validated.uid, engine=spec.engine, child=child)
         self._tracked[spec.ec_id] = tracked
         self._write_state(tracked)
+        proc = tracked.proc
+        how = "forked" if tracked.child is None else f"launched (sudo {proc.pid})"
         log.info(
-            "launched %s as %s: pid %d (sudo %d) in %s",
-            spec.ec_id, spec.user, proc.engine_conn_pid, child.pid, work_dir,
+            "%s %s as %s: pid %d in %s%s",
+            how, spec.ec_id, spec.user, proc.engine_conn_pid, proc.work_dir,
+            f", cgroup {cgroup.name}" if cgroup is not None else "",
         )  # fmt: skip
         return proc
 
+    async def _start(
+        self, validated: ValidatedLaunch, prepared: PreparedWorkDir, cgroup: Cgroup | None
+    ) -> _Tracked:
+        """Forks the launch from its user's fork server, else runs it through sudo."""
+        spec, work_dir = validated.spec, prepared.path
+        name = cgroup.name if cgroup is not None else ""
+        hold = None
+        if cgroup is not None and self.containment is not None:
+            hold = functools.partial(self.containment.move, cgroup)
+        env = launch_environment(validated, work_dir)
+        forked = await self.forks.spawn(validated, work_dir, env, hold)
+        if forked is not None:
+            pid, start_ticks, server = forked
+            proc = RunningProcess(spec.ec_id, pid, pid, start_ticks, spec.user, work_dir, 0, name)
+            return _Tracked(proc, validated.uid, spec.engine, None, server=server, cgroup=cgroup)
+        argv = launch_argv(spec.user, validated.uid, work_dir / LAUNCH_SCRIPT)
+        sudo = argv[0] == "sudo"
+        if cgroup is not None and self.containment is not None:
+            argv = [*self.containment.join_command(cgroup), *argv]
+        child = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=prepared.launcher_log_fd,
+            stderr=prepared.launcher_log_fd,
+            start_new_session=True,  # own session and process group: pgid == pid
+            env=dict(SUDO_ENV),
+            cwd=str(work_dir),
+        )
+        # 0 when it already exited and was reaped: a re-attach then sees it as gone.
+        start_ticks = read_start_ticks(child.pid) or 0
+        proc = RunningProcess(
+            spec.ec_id, child.pid, child.pid, start_ticks, spec.user, work_dir, 0, name
+        )
+        if sudo:
+            proc = replace(proc, main_pid=await find_main_pid(proc, validated.uid))
+        return _Tracked(proc, validated.uid, spec.engine, child, cgroup=cgroup)
+
     async def wait_exit(self, ec_id: str) -> ExitInfo:
         """Wait until the EngineConn's main process ends; its exit code and log tail.
+        A contained EngineConn's cgroup is then ended and removed (whatever it left
+        running goes with it), and says whether it was stopped over its memory.
 
         Raises KeyError for an EngineConn this launcher does not know.
         """
         tracked = self._tracked[ec_id]
-        if tracked.exit is None:
-            code: int | None = None
-            if tracked.child is not None:
-                code = await tracked.child.wait()
-            else:
-                await _wait_gone(tracked.proc)
-                if tracked.server is not None:
-                    # Gone for the kernel; the code is the fork server's word (it reaped it).
-                    status = await tracked.server.exit_status(tracked.proc.pid)
-                    if status is not None:
-                        with contextlib.suppress(ValueError):
-                            code = os.waitstatus_to_exitcode(status)
+        async with tracked.ending:  # once, whoever else waits
             if tracked.exit is None:
-                tracked.exit = ExitInfo(code, self.log_tail(ec_id))
+                code = await self._exit_code(tracked)
+                oom, usage = await self._end_cgroup(tracked)
+                tracked.exit = ExitInfo(code, self.log_tail(ec_id), oom, usage)
         return tracked.exit
+
+    async def _exit_code(self, tracked: _Tracked) -> int | None:
+        if tracked.child is not None:
+            return await tracked.child.wait()
+        await _wait_gone(tracked.proc)
+        if tracked.server is None:
+            return None
+        # Gone for the kernel; the code is the fork server's word (it reaped it).
+        status = await tracked.server.exit_status(tracked.proc.pid)
+        if status is not None:
+            with contextlib.suppress(ValueError):
+                return os.waitstatus_to_exitcode(status)
+        return None
+
+    async def _end_cgroup(self, tracked: _Tracked) -> tuple[str, Sample | None]:
+        """Ends and removes the cgroup of an EngineConn whose main process has ended:
+        (the reason if it was over its memory, its last figures)."""
+        cgroup, containment = tracked.cgroup, self.containment
+        if cgroup is None or containment is None:
+            return "", None
+        last = containment.sample(cgroup)
+        if not await containment.destroy(cgroup):
+            log.error("EngineConn %s: its cgroup %s could not be removed", tracked.proc.ec_id,
+                      cgroup.name)  # fmt: skip
+        over = last is not None and last.oom_kills > 0
+        return (oom_reason(cgroup.limits) if over else ""), last
 
     def log_tail(self, ec_id: str, lines: int = 20) -> str:
         """The last ``lines`` lines (at most 4 KiB) of ``logs/stderr.log``, else of
@@ -425,26 +333,87 @@ class Launcher:
 
     async def kill(self, ec_id: str, grace: float | None = None) -> None:
         """TERM the EngineConn's process group, KILL it after ``grace`` seconds
-        (default: the policy's). Does nothing if it is gone or unknown."""
+        (default: the policy's); then end whatever is left in its cgroup (a process
+        that left the group, with setsid or a double fork, is still in the cgroup).
+        Does nothing if it is gone or unknown."""
         tracked = self._tracked.get(ec_id)
         if tracked is None:
-            log.info("kill %s: not known to this agent", ec_id)
+            await self._kill_unknown(ec_id)
             return
         proc = tracked.proc
         grace = self._policy.kill_grace if grace is None else grace
-        if not _signal_group(proc, signal.SIGTERM):
+        if _signal_group(proc, signal.SIGTERM) and not await _wait_group_gone(proc, grace):
+            log.warning("kill %s: still running after %.1fs, sending SIGKILL", ec_id, grace)
+            _signal_group(proc, signal.SIGKILL)
+            if tracked.cgroup is None and not await _wait_group_gone(proc, _AFTER_KILL_SECONDS):
+                log.error("kill %s: process group %d survived SIGKILL", ec_id, proc.pgid)
+        if tracked.cgroup is not None and self.containment is not None:
+            await self.containment.kill(tracked.cgroup)
+
+    async def _kill_unknown(self, ec_id: str) -> None:
+        """An EngineConn the agent does not track (its state was lost): its cgroup, if
+        one is left, is ended all the same."""
+        if self.containment is not None:
+            with contextlib.suppress(ValueError):
+                cgroup = self.containment.cgroup(ec_id)
+                if self.containment.exists(cgroup):
+                    log.info("kill %s: not tracked; ending what is left in its cgroup", ec_id)
+                    await self.containment.destroy(cgroup)
+                    return
+        log.info("kill %s: not known to this agent", ec_id)
+
+    async def stop_over_memory(self, ec_id: str) -> None:
+        """Ends an EngineConn whose cgroup's OOM killer struck (all of it, at once: it
+        is over its memory); its exit then reports why."""
+        tracked = self._tracked.get(ec_id)
+        if tracked is not None and tracked.cgroup is not None and self.containment is not None:
+            log.warning("EngineConn %s is over its memory: stopping it", ec_id)
+            await self.containment.kill(tracked.cgroup)
+
+    def contained(self) -> dict[str, Cgroup]:
+        """The cgroup of every contained EngineConn still running."""
+        return {
+            ec_id: t.cgroup
+            for ec_id, t in self._tracked.items()
+            if t.exit is None and t.cgroup is not None
+        }
+
+    def samples(self, cgroups: Mapping[str, Cgroup]) -> dict[str, Sample]:
+        """The current figures of `cgroups` (from `contained`; reads files: call it off
+        the event loop, which may change the launcher meanwhile)."""
+        out: dict[str, Sample] = {}
+        if self.containment is None:
+            return out
+        for ec_id, cgroup in cgroups.items():
+            sample = self.containment.sample(cgroup)
+            if sample is not None:
+                out[ec_id] = sample
+        return out
+
+    async def end_all(self, grace: float | None = None) -> None:
+        """The RM has shut this agent down for good: every EngineConn is killed (TERM,
+        then its cgroup), the fork servers go, and the agent's cgroups are removed."""
+        await asyncio.gather(*(self.kill(ec_id, grace) for ec_id in self.running()))
+        await self.forks.aclose()
+        if self.containment is not None:
+            await self.containment.teardown()
+
+    async def sweep_cgroups(self) -> None:
+        """At start, after `reattach`: ends every cgroup under the agent's parent that
+        no running EngineConn of this agent owns (what EngineConns that ended while the
+        agent was away left behind, a previous run's fork servers)."""
+        if self.containment is None:
             return
-        if await _wait_group_gone(proc, grace):
-            return
-        log.warning("kill %s: still running after %.1fs, sending SIGKILL", ec_id, grace)
-        _signal_group(proc, signal.SIGKILL)
-        if not await _wait_group_gone(proc, _AFTER_KILL_SECONDS):
-            log.error("kill %s: process group %d survived SIGKILL", ec_id, proc.pgid)
+        owned = {t.cgroup.name for t in self._tracked.values() if t.cgroup is not None}
+        for name in self.containment.children():
+            if name not in owned:
+                log.info("ending the orphaned cgroup %s", name)
+                await self.containment.destroy(self.containment.cgroup(name))
 
     def reattach(self) -> list[RunningProcess]:
         """Re-attach to the EngineConns recorded in the state directory that are
         still running (same pid and start time); drop the other state files.
-        Kills nothing."""
+        Kills nothing (`sweep_cgroups` then ends what the dropped ones left)."""
         state_dir = self._policy.state_dir
         if not state_dir.is_dir():
             return []
@@ -455,26 +424,10 @@ class Launcher:
                 continue
             if path.suffix != ".json":
                 continue
-            try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-                proc = RunningProcess(
-                    ec_id=str(data["ec_id"]),
-                    pid=int(data["pid"]),
-                    pgid=int(data["pgid"]),
-                    start_ticks=int(data["start_ticks"]),
-                    user=str(data["user"]),
-                    work_dir=Path(data["work_dir"]),
-                    main_pid=int(data.get("main_pid", 0)),
-                )
-                uid, engine = int(data["uid"]), str(data["engine"])
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                log.warning("dropping unreadable state file %s: %s", path, e)
-                self._drop_state(path)
+            loaded = self._load_state(path)
+            if loaded is None:
                 continue
-            if proc.ec_id != path.stem:
-                log.warning("dropping state file %s: it names %s", path, proc.ec_id)
-                self._drop_state(path)
-                continue
+            proc, uid, engine, cgroup = loaded
             known = self._tracked.get(proc.ec_id)
             if known is not None:
                 if known.exit is None and self._is_running(known):
@@ -484,9 +437,38 @@ class Launcher:
                 log.info("dropping state of %s: pid %d is gone or reused", proc.ec_id, proc.pid)
                 self._drop_state(path)
                 continue
-            self._tracked[proc.ec_id] = _Tracked(proc=proc, uid=uid, engine=engine, child=None)
+            self._tracked[proc.ec_id] = _Tracked(proc, uid, engine, None, cgroup=cgroup)
             found.append(proc)
         return found
+
+    def _load_state(self, path: Path) -> tuple[RunningProcess, int, str, Cgroup | None] | None:
+        """A state file's process, uid, engine and cgroup (None: dropped, unreadable)."""
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            proc = RunningProcess(
+                ec_id=str(data["ec_id"]),
+                pid=int(data["pid"]),
+                pgid=int(data["pgid"]),
+                start_ticks=int(data["start_ticks"]),
+                user=str(data["user"]),
+                work_dir=Path(data["work_dir"]),
+                main_pid=int(data.get("main_pid", 0)),
+                cgroup=str(data.get("cgroup", "")),
+            )
+            uid, engine = int(data["uid"]), str(data["engine"])
+            memory, cpu, pids = (int(v) for v in data.get("limits", (0, 0, 0)))
+            cgroup = None
+            if proc.cgroup and self.containment is not None:
+                cgroup = self.containment.cgroup(proc.cgroup, Limits(memory, cpu, pids))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log.warning("dropping unreadable state file %s: %s", path, e)
+            self._drop_state(path)
+            return None
+        if proc.ec_id != path.stem:
+            log.warning("dropping state file %s: it names %s", path, proc.ec_id)
+            self._drop_state(path)
+            return None
+        return proc, uid, engine, cgroup
 
     def forget(self, ec_id: str) -> None:
         """Remove what the agent remembers of an EngineConn (after the RM's clean-up)."""
@@ -506,76 +488,3 @@ class Launcher:
         if tracked.child is not None:
             return tracked.child.returncode is None
         return _is_alive(tracked.proc.pid, tracked.proc.start_ticks)
-
-
-def _group_exists(proc: RunningProcess) -> bool:
-    """Whether any process, zombies included, is in the group (one signal 0)."""
-    try:
-        os.killpg(proc.pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
-
-
-def _group_alive(proc: RunningProcess) -> bool:
-    """True while a live process is left in the group. The signal 0 first: when the
-    group is empty (the usual case) it answers without scanning all of /proc."""
-    return _group_exists(proc) and bool(_group_members(proc))
-
-
-async def _wait_group_gone(proc: RunningProcess, within: float) -> bool:
-    """Until no live process is left in the group; False at the deadline.
-
-    The leader's exit is awaited first (a pidfd: no polling), as the group rarely
-    outlives it; then the group is polled with a growing interval. A /proc scan per
-    EngineConn every 50 ms was most of the agent's CPU with many kills under way."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(_wait_gone(proc), within)
-    if _group_exists(proc) and loop.time() < deadline:
-        # Most often the leader's zombie, which its parent (sudo's waiter, a fork server)
-        # reaps at once: a moment's wait spares a scan of /proc.
-        await asyncio.sleep(_REAP_WAIT_SECONDS)
-    delay = _POLL_SECONDS
-    while _group_alive(proc):
-        if loop.time() >= deadline:
-            return False
-        await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
-        delay = min(delay * 2, 0.5)
-    return True
-
-
-async def _wait_gone(proc: RunningProcess) -> None:
-    """Wait for a process that is not our child to end (no deadline: it is a watch)."""
-    try:
-        pidfd = os.pidfd_open(proc.pid)
-    except ProcessLookupError:
-        return
-    except OSError:
-        pidfd = -1  # no pidfd support (old kernel, seccomp): fall back to polling
-    if pidfd < 0:
-        while True:
-            if not _is_alive(proc.pid, proc.start_ticks):
-                return
-            await asyncio.sleep(_REATTACHED_POLL_SECONDS)
-    try:
-        # Checked after opening the pidfd: it now pins this exact process.
-        if not _is_alive(proc.pid, proc.start_ticks):
-            return
-        loop = asyncio.get_running_loop()
-        ended: asyncio.Future[None] = loop.create_future()
-
-        def on_readable() -> None:
-            if not ended.done():
-                ended.set_result(None)
-
-        loop.add_reader(pidfd, on_readable)
-        try:
-            await ended
-        finally:
-            loop.remove_reader(pidfd)
-    finally:
-        os.close(pidfd)

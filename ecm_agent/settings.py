@@ -24,10 +24,16 @@ from labelrm_common.version import VERSION
 __all__ = ["AGENT", "HELP", "AgentSettings", "SettingsError", "load_agent_config"]
 
 ENV_PREFIX = "LABELRM_AGENT_"
+ISOLATION_MODES = ("cgroup", "none")
+# docs/operations.md, "The work root": the users traverse the work root to their own
+# directories; the state files (pids, users) are the agent's alone.
+WORK_ROOT_MODE = 0o755
+STATE_DIR_MODE = 0o700
 
 RM = Section("rm", "The RM and this ECM's identity")
 RESOURCES = Section("resources", "Resources offered")
 LAUNCH = Section("launch", "EngineConn launches")
+ISOLATION = Section("isolation", "Containing EngineConns (cgroups)")
 TIMINGS = Section("timings", "Timings")
 LOGGING = Section("logging", "Logs")
 TLS = Section("tls", "Reaching the RM securely (security.md)")
@@ -61,7 +67,8 @@ class AgentSettings:
     protected_cpu_millis: int = RESOURCES.setting(0, "CPU kept for the host, never handed out")
 
     work_root: Path = LAUNCH.setting(
-        Path("/var/lib/labelrm/work"), "directory of the EngineConn work directories (must exist)"
+        Path("/var/lib/labelrm/work"),
+        "directory of the EngineConn work directories (created 0755 when missing)",
     )
     state_dir: Path = LAUNCH.setting(
         Path("/var/lib/labelrm/agent-state"),
@@ -83,6 +90,31 @@ class AgentSettings:
     )
     fork_server_idle: float = LAUNCH.setting(
         600.0, "seconds without a launch before a user's fork server is closed"
+    )
+
+    # Each EngineConn in a cgroup of its own (ecm_agent/containment.py): the granted
+    # memory and CPU enforced, its usage measured, kill ending all of it. `none` is the
+    # operator's explicit choice to run without (the RM shows it on the node).
+    isolation: str = ISOLATION.setting(
+        "cgroup",
+        "`cgroup`: each EngineConn in its own cgroup (the agent refuses to start without"
+        " one); `none`: no containment, no measured usage",
+        choices=ISOLATION_MODES,
+    )
+    cgroup_root: Path = ISOLATION.setting(
+        Path("/sys/fs/cgroup"), "where the cgroup hierarchies are mounted (v2, or v1 controllers)"
+    )
+    cgroup_parent: str = ISOLATION.setting(
+        "",
+        "the agent's cgroup for its EngineConns: relative to the agent's own cgroup, or"
+        " absolute from each hierarchy's root (default: labelrm-<agent_id> under its own)",
+        doc_default="labelrm-<agent_id>",
+    )
+    pids_max: int = ISOLATION.setting(4096, "processes and threads one EngineConn may have")
+    usage_interval: float = ISOLATION.setting(
+        5.0,
+        "seconds between readings of each EngineConn's cgroup (memory, CPU, OOM kills);"
+        " a heartbeat carries the newest",
     )
 
     heartbeat_interval: float = TIMINGS.setting(
@@ -123,6 +155,9 @@ def _finish(values: dict[str, Any], sources: Mapping[str, str]) -> None:
     """The host name as the default agent_id; the token read from token_file."""
     if not values["agent_id"]:
         values["agent_id"] = socket.gethostname().split(".")[0]
+    if not values["cgroup_parent"]:
+        # The agent id names the ECM: unique among the agents sharing a hierarchy.
+        values["cgroup_parent"] = "labelrm-" + values["agent_id"].replace("/", "_")
     if values["token_file"]:
         try:
             values["token"] = read_token_file(Path(values["token_file"]))
@@ -163,9 +198,10 @@ def load_agent_settings(
 
 def check_files(s: AgentSettings) -> None:
     """What the agent needs on this host before it registers, else SettingsError (one line):
-    the TLS files readable, the work root a directory, the state directory usable (created
-    0700 if missing), the EngineConn interpreter executable. An agent that registered
-    without them would be RUNNING for the RM and fail every launch."""
+    the TLS files readable, the work root and the state directory there (made when
+    missing: `make_agent_dir`), the state directory writable, the EngineConn interpreter
+    executable. An agent that registered without them would be RUNNING for the RM and
+    fail every launch."""
     for name in ("tls_ca", "tls_cert", "tls_key"):
         path = getattr(s, name)
         if path:
@@ -176,12 +212,8 @@ def check_files(s: AgentSettings) -> None:
                 raise SettingsError(f"{name} {path}: {exc.strerror}") from None
     if bool(s.tls_cert) != bool(s.tls_key):
         raise SettingsError("tls_cert and tls_key go together: give both or neither")
-    if not s.work_root.is_dir():
-        raise SettingsError(f"work_root {s.work_root}: not a directory (create it first)")
-    try:
-        s.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SettingsError(f"state_dir {s.state_dir}: cannot create it: {exc.strerror}") from None
+    make_agent_dir("work_root", s.work_root, WORK_ROOT_MODE)
+    make_agent_dir("state_dir", s.state_dir, STATE_DIR_MODE)
     if not os.access(s.state_dir, os.W_OK | os.X_OK):
         raise SettingsError(f"state_dir {s.state_dir}: not writable by this user")
     if not os.access(s.python, os.X_OK):
@@ -190,6 +222,30 @@ def check_files(s: AgentSettings) -> None:
         parse_labels(s.labels)
     except ValueError as exc:
         raise SettingsError(f"labels: {exc}") from None
+    if s.pids_max < 16 or s.usage_interval <= 0:
+        raise SettingsError("pids_max must be at least 16 and usage_interval above 0")
+
+
+def make_agent_dir(name: str, path: Path, mode: int) -> None:
+    """`path` (the setting `name`) as a directory: made the agent's with `mode`, whatever
+    the umask, when it is missing, as Nomad and the kubelet make their data directories at
+    start. Unlike theirs, its parent must exist (a unit's StateDirectory= makes it): a
+    missing parent is refused (SettingsError, one line), more likely a typo or a disk not
+    mounted than a tree to invent."""
+    try:
+        path.mkdir()
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        raise SettingsError(
+            f"{name} {path}: its parent {path.parent} does not exist (create it, or fix {name})"
+        ) from None
+    except OSError as exc:
+        raise SettingsError(f"{name} {path}: cannot create it: {exc.strerror}") from None
+    else:
+        path.chmod(mode)
+    if not path.is_dir():
+        raise SettingsError(f"{name} {path}: not a directory")
 
 
 def read_token_file(path: Path) -> str:

@@ -102,6 +102,7 @@ MAX_ARG_BYTES = 64 * 1024
 MAX_EXEC_BYTES = 1024 * 1024
 MAX_MATERIAL_FILES = 64
 MAX_MATERIAL_BYTES = 16 * 1024 * 1024
+MAX_QUANTITY = 2**62  # a granted memory or CPU figure (bytes, millicores)
 
 
 class LaunchRefused(ValueError):
@@ -177,6 +178,10 @@ class LaunchSpec:
     environment: Mapping[str, str] = field(default_factory=dict)
     required_local_environment: tuple[str, ...] = ()
     material_files: tuple[MaterialFile, ...] = ()
+    # What the RM granted on this ECM (0: that dimension was not granted): the limits
+    # of its cgroup when the agent contains its EngineConns.
+    memory_bytes: int = 0
+    cpu_millis: int = 0
 
 
 @dataclass(frozen=True)
@@ -331,6 +336,10 @@ def validate_launch(
     if exec_bytes > MAX_EXEC_BYTES:
         raise LaunchRefused("argv", f"argv and environment exceed {MAX_EXEC_BYTES} bytes")
     _validate_material_files(spec.material_files)
+    for name in ("memory_bytes", "cpu_millis"):
+        value = getattr(spec, name)
+        if not isinstance(value, int) or not 0 <= value <= MAX_QUANTITY:
+            raise LaunchRefused(name, f"must be an integer in 0..{MAX_QUANTITY}")
     return ValidatedLaunch(
         spec=spec,
         uid=uid,

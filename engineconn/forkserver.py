@@ -17,14 +17,23 @@ in /proc, an exit is believed only once the kernel says the process is gone).
 
 Protocol, one JSON object per line:
 
-    agent -> server   {"spawn": ID, "cwd": DIR, "argv": [ARG, ...], "env": {NAME: VALUE}}
-    server -> agent   {"ready": PID}                    once, everything imported
-                      {"spawned": ID, "pid": PID}       the child runs, in its own session
+    agent -> server   {"spawn": ID, "cwd": DIR, "argv": [ARG, ...], "env": {NAME: VALUE},
+                       "hold": BOOL}
+                      {"go": PID}                       a held child may run now
+    server -> agent   {"ready": PID, "hold": true}      once, everything imported
+                      {"spawned": ID, "pid": PID}       the child runs (or, held, waits for
+                                                        its "go"), in its own session
                       {"failed": ID, "error": TEXT}     nothing of that launch runs
                       {"exit": PID, "status": STATUS, "cpu_ms": MS}
                                                         a child ended (STATUS as from wait)
 
-At the end of its stdin it starts nothing more, and exits once its last child has ended.
+A held child has done its set-up (session, directory, log files) but runs none of the
+EngineConn until its "go": the agent puts it into the EngineConn's cgroup in between, so
+nothing the EngineConn starts runs outside it. A held child whose "go" never comes (the
+agent or this server went away) exits 127.
+
+At the end of its stdin it starts nothing more, releases no held child, and exits once its
+last child has ended.
 
 A child shares what the server made before forking, including the interpreter's hash seed
 (str hashes are randomised per server, not per EngineConn); ``random`` is re-seeded by the
@@ -83,6 +92,7 @@ class _Server:
         self.base_env = dict(os.environ)
         self.start_dir = os.getcwd()
         self.children: dict[int, str] = {}
+        self.held: dict[int, int] = {}  # held child -> the write end of its "go" pipe
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
     # ----- talking to the agent ---------------------------------------------------------
@@ -105,7 +115,7 @@ class _Server:
         poller.register(self.wake_r, select.POLLIN)
         buffer = bytearray()
         reading = True
-        self.send({"ready": os.getpid()})
+        self.send({"ready": os.getpid(), "hold": True})
         while reading or self.children:
             for fd, _ in poller.poll():
                 if fd == self.wake_r:
@@ -115,6 +125,7 @@ class _Server:
                 if not data:
                     reading = False
                     poller.unregister(self.ctl_in)
+                    self.release_held()
                     continue
                 buffer += data
                 while (end := buffer.find(b"\n")) >= 0:
@@ -131,6 +142,9 @@ class _Server:
     def handle(self, line: bytes) -> None:
         try:
             request = json.loads(line)
+            if isinstance(request, dict) and "go" in request:
+                self.go(request["go"])
+                return
             ec_id, cwd = request["spawn"], request["cwd"]
             argv, env = request["argv"], request["env"]
             if not (
@@ -146,20 +160,44 @@ class _Server:
             print(f"fork server: bad request: {exc!r}", file=sys.stderr)
             self.send({"failed": "", "error": f"bad request: {exc}"})
             return
-        self.spawn(ec_id, cwd, argv, env)
+        self.spawn(ec_id, cwd, argv, env, hold=request.get("hold") is True)
+
+    def go(self, pid: object) -> None:
+        """Lets held child `pid` run (the agent has contained it)."""
+        go_w = self.held.pop(pid, None) if isinstance(pid, int) else None
+        if go_w is None:
+            print(f"fork server: no held child {pid!r} to release", file=sys.stderr)
+            return
+        with _suppress_os_error():
+            os.write(go_w, b"g")
+        os.close(go_w)
+
+    def release_held(self) -> None:
+        """The agent has gone: held children get EOF instead of their "go" (and exit)."""
+        for go_w in self.held.values():
+            os.close(go_w)
+        self.held.clear()
 
     # ----- children ------------------------------------------------------------------
 
-    def spawn(self, ec_id: str, cwd: str, argv: Sequence[str], env: Mapping[str, str]) -> None:
+    def spawn(
+        self, ec_id: str, cwd: str, argv: Sequence[str], env: Mapping[str, str], hold: bool
+    ) -> None:
         status_r, status_w = os.pipe()  # the child's set-up result: EOF alone means success
+        go_r, go_w = os.pipe() if hold else (-1, -1)
         pid = os.fork()
         if pid == 0:
             try:
                 os.close(status_r)
-                self._become(cwd, argv, env, status_w)
+                if hold:
+                    os.close(go_w)
+                self._become(cwd, argv, env, status_w, go_r)
             finally:
                 os._exit(127)
         os.close(status_w)
+        if hold:
+            os.close(go_r)
+            self.held[pid] = go_w
         self.children[pid] = ec_id
         try:
             error = _read_status(status_r)
@@ -183,18 +221,23 @@ class _Server:
             if pid == 0:
                 return
             self.children.pop(pid, None)
+            go_w = self.held.pop(pid, None)
+            if go_w is not None:
+                os.close(go_w)
             cpu_ms = round((usage.ru_utime + usage.ru_stime) * 1000, 1)
             self.send({"exit": pid, "status": status, "cpu_ms": cpu_ms})
 
     def _become(
-        self, cwd: str, argv: Sequence[str], env: Mapping[str, str], status_w: int
+        self, cwd: str, argv: Sequence[str], env: Mapping[str, str], status_w: int, go_r: int
     ) -> NoReturn:
-        """In the child: turn into the EngineConn of the request, as launch.sh would."""
+        """In the child: turn into the EngineConn of the request, as launch.sh would
+        (held: once the agent says go)."""
         try:
             os.setsid()  # own session and process group: the agent's kill reaches all of it
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            for fd in (self.ctl_in, self.ctl_out, self.wake_r, self.wake_w):
+            # The other held children's "go" pipes are theirs, not this one's to keep.
+            for fd in (self.ctl_in, self.ctl_out, self.wake_r, self.wake_w, *self.held.values()):
                 os.close(fd)
             os.chdir(cwd)
             os.umask(0o027)
@@ -223,6 +266,8 @@ class _Server:
                 os.write(status_w, f"{type(exc).__name__}: {exc}".encode()[:4000] or b"?")
             os._exit(127)
         os.close(status_w)
+        if go_r >= 0 and not _wait_for_go(go_r):
+            os._exit(127)  # never released: nothing of the EngineConn ran
         _set_title(argv)
         code = _run_engineconn(list(argv))
         for stream in (sys.stdout, sys.stderr):
@@ -256,6 +301,17 @@ def _set_title(argv: Sequence[str]) -> None:
         ctypes.memmove(start, title + b"\0" * (size - len(title)), size)
     except (OSError, ValueError, IndexError):
         pass
+
+
+def _wait_for_go(go_r: int) -> bool:
+    """Blocks until the agent's "go" (True) or the end of the pipe (False)."""
+    while True:
+        try:
+            data = os.read(go_r, 1)
+        except InterruptedError:  # pragma: no cover - PEP 475 retries for us
+            continue
+        os.close(go_r)
+        return bool(data)
 
 
 def _drain(fd: int) -> None:

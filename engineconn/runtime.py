@@ -236,11 +236,19 @@ class Runtime:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+        # A stop that cuts an execution short fails that work: FAILED, else SUCCEEDED (the
+        # one rule for ends on request, docs/architecture.md "Ended on request").
+        cut_short = self._executor.busy
         await self._final_report(State.ENGINE_CONN_STATE_SHUTTING_DOWN, reason)
         await self._executor.shutdown(_CANCEL_WAIT_SECONDS)
         # Lets a cancelled Execute deliver its result before the server goes.
         await server.stop(grace=0.5)
-        await self._final_report(State.ENGINE_CONN_STATE_SUCCEEDED, reason)
+        if cut_short:
+            await self._final_report(
+                State.ENGINE_CONN_STATE_FAILED, f"an execution was cut short ({reason})"
+            )
+        else:
+            await self._final_report(State.ENGINE_CONN_STATE_SUCCEEDED, reason)
         return 0
 
     def _state(self) -> Any:

@@ -9,6 +9,7 @@ working. Every rewrite therefore keeps the owner, group and mode of the file it 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 from pathlib import Path
@@ -25,6 +26,11 @@ def replace_file(path: Path, data: bytes, new_mode: int = 0o600) -> None:
     renamed over the old one. Raises PermissionError naming the file when the caller cannot
     give the new file the old one's owner (only root can give a file away).
     """
+    if not path.parent.is_dir():
+        # Said here: the temporary file beside it would be what the error names.
+        raise FileNotFoundError(
+            errno.ENOENT, "no such directory (create it first)", str(path.parent)
+        )
     try:
         old = os.stat(path)
     except FileNotFoundError:

@@ -179,8 +179,30 @@ def write_private(path: Path, data: bytes) -> None:
 
 
 def load_ca(directory: Path) -> Issued:
-    """The CA `rmctl pki init` wrote into `directory` (ca.crt, ca.key)."""
+    """The CA `rmctl pki init` wrote into `directory` (ca.crt, ca.key); FileNotFoundError
+    saying to run it first when there is none."""
+    missing = [n for n in ("ca.crt", "ca.key") if not (directory / n).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"no CA in {directory} ({' and '.join(missing)} missing): run "
+            f"`rmctl pki init --dir {directory}` first"
+        )
     return Issued((directory / "ca.crt").read_bytes(), (directory / "ca.key").read_bytes())
+
+
+def names_of(cert_pem: bytes) -> list[str]:
+    """The subject alternative names of a certificate, as `rmctl pki issue` takes them
+    (``--dns NAME``, ``--ip ADDRESS``) and its identity URI."""
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    try:
+        alt = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return []
+    return (
+        [str(u) for u in alt.get_values_for_type(x509.UniformResourceIdentifier)]
+        + [f"--dns {d}" for d in alt.get_values_for_type(x509.DNSName)]
+        + [f"--ip {a}" for a in alt.get_values_for_type(x509.IPAddress)]
+    )
 
 
 def file_stem(kind: str, name: str) -> str:
@@ -224,6 +246,9 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     c.add_argument("--dns", action="append", default=[], help="DNS SAN (server), repeatable")
     c.add_argument("--ip", action="append", default=[], help="IP SAN (server), repeatable")
     c.add_argument("--days", type=float, default=365)
+    c.add_argument(
+        "--force", action="store_true", help="replace an existing certificate of that name"
+    )
     c = sub.add_parser(
         "dev", help="CA + server cert (localhost, 127.0.0.1) + agent cert, for dev mode"
     )
@@ -241,9 +266,19 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.pki_command == "issue":
         validity = timedelta(days=args.days)
-        issued = issue(load_ca(directory), args.kind, args.name, valid_for=validity,
-                       dns=args.dns, ips=args.ip)  # fmt: skip
-        cert, key = save(directory, file_stem(args.kind, args.name), issued)
+        ca = load_ca(directory)
+        stem = file_stem(args.kind, args.name)
+        existing = directory / f"{stem}.crt"
+        if existing.exists() and not args.force:
+            # Re-issuing without the same --dns / --ip drops those names, and hosts that
+            # verify the RM by them stop trusting it: say what the old one names.
+            names = ", ".join(names_of(existing.read_bytes())) or "no names"
+            raise FileExistsError(
+                f"{existing} exists (it names {names}): use --force to replace it, with "
+                "the same --dns / --ip if clients still reach it by those"
+            )
+        issued = issue(ca, args.kind, args.name, valid_for=validity, dns=args.dns, ips=args.ip)
+        cert, key = save(directory, stem, issued)
         print(f"wrote {cert} and {key}")
         return 0
     written = dev_pki(directory, args.agent_id, args.days)

@@ -181,7 +181,9 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     c.add_argument("--note", default="", help="a reminder of who holds it")
     c = sub.add_parser("list", help="list users, roles and hash prefixes (never tokens)")
     c.add_argument("--file", type=Path, required=True)
-    c = sub.add_parser("revoke", help="remove tokens of a user, or one by hash prefix")
+    c = sub.add_parser(
+        "revoke", aliases=["delete"], help="remove tokens of a user, or one by hash prefix"
+    )
     c.add_argument("--file", type=Path, required=True)
     group = c.add_mutually_exclusive_group(required=True)
     group.add_argument("--user", default="")

@@ -16,8 +16,10 @@ locks, wake-ups travel by PostgreSQL NOTIFY, background jobs hold leases
 between them; each simply leaves the other's work alone.
 
 The two talk through the child's standard streams: its settings go in as one JSON line
-on stdin, its ports come back as one JSON line on stdout once it serves, and stdin
-closing (the users' process stopping, or dying) tells it to drain and exit. A child
+on stdin, its ports come back as one JSON line on stdout once it serves. The users'
+process stopping sends it SIGTERM (it drains, as the users' process does); stdin
+closing without one means the users' process died: the child stops at once, freeing
+`agent_listen` for the RM started next. A child
 that dies is started again (a second later, then backing off up to 30 s); while it is
 down agents retry with back-off, and the liveness it judged waits for it (or for
 another replica).
@@ -143,8 +145,8 @@ class AgentProcess:
                 break
 
     async def stop(self, grace: float) -> None:
-        """Tell the child to drain (its stdin closes), wait `grace` plus its own
-        clean-up, then kill it."""
+        """Tell the child to drain (SIGTERM), wait `grace` plus its own clean-up, then
+        kill it."""
         self._stopping = True
         if self._supervisor is not None:
             self._supervisor.cancel()
@@ -153,14 +155,16 @@ class AgentProcess:
         proc = self._proc
         if proc is None or proc.returncode is not None:
             return
-        if proc.stdin is not None:
-            proc.stdin.close()
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)  # drain, as this process does
         try:
             await asyncio.wait_for(proc.wait(), grace + 15.0)
         except TimeoutError:
             log.warning("agents' process %d did not stop: killed", proc.pid)
             proc.kill()
             await proc.wait()
+        if proc.stdin is not None:
+            proc.stdin.close()
 
     async def fetch_metrics(self) -> bytes:
         """The child's metrics exposition (empty when it has no endpoint or is down)."""
@@ -207,8 +211,11 @@ async def _serve(settings: Settings, announce: Callable[[dict[str, int]], None])
     waiting = asyncio.ensure_future(eof)
     stopped = asyncio.ensure_future(stop.wait())
     await asyncio.wait((waiting, stopped), return_when=asyncio.FIRST_COMPLETED)
+    # Told to stop (SIGTERM: the users' process drains): drain as it does. Orphaned
+    # (stdin closed by its death): free agent_listen at once for the RM started next.
+    orphaned = not stop.is_set()
     stopped.cancel()
-    await server.stop()
+    await server.stop(0.0 if orphaned else None)
 
 
 class _Tagged(logging.Filter):

@@ -12,28 +12,52 @@ from typing import Protocol
 
 
 class Clock(Protocol):
-    def now(self) -> datetime: ...
+    def now(self) -> datetime:
+        """The wall-clock time, timezone-aware (what is recorded and compared in rows)."""
+        ...
+
+    def monotonic(self) -> float:
+        """Seconds of a clock that never jumps (durations within this process: how long
+        the RM went without hearing, rm_server/app/liveness.py)."""
+        ...
 
 
 class SystemClock:
     def now(self) -> datetime:
         return datetime.now(UTC)
 
+    def monotonic(self) -> float:
+        return time.monotonic()
+
 
 class ManualClock:
-    """A clock that moves only when told to (tests)."""
+    """A clock that moves only when told to (tests): `advance` is time passing while the
+    process runs as usual, `pause` time passing while it is stopped (a stall), which its
+    monotonic clock sees as well."""
 
     def __init__(self, start: datetime | None = None) -> None:
         self._now = start or datetime(2026, 1, 1, tzinfo=UTC)
+        self._paused = 0.0
         self._lock = threading.Lock()
 
     def now(self) -> datetime:
         with self._lock:
             return self._now
 
+    def monotonic(self) -> float:
+        with self._lock:
+            return time.monotonic() + self._paused
+
     def advance(self, seconds: float) -> datetime:
         with self._lock:
             self._now += timedelta(seconds=seconds)
+            return self._now
+
+    def pause(self, seconds: float) -> datetime:
+        """`seconds` pass with the process stopped (its monotonic clock jumps too)."""
+        with self._lock:
+            self._now += timedelta(seconds=seconds)
+            self._paused += seconds
             return self._now
 
 

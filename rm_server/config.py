@@ -40,6 +40,16 @@ TLS = Section("tls", "Security: TLS, tokens and who may register (security.md)")
 LIMITS = Section("limits", "Abuse limits, per user and RM process")
 
 
+def _share(value: float) -> str | None:
+    """A `check`: a share of a whole, above 0 and at most 1."""
+    return None if 0 < value <= 1 else f"must be above 0 and at most 1, not {value!r}"
+
+
+def _at_least_two(value: int) -> str | None:
+    """A `check`: 2 or more (so that one agent alone is never a crowd)."""
+    return None if value >= 2 else f"must be at least 2, not {value!r}"
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything rm-server can be told; one declaration per setting."""
@@ -136,7 +146,8 @@ class Settings:
     )
     history_retention_days: float = TIMINGS.setting(
         30.0,
-        "ended tickets, EngineConns and demands are deleted this many days after they ended",
+        "ended tickets, EngineConns and demands are deleted this many days after they ended,"
+        " a node's events this many days after they happened",
     )
     request_id_retention_hours: float = TIMINGS.setting(
         48.0,
@@ -164,6 +175,19 @@ class Settings:
     ec_expiry: float = ENGINECONNS.setting(
         30.0, "an EngineConn silent this many seconds is LOST, killed and released"
     )
+    disruption_share: float = ENGINECONNS.setting(
+        0.55,
+        "a suspected disruption: when at least this share of the agents (and at least "
+        "`disruption_min_agents`) is silent at once, the RM suspects itself or its network "
+        "and declares no agent or EngineConn LOST (operations.md)",
+        check=_share,
+    )
+    disruption_min_agents: int = ENGINECONNS.setting(
+        3,
+        "fewer agents silent at once than this (at least 2) are never a suspected "
+        "disruption: a single dead agent is LOST whatever the size of the fleet",
+        check=_at_least_two,
+    )
     agent_heartbeat_interval: float = ENGINECONNS.setting(
         3.0, "seconds between agent heartbeats, told to the agents"
     )
@@ -189,6 +213,17 @@ class Settings:
     )
     demand_default_duration: float = DEMANDS.setting(
         3600.0, "seconds a demand is planned to hold without Duration or DeadLine"
+    )
+    demand_order_by_timeout: float = DEMANDS.setting(
+        3600.0,
+        "seconds a demand whose window has no end waits for a demand its OrderBy names to be"
+        " submitted; past them it FAILS with ORDER_BY_MISSING",
+    )
+    demand_commit_margin: float = DEMANDS.setting(
+        0.25,
+        "seconds an allocation may take from its decision to its commit: it is recorded at"
+        " the decision plus this (the latest it becomes visible), made only if its window"
+        " holds then, and given up if not committing by then (at most half the interval)",
     )
 
     # Without token_file and TLS, authentication is OFF and every caller is an admin:
@@ -277,6 +312,11 @@ RM_SERVER: Program[Settings] = Program(
     switches=(
         ("--dev", "also start one local agent (dev mode: embedded database, loopback only)"),
         ("--dev-tls", "with --dev: TLS, certificates and an admin token, from a throwaway CA"),
+        (
+            "--reset",
+            "start afresh: delete the embedded database of the data directory (wherever "
+            "its files are) before starting",
+        ),
     ),
 )
 

@@ -14,15 +14,16 @@ import sys
 from pathlib import Path
 
 from rm_server.config import Settings
-from rm_server.embedded import data_dir_key, make_root_dir, unreachable_parent
+from rm_server.embedded import unreachable_parent
+from rm_server.relocated import claim_home, data_dir_key, make_root_dir
 from rm_server.security import devtls
 from rm_server.server import RMServer, tune_collector
 
 log = logging.getLogger(__name__)
 
 SHARED_EC_PYTHON = Path(os.environ.get("LABELRM_EC_VENV", "/opt/labelrm/ec-venv")) / "bin/python"
-# Root's work roots for data directories the EngineConn users cannot reach.
-DEV_WORK_ROOT = Path("/var/lib/labelrm/dev-work")
+# Where earlier versions kept the work roots that are now in the data directories' homes.
+LEGACY_WORK_ROOT = Path("/var/lib/labelrm/dev-work")
 
 
 def dev_users() -> str:
@@ -40,8 +41,9 @@ class DevUsersError(Exception):
 
 
 NO_DEV_USER = (
-    "labelrm dev: running as root with no EngineConn user, so no local agent: "
-    "run it as yourself, or as LABELRM_DEV_USERS=user1,user2 with existing users"
+    "no local agent: running as root with no EngineConn user (root never runs them). "
+    "Stop it and run it as yourself, or as root with LABELRM_DEV_USERS=<user> naming "
+    'existing accounts (README, "Run an EngineConn")'
 )
 
 
@@ -75,8 +77,8 @@ def ec_python() -> str:
 def work_root(data: Path, users: str) -> Path:
     """`<data-dir>/work`, where the EngineConn users can reach it. Run by root for
     users who cannot pass a directory above the data directory (a checkout under
-    /root), no such directory is opened up: the work root is root's
-    `DEV_WORK_ROOT/<key>` instead, and `<data-dir>/work` a symlink to it."""
+    /root), no such directory is opened up: the work root is `work/` in the data
+    directory's home (rm_server/relocated.py), and `<data-dir>/work` a symlink to it."""
     link = data / "work"
     accounts = [pwd.getpwnam(u.strip()) for u in users.split(",") if u.strip()]
     reachable = all(unreachable_parent(data, a) is None for a in accounts)
@@ -85,8 +87,10 @@ def work_root(data: Path, users: str) -> Path:
         link.chmod(0o755)
         data.chmod(0o755)  # EngineConn users must reach their work directories
         return link
-    make_root_dir(DEV_WORK_ROOT)
-    work = DEV_WORK_ROOT / data_dir_key(data)
+    work = claim_home(data) / "work"
+    legacy = LEGACY_WORK_ROOT / data_dir_key(data)
+    if link.is_symlink() and Path(os.readlink(link)) == legacy and not work.exists():
+        legacy.rename(work)  # the same file system: the earlier EngineConns' files kept
     make_root_dir(work)
     if link.is_symlink() and Path(os.readlink(link)) != work:
         link.unlink()
@@ -117,10 +121,26 @@ def agent_command(settings: Settings, port: int, extra: tuple[str, ...] = ()) ->
         ec_python(),
         "--heartbeat-interval",
         "1",
+        # A development shortcut, not a worker: its EngineConns are not contained (an
+        # unprivileged agent could not make cgroups), and the node says so.
+        "--isolation",
+        "none",
         "--log-format",  # one format on the terminal: the RM's
         settings.log_format,
         *extra,
     ]
+
+
+def where_the_data_lives(settings: Settings, server: RMServer) -> str:
+    """The database's files, and how to start afresh (for the start-up summary)."""
+    files = server.database_files
+    if files is None:
+        return "external database"
+    data = Path(settings.data_dir).resolve()
+    where = f"embedded database in {files}"
+    if files.parent != data:
+        where += f", linked from {data / 'pgdata'}"
+    return f"{where}; to start afresh stop it and delete {data}"
 
 
 async def run_dev(settings: Settings, tls: bool = False) -> None:
@@ -138,9 +158,6 @@ async def run_dev(settings: Settings, tls: bool = False) -> None:
         extra = secured.agent_args if secured else ()
         agent = await asyncio.create_subprocess_exec(*agent_command(settings, port, extra))
         log.info("local agent started (pid %d) for users %s", agent.pid, users)
-    else:
-        log.warning("no EngineConn user: running as root, set LABELRM_DEV_USERS=user1,user2")
-        print(NO_DEV_USER, file=sys.stderr, flush=True)
     target = f"127.0.0.1:{server.port}"
     if secured is None:
         hints = f"  rmctl --rm {target} node list\n  grpcurl -plaintext {target} list"
@@ -151,9 +168,10 @@ async def run_dev(settings: Settings, tls: bool = False) -> None:
             f'  grpcurl -cacert {secured.ca} -H "authorization: Bearer $LABELRM_TOKEN"'
             f" {target} list"
         )
+    agent_line = f"local agent 'local-agent' for {users}." if users else f"{NO_DEV_USER}."
     print(
-        f"labelrm dev: RM on {target} (embedded database in "
-        f"{settings.data_dir}), local agent 'local-agent' for {users or 'nobody'}.\n{hints}"
+        f"labelrm dev: RM on {target} ({where_the_data_lives(settings, server)}), "
+        f"{agent_line}\n{hints}"
         f"\n  web console: {server.console.url if server.console else 'off'}",
         flush=True,
     )

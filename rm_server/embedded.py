@@ -13,17 +13,18 @@ to the RM (docs/security.md, "The embedded database"):
 - run by root, the server runs as a dedicated system user (`pgserver`) with that
   user's group only (never root's group); no directory above the data directory is
   ever made more permissive. When the database user cannot traverse them (a checkout
-  under /root, mode 0700), the cluster's files live instead in
-  `/var/lib/labelrm/embedded/<key>/` (root's, 0711; `<key>` is derived
-  from the data directory's resolved path) and `<data-dir>/pgdata` is a symlink to
-  them, so the data directory still names its database and holds its lock; binaries
-  it cannot reach (an installation under /root) run from root's read-only copy in
-  `/var/lib/labelrm/pginstall/`;
+  under /root, mode 0700), the cluster's files live instead in the data directory's
+  home `/var/lib/labelrm/embedded/<key>/` (rm_server/relocated.py) and
+  `<data-dir>/pgdata` is a symlink to them, so the data directory still names its
+  database and holds its lock; the home goes once the data directory is deleted;
+  binaries it cannot reach (an installation under /root) run from root's read-only
+  copy in `/var/lib/labelrm/pginstall/`;
 - one RM per data directory: an exclusive lock on `rm-server.lock` (holding the pid).
 
 A postmaster left behind by an RM killed with SIGKILL is handled at the next start:
 one still running is stopped, and a postmaster.pid naming a dead (or zombie) process
-is removed once no process of that server remains.
+is removed once no process of that server remains. `reset_database` deletes a data
+directory's database, wherever it lives, for `rm-server --reset`.
 """
 
 from __future__ import annotations
@@ -48,6 +49,16 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from rm_server.relocated import (
+    EmbeddedDatabaseError,
+    check_not_moved,
+    claim_home,
+    make_root_dir,
+    relocated_home,
+    remove_orphans,
+    write_new,
+)
+
 log = logging.getLogger(__name__)
 
 DATABASE = "labelrm"
@@ -57,14 +68,9 @@ PORT = 5432
 SOCKET_NAME = f".s.PGSQL.{PORT}"
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with its terminating NUL
 STALE_WAIT = 30.0  # seconds to wait for a dead server's processes to go
-# Where root keeps the cluster of a data directory the database user cannot reach,
-# and a copy of PostgreSQL's binaries installed where it cannot reach them.
-RELOCATED_ROOT = Path("/var/lib/labelrm/embedded")
+# Where root keeps a copy of PostgreSQL's binaries installed where the database user
+# cannot reach them.
 BINARIES_ROOT = Path("/var/lib/labelrm/pginstall")
-
-
-class EmbeddedDatabaseError(Exception):
-    """The embedded database cannot be started safely (one line for the operator)."""
 
 
 def _bin_dir(pgdata: Path) -> Path:
@@ -139,9 +145,7 @@ class EmbeddedPostgres:
             self.db_user = _system_user()
             self.home = self._home_as_root().resolve()  # as the server sees its cwd
             self.pgdata = self.home / "pgdata"
-        self.bin_dir = _bin_dir(self.pgdata)
-        if unreachable_parent(self.bin_dir, self.db_user) is not None:
-            self.bin_dir = _copy_of_binaries(self.bin_dir)
+        self._use_binaries()
         self.pgdata.mkdir(mode=0o700, exist_ok=True)
         self._own(self.pgdata)
         self._clear_stale_server()
@@ -181,7 +185,8 @@ class EmbeddedPostgres:
 
     def _home_as_root(self) -> Path:
         """The data directory itself when the database user can reach it, else its
-        private directory under RELOCATED_ROOT, recorded as the `pgdata` symlink."""
+        home (rm_server/relocated.py), recorded as the `pgdata` symlink. Either way,
+        the homes of deleted data directories are removed first."""
         link = self.data_dir / "pgdata"
         relocated = relocated_home(self.data_dir)
         if link.is_symlink():
@@ -189,40 +194,27 @@ class EmbeddedPostgres:
                 raise EmbeddedDatabaseError(
                     f"{link} points to {os.readlink(link)}, but the database of this data "
                     f"directory belongs in {relocated / 'pgdata'} (was the data directory "
-                    "moved or copied?); move the files there or remove the link"
+                    "moved or copied?); move the files there, or remove the link and "
+                    "start afresh"
                 )
-        elif link.exists() or unreachable_parent(self.data_dir, self.db_user) is None:
+            return claim_home(self.data_dir, self.db_user.pw_uid)
+        if link.exists() or unreachable_parent(self.data_dir, self.db_user) is None:
+            remove_orphans()
             # In place: our own directory (never its parents) lets the database user in.
             mode = stat.S_IMODE(self.data_dir.stat().st_mode)
             self.data_dir.chmod(mode | stat.S_IXOTH)
             _check_traversable(self.data_dir, self.db_user)
             return self.data_dir
-        elif (relocated / "pgdata").exists():
-            raise EmbeddedDatabaseError(
-                f"{relocated / 'pgdata'} holds the database of an earlier {self.data_dir} "
-                f"whose pgdata link is gone: remove {relocated} to start afresh, or restore "
-                f"the link (ln -s {relocated / 'pgdata'} {link})"
-            )
-        make_root_dir(RELOCATED_ROOT.parent)
-        make_root_dir(RELOCATED_ROOT)
-        # Root's, searchable but not listable, like the data directory in place: the
-        # database user owns only pgdata/ and pgsocket/ in it and cannot swap them.
-        relocated.mkdir(mode=0o711, exist_ok=True)
-        st = relocated.lstat()
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, self.db_user.pw_uid):
-            raise EmbeddedDatabaseError(f"{relocated} is not a directory of root's; remove it")
-        os.chown(relocated, 0, 0, follow_symlinks=False)  # earlier versions gave it away
-        relocated.chmod(0o711)
-        # Says whose directory this is, for operators.
-        _write_new(relocated / "data-dir", f"{self.data_dir}\n", 0o644)
-        if not link.is_symlink():
-            link.symlink_to(relocated / "pgdata")
+        home = claim_home(self.data_dir, self.db_user.pw_uid)
+        if (home / "pgdata").exists():
+            raise EmbeddedDatabaseError(_unlinked_database(home, self.data_dir))
+        link.symlink_to(home / "pgdata")
         log.info(
             "the database user %s cannot reach %s: the embedded database's files are in %s "
             "(%s links there)",
-            self.db_user.pw_name, self.data_dir, relocated / "pgdata", link,
+            self.db_user.pw_name, self.data_dir, home / "pgdata", link,
         )  # fmt: skip
-        return relocated
+        return home
 
     def _own(self, path: Path) -> None:
         if self.db_user.pw_uid != os.geteuid():
@@ -254,13 +246,13 @@ class EmbeddedPostgres:
         ident = self.pgdata / "pg_ident.conf"
         # New files (never through a link the database user may have left there).
         owner = (self.db_user.pw_uid, self.db_user.pw_gid)
-        _write_new(
+        write_new(
             hba,
             "# Written by rm-server at every start: the RM's own OS user only.\n"
             f"local all {ROLE} peer map=rm\n",
             owner=owner,
         )
-        _write_new(ident, f"rm {self.owner.pw_name} {ROLE}\n", owner=owner)
+        write_new(ident, f"rm {self.owner.pw_name} {ROLE}\n", owner=owner)
 
     def _clear_stale_server(self) -> None:
         """A server of this data directory left by a killed RM (we hold the data lock,
@@ -329,6 +321,53 @@ class EmbeddedPostgres:
                 f"embedded PostgreSQL: {program} failed: {tail[0]} (see {self.pgdata / 'log'})"
             )
 
+    def _use_binaries(self) -> None:
+        """PostgreSQL's programs for `pgdata`, run from where the database user can."""
+        self.bin_dir = _bin_dir(self.pgdata)
+        if unreachable_parent(self.bin_dir, self.db_user) is not None:
+            self.bin_dir = _copy_of_binaries(self.bin_dir)
+
+    # ----- reset ----------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Delete the database of the data directory, wherever it lives (in place, or in
+        its home), so that the next start makes a new one: `rm-server --reset`. Holds
+        the data directory's lock meanwhile (refused while an rm-server uses it); a
+        PostgreSQL left running on it is stopped first; the rest of the data directory
+        stays."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.lock.acquire()
+        try:
+            places = [self.data_dir]
+            if os.geteuid() == 0:
+                self.db_user = _system_user()
+                places.append(self._own_home())
+            for place in places:
+                self._delete_database_in(place)
+        finally:
+            self.lock.release()
+        log.warning("--reset: the embedded database of %s is deleted", self.data_dir)
+
+    def _own_home(self) -> Path:
+        """The data directory's home, unless it holds the database of a directory moved
+        away from this path (that one's to delete, not ours)."""
+        home = relocated_home(self.data_dir)
+        check_not_moved(home, self.data_dir)
+        return home
+
+    def _delete_database_in(self, place: Path) -> None:
+        """`place`'s pgdata/ and pgsocket/ gone: links unlinked, never followed."""
+        for name in ("pgdata", "pgsocket"):
+            path = place / name
+            if path.is_symlink():
+                path.unlink()
+            elif path.is_dir():
+                if name == "pgdata":
+                    self.home, self.pgdata = place, path
+                    self._use_binaries()
+                    self._clear_stale_server()
+                shutil.rmtree(path)
+
     # ----- stop -----------------------------------------------------------------------
 
     def stop(self) -> None:
@@ -365,51 +404,14 @@ def _system_user() -> pwd.struct_passwd:
         return pwd.getpwnam(SYSTEM_USER)
 
 
-def data_dir_key(data_dir: Path) -> str:
-    """A name for a data directory (a resolved path) in root's places for what others
-    cannot reach inside it: the first 128 bits of the path's SHA-256 (short enough
-    for the database's socket path)."""
-    return hashlib.sha256(str(data_dir).encode()).hexdigest()[:32]
-
-
-def relocated_home(data_dir: Path) -> Path:
-    """Root's private place for the cluster of `data_dir` (module doc)."""
-    return RELOCATED_ROOT / data_dir_key(data_dir)
-
-
-def _write_new(
-    path: Path, text: str, mode: int = 0o600, owner: tuple[int, int] | None = None
-) -> None:
-    """`path` replaced by a new file of ours holding `text`: unlinked, then created
-    exclusively without following links (one planted there is not written through)."""
-    path.unlink(missing_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
-    except FileExistsError:
-        raise EmbeddedDatabaseError(f"{path} keeps reappearing; is a server running?") from None
-    with os.fdopen(fd, "w") as out:
-        os.fchmod(out.fileno(), mode)
-        if owner is not None and owner[0] != os.geteuid():
-            os.fchown(out.fileno(), *owner)
-        out.write(text)
-
-
-def make_root_dir(path: Path) -> None:
-    """`path` as a directory of root's that everyone can search and only root can
-    write (mode 0755 whatever the umask; an existing one is checked, never changed:
-    anyone else able to write there could swap the database's files)."""
-    for missing in [p for p in (*reversed(path.parents), path) if not p.exists()]:
-        try:
-            missing.mkdir()
-        except FileExistsError:  # another rm-server made it meanwhile: checked below
-            continue
-        missing.chmod(0o755)
-    st = path.lstat()
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or (st.st_mode & 0o023) != 0o001:
-        raise EmbeddedDatabaseError(
-            f"{path} must be a directory of root's that everyone can search and only root "
-            f"can write (it is {stat.filemode(st.st_mode)}, uid {st.st_uid})"
-        )
+def _unlinked_database(home: Path, data_dir: Path) -> str:
+    """Why the database in `home` is not started: only its link was removed."""
+    link = data_dir / "pgdata"
+    return (
+        f"{home / 'pgdata'} holds the database of {data_dir}, whose link {link} is gone: "
+        f"restore it (ln -s {home / 'pgdata'} {link}), or start afresh with "
+        f"rm-server --reset (or by deleting {data_dir})"
+    )
 
 
 def _copy_of_binaries(bin_dir: Path) -> Path:

@@ -12,7 +12,8 @@ from typing import Any
 from labelrm_common.logging import setup_logging
 from rm_server.config import load_config
 from rm_server.dev import DevUsersError, run_dev
-from rm_server.embedded import EmbeddedDatabaseError
+from rm_server.embedded import EmbeddedPostgres
+from rm_server.relocated import EmbeddedDatabaseError
 from rm_server.security.setup import SecurityConfigError
 from rm_server.server import RMServer
 
@@ -46,7 +47,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     settings = config.settings
     setup_logging(settings.log_level, settings.log_format)
+    if config.switches["reset"] and settings.database_url:
+        print(
+            "rm-server: --reset deletes the embedded database, and database_url names an "
+            "external one: drop and create that database yourself",
+            file=sys.stderr,
+        )
+        return 2
     try:
+        if config.switches["reset"]:
+            EmbeddedPostgres(settings.data_dir).reset()
         with contextlib.suppress(KeyboardInterrupt):
             if config.switches["dev"]:
                 dev = run_dev(settings, tls=config.switches["dev_tls"])

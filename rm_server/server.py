@@ -12,6 +12,7 @@ import logging
 import signal
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -142,7 +143,7 @@ class RMServer:
     engine_conns: EngineConnManager | None = None
     hub: AgentHub | None = None
     demands: DemandManager | None = None
-    _liveness: asyncio.Task[None] | None = None
+    _liveness: list[asyncio.Task[None]] = field(default_factory=list)  # the judge, the hearing
     _server: grpc.aio.Server | None = None  # serves `listen`
     _serving = False  # the gRPC server started (only then can it be stopped)
     _agent_server: grpc.aio.Server | None = None  # serves `agent_listen`, when set
@@ -182,7 +183,7 @@ class RMServer:
         if st.agent_listen and self.role is not Role.USERS:
             self._agent_server = _grpc_server(st, st.max_message_bytes)
         calls = self._services()
-        self._start_jobs(lease)
+        await self._start_jobs(lease)
         if self.role is Role.USERS:  # serving agents before this process reports SERVING
             self._agents = AgentProcess(child_settings(st, url))
             await self._agents.start()
@@ -258,6 +259,7 @@ class RMServer:
             metrics.attach(self.core.capacity)
             metrics.attach_external(external)
             metrics.attach_states(self.hub)
+            metrics.attach_liveness(self.hub)  # read from the database: the shared state
         await self.core.replicas.join()
         # Each background job runs on the one replica that holds its lease (app/background.py).
         return Lease(
@@ -267,18 +269,31 @@ class RMServer:
             ttl=timedelta(seconds=max(5.0, 3 * st.sweep_interval)),
         )
 
-    def _start_jobs(self, lease: Lease) -> None:
+    async def _start_jobs(self, lease: Lease) -> None:
         """The background jobs of this process's role (architecture.md, "Which work runs
         where"): the liveness judge where the agents are heard, the user's work (ticket
         sweep, demand planner) where the users are."""
         assert self.core and self.hub and self.demands and self.metrics
         observe = self.metrics.observe_pass
-        self.core.start_background(lease, observe, ticket_sweep=self.role is not Role.AGENTS)
         if self.role is not Role.USERS:
-            liveness = run_periodically(
-                "liveness", self.settings.sweep_interval, self.hub.sweep, lease, observe
-            )
-            self._liveness = asyncio.create_task(liveness, name="liveness")
+            # Silence before this start proves nothing (the RM was away): marked before
+            # the judge's first pass. Then every process that hears agents proves each
+            # interval that it hears (the users' process hears none: its stalls cost no
+            # agent a beat, and do not move the mark).
+            await self.hub.judge.hearing.start(self.core.replica_id)
+        self.core.start_background(lease, observe, ticket_sweep=self.role is not Role.AGENTS)
+        if self.role is not Role.USERS:  # the judge, and the hearing it trusts, hear here
+            interval = self.settings.sweep_interval
+            self._liveness = [
+                asyncio.create_task(
+                    run_periodically("liveness", interval, self.hub.sweep, lease, observe),
+                    name="liveness",
+                ),
+                asyncio.create_task(
+                    run_periodically("hearing", interval, self.hub.judge.hearing.check),
+                    name="hearing",
+                ),
+            ]
         if self.role is not Role.AGENTS:
             self.demands.start_background(lease, observe)
 
@@ -338,6 +353,11 @@ class RMServer:
         """The port of the metrics endpoint (0 when it is off)."""
         return self._metrics_http.port if self._metrics_http is not None else 0
 
+    @property
+    def database_files(self) -> Path | None:
+        """Where the embedded database's files are (None: an external database)."""
+        return self._embedded.pgdata if self._embedded is not None else None
+
     def _ec_settings(self) -> EcSettings:
         st = self.settings
         return EcSettings(
@@ -349,6 +369,8 @@ class RMServer:
             ec_heartbeat_interval=st.ec_heartbeat_interval,
             kill_grace=st.kill_grace,
             node_include_required=st.node_include_required,
+            disruption_share=st.disruption_share,
+            disruption_min_agents=st.disruption_min_agents,
         )
 
     def _demand_settings(self) -> DemandSettings:
@@ -359,6 +381,8 @@ class RMServer:
             claim_timeout=timedelta(seconds=st.demand_claim_timeout),
             loose_slip=timedelta(seconds=st.demand_loose_slip),
             default_duration=timedelta(seconds=st.demand_default_duration),
+            order_by_timeout=timedelta(seconds=st.demand_order_by_timeout),
+            commit_margin=timedelta(seconds=min(st.demand_commit_margin, st.demand_interval / 2)),
         )
         return DemandSettings(planner=planner, interval=st.demand_interval)
 
@@ -370,6 +394,15 @@ class RMServer:
             await self._metrics_http.stop()
         if self.console is not None:
             await self.console.stop()
+        # The judge goes first: a server that drains takes no new calls, so from here on
+        # it cannot hear agents and EngineConns, and must not hold their silence against
+        # them (another replica, or this one restarted, takes over under the lease).
+        for task in self._liveness:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self.hub is not None:
+            self.hub.judge.hearing.close()
         grace = self.settings.shutdown_grace if grace is None else grace
         serving = [self._server] if self._serving else []
         serving += [self._agent_server] if self._agent_serving else []
@@ -377,10 +410,6 @@ class RMServer:
         if self._agents is not None:
             stopping.append(self._agents.stop(grace))
         await asyncio.gather(*stopping)
-        if self._liveness is not None:
-            self._liveness.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._liveness
         if self.demands is not None:
             await self.demands.stop_background()
         if self.core is not None:

@@ -54,7 +54,7 @@ EXTRA: dict[str, tuple[tuple[str, str], ...]] = {
         ),
         ("grpc.aio client for", "Blocking client for"),
         ("; the same methods as RMClient, as coroutines.", "."),
-        ("return async iterators", "return iterators"),
+        ("returns an async iterator", "returns an iterator"),
     ),
 }
 """Phrases (docstrings) that a word-level rule cannot turn, per source module."""

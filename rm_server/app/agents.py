@@ -16,20 +16,24 @@ from datetime import datetime, timedelta
 
 from rm_server.app.batching import Combiner, each_alone_on_failure
 from rm_server.app.engineconns import EngineConnManager
+from rm_server.app.liveness import LivenessJudge
 from rm_server.domain.engineconn import (
     AgentCommand,
     CommandKind,
     EcmState,
     EcmStatus,
+    EcmUsage,
     EcState,
     HeartbeatAction,
     HeartbeatOutcome,
+    MeasuredUsage,
     ProcessReport,
     ProcessState,
+    ended_on_request,
     heartbeat_is_routine,
     reported_transition,
 )
-from rm_server.domain.resources import Resource
+from rm_server.domain.liveness import LivenessRules, LivenessView
 from rm_server.errors import FailedPrecondition, LabelrmError, NotFound
 from rm_server.store import admin as admin_store
 from rm_server.store import ecms as ecm_store
@@ -50,6 +54,18 @@ class AgentHub:
         self.db = ecs.db
         self.settings = ecs.settings
         self._beats: Combiner[_Beat] | None = None
+        st = self.settings
+        rules = LivenessRules(
+            ecm_expiry=st.ecm_expiry,
+            ec_expiry=st.ec_expiry,
+            start_timeout=st.start_timeout,
+            interval=self.core.settings.sweep_interval,
+            disruption_share=st.disruption_share,
+            disruption_min_agents=st.disruption_min_agents,
+        )
+        self.judge = LivenessJudge(
+            self.db, self.core.clock, rules, lambda: self.core.replica_id, st.node_include_required
+        )
 
     def _now(self) -> datetime:
         return self.core.clock.now()
@@ -147,6 +163,7 @@ class AgentHub:
                 )
             return
         # The process ended (or never started): end the EngineConn, then let the agent forget it.
+        # (The measurements of running ones were stored with the beat: hb_store.record.)
         if ec is not None and ours and ec.state.live:
             await self._end_ec(
                 conn,
@@ -173,17 +190,32 @@ class AgentHub:
         reason: str,
         now: datetime,
         report: ProcessReport | None = None,
+        silent: tuple[datetime, datetime] | None = None,
     ) -> None:
-        """Release the ticket (labels, then ticket rows), then end the EngineConn row."""
+        """Release the ticket (labels, then ticket rows), then end the EngineConn row.
+        `silent` (silent before, STARTING before): it ends for its silence, which is
+        checked again under its row lock (_Heard, rolling the transaction back, if it
+        reported since the judge read it)."""
+        kill = await ec_store.kill_of(conn, ec_id)
+        if kill is not None and state is not EcState.LOST:  # stopped on request: one rule
+            state, reason = ended_on_request(kill[0], state, kill[1], reason)
         if ticket_id:
             await ticket_store.release(conn, ticket_id, now, f"EngineConn {state.value.lower()}")
         current = await ec_store.get_ec(conn, ec_id, lock=True)
         if not current.state.live:
             return
+        if silent is not None and not await ec_store.is_silent(conn, ec_id, *silent):
+            raise _Heard(ec_id)
         fields: dict[str, object] = {"state": state, "ended_at": now, "reason": reason}
+        measured = current.measured
         if report is not None:
             fields.update(exit_code=report.exit_code, log_tail=report.log_tail[-4000:])
+            if report.usage is not None:
+                measured = report.usage
+                fields.update(measured=measured, measured_at=now)
         await ec_store.update_ec(conn, ec_id, now, **fields)
+        if ticket_id and measured is not None:  # the ticket's audit row: what it used
+            await ec_store.keep_measured(conn, ticket_id, measured)
         log.info("EngineConn %s ended %s: %s", ec_id, state.value, reason)
 
     async def _fence_vanished(self, agent_id: str, reported: set[str], now: datetime) -> None:
@@ -207,7 +239,7 @@ class AgentHub:
         async def body(conn: Conn) -> bool:
             if await ec_store.live_ecs_on(conn, agent_id):
                 return False
-            await admin_store.unregister_ecm(conn, agent_id, self._now())
+            await admin_store.unregister_ecm(conn, agent_id, self._now(), "decommissioned")
             log.info("ECM %s drained and left", agent_id)
             return True
 
@@ -215,10 +247,9 @@ class AgentHub:
 
     # ----- EngineConn reports --------------------------------------------------------------
 
-    async def report_state(
-        self, ec_id: str, state: EcState, address: str, used: Resource | None, reason: str
-    ) -> bool:
-        """An EngineConn's heartbeat; True means it must shut down."""
+    async def report_state(self, ec_id: str, state: EcState, address: str, reason: str) -> bool:
+        """An EngineConn's heartbeat; True means it must shut down. What it uses is not
+        its to say: its ticket charges what was granted (its agent measures the rest)."""
         now = self._now()
 
         async def body(conn: Conn) -> bool:
@@ -233,7 +264,7 @@ class AgentHub:
                 await ec_store.update_ec(conn, ec_id, now, last_report_at=now)
                 return False
             if ec.state is EcState.STARTING and target in (EcState.IDLE, EcState.BUSY):
-                return await self._ready(conn, ec_id, ec.ticket_id, target, address, used, now)
+                return await self._ready(conn, ec_id, ec.ticket_id, target, address, now)
             if target in (EcState.SUCCEEDED, EcState.FAILED):
                 await self._end_ec(
                     conn,
@@ -256,11 +287,11 @@ class AgentHub:
         ticket_id: str,
         state: EcState,
         address: str,
-        used: Resource | None,
         now: datetime,
     ) -> bool:
         try:
-            await ticket_store.report_used(conn, ticket_id, used, now)
+            # Everything locked becomes used: an EngineConn is held to its whole grant.
+            await ticket_store.report_used(conn, ticket_id, None, now)
         except (FailedPrecondition, NotFound, LabelrmError) as exc:
             await self._end_ec(
                 conn,
@@ -282,19 +313,28 @@ class AgentHub:
     # ----- liveness ----------------------------------------------------------------------
 
     async def sweep(self) -> None:
-        """ECMs silent past the expiry become LOST and their EngineConns are released;
-        EngineConns silent past theirs (or never ready) are killed and released."""
-        now = self._now()
-        silent_since = now - self.settings.ecm_expiry
-        for instance in await self.db.run(lambda c: ecm_store.expired_ecms(c, silent_since)):
+        """One pass of the liveness judge (app/liveness.py decides, this carries it out):
+        ECMs silent past the expiry become LOST and their EngineConns are released;
+        EngineConns silent past theirs (or never ready) are killed and released. Silence
+        counts only while the RM could hear, and nothing is LOST during a suspected
+        disruption (docs/architecture.md, "Liveness")."""
+        verdict = await self.judge.verdict()
+        now, silent_since = verdict.now, verdict.agents_silent_before
+        for instance in verdict.lose:
+            assert silent_since is not None
             lost = await self.db.run(ecm_store.mark_lost, instance, silent_since, now)
             if lost:
                 log.warning("ECM %s is LOST: no heartbeat since %s", instance, silent_since)
                 await self._lose_ecs_on(instance, now)
-        await self._expire_ecs(now)
+        if verdict.engine_conns is not None:
+            await self._expire_ecs(now, *verdict.engine_conns)
         # Done commands older than an hour tell nothing any more (launch acks are
         # compared with the current heartbeat only).
         await self.db.run(lambda c: ec_store.purge_done_commands(c, now - timedelta(hours=1)))
+
+    async def liveness(self) -> LivenessView:
+        """The judge's state (GetClusterInfo, `rmctl status`, metrics)."""
+        return await self.judge.view()
 
     async def _lose_ecs_on(self, instance: str, now: datetime) -> None:
         for ec in await self.db.run(lambda c: ec_store.live_ecs_on(c, instance)):
@@ -302,14 +342,17 @@ class AgentHub:
                 self._end_ec, ec.ec_id, ec.ticket_id, EcState.LOST, "its ECM was lost", now
             )
 
-    async def _expire_ecs(self, now: datetime) -> None:
-        silent = now - self.settings.ec_expiry
-        start_limit = now - self.settings.start_timeout
+    async def _expire_ecs(self, now: datetime, silent: datetime, start_limit: datetime) -> None:
         expired = await self.db.run(lambda c: ec_store.silent_ecs(c, silent, start_limit))
         for ec in expired:  # one transaction each: label locks stay in canonical order
-            await self.db.run(self._expire_one, ec.ec_id, silent, now)
+            try:
+                await self.db.run(self._expire_one, ec.ec_id, (silent, start_limit), now)
+            except _Heard:
+                continue  # it reported meanwhile: the transaction rolled back
 
-    async def _expire_one(self, conn: Conn, ec_id: str, silent: datetime, now: datetime) -> None:
+    async def _expire_one(
+        self, conn: Conn, ec_id: str, silent: tuple[datetime, datetime], now: datetime
+    ) -> None:
         ec = await ec_store.get_ec(conn, ec_id)
         if not ec.state.live:
             return
@@ -319,7 +362,7 @@ class AgentHub:
             state, why = EcState.LOST, "no report within the expiry interval"
         if ec.ecm_instance:
             await self.ecs.queue_kill(conn, ec.ecm_instance, ec.ec_id, why, now)
-        await self._end_ec(conn, ec.ec_id, ec.ticket_id, state, why, now)
+        await self._end_ec(conn, ec.ec_id, ec.ticket_id, state, why, now, silent=silent)
 
     # ----- node lists and decommission -------------------------------------------------------
 
@@ -340,8 +383,27 @@ class AgentHub:
 
         return await self.db.run(body)
 
+    async def cordon(self, instance: str, cordoned: bool, reason: str = "") -> EcmStatus:
+        """Cordon an ECM (no new work, what runs goes on) or uncordon it (which also calls
+        off a decommission in progress); returns it as it is then."""
+        now = self._now()
+
+        async def body(conn: Conn) -> EcmStatus:
+            if not await ecm_store.set_cordon(conn, instance, cordoned, reason, now):
+                raise NotFound(f"ECM {instance} is not registered")
+            return await ecm_store.ecm_status(conn, instance)
+
+        status = await self.db.run(body)
+        log.info("ECM %s %s%s", instance, "cordoned" if cordoned else "uncordoned",
+                 f": {reason}" if reason else "")  # fmt: skip
+        return status
+
     async def state_counts(self) -> dict[str, dict[str, int]]:
         return await self.db.run(ecm_store.state_counts)
+
+    async def usage_by_ecm(self, limit: int) -> list[EcmUsage]:
+        """Requested, granted and measured resource per ECM (for metrics)."""
+        return await self.db.run(lambda c: ecm_store.usage_by_ecm(c, limit))
 
     async def ecm_status(self, instance: str) -> EcmStatus:
         return await self.db.run(lambda c: ecm_store.ecm_status(c, instance))
@@ -353,6 +415,7 @@ class AgentHub:
 def _ended_state(current: EcState, report: ProcessReport) -> EcState:
     if (
         report.state is ProcessState.EXITED
+        and not report.out_of_memory
         and report.exit_code == 0
         and current in (EcState.SHUTTING_DOWN, EcState.IDLE, EcState.BUSY)
     ):
@@ -363,6 +426,8 @@ def _ended_state(current: EcState, report: ProcessReport) -> EcState:
 def _exit_reason(current: EcState, report: ProcessReport) -> str:
     if report.state is ProcessState.LAUNCH_FAILED:
         return f"launch refused by the agent: {report.reason}"
+    if report.out_of_memory:  # the agent's words: "out of memory: limit 256Mi"
+        return report.reason or "out of memory"
     if current is EcState.STARTING:
         return f"exited with code {report.exit_code} before it was ready"
     return f"exited with code {report.exit_code}"
@@ -381,6 +446,10 @@ class _Beat:
     @property
     def key(self) -> tuple[str, str, str]:
         return ("", "Heartbeat", self.agent_id)
+
+
+class _Heard(Exception):
+    """An EngineConn the judge found silent reported before it was ended."""
 
 
 @dataclass(frozen=True)
@@ -424,10 +493,22 @@ def _answer(
     routine = agent.state is EcmState.RUNNING and heartbeat_is_routine(
         beat.processes, agent.live_pids, agent.acked
     )
+    measured = _measured(beat.processes)
     if not routine:
-        write = hb_store.BeatWrite(beat.agent_id, seq, None, beat.done_command_ids)
+        write = hb_store.BeatWrite(beat.agent_id, seq, None, beat.done_command_ids, measured)
         return _FullPass(agent.state, now), write
     done = set(beat.done_command_ids)
     commands = tuple(c for c in agent.pending if c.command_id not in done)
     encoded = beat.encode(HeartbeatOutcome(HeartbeatAction.CONTINUE, commands, sequence=seq))
-    return encoded, hb_store.BeatWrite(beat.agent_id, seq, encoded, beat.done_command_ids)
+    write = hb_store.BeatWrite(beat.agent_id, seq, encoded, beat.done_command_ids, measured)
+    return encoded, write
+
+
+def _measured(reports: Sequence[ProcessReport]) -> tuple[tuple[str, MeasuredUsage], ...]:
+    """The measurements a beat carries for running EngineConns (an ended one's last is
+    stored as it ends)."""
+    return tuple(
+        (r.ec_id, r.usage)
+        for r in reports
+        if r.usage is not None and r.state is ProcessState.RUNNING
+    )

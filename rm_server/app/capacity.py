@@ -4,6 +4,7 @@ and the reads of those records (what each label uses, locks and has left)."""
 from __future__ import annotations
 
 from rm_server.app.shared import Shared
+from rm_server.domain.engineconn import Isolation
 from rm_server.domain.labels import EM_INSTANCE, Label
 from rm_server.domain.limits import LabelPattern
 from rm_server.domain.model import LabelResource, Registration, StoredLimit
@@ -27,9 +28,11 @@ class Capacity:
         total: Resource,
         protected: Resource,
         encoder: OutcomeEncoder[Registration],
+        isolation: Isolation | None = None,
     ) -> Registration | Replay:
         """Register (or re-register) ECM `instance` with its capacity: its record is
-        ``emInstance=<instance>``, whatever else `labels` names."""
+        ``emInstance=<instance>``, whatever else `labels` names; `isolation`: how its
+        agent contains EngineConns (None: it did not say)."""
         own = Label(EM_INSTANCE, instance)
         others = tuple(lb for lb in labels if lb.key != EM_INSTANCE)
         if any(lb.key == EM_INSTANCE and lb != own for lb in labels):
@@ -51,6 +54,7 @@ class Capacity:
                 protected,
                 now,
                 include_required,
+                isolation,
             ),
             encoder,
         )

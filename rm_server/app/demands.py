@@ -1,10 +1,12 @@
 """Time-aware demands: the use cases behind DemandService and the background planner.
 
-No gRPC here. Submission admits a demand against the capacity plan in one transaction;
-the planner runs one round per demand per ``round_length``, each round one transaction
-that claims the demand row with ``FOR UPDATE SKIP LOCKED`` (so any number of replicas can
-run it), asks the pure planner what to do, and does it; the blocked demands nothing
-changed for are counted together, one statement a pass (``store.demand_rounds``).
+No gRPC here. Submission admits a demand against the capacity plan in one transaction
+(app/demand_admission.py); the planner runs one round per demand per ``round_length``,
+each round one transaction that claims the demand row with ``FOR UPDATE SKIP LOCKED``
+(so any number of replicas can run it), asks the pure planner what to do, and does it. A
+demand that waits for something other than the time (room on its labels, a predecessor's
+end) is parked until that changes (app/demand_parking.py, store/demand_rounds.py): a
+pass costs what changed, not what waits.
 Allocation hands the demand's reserved capacity over to a ticket through the store's
 Apply path (``tickets.apply``: label locks in canonical order, every label checked, all
 or nothing) in the same transaction as the demand's own transition, so a crash never
@@ -22,17 +24,21 @@ from functools import partial
 
 from rm_server.app.background import Lease, PassObserver, run_periodically
 from rm_server.app.core import RMCore
+from rm_server.app.demand_admission import admit, admitted, same_definition
+from rm_server.app.demand_parking import BlockedIndex
 from rm_server.clock import Clock
 from rm_server.domain.demands import codec
 from rm_server.domain.demands import planner as plan
 from rm_server.domain.demands.model import (
     Demand,
     DemandSpec,
-    candidate,
-    not_before,
+    as_of,
+    order_wait_keys,
+    with_order_wait,
 )
 from rm_server.domain.demands.state import DemandState
-from rm_server.domain.demands.timelang import order_ids, order_value
+from rm_server.domain.demands.timelang import order_ids
+from rm_server.domain.demands.waits import finished_of
 from rm_server.domain.ledger import LabelAccount, more_room
 from rm_server.domain.model import Ticket
 from rm_server.errors import (
@@ -40,7 +46,6 @@ from rm_server.errors import (
     InvalidArgument,
     LabelrmError,
     NotFound,
-    ResourceExhausted,
 )
 from rm_server.store import demand_rounds as rounds_store
 from rm_server.store import demands as store
@@ -53,10 +58,6 @@ log = logging.getLogger(__name__)
 
 S = DemandState
 MAX_STEPS = 6  # decisions per demand per round (e.g. RESERVE, then ALLOCATE)
-MAX_BLOCKED = 100_000  # refused allocations remembered (a cache: forgetting costs a retry)
-# Blocked demands judged between two turns of the event loop: a pass over thousands is
-# ~0.1 ms of CPU each, which in one piece holds up every call on this replica.
-YIELD_EVERY = 100
 Key = tuple[str, str]  # (user, demand id): demand ids are per user
 
 
@@ -65,17 +66,10 @@ class DemandSettings:
     planner: plan.PlannerSettings = field(default_factory=plan.PlannerSettings)
     interval: float = 1.0  # seconds between background passes (real time)
     batch: int = 500  # demands per pass at most (one round, one transaction each)
-    blocked_batch: int = 10_000  # unchanged blocked demands per pass at most (one UPDATE)
 
 
-@dataclass(frozen=True)
-class Refused:
-    """A demand's refused allocation: the capacity of its labels then, and the demand as
-    the planner sees it (its definition does not change: a round that passes it over
-    needs only its rounds and close time from the database)."""
-
-    capacity: tuple[LabelAccount, ...]
-    view: plan.DemandView
+class LateAllocation(Exception):
+    """An allocation whose transaction would commit after the time it is recorded at."""
 
 
 @dataclass(frozen=True)
@@ -92,11 +86,9 @@ class DemandManager:
     core: RMCore
     settings: DemandSettings = field(default_factory=DemandSettings)
     _task: asyncio.Task[None] | None = None
-    # Per demand, the records of its labels when its last allocation was refused: while
-    # none has more room than then (others' reservations and tickets only take more), a
-    # round passes the demand over without trying again (ledger.more_room: the same or
-    # less room refuses the same allocation). Per replica, in memory: a miss is a full try.
-    _blocked: dict[Key, Refused] = field(default_factory=dict)
+    # The refusals of the blocked demands parked by this replica, and what wakes them
+    # (app/demand_parking.py).
+    _parked: BlockedIndex = field(default_factory=BlockedIndex)
 
     # ----- submission --------------------------------------------------------------------------
 
@@ -126,112 +118,23 @@ class DemandManager:
         async def body(conn: Conn) -> tuple[Demand, bool]:
             existing = await store.get(conn, spec.user, spec.demand_id)
             if existing is not None:
-                return _same(existing, digest), False
-            demand = await self._admit(conn, spec, charged, digest, now)
+                return as_of(same_definition(existing, digest), now, self.planner), False
+            demand = await admit(conn, spec, charged, digest, now, self.planner)
             if not await store.insert(conn, demand):
                 existing = await store.get(conn, spec.user, spec.demand_id)
                 assert existing is not None
-                return _same(existing, digest), False
+                return same_definition(existing, digest), False
             demand = await store.move(
                 conn,
                 demand,
                 S.ACCEPTED,
-                _admitted(demand),
+                admitted(demand),
                 now,
                 next_check_at=now,  # its first round decides when to look again
             )
             return demand, True
 
         return await self.db.run(body)
-
-    async def _admit(
-        self, conn: Conn, spec: DemandSpec, charged: tuple[str, ...], digest: bytes, now: datetime
-    ) -> Demand:
-        order = spec.conditions.order_by
-        ends: dict[str, datetime | None] = {}
-        if order is not None:
-            await store.lock_order_graph(conn)
-            await self._refuse_cycles(conn, spec.user, spec.demand_id, order_ids(order))
-            finished = await store.finished_map(conn, spec.user, order_ids(order))
-            if order_value(order, finished) is False:
-                failed = ", ".join(i for i, v in finished.items() if v is False)
-                raise FailedPrecondition(
-                    f"OrderBy can never be satisfied: {failed} FAILED",
-                    state="FAILED",
-                    reason="ORDER_BY_FAILED",
-                )
-            ends = await store.planned_ends(conn, spec.user, order_ids(order))
-        await store.lock_plan(conn, charged)
-        cand = candidate(spec, charged, now, not_before(order, ends))
-        entries = await store.plan_entries(conn, charged, now, (spec.user, spec.demand_id))
-        # A resource of the wrong type for a label: PlanError, INVALID_ARGUMENT (as_rm_error).
-        placed = plan.place(cand, entries, await store.capacities(conn, charged), self.planner)
-        if isinstance(placed, plan.PlanRefusal):
-            if not placed.shortfalls:
-                raise FailedPrecondition(
-                    f"demand refused: {placed.reason}", state="NEW", reason="WINDOW_CLOSED"
-                )
-            raise ResourceExhausted(
-                f"demand refused: {placed.reason}", placed.shortfalls, reason="DEMAND_NOT_ADMITTED"
-            )
-        return Demand(
-            demand_id=spec.demand_id,
-            state=S.NEW,
-            reason="submitted",
-            user=spec.user,
-            labels=spec.labels,
-            charged_labels=charged,
-            resource=spec.resource,
-            conditions=spec.conditions,
-            submitted_at=now,
-            planned_start=placed.start,
-            plan_start=placed.plan_start,
-            plan_end=placed.plan_end,
-            slip=placed.slipped,
-            rounds=0,
-            closed_at=None,
-            reserved_labels=(),
-            ticket_id=None,
-            allocated_at=None,
-            claim_expires_at=None,
-            claimed_at=None,
-            ended_at=None,
-            overruns=(),
-            next_check_at=None,
-            updated_at=now,
-            definition_hash=digest,
-        )
-
-    async def _refuse_cycles(
-        self, conn: Conn, user: str, demand_id: str, first: tuple[str, ...]
-    ) -> None:
-        """Follow OrderBy edges from the named demands (the user's own: OrderBy never
-        names another user's); reaching this one is a cycle."""
-        parent: dict[str, str] = {i: demand_id for i in first}
-        frontier = list(first)
-        while frontier:
-            if demand_id in parent and demand_id in frontier:
-                break
-            edges = await store.order_edges(conn, user, frontier)
-            frontier = []
-            for source, targets in edges.items():
-                for target in targets:
-                    if target not in parent:
-                        parent[target] = source
-                        frontier.append(target)
-        if demand_id not in parent:
-            return
-        path = [demand_id]
-        node = parent[demand_id]
-        while node != demand_id and len(path) < 64:
-            path.append(node)
-            node = parent[node]
-        path.append(demand_id)
-        raise InvalidArgument(
-            "time_conditions",
-            "OrderBy makes a cycle: " + " -> ".join(reversed(path)),
-            reason="ORDER_BY_CYCLE",
-        )
 
     @property
     def planner(self) -> plan.PlannerSettings:
@@ -240,17 +143,37 @@ class DemandManager:
     # ----- queries -----------------------------------------------------------------------------
 
     async def get(self, user: str | None, demand_id: str) -> Demand:
-        """`user`'s demand (None: an operator's look-up by id alone, see `store.get`);
-        another user's demand of the same id is NOT_FOUND, as if there were none."""
-        d = await self.db.run(lambda c: store.get(c, user, demand_id, with_events=True))
-        if d is None:
+        """`user`'s demand (None: an operator's look-up by id alone, see `store.get`), with
+        its history and what its OrderBy waits for; another user's demand of the same id is
+        NOT_FOUND, as if there were none."""
+
+        async def body(conn: Conn) -> list[Demand]:
+            d = await store.get(conn, user, demand_id, with_events=True)
+            return [] if d is None else await self._with_waits(conn, [d])
+
+        found = await self.db.run(body, read_only=True)
+        if not found:
             raise NotFound(f"demand {demand_id} not found")
-        return d
+        return found[0]
 
     async def list_demands(
         self, after: tuple[str, str], limit: int, state: str, user: str
     ) -> list[Demand]:
-        return await self.db.run(lambda c: store.list_demands(c, after, limit, state, user))
+        """A page of demands, each with what its OrderBy waits for."""
+
+        async def body(conn: Conn) -> list[Demand]:
+            page = await store.list_demands(conn, after, limit, state, user)
+            return await self._with_waits(conn, page)
+
+        return await self.db.run(body, read_only=True)
+
+    async def _with_waits(self, conn: Conn, demands: list[Demand]) -> list[Demand]:
+        """The demands as they stand now (a parked one's rounds and occupation), each with
+        what its OrderBy waits for."""
+        keys = [key for d in demands for key in order_wait_keys(d)]
+        now = self.clock.now()
+        found = await store.predecessors_of(conn, keys, now, self.planner)
+        return [as_of(with_order_wait(d, found, self.planner), now, self.planner) for d in demands]
 
     # ----- cancel and claim --------------------------------------------------------------------
 
@@ -275,7 +198,10 @@ class DemandManager:
                 )
             return await self._fail(conn, d, "cancelled" + (f": {reason}" if reason else ""), now)
 
-        return await self.db.run_idempotent(idem, now, body, encoder)
+        outcome = await self.db.run_idempotent(idem, now, body, encoder)
+        if isinstance(outcome, Demand):
+            await self._wake_successors(outcome)  # their OrderBy can never hold now
+        return outcome
 
     async def claim(
         self,
@@ -328,8 +254,8 @@ class DemandManager:
             self._task = None
 
     async def tick(self) -> int:
-        """One pass: a round for every demand due (at most ``batch`` tried one by one, and
-        the unchanged blocked ones); returns how many.
+        """One pass: a round for every demand due (at most ``batch``, one by one), the
+        parked ones whose labels have more room woken first; returns how many rounds.
 
         The pass does the demands due by its start (give or take half a round: passes
         come one interval apart give or take the milliseconds of the lease check and the
@@ -337,67 +263,49 @@ class DemandManager:
         this one by those), each once, and dates their next rounds from its start. Each
         round reads the clock itself, and each decision in it again (a pass over many
         demands takes a while): a window is judged, and a transition dated, by the time at
-        which it is decided, never by the start of the pass.
+        which it is decided, never by the start of the pass. Parked demands get no round
+        (app/demand_parking.py, store/demand_rounds.py): a pass costs what changed.
         """
         start = self.clock.now()
         due = start + min(self.planner.round_length, timedelta(seconds=self.settings.interval)) / 2
-        done = await self.db.run(self._pass_over_blocked, start, due)
+        await self.db.run(self._parked.wake, start)
         keys = await self.db.run(store.due_keys, due, self.settings.batch)
+        done = 0
         for key in keys:
-            done += await self.db.run(self._round, key, start, due)
+            d = await self.db.run(self._round, key, start, due)
+            if d is not None:
+                done += 1
+                if d.state.terminal:  # it ended in this round
+                    await self._wake_successors(d)
         return done
 
-    async def _pass_over_blocked(self, conn: Conn, start: datetime, due: datetime) -> int:
-        """Count the round of every due blocked demand whose labels have no more room than
-        when it was refused, in one statement, without locking their labels (rounds_store);
-        the others (more room, any decision but another try, an OrderBy) get a round of
-        their own."""
-        if not self._blocked:
-            return 0
-        keys = list(self._blocked)
-        candidates = await rounds_store.blocked_due(conn, keys, due, self.settings.blocked_batch)
-        if not candidates:
-            return 0
-        records = await store.read_capacities(
-            conn, sorted({label for row in candidates for label in row.charged_labels})
-        )
-        now = self.clock.now()
-        todo: list[rounds_store.PassedOver] = []
-        labels: set[str] = set()
-        for n, row in enumerate(candidates):
-            if n % YIELD_EVERY == YIELD_EVERY - 1:
-                await asyncio.sleep(0)  # the calls waiting on the event loop go first
-            refused = self._blocked.get((row.user, row.demand_id))
-            if (
-                refused is None
-                or refused.view.order is not None
-                or more_room(refused.capacity, store.capacity_of(records, row.charged_labels))
-            ):
-                continue
-            view = replace(refused.view, rounds=row.rounds, closed_at=row.closed_at)
-            decision = plan.decide(view, now, self.planner, round_start=start)
-            if decision.action is not plan.Action.ALLOCATE:
-                continue
-            plan_start, plan_end = plan.occupation(view, now, self.planner)
-            todo.append(
-                rounds_store.PassedOver(row.user, row.demand_id, row.rounds, plan_start, plan_end)
-            )
-            labels.update(row.charged_labels)
-        if not todo:
-            return 0
-        await store.lock_plan(conn, sorted(labels))  # their occupations move with the time
-        soon = start + self.planner.round_length
-        return len(await rounds_store.pass_over(conn, todo, due, soon, now))
+    async def _wake_successors(self, d: Demand) -> None:
+        """The demands waiting for ``d`` (their OrderBy names it, it ended): due now, in a
+        transaction of its own (after d's: their rows come before any label row)."""
+        await self.db.run(rounds_store.wake_successors, d.user, d.demand_id, self.clock.now())
 
-    async def _round(self, conn: Conn, key: Key, start: datetime, due: datetime) -> int:
-        """One demand's round, if it is still due and no one else holds it: 1, else 0."""
+    async def _round(self, conn: Conn, key: Key, start: datetime, due: datetime) -> Demand | None:
+        """One demand's round, if it is still due and no one else holds it: the demand
+        after it, else None."""
         d = await store.claim_due(conn, key, due)
         if d is None:
-            return 0
+            return None
+        if d.state.active:
+            # The plan's locks before any label row (store.demands: the lock order): a
+            # round may re-plan, reserve, allocate and move its occupation, in any order.
+            await store.lock_plan(conn, d.charged_labels)
+        if d.parked_at is not None:
+            d = await self._unpark(conn, d, due)
         before = d
+        soon = start + self.planner.round_length
         try:
             async with conn.transaction():  # a savepoint: an error undoes the half-done round
                 d = await self._decide_and_act(conn, d, start)
+                if before.allocated_at is None and d.allocated_at is not None:
+                    self._committing_in_time(d.allocated_at)  # its occupation is written
+        except LateAllocation as late:  # undone: allocated again in a round that is on time
+            log.warning("demand %s: %s; tried again next round", before.demand_id, late)
+            d = await store.update(conn, before, self.clock.now(), next_check_at=soon)
         except LabelrmError as err:  # e.g. its resource no longer matches a label
             log.warning("demand %s failed: %s", before.demand_id, err.message)
             d = await self._fail(conn, before, f"planner: {err.message}", self.clock.now())
@@ -406,23 +314,49 @@ class DemandManager:
                 raise  # the whole transaction is retried
             # A bug must not stall every other demand: log it, look again next round.
             log.exception("planner round of demand %s failed", before.demand_id)
-            now = self.clock.now()
-            soon = start + self.planner.round_length
-            d = await store.update(conn, before, now, next_check_at=soon)
-        if d.state.active:
-            now = self.clock.now()
-            occupied = plan.occupation(d.view(), now, self.planner)
-            if occupied != (d.plan_start, d.plan_end):
-                await store.lock_plan(conn, d.charged_labels)
-                d = await store.update(conn, d, now, plan_start=occupied[0], plan_end=occupied[1])
-        return 1
+            d = await store.update(conn, before, self.clock.now(), next_check_at=soon)
+        return await self._occupy(conn, d)
+
+    async def _unpark(self, conn: Conn, d: Demand, due: datetime) -> Demand:
+        """A parked demand's round: its rounds passed over while parked counted (all the
+        passes due since, but this one: its own round counts itself), no longer parked."""
+        rounds, since = d.rounds, d.parked_at or due
+        if d.state is S.ALLOCATING:
+            rounds += max(plan.passes_since(since, due, self.planner.round_length) - 1, 0)
+        return await store.update(conn, d, self.clock.now(), rounds=rounds, parked_at=None)
+
+    async def _occupy(self, conn: Conn, d: Demand) -> Demand:
+        """Move an active demand's occupation of the plan to where it is now (the round
+        holds the plan's locks); a parked one's moves by itself (store plan_entries)."""
+        if not d.state.active or d.parked_at is not None:
+            return d
+        now = self.clock.now()
+        occupied = plan.occupation(d.view(), now, self.planner)
+        if occupied == (d.plan_start, d.plan_end):
+            return d
+        return await store.update(conn, d, now, plan_start=occupied[0], plan_end=occupied[1])
+
+    def _committing_in_time(self, allocated_at: datetime) -> None:
+        """An allocation is recorded at the latest instant its commit may land: give it up
+        (LateAllocation) unless the commit, which follows at once, has half the commit
+        margin left to land by then (a pass slowed down by a busy replica or database)."""
+        late = self.clock.now() - (allocated_at - self.planner.commit_margin / 2)
+        if late > timedelta(0):
+            raise LateAllocation(
+                f"its allocation was not committing within the commit margin"
+                f" ({self.planner.commit_margin}, {late} late)"
+            )
 
     async def _decide_and_act(self, conn: Conn, d: Demand, start: datetime) -> Demand:
         for _ in range(MAX_STEPS):
-            finished = await store.finished_map(conn, d.user, order_ids(d.conditions.order_by))
+            named = await store.predecessors(
+                conn, d.user, order_ids(d.conditions.order_by), self.clock.now(), self.planner
+            )
+            finished = finished_of({i: p.state for i, p in named.items()})
+            missing = {i for i, p in named.items() if p.state is None}
             ticket = await store.ticket_status(conn, d.ticket_id) if d.ticket_id else None
             now = self.clock.now()
-            decide = partial(plan.decide, round_start=start)
+            decide = partial(plan.decide, round_start=start, missing=missing)
             decision = decide(d.view(), now, self.planner, finished, ticket)
             if decision.action is plan.Action.ALLOCATE:
                 # Take the labels first (waiting out any release under way), then decide
@@ -448,6 +382,9 @@ class DemandManager:
         match decision.action:
             case A.WAIT:
                 return await store.update(conn, d, now, next_check_at=decision.next_check), False
+            case A.PARK:  # woken when a demand its OrderBy names ends (_wake_successors)
+                assert decision.next_check is not None
+                return await self._park(conn, d, now, start, decision.next_check), False
             case A.RESERVE:
                 labels = await store.reserve(conn, d, now)
                 reason = f"reserving on {', '.join(labels) or 'no limited label'}"
@@ -489,8 +426,8 @@ class DemandManager:
         raise AssertionError(f"unhandled {decision}")  # pragma: no cover
 
     async def _replan(self, conn: Conn, d: Demand, now: datetime) -> Demand | None:
-        """Place ``d`` again from now; the demand if that moved it earlier, else None."""
-        await store.lock_plan(conn, d.charged_labels)
+        """Place ``d`` again from now (the round holds the plan's locks); the demand if that
+        moved it earlier, else None."""
         view = d.view()
         cand = plan.Candidate(
             d.demand_id,
@@ -502,7 +439,8 @@ class DemandManager:
             view.hold,
             user=d.user,
         )
-        entries = await store.plan_entries(conn, d.charged_labels, now, (d.user, d.demand_id))
+        key = (d.user, d.demand_id)
+        entries = await store.plan_entries(conn, d.charged_labels, now, key, self.planner)
         capacity = await store.capacities(conn, d.charged_labels)
         placed = plan.place(cand, entries, capacity, self.planner)
         if not isinstance(placed, plan.Placement) or placed.start >= d.planned_start:
@@ -530,13 +468,16 @@ class DemandManager:
         """Allocate under the label locks (``capacity``: what they hold), or pass it over."""
         soon = start + self.planner.round_length
         key = (d.user, d.demand_id)
-        refused = self._blocked.get(key)
+        refused = self._parked.refusal(key)
         if refused is not None and not more_room(refused.capacity, capacity):
-            return await store.update(conn, d, now, rounds=d.rounds + 1, next_check_at=soon)
+            return await self._park_blocked(conn, d, now, start, refused.capacity)
         core = self.core
+        # Recorded as allocated when it becomes visible: by its commit, at the latest the
+        # decision plus the commit margin (decide() checked the window holds then too).
+        at = now + self.planner.commit_margin
         # The ticket must outlive the claim window: LOCKED tickets are reclaimed after the
         # lock timeout, counted here from the end of the claim timeout.
-        expires = now + self.planner.claim_timeout + core.settings.lock_timeout
+        expires = at + self.planner.claim_timeout + core.settings.lock_timeout
         cmd = ticket_store.ApplyCommand(
             ticket_id=core.new_id("t"),
             user=d.user,
@@ -551,33 +492,63 @@ class DemandManager:
         )
         outcome = await store.allocate(conn, d, cmd)
         if isinstance(outcome, Ticket):
-            self._blocked.pop(key, None)
+            self._parked.forget(key)
+            d = replace(d, allocated_at=at)  # its occupation from then, in the same UPDATE
+            plan_start, plan_end = plan.occupation(d.view(), at, self.planner)
             return await store.move(
                 conn,
                 d,
                 S.ALLOCATED,
                 f"allocated ticket {outcome.ticket_id} ({decision.reason})",
-                now,
+                at,
                 ticket_id=outcome.ticket_id,
-                allocated_at=now,
-                claim_expires_at=now + self.planner.claim_timeout,
+                allocated_at=at,
+                claim_expires_at=at + self.planner.claim_timeout,
                 reserved_labels=(),
                 next_check_at=soon,
+                plan_start=plan_start,
+                plan_end=plan_end,
             )
-        if len(self._blocked) >= MAX_BLOCKED:
-            self._blocked.clear()
-        self._blocked[key] = Refused(capacity, d.view())
-        return await store.update(conn, d, now, rounds=d.rounds + 1, next_check_at=soon)
+        return await self._park_blocked(conn, d, now, start, capacity)
+
+    async def _park_blocked(
+        self,
+        conn: Conn,
+        d: Demand,
+        now: datetime,
+        start: datetime,
+        capacity: tuple[LabelAccount, ...],
+    ) -> Demand:
+        """Passed over (its round counted) and parked until its labels have more room than
+        ``capacity`` (what refused it) or its window's next instant comes."""
+        d = replace(d, rounds=d.rounds + 1)
+        until = plan.park_until(d.view(), now, start, self.planner)
+        self._parked.park((d.user, d.demand_id), d.charged_labels, capacity)
+        return await self._park(conn, d, now, start, until)
+
+    async def _park(
+        self, conn: Conn, d: Demand, now: datetime, start: datetime, until: datetime
+    ) -> Demand:
+        default = self.planner.default_duration
+        return await rounds_store.park(conn, d, now, start, until, default)
 
     async def _fail(self, conn: Conn, d: Demand, reason: str, now: datetime) -> Demand:
         """FAILED, returning what it holds: its reservation, or its ticket."""
-        self._blocked.pop((d.user, d.demand_id), None)
+        self._parked.forget((d.user, d.demand_id))
         if d.state is S.ALLOCATING:
             await store.unreserve(conn, d, now)
         if d.ticket_id is not None:
             await ticket_store.release(conn, d.ticket_id, now, f"demand {d.demand_id}: {reason}")
         return await store.move(
-            conn, d, S.FAILED, reason, now, ended_at=now, next_check_at=None, reserved_labels=()
+            conn,
+            d,
+            S.FAILED,
+            reason,
+            now,
+            ended_at=now,
+            next_check_at=None,
+            reserved_labels=(),
+            parked_at=None,
         )
 
     async def check_reservations(self) -> list[str]:
@@ -589,20 +560,3 @@ async def _locked(conn: Conn, user: str | None, demand_id: str) -> Demand:
     if d is None:
         raise NotFound(f"demand {demand_id} not found")
     return d
-
-
-def _same(existing: Demand, digest: bytes) -> Demand:
-    if existing.definition_hash != digest:
-        raise InvalidArgument(
-            "demand_id",
-            f"demand {existing.demand_id} exists with a different definition",
-            reason="DEMAND_ID_REUSED",
-        )
-    return existing
-
-
-def _admitted(d: Demand) -> str:
-    text = f"admitted: planned start {d.planned_start:%Y-%m-%dT%H:%M:%SZ}"
-    if d.slip > timedelta(0):
-        text += f", {d.slip} past its window (loose)"
-    return text

@@ -32,8 +32,10 @@ from rm_server.domain.engineconn import (
     EngineConn,
     LaunchPayload,
     label_set,
+    local_limits,
 )
 from rm_server.domain.labels import EM_INSTANCE, ENGINE_TYPE, USER_CREATOR, Label
+from rm_server.domain.liveness import DEFAULT_DISRUPTION_MIN_AGENTS, DEFAULT_DISRUPTION_SHARE
 from rm_server.domain.model import Ticket
 from rm_server.domain.resources import Resource
 from rm_server.domain.selection import EcmCandidate, SelectionRequest, rank
@@ -78,6 +80,10 @@ class EcSettings:
     engine_defaults: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     # Only ECMs the node include list names are allowed (none while it is empty).
     node_include_required: bool = False
+    # A suspected disruption: at least this share of the agents, and this many, silent at
+    # once (domain/liveness.py).
+    disruption_share: float = DEFAULT_DISRUPTION_SHARE
+    disruption_min_agents: int = DEFAULT_DISRUPTION_MIN_AGENTS
 
     @property
     def start_timeout(self) -> timedelta:
@@ -281,6 +287,7 @@ class EngineConnManager:
                 total=s.total,
                 left=s.left if s.left is not None else s.total,
                 live_engine_conns=s.live_engine_conns,
+                cordoned=s.cordoned,
             )
             for s in statuses
         ]
@@ -351,8 +358,10 @@ class EngineConnManager:
                 exit_code=None,
                 pid=None,
                 ecm_choices=ec_store.choices_json(choices),
+                granted=ticket.locked,
             )
-            await ec_store.queue_command(conn, with_admitted_queue(command, ticket), now)
+            launch_command = with_grant(with_admitted_queue(command, ticket), ticket)
+            await ec_store.queue_command(conn, launch_command, now)
 
         labels = (*[lb for lb in ec.labels if lb.key != EM_INSTANCE], Label(EM_INSTANCE, ecm))
         idem = Idempotency.of("CreateEngineConn.Apply", f"{ec.ec_id}/{attempt}", b"")
@@ -442,6 +451,7 @@ class EngineConnManager:
                     ec, state=EcState.FAILED, ended_at=now, reason=reason, updated_at=now
                 )
             await self.queue_kill(conn, ec.ecm_instance, ec_id, reason, now)
+            await ec_store.mark_killed(conn, ec_id, ec.state)
             await ec_store.update_ec(conn, ec_id, now, state=EcState.SHUTTING_DOWN, reason=reason)
             # What the row now holds, without reading it again.
             return replace(ec, state=EcState.SHUTTING_DOWN, reason=reason, updated_at=now)
@@ -481,8 +491,19 @@ class EngineConnManager:
                 await queued.wait()
 
 
+# The refusal when not a single ECM is registered: what to start, on a cluster and in the
+# README's dev mode run as root (whose local agent needs a user to run EngineConns as).
+NO_AGENT_HINT = (
+    "no agent is registered: start ecm-agent on a worker (docs/operations.md); "
+    "in dev mode as root, set LABELRM_DEV_USERS=<user> (see README)"
+)
+
+
 def _no_ecm(ec_id: str, choices: list[EcmChoiceRecord]) -> LabelrmError:
-    detail = "; ".join(f"{c.instance}: {', '.join(c.reasons)}" for c in choices) or "none"
+    if not choices:
+        message = f"no ECM can host EngineConn {ec_id}: {NO_AGENT_HINT}"
+        return FailedPrecondition(message, state="NO_ECM", reason="NO_ELIGIBLE_ECM")
+    detail = "; ".join(f"{c.instance}: {', '.join(c.reasons)}" for c in choices)
     message = f"no ECM can host EngineConn {ec_id} (ECMs: {detail})"
     if any("resource:" in r and "available" in r for c in choices for r in c.reasons):
         return ResourceExhausted(message, reason="NO_ECM_WITH_CAPACITY")
@@ -499,6 +520,15 @@ def start_failure_reason(exc: BaseException) -> str:
     if isinstance(exc, asyncio.CancelledError):
         return "cancelled"
     return f"internal error: {type(exc).__name__}"
+
+
+def with_grant(command: AgentCommand, ticket: Ticket) -> AgentCommand:
+    """The launch command told what its ticket charges on the ECM: the memory limit and
+    CPU quota its agent holds the EngineConn to."""
+    if command.launch is None:
+        return command
+    memory, cpu = local_limits(ticket.locked)
+    return replace(command, launch=replace(command.launch, memory_bytes=memory, cpu_millis=cpu))
 
 
 def with_admitted_queue(command: AgentCommand, ticket: Ticket) -> AgentCommand:

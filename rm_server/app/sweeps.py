@@ -23,7 +23,7 @@ from rm_server.store import waiters as waiter_store
 log = logging.getLogger(__name__)
 
 PURGE_BATCH = 5000  # rows per retention DELETE: a bounded transaction
-RETENTION_TABLES = ("ticket_history", "engine_conn", "demand")
+RETENTION_TABLES = ("ticket_history", "engine_conn", "demand", "ecm_event")
 
 
 class Replicas:

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 from rm_server.app.batching import Combiner, each_alone_on_failure
@@ -27,7 +28,7 @@ from rm_server.store import providers as provider_store
 from rm_server.store import ticket_ops, ticket_reads
 from rm_server.store import tickets as ticket_store
 from rm_server.store import waiters as waiter_store
-from rm_server.store.db import Idempotency, OutcomeEncoder, Replay
+from rm_server.store.db import Conn, Idempotency, OutcomeEncoder, Replay
 
 AfterApply = ticket_ops.AfterApply
 
@@ -309,8 +310,15 @@ class Tickets:
         )
 
     async def get_ticket(self, ticket_id: str) -> Ticket:
-        """One ticket, live or ended (NotFound otherwise)."""
-        return await self.core.db.run(lambda c: ticket_reads.get_ticket(c, ticket_id))
+        """One ticket, live or ended (NotFound otherwise); an EngineConn's with what its
+        agent measured."""
+
+        async def body(conn: Conn) -> Ticket:
+            ticket = await ticket_reads.get_ticket(conn, ticket_id)
+            measured = await ticket_reads.measured_of(conn, ticket)
+            return ticket if measured is None else replace(ticket, measured=measured)
+
+        return await self.core.db.run(body)
 
     async def list_tickets(
         self, after: str, limit: int, label: str, state: str, user: str | None = None

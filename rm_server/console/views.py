@@ -13,6 +13,7 @@ from typing import Any
 from labelrm_common.text import visible
 from rm_server.domain.demands.model import Demand
 from rm_server.domain.demands.timelang import Span, order_ids
+from rm_server.domain.demands.waits import wait_text
 from rm_server.domain.engineconn import EcmStatus, EngineConn
 from rm_server.domain.external import ProviderConfig
 from rm_server.domain.labels import ENGINE_TYPE, Label, LabelError, LabelKey
@@ -94,6 +95,7 @@ def node(s: EcmStatus, record: LabelResource | None) -> Json:
         "last_heartbeat_at": at(s.last_heartbeat_at),
         "live_engine_conns": s.live_engine_conns,
         "draining": s.state.value == "DRAINING",
+        "isolation": s.isolation.to_dict() if s.isolation is not None else None,
     }
 
 
@@ -105,6 +107,9 @@ def engine_conn(ec: EngineConn, full: bool = False) -> Json:
         "engine": ec.engine,
         "labels": labels(ec.labels),
         "resource": resource(ec.resource),
+        "granted": resource(ec.granted),
+        "measured": ec.measured.to_dict() if ec.measured is not None else None,
+        "measured_at": at(ec.measured_at),
         "node": ec.ecm_instance,
         "ticket_id": ec.ticket_id,
         "holder": ec.holder,
@@ -171,6 +176,7 @@ def demand(d: Demand) -> Json:
         "duration_s": v.hold.duration.total_seconds() if v.hold.duration else None,
         "deadline": at(v.hold.deadline),
         "order_by": list(order_ids(v.order)),
+        "waiting": wait_text(d.order_wait),
         "allocated_at": at(d.allocated_at),
         "claimed_at": at(d.claimed_at),
         "ended_at": at(d.ended_at),

@@ -11,8 +11,12 @@ its ECM falls silent):
                       (max idle, kill)
     any live state ──silent past expiry, or ECM lost──> LOST
 
-ECM lifecycle: RUNNING ──decommission──> DRAINING ──no EngineConns left──> (gone)
+ECM lifecycle: RUNNING ──decommission──> DRAINING ──no EngineConns left──> (left)
+               DRAINING ──uncordon──> RUNNING
                RUNNING / DRAINING ──silent past expiry──> LOST ──re-register──> RUNNING
+A cordon (kubectl's) is beside the state: a cordoned ECM takes no new work in any state,
+and stays cordoned through LOST spells until uncordoned. A node's history (its events)
+outlives it: after it left, a LEFT event ends it.
 """
 
 from __future__ import annotations
@@ -42,6 +46,28 @@ class EcState(enum.StrEnum):
 
 
 ENDED_STATES = frozenset({EcState.SUCCEEDED, EcState.FAILED, EcState.LOST})
+
+
+def ended_on_request(
+    killed_from: EcState, ended: EcState, kill_reason: str, detail: str
+) -> tuple[EcState, str]:
+    """How an EngineConn killed on request ends (its state, its reason), given the state it
+    was in when the kill was ordered, how it ended (`ended`, as it or its agent reported)
+    and what they said (`detail`).
+
+    One rule for everything stopped on request (a cancelled demand follows it too): a stop
+    that cuts work short is a failure, one that does not is not. An EngineConn killed
+    before it was ready FAILED; one whose execution the stop cut short reports FAILED
+    itself (only it knows whether one still ran); else it SUCCEEDED when it stopped
+    cleanly. The reason is the kill's, with what went wrong after it when it FAILED, not
+    the signal the process saw. (LOST is not an end on request: callers keep it.)"""
+    if killed_from is EcState.STARTING:
+        return EcState.FAILED, f"{kill_reason} (before it was ready)"
+    if ended is EcState.FAILED:
+        return ended, f"{kill_reason}: {detail}"
+    return ended, kill_reason
+
+
 LIVE_STATES = tuple(s for s in EcState if s not in ENDED_STATES)
 
 # Transitions an EngineConn's own report may make; anything else is ignored.
@@ -80,6 +106,66 @@ class ProcessState(enum.StrEnum):
 
 
 @dataclass(frozen=True)
+class MeasuredUsage:
+    """What an agent measured an EngineConn using, from its cgroup: memory now and at
+    its peak (bytes), CPU on average over the agent's last sampling interval
+    (millicores) and in total (microseconds)."""
+
+    memory_bytes: int = 0
+    memory_peak_bytes: int = 0
+    cpu_millis: int = 0
+    cpu_time_micros: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "memory_bytes": self.memory_bytes,
+            "memory_peak_bytes": self.memory_peak_bytes,
+            "cpu_millis": self.cpu_millis,
+            "cpu_time_micros": self.cpu_time_micros,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> MeasuredUsage:
+        def num(key: str) -> int:
+            value = data.get(key, 0)
+            return value if isinstance(value, int) else 0
+
+        return cls(
+            num("memory_bytes"), num("memory_peak_bytes"), num("cpu_millis"),
+            num("cpu_time_micros"),
+        )  # fmt: skip
+
+
+ISOLATION_MODES = ("cgroup-v2", "cgroup-v1", "none")
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """How an agent contains its EngineConns: ``cgroup-v2``, ``cgroup-v1`` or ``none``
+    (the operator's explicit choice), with the controllers and parent cgroups it uses."""
+
+    mode: str
+    controllers: tuple[str, ...] = ()
+    cgroup_parents: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "mode": self.mode,
+            "controllers": list(self.controllers),
+            "cgroup_parents": list(self.cgroup_parents),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> Isolation:
+        controllers, parents = data.get("controllers", []), data.get("cgroup_parents", [])
+        return cls(
+            str(data.get("mode", "")),
+            tuple(str(c) for c in controllers) if isinstance(controllers, list) else (),
+            tuple(str(p) for p in parents) if isinstance(parents, list) else (),
+        )
+
+
+@dataclass(frozen=True)
 class ProcessReport:
     """An agent's report on one EngineConn process."""
 
@@ -90,6 +176,8 @@ class ProcessReport:
     reason: str = ""
     log_tail: str = ""
     work_dir: str = ""
+    usage: MeasuredUsage | None = None  # measured from its cgroup, when it has news
+    out_of_memory: bool = False  # stopped over its memory: it ended FAILED
 
 
 @dataclass(frozen=True)
@@ -125,6 +213,10 @@ class EngineConn:
     hold_expires_at: datetime | None = None
     ready_at: datetime | None = None
     ended_at: datetime | None = None
+    # What its ticket charges (set at launch): on its ECM, its cgroup's limits.
+    granted: Resource | None = None
+    measured: MeasuredUsage | None = None  # its agent's last measurement, if any
+    measured_at: datetime | None = None
     # The bearer token its executor requires. Out of repr so that logging an EngineConn
     # never writes it out; only the owner's Create / Ask / Get responses carry it.
     secret: str = field(default="", repr=False)
@@ -142,6 +234,10 @@ class LaunchPayload:
     environment: Mapping[str, str] = field(repr=False)
     required_local_environment: tuple[str, ...]
     material_files: tuple[tuple[str, bytes, bool], ...] = field(default=(), repr=False)
+    # What the RM granted on the ECM (0: not granted): its cgroup's memory limit and CPU
+    # quota on the agent.
+    memory_bytes: int = 0
+    cpu_millis: int = 0
 
 
 class CommandKind(enum.StrEnum):
@@ -181,6 +277,24 @@ class EcmStatus:
     updated_at: datetime
     last_heartbeat_at: datetime | None
     live_engine_conns: int
+    isolation: Isolation | None = None  # None: its agent did not say (an older one)
+    # No new work while cordoned (CordonEcm); what runs there goes on.
+    cordoned: bool = False
+    cordon_reason: str = ""
+
+
+@dataclass(frozen=True)
+class EcmUsage:
+    """Over one ECM's live EngineConns: the sums of what they asked for, what their
+    tickets charge (granted) and what their agent measured (for metrics)."""
+
+    ecm: str
+    engine_conns: int
+    requested_memory_bytes: int
+    requested_cpu_millis: int
+    granted_memory_bytes: int
+    granted_cpu_millis: int
+    measured: MeasuredUsage
 
 
 @dataclass(frozen=True)
@@ -189,6 +303,13 @@ class HeartbeatOutcome:
     commands: tuple[AgentCommand, ...] = ()
     reason: str = ""
     sequence: int = 0
+
+
+def local_limits(granted: Resource) -> tuple[int, int]:
+    """(memory bytes, CPU millicores) of a grant that its ECM's agent enforces: the
+    resource's own memory and CPU (a driver_and_yarn's driver part; 0 where the kind has
+    none). The YARN part runs elsewhere."""
+    return granted.get("memory_bytes"), granted.get("cpu_millis")
 
 
 def heartbeat_is_routine(

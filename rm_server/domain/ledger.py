@@ -49,8 +49,8 @@ class LabelAccount(LabelRecord):
 
     # Held for ALLOCATING time-aware demands: counted as in use by check_accounts.
     reserved: Resource | None = None
-    # The state of the ECM whose record this is (RUNNING, DRAINING, LOST), read with it
-    # by the Apply path; None for every other record.
+    # The state of the ECM whose record this is (RUNNING, CORDONED, DRAINING, LOST), read
+    # with it by the Apply path; None for every other record.
     ecm_state: str | None = None
 
     def part(self, resource: Resource) -> Resource:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from labelrm_common.quantity import Shortfall
+from rm_server.domain.engineconn import Isolation, MeasuredUsage
 from rm_server.domain.labels import Label
 from rm_server.domain.resources import Resource, headroom
 
@@ -47,6 +48,8 @@ class Ticket:
     end_reason: str = ""
     # Set when the ticket was charged for an EngineConn: its lifecycle owns the ticket.
     engine_conn_id: str = ""
+    # An EngineConn's ticket: what its agent measured it using (GetTicket only).
+    measured: MeasuredUsage | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,7 @@ class Ecm:
     protected: Resource
     registered_at: datetime
     updated_at: datetime
+    isolation: Isolation | None = None  # how its agent contains EngineConns, if it said
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,7 @@ class EcmCandidate:
     total: Resource
     left: Resource  # headroom now: max - used - locked - protected
     live_engine_conns: int
+    cordoned: bool = False  # an operator stopped new work there (CordonEcm)
 
     def __post_init__(self) -> None:
         if self.live_engine_conns < 0:
@@ -145,7 +146,8 @@ class LabelMatchRule:
 
 @dataclass(frozen=True)
 class HealthRule:
-    """Only a RUNNING, allowed ECM with a fresh heartbeat can take a new EngineConn."""
+    """Only a RUNNING, uncordoned, allowed ECM with a fresh heartbeat can take a new
+    EngineConn."""
 
     name: str = "health"
     weight: float = 1.0
@@ -153,6 +155,8 @@ class HealthRule:
     def evaluate(self, c: EcmCandidate, r: SelectionRequest) -> Verdict:
         if c.state != RUNNING:
             return Verdict(False, 0.0, f"health: state {c.state}")
+        if c.cordoned:
+            return Verdict(False, 0.0, "health: cordoned (no new work)")
         if not c.allowed:
             return Verdict(False, 0.0, "health: excluded by the include/exclude lists")
         expiry = _fmt_age(r.heartbeat_expiry)

@@ -20,6 +20,7 @@ from types import MappingProxyType
 from typing import Protocol
 
 from labelrm_common.launch import MaterialFile
+from labelrm_common.quantity import parse_cpu, parse_memory
 from rm_server.domain.errors import DomainError
 from rm_server.domain.labels import Label
 from rm_server.domain.resources import Resource
@@ -99,6 +100,7 @@ PARAMS: Mapping[str, IntParam] = MappingProxyType(
 # Plain ASCII digits only: int() would also accept " 12", "1_000", "+5" and non-ASCII digits.
 # 19 digits bounds the parse; the real bounds come from IntParam.
 _DIGITS_RE = re.compile(r"[0-9]{1,19}")
+_QUANTITY_MAX = 32  # characters of a quantity ("1.5Gi"): a longer value is not one
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _EC_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _VERSION_RE = re.compile(r"[A-Za-z0-9._]{1,64}")
@@ -107,12 +109,38 @@ _VERSION_RE = re.compile(r"[A-Za-z0-9._]{1,64}")
 def _parse(spec: IntParam, raw: object, field: str) -> int:
     if not isinstance(raw, str):
         raise InvalidParam(field, f"must be a string, got {type(raw).__name__}")
-    if not _DIGITS_RE.fullmatch(raw):
-        raise InvalidParam(field, f"{raw[:32]!r} is not a non-negative decimal integer")
-    value = int(raw)
+    value = _number(spec.name, raw, field)
     if not spec.minimum <= value <= spec.maximum:
         raise InvalidParam(field, f"{value} is outside {spec.minimum}..{spec.maximum}")
     return value
+
+
+def _number(name: str, raw: str, field: str) -> int:
+    """A param's value: a plain decimal number in the unit its name says (bytes,
+    millicores, seconds, a count), or, for an amount, the quantity people write
+    (labelrm_common/quantity.py, as rmctl's --memory and --cpu): ``512Mi`` for a
+    ``*_bytes`` param, ``500m`` for a ``*_millis`` one."""
+    if _DIGITS_RE.fullmatch(raw):
+        return int(raw)
+    short = raw[:32]
+    # Plain ASCII as written, nothing around it: the quantity parser strips blanks and
+    # its \d takes any script's digits.
+    plain = len(raw) <= _QUANTITY_MAX and raw.isascii() and raw == raw.strip()
+    if plain and name.endswith("_bytes"):
+        try:
+            return parse_memory(raw)
+        except ValueError:
+            pass
+        raise InvalidParam(field, f"{short!r} is not an amount of memory: 512Mi, 2Gi, 1G or bytes")
+    if plain and name.endswith("_millis"):
+        if raw.endswith("m"):
+            try:
+                return parse_cpu(raw)
+            except ValueError:
+                pass
+        # "0.5" would be cores: the name says millicores, so only 500 or 500m.
+        raise InvalidParam(field, f"{short!r} is not an amount of CPU in millicores: 500 or 500m")
+    raise InvalidParam(field, f"{short!r} is not a non-negative decimal integer")
 
 
 def _check_known(values: Mapping[str, str], prefix: str, specs: Mapping[str, IntParam]) -> None:

@@ -16,6 +16,10 @@ share counters). What is exported:
 - per label record, read from the database at scrape time by `LabelResourceCollector`
   (see there for the cap on their number);
 - per external provider and YARN queue, its last fetched figures (`ExternalQueueCollector`);
+- ECMs and EngineConns by state, and the liveness judge's state (``labelrm_liveness_*``:
+  a suspected disruption, the heard-since mark), read at scrape time;
+- per ECM, the requested, granted and measured resource of its live EngineConns
+  (`EngineConnUsageCollector`, rm_server/observability/usage.py);
 - the standard ``process_*``, ``python_*`` collectors.
 
 Label values are bounded: methods are the registered ones, codes and reasons come from
@@ -50,8 +54,20 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from rm_server.domain.model import LabelResource
+from rm_server.observability.fleet import (
+    LivenessCollector,
+    LivenessSource,
+    StateCountCollector,
+    StateSource,
+)
+from rm_server.observability.usage import EngineConnUsageCollector, UsageSource
 
 log = logging.getLogger(__name__)
+
+
+class FleetSource(StateSource, UsageSource, Protocol):
+    """What the fleet's collectors read: state counts and the EngineConns' usage."""
+
 
 APPLY_METHOD = "labelrm.v1.ResourceManagerService/Apply"
 DEFAULT_LABEL_CAP = 1000
@@ -90,6 +106,8 @@ class Metrics:
         self.cache_seconds = cache_seconds
         self.labels: LabelResourceCollector | None = None
         self.states: StateCountCollector | None = None
+        self.liveness: LivenessCollector | None = None
+        self.usage: EngineConnUsageCollector | None = None
         r = self.registry
         self.rpc_duration = Histogram(
             "labelrm_rpc_duration_seconds",
@@ -168,10 +186,18 @@ class Metrics:
         """Export the YARN queues labelrm admits against (`ExternalResources`)."""
         self.registry.register(ExternalQueueCollector(source))
 
-    def attach_states(self, source: StateSource) -> None:
-        """Export ECMs and EngineConns by state."""
+    def attach_states(self, source: FleetSource) -> None:
+        """Export ECMs and EngineConns by state, and the EngineConns' requested, granted
+        and measured resource per ECM (rm_server/observability/usage.py)."""
         self.states = StateCountCollector(source, self.cache_seconds)
         self.registry.register(self.states)
+        self.usage = EngineConnUsageCollector(source, self.label_cap, self.cache_seconds)
+        self.registry.register(self.usage)
+
+    def attach_liveness(self, source: LivenessSource) -> None:
+        """Export the liveness judge's state."""
+        self.liveness = LivenessCollector(source, self.cache_seconds)
+        self.registry.register(self.liveness)
 
     def add_peer(self, fetch: Callable[[], Awaitable[bytes]]) -> None:
         """Fold the exposition `fetch` returns (the agents' process's, rm_server.
@@ -186,6 +212,10 @@ class Metrics:
             await self.labels.refresh()
         if self.states is not None:
             await self.states.refresh()
+        if self.liveness is not None:
+            await self.liveness.refresh()
+        if self.usage is not None:
+            await self.usage.refresh()
         if not self._peers:
             return generate_latest(self.registry)
         families = {family.name: family for family in self.registry.collect()}
@@ -443,44 +473,6 @@ class ExternalQueueCollector(Collector):
                 apps.add_metric([name, path, "running"], q.apps_running)
                 apps.add_metric([name, path, "pending"], q.apps_pending)
         yield from (maximum, used, apps, fetched, fetches)
-
-
-class StateSource(Protocol):
-    async def state_counts(self) -> dict[str, dict[str, int]]: ...
-
-
-ECM_STATES = ("RUNNING", "DRAINING", "LOST")
-EC_STATES = ("STARTING", "IDLE", "BUSY", "SHUTTING_DOWN", "SUCCEEDED", "FAILED", "LOST")
-
-
-class StateCountCollector(Collector):
-    """``labelrm_ecms{state}`` and ``labelrm_engine_conns{state}``, read at scrape time
-    (cached like the label records); every state is exported, zero included."""
-
-    def __init__(self, source: StateSource, cache_seconds: float) -> None:
-        self.source = source
-        self.cache_seconds = cache_seconds
-        self._counts: dict[str, dict[str, int]] = {"ecm": {}, "engine_conn": {}}
-        self._taken = float("-inf")
-
-    async def refresh(self) -> None:
-        if time.monotonic() - self._taken < self.cache_seconds:
-            return
-        try:
-            self._counts = await self.source.state_counts()
-        except Exception:  # a scrape must still answer while the database is down
-            log.warning("reading state counts for metrics failed", exc_info=True)
-        self._taken = time.monotonic()
-
-    def collect(self) -> Iterable[Metric]:
-        for name, key, states, help_text in (
-            ("labelrm_ecms", "ecm", ECM_STATES, "Registered ECMs by state."),
-            ("labelrm_engine_conns", "engine_conn", EC_STATES, "EngineConns by state."),
-        ):
-            family = GaugeMetricFamily(name, help_text, labels=["state"])
-            for state in states:
-                family.add_metric([state], self._counts.get(key, {}).get(state, 0))
-            yield family
 
 
 def split_host_port(address: str) -> tuple[str, int]:

@@ -132,6 +132,8 @@ POLICY: Mapping[str, Rule] = {
     ADMIN + "CheckConsistency": Rule(_ADMIN_ONLY),
     ADMIN + "RefreshNodes": Rule(_ADMIN_ONLY),
     ADMIN + "DecommissionEcm": Rule(_ADMIN_ONLY),
+    ADMIN + "CordonEcm": Rule(_ADMIN_ONLY),
+    ADMIN + "UncordonEcm": Rule(_ADMIN_ONLY),
     ADMIN + "GetClusterInfo": Rule(_ADMIN_ONLY),
     ADMIN + "ListEvents": Rule(_ADMIN_ONLY),
     ADMIN + "PutExternalProvider": Rule(_ADMIN_ONLY),

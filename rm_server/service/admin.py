@@ -98,6 +98,22 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         live = await self.hub.decommission(request.instance)
         return pb.DecommissionEcmResponse(live_engine_conns=live)
 
+    async def CordonEcm(
+        self, request: pb.CordonEcmRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CordonEcmResponse:
+        if not _NODE_RE.fullmatch(request.instance):
+            raise InvalidArgument("instance", "must be an ECM instance")
+        status = await self.hub.cordon(request.instance, True, request.reason[:500])
+        return pb.CordonEcmResponse(ecm=convert.ecm_status_to_pb(status))
+
+    async def UncordonEcm(
+        self, request: pb.UncordonEcmRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UncordonEcmResponse:
+        if not _NODE_RE.fullmatch(request.instance):
+            raise InvalidArgument("instance", "must be an ECM instance")
+        status = await self.hub.cordon(request.instance, False)
+        return pb.UncordonEcmResponse(ecm=convert.ecm_status_to_pb(status))
+
     def _external(self) -> ExternalResources:
         if self.core.external is None:
             raise FailedPrecondition("external resources are off", state="DISABLED")
@@ -154,6 +170,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
             version=VERSION,
             database=_database(self.database_url, row.server_version),
             waiting_applies=row.waiting_applies,
+            liveness=convert.liveness_to_pb(await self.hub.liveness()),
         )
         out.time.FromDatetime(self.core.clock.now())
         for r in row.replicas:

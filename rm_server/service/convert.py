@@ -19,6 +19,7 @@ from labelrm.v1 import admin_pb2, engine_conn_pb2, external_pb2, resource_manage
 
 from labelrm_common.durations import duration, seconds_to_parts
 from rm_server.domain.engineconn import (
+    ISOLATION_MODES,
     AgentCommand,
     CommandKind,
     EcmState,
@@ -27,6 +28,8 @@ from rm_server.domain.engineconn import (
     EngineConn,
     HeartbeatAction,
     HeartbeatOutcome,
+    Isolation,
+    MeasuredUsage,
     ProcessReport,
     ProcessState,
 )
@@ -34,6 +37,7 @@ from rm_server.domain.errors import DomainError
 from rm_server.domain.external import ProviderConfig, QueueView, SchedulerSnapshot
 from rm_server.domain.labels import Label, make_label, validate_labels
 from rm_server.domain.limits import LabelPattern
+from rm_server.domain.liveness import LivenessView
 from rm_server.domain.model import (
     ConsistencyReport,
     Ecm,
@@ -325,6 +329,8 @@ def fill_ticket(msg: resource_manager_pb2.Ticket, t: Ticket) -> None:
         fill_time(msg.end_time, t.ended_at)
     if t.end_reason:
         msg.end_reason = t.end_reason
+    if t.measured is not None:
+        msg.measured.CopyFrom(usage_to_pb(t.measured))
 
 
 def fill_label_resource(msg: resource_manager_pb2.LabelResource, r: LabelResource) -> None:
@@ -356,6 +362,7 @@ def ecm_to_pb(e: Ecm) -> resource_manager_pb2.Ecm:
         protected_resource=resource_to_pb(e.protected),
         register_time=ts(e.registered_at),
         update_time=ts(e.updated_at),
+        isolation=isolation_to_pb(e.isolation) if e.isolation is not None else None,
     )
 
 
@@ -375,6 +382,21 @@ def report_to_pb(report: ConsistencyReport) -> admin_pb2.CheckConsistencyRespons
         labels_checked=report.labels_checked,
         tickets_checked=report.tickets_checked,
         over_limit=[_mismatch_to_pb(m) for m in report.over_limit],
+    )
+
+
+def liveness_to_pb(view: LivenessView) -> admin_pb2.LivenessState:
+    record = view.record
+    return admin_pb2.LivenessState(
+        heard_since=ts(record.heard_since),
+        heard_since_reason=record.heard_since_reason,
+        agents_judged_from=ts(view.agents_judged_from),
+        engine_conns_judged_from=ts(view.engine_conns_judged_from),
+        disrupted=record.disrupted_since is not None,
+        disrupted_since=ts(record.disrupted_since),
+        silent_agents=record.silent_agents,
+        agents=record.agents,
+        last_pass_time=ts(record.judged_at),
     )
 
 
@@ -449,6 +471,40 @@ def engine_conn_to_pb(ec: EngineConn, *, with_secret: bool = False) -> engine_co
         holder=ec.holder,
         hold_expire_time=ts(ec.hold_expires_at),
         secret=ec.secret if with_secret else "",
+        granted_resource=resource_to_pb(ec.granted) if ec.granted is not None else None,
+        measured=usage_to_pb(ec.measured) if ec.measured is not None else None,
+        measure_time=ts(ec.measured_at),
+    )
+
+
+def usage_to_pb(u: MeasuredUsage) -> resource_pb2.ResourceUsage:
+    return resource_pb2.ResourceUsage(**u.to_dict())  # the same four names
+
+
+def usage_from_pb(msg: resource_pb2.ResourceUsage, field: str) -> MeasuredUsage:
+    """A measurement an agent reports; INVALID_ARGUMENT naming the field if negative."""
+    for name in ("memory_bytes", "memory_peak_bytes", "cpu_millis", "cpu_time_micros"):
+        if getattr(msg, name) < 0:
+            raise InvalidArgument(f"{field}.{name}", "must not be negative")
+    return MeasuredUsage(
+        msg.memory_bytes, msg.memory_peak_bytes, msg.cpu_millis, msg.cpu_time_micros
+    )
+
+
+def isolation_from_pb(msg: resource_manager_pb2.Isolation, field: str) -> Isolation:
+    """How an agent says it contains EngineConns (bounded: it is stored and shown)."""
+    if msg.mode not in ISOLATION_MODES:
+        raise InvalidArgument(f"{field}.mode", f"must be one of {', '.join(ISOLATION_MODES)}")
+    if len(msg.controllers) > 16 or any(len(c) > 32 for c in msg.controllers):
+        raise InvalidArgument(f"{field}.controllers", "at most 16 names of 32 characters")
+    if len(msg.cgroup_parents) > 16 or any(len(p) > 1024 for p in msg.cgroup_parents):
+        raise InvalidArgument(f"{field}.cgroup_parents", "at most 16 paths of 1024 characters")
+    return Isolation(msg.mode, tuple(msg.controllers), tuple(msg.cgroup_parents))
+
+
+def isolation_to_pb(i: Isolation) -> resource_manager_pb2.Isolation:
+    return resource_manager_pb2.Isolation(
+        mode=i.mode, controllers=i.controllers, cgroup_parents=i.cgroup_parents
     )
 
 
@@ -471,6 +527,8 @@ def command_to_pb(cmd: AgentCommand) -> engine_conn_pb2.AgentCommand:
                         for n, c, x in lp.material_files
                     ],
                 ),
+                granted_memory_bytes=lp.memory_bytes,
+                granted_cpu_millis=lp.cpu_millis,
             )
         )
     elif cmd.kind is CommandKind.KILL:
@@ -498,6 +556,8 @@ def process_from_pb(msg: engine_conn_pb2.EngineConnProcess, field: str) -> Proce
         reason=msg.reason[:2000],
         log_tail=msg.log_tail[-4000:],
         work_dir=msg.work_dir[:4096],
+        usage=usage_from_pb(msg.usage, f"{field}.usage") if msg.HasField("usage") else None,
+        out_of_memory=msg.out_of_memory,
     )
 
 
@@ -528,6 +588,9 @@ def ecm_status_to_pb(s: EcmStatus) -> resource_manager_pb2.Ecm:
         last_heartbeat_time=ts(s.last_heartbeat_at),
         live_engine_conns=s.live_engine_conns,
         left_resource=resource_to_pb(s.left) if s.left is not None else None,
+        isolation=isolation_to_pb(s.isolation) if s.isolation is not None else None,
+        cordoned=s.cordoned,
+        cordon_reason=s.cordon_reason,
     )
 
 

@@ -47,6 +47,7 @@ from rm_server.domain.demands.timelang import (
     WindowBudget,
     parse,
 )
+from rm_server.domain.demands.waits import wait_text
 from rm_server.errors import InvalidArgument
 from rm_server.service import convert
 from rm_server.service.common import ProtoEncoder, idempotency, next_token, page_of, respond
@@ -318,6 +319,16 @@ def demand_to_pb(d: Demand) -> pb.Demand:
             )
             for e in d.events
         ],
+        waiting_for=[
+            pb.OrderByWait(
+                demand_id=p.demand_id,
+                state=_STATES[p.state] if p.state else pb.DEMAND_STATE_UNSPECIFIED,
+                planned_end_time=convert.ts(p.planned_end),
+            )
+            for p in (d.order_wait.pending if d.order_wait else ())
+        ],
+        waiting=wait_text(d.order_wait),
+        order_by_missing_time=convert.ts(d.order_wait.missing_by if d.order_wait else None),
     )
 
 

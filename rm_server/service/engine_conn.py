@@ -131,13 +131,13 @@ class EngineConnServicer(pb_grpc.EngineConnServiceServicer):
             raise InvalidArgument("state", "must be IDLE, BUSY, SHUTTING_DOWN, SUCCEEDED or FAILED")
         if len(request.address) > 300:
             raise InvalidArgument("address", "too long")
-        used = (
-            convert.resource_from_pb(request.used_resource, "used_resource")
-            if request.HasField("used_resource")
-            else None
-        )
-        shutdown = await self.hub.report_state(
-            ec_id, state, request.address, used, request.reason[:2000]
-        )
+        if request.HasField("used_resource"):
+            # Its ticket charges what was granted; what it uses, its agent measures from
+            # its cgroup. An EngineConn's word would let it lower its own charge.
+            raise InvalidArgument(
+                "used_resource",
+                "an EngineConn does not report its usage: its agent measures it; leave it unset",
+            )
+        shutdown = await self.hub.report_state(ec_id, state, request.address, request.reason[:2000])
         interval = duration(self.ecs.settings.ec_heartbeat_interval)
         return pb.ReportEngineConnStateResponse(shutdown=shutdown, heartbeat_interval=interval)

@@ -99,8 +99,19 @@ class ResourceManagerServicer(pb_grpc.ResourceManagerServiceServicer):
             if request.HasField("protected_resource")
             else Resource.zero(total.kind, total.queue)
         )
+        isolation = (
+            convert.isolation_from_pb(request.isolation, "isolation")
+            if request.HasField("isolation")
+            else None
+        )
         outcome = await self.core.capacity.register_ecm(
-            idempotency("RegisterEcm", request), instance, labels, total, protected, _REGISTER
+            idempotency("RegisterEcm", request),
+            instance,
+            labels,
+            total,
+            protected,
+            _REGISTER,
+            isolation,
         )
         return respond(outcome, _REGISTER, pb.RegisterEcmResponse)
 

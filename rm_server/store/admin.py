@@ -8,7 +8,10 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from psycopg.types.json import Jsonb
+
 from rm_server.domain.admission import ECM_SOURCE, charged_part, excess_dimensions
+from rm_server.domain.engineconn import Isolation
 from rm_server.domain.labels import Label, LabelKey
 from rm_server.domain.limits import LabelPattern, LimitRule, best_limit
 from rm_server.domain.model import (
@@ -70,9 +73,11 @@ async def register_ecm(
     protected: Resource,
     now: datetime,
     include_required: bool = False,
+    isolation: Isolation | None = None,
 ) -> Registration:
     """Create or update an ECM and its label record; a changed total is applied and logged.
-    `include_required`: only ECMs the include list names may register."""
+    `include_required`: only ECMs the include list names may register; `isolation`: how
+    its agent contains EngineConns (None: not said)."""
     if not (await node_lists(conn)).allows(instance, include_required):
         raise FailedPrecondition(
             f"ECM {instance} is not allowed by the include/exclude lists",
@@ -126,15 +131,24 @@ async def register_ecm(
         await notify_freed(conn, [label])
     registered_at = now if previous is None else previous[2]
     await conn.execute(
-        "INSERT INTO ecm (instance, label, labels, total, protected, registered_at, updated_at)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (instance) DO UPDATE SET"
+        "INSERT INTO ecm (instance, label, labels, total, protected, registered_at, updated_at,"
+        " isolation) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (instance) DO UPDATE SET"
         " labels = EXCLUDED.labels, total = EXCLUDED.total, protected = EXCLUDED.protected,"
-        " updated_at = EXCLUDED.updated_at,"
+        " updated_at = EXCLUDED.updated_at, isolation = EXCLUDED.isolation,"
         # A (re-)registration starts a new heartbeat sequence and revives a LOST ECM.
         " state = CASE WHEN ecm.state = 'DRAINING' THEN 'DRAINING' ELSE 'RUNNING' END,"
         " heartbeat_seq = 0, last_response = NULL, last_heartbeat_at = EXCLUDED.updated_at,"
         " beat_mark = EXCLUDED.updated_at",
-        (instance, label, jlabels(labels), jres(total), jres(protected), registered_at, now),
+        (
+            instance,
+            label,
+            jlabels(labels),
+            jres(total),
+            jres(protected),
+            registered_at,
+            now,
+            Jsonb(isolation.to_dict()) if isolation is not None else None,
+        ),
     )
     if changed and previous is not None:
         log.warning(
@@ -145,12 +159,15 @@ async def register_ecm(
             previous[1],
             protected.to_dict(),
         )
-    ecm = Ecm(instance, label, labels, total, protected, registered_at, now)
+    ecm = Ecm(instance, label, labels, total, protected, registered_at, now, isolation)
     return Registration(ecm, changed)
 
 
-async def unregister_ecm(conn: Conn, instance: str, now: datetime) -> list[str]:
-    """Release every live ticket charged to the ECM, then remove its records."""
+async def unregister_ecm(
+    conn: Conn, instance: str, now: datetime, why: str = "unregistered"
+) -> list[str]:
+    """Release every live ticket charged to the ECM, then remove its records; its history
+    stays, ending with a LEFT event that says `why`."""
     cur = await conn.execute("SELECT label FROM ecm WHERE instance = %s", (instance,))
     found = await cur.fetchone()
     if found is None:
@@ -168,6 +185,10 @@ async def unregister_ecm(conn: Conn, instance: str, now: datetime) -> list[str]:
     await release_all(conn, released, now, "ECM unregistered")
     await conn.execute("DELETE FROM label_resource WHERE label = %s", (label,))
     await conn.execute("DELETE FROM ecm WHERE instance = %s", (instance,))
+    await conn.execute(
+        "INSERT INTO ecm_event (instance, at, state, reason) VALUES (%s, %s, 'LEFT', %s)",
+        (instance, now, why),
+    )
     # Its EngineConns are released above; they learn it at their next report.
     await conn.execute(
         "UPDATE engine_conn SET state = 'LOST', reason = 'ECM unregistered', ended_at = %s,"

@@ -69,10 +69,11 @@ async def waiting_applies(conn: Conn, user: str = "") -> int:
     return int(row[0]) if row else 0
 
 
-# kind -> the query of its recorded states (ECMs and EngineConns: written by triggers).
+# kind -> the query of its recorded states (ECMs and EngineConns: written by triggers; a
+# node's outlive it).
 _EVENT_QUERIES = {
     "node": (
-        "SELECT at, state, '' FROM ecm_event WHERE instance = %s ORDER BY seq DESC LIMIT 1000"
+        "SELECT at, state, reason FROM ecm_event WHERE instance = %s ORDER BY seq DESC LIMIT 1000"
     ),
     "engineconn": (
         "SELECT at, state, reason FROM engine_conn_event WHERE ec_id = %s"

@@ -100,8 +100,12 @@ LABEL_COLUMNS = (
 LABEL_NAMES = tuple(c.strip().removeprefix("r.") for c in LABEL_COLUMNS.split(","))
 
 
-# The state of the ECM a record belongs to (none for other records), read with it.
-ECM_STATE = "(SELECT e.state FROM ecm e WHERE e.label = r.label) AS ecm_state"
+# The state of the ECM a record belongs to (none for other records), read with it; a
+# cordoned RUNNING ECM reads CORDONED: it takes no new work either.
+ECM_STATE = (
+    "(SELECT CASE WHEN e.cordoned AND e.state = 'RUNNING' THEN 'CORDONED' ELSE e.state END"
+    " FROM ecm e WHERE e.label = r.label) AS ecm_state"
+)
 
 
 def account_from_row(record: Sequence[Any], ecm_state: str | None = None) -> LabelAccount:

@@ -237,12 +237,14 @@ class Database:
 
 
 # Retention: the tables whose old rows go, by the column that dates them (only ended
-# rows have an ended_at; demand_event rows go with their demand, ON DELETE CASCADE).
+# rows have an ended_at; demand_event rows go with their demand, ON DELETE CASCADE; a
+# node's events outlive the node, so they go by their own time).
 PURGE_AGE_COLUMN = {
     "request_log": "created_at",
     "ticket_history": "ended_at",
     "engine_conn": "ended_at",
     "demand": "ended_at",
+    "ecm_event": "at",
 }
 _PURGE_SQL = sql.SQL(
     "DELETE FROM {table} WHERE ctid = ANY(ARRAY("

@@ -1,120 +1,99 @@
-"""The planner's pass over its blocked demands in SQL: one read, one UPDATE.
+"""Parked demands in SQL (docs/demands.md, "How the RM plans and allocates").
 
-A blocked demand is an ALLOCATING one whose last allocation was refused. While its
-labels have no more room than when it was refused (``ledger.more_room``), its round
-only counts (``rounds``, the ``^N`` of its window), moves its occupation of the plan
-with the time, and dates the next round. Doing that one transaction per demand, with
-its label rows locked, made a pass over many blocked demands take as long as their
-number, and held the very labels the submissions and applies on them need. Here the
-due ones are read once (no lock), and one statement counts the round of every one the
-caller found unchanged: it takes the demand rows it can (``SKIP LOCKED``: a row another
-replica's round or a cancel holds is left to its next round) and none of the label rows.
+A demand that waits for something other than the time is parked (migration 0023): an
+ALLOCATING one refused for lack of room, until its labels have more room; an ACCEPTED
+one waiting for its OrderBy, until a demand it names ends. It gets no round meanwhile
+but at ``next_check_at``, the next instant its decision may change by itself
+(planner.park_until). A pass then costs what changed, not what waits: rewriting every
+blocked demand's row in every pass (its round counted, its occupation moved, its next
+round dated; ``next_check_at`` being indexed, every index of the row) cost as much as
+the blocked demands. While parked, its passed-over rounds count on with the time and its
+occupation of the plan starts now (``demands.plan_entries`` computes it).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import replace
+from datetime import datetime, timedelta
 
-from rm_server.domain.demands.state import DemandState
+from rm_server.domain.demands.model import Demand
 from rm_server.store.db import Conn
 
-ALLOCATING = DemandState.ALLOCATING.value
 
-
-@dataclass(frozen=True)
-class PassedOver:
-    """One blocked demand's round: counted only if no other round counted it since it was
-    read (``rounds`` as read), with its occupation of the plan from now on."""
-
-    user: str
-    demand_id: str
-    rounds: int
-    plan_start: datetime
-    plan_end: datetime | None
-
-
-@dataclass(frozen=True)
-class BlockedRow:
-    """What a round of a blocked demand reads of its row (its definition is known)."""
-
-    user: str
-    demand_id: str
-    rounds: int
-    closed_at: datetime | None
-    charged_labels: tuple[str, ...]
-
-
-async def blocked_due(
-    conn: Conn, keys: Sequence[tuple[str, str]], due: datetime, limit: int
-) -> list[BlockedRow]:
-    """Of the (user, demand id) pairs ``keys``, the ALLOCATING demands due by ``due``,
-    earliest first, at most ``limit``: read, not locked."""
-    if not keys:
-        return []
-    # The keys as one JSON text: far cheaper to send from Python than two arrays.
-    cur = await conn.execute(
-        "SELECT user_name, demand_id, rounds, closed_at, charged_labels FROM demand"
-        " WHERE state = %s AND next_check_at <= %s AND (user_name, demand_id) IN"
-        " (SELECT k->>0, k->>1 FROM json_array_elements(%s::json) k)"
-        " ORDER BY next_check_at LIMIT %s",
-        (ALLOCATING, due, json.dumps(keys), limit),
-    )
-    return [
-        BlockedRow(user, demand_id, rounds, closed_at, tuple(charged))
-        for user, demand_id, rounds, closed_at, charged in await cur.fetchall()
-    ]
-
-
-async def pass_over(
+async def park(
     conn: Conn,
-    rounds: Sequence[PassedOver],
-    due: datetime,
-    next_check: datetime,
+    d: Demand,
     now: datetime,
-) -> list[tuple[str, str]]:
-    """Count one passed-over round for each of ``rounds`` still ALLOCATING, due by ``due``
-    and not counted since it was read, and date its next round ``next_check``: one
-    statement. Returns the (user, demand id) pairs it counted."""
-    if not rounds:
-        return []
-    cur = await conn.execute(
-        "WITH v AS (SELECT * FROM json_to_recordset(%s::json)"
-        "  AS v(user_name text, demand_id text, rounds int,"
-        "  plan_start timestamptz, plan_end timestamptz)),"
-        " held AS (SELECT d.user_name, d.demand_id, v.plan_start, v.plan_end"
-        "  FROM demand d JOIN v ON d.user_name = v.user_name AND d.demand_id = v.demand_id"
-        "  WHERE d.state = %s AND d.rounds = v.rounds AND d.next_check_at <= %s"
-        "  FOR UPDATE OF d SKIP LOCKED)"
-        " UPDATE demand d SET rounds = d.rounds + 1, next_check_at = %s,"
-        " plan_start = held.plan_start, plan_end = held.plan_end, updated_at = %s"
-        " FROM held WHERE d.user_name = held.user_name AND d.demand_id = held.demand_id"
-        " RETURNING d.user_name, d.demand_id",
+    parked_at: datetime,
+    next_check: datetime,
+    default_hold: timedelta,
+) -> Demand:
+    """Park a locked demand from the pass that began at ``parked_at`` until ``next_check``
+    (or a wake): with ``d.rounds`` as counted up to then, and what its occupation of the
+    plan is computed from while parked (``_OCCUPATION``): its hold, ``default_hold``
+    without Duration and DeadLine."""
+    hold = d.view().hold
+    seconds = hold.duration or (None if hold.deadline else default_hold)
+    await conn.execute(
+        "UPDATE demand SET rounds = %s, parked_at = %s, next_check_at = %s,"
+        " park_hold_seconds = %s, park_deadline = %s, updated_at = %s"
+        " WHERE user_name = %s AND demand_id = %s",
         (
-            _rounds_json(rounds),
-            ALLOCATING,
-            due,
+            d.rounds,
+            parked_at,
             next_check,
+            None if seconds is None else seconds.total_seconds(),
+            hold.deadline,
             now,
+            d.user,
+            d.demand_id,
         ),
     )
-    return [(user, demand_id) for user, demand_id in await cur.fetchall()]
+    return replace(d, parked_at=parked_at, next_check_at=next_check, updated_at=now)
 
 
-def _rounds_json(rounds: Sequence[PassedOver]) -> str:
-    """The rounds as one JSON text (json_to_recordset): far cheaper to send from Python
-    than five arrays."""
-    return json.dumps(
-        [
-            {
-                "user_name": r.user,
-                "demand_id": r.demand_id,
-                "rounds": r.rounds,
-                "plan_start": r.plan_start.isoformat(),
-                "plan_end": None if r.plan_end is None else r.plan_end.isoformat(),
-            }
-            for r in rounds
-        ]
+async def blocked_count(conn: Conn) -> int:
+    """How many demands are parked blocked (ALLOCATING, refused for lack of room)."""
+    cur = await conn.execute(
+        "SELECT count(*) FROM demand WHERE parked_at IS NOT NULL AND state = 'ALLOCATING'"
     )
+    row = await cur.fetchone()
+    return 0 if row is None else int(row[0])
+
+
+async def blocked_keys(conn: Conn) -> set[tuple[str, str]]:
+    """The (user, demand id) pairs of the demands parked blocked."""
+    cur = await conn.execute(
+        "SELECT user_name, demand_id FROM demand"
+        " WHERE parked_at IS NOT NULL AND state = 'ALLOCATING'"
+    )
+    return {(user, demand_id) for user, demand_id in await cur.fetchall()}
+
+
+async def wake(conn: Conn, keys: Sequence[tuple[str, str]], at: datetime) -> int:
+    """Make the parked demands ``keys`` due at ``at``: one statement; how many. A row
+    another transaction holds (a cancel, a claim) is skipped, not waited for: still
+    parked after it, the next pass finds it unknown (BlockedIndex) and wakes it then."""
+    if not keys:
+        return 0
+    cur = await conn.execute(
+        "UPDATE demand d SET next_check_at = %s FROM (SELECT user_name, demand_id FROM demand"
+        "  WHERE (user_name, demand_id) IN (SELECT * FROM unnest(%s::text[], %s::text[]))"
+        "  AND parked_at IS NOT NULL AND next_check_at > %s FOR UPDATE SKIP LOCKED) k"
+        " WHERE d.user_name = k.user_name AND d.demand_id = k.demand_id",
+        (at, [u for u, _ in keys], [i for _, i in keys], at),
+    )
+    return cur.rowcount
+
+
+async def wake_successors(conn: Conn, user: str, demand_id: str, at: datetime) -> int:
+    """Make due at ``at`` the ACCEPTED demands of `user` whose OrderBy names `demand_id`
+    (it ended: their OrderBy may hold, or never). A statement of its own, after the end
+    committed: it locks their rows, which come before any label row in the lock order."""
+    cur = await conn.execute(
+        "UPDATE demand SET next_check_at = %s WHERE state = 'ACCEPTED'"
+        " AND order_by_ids @> ARRAY[%s]::text[] AND user_name = %s AND next_check_at > %s",
+        (at, demand_id, user, at),
+    )
+    return cur.rowcount

@@ -1,10 +1,12 @@
 """Demands in SQL: rows, transitions, the plan's inputs, reservations and allocation.
 
-Lock order, in every transaction that touches a demand: the demand row first, then the
-label rows (canonical order, through ``tickets.lock_labels``), then the ticket row. This
-extends the order of the Apply path (labels, then ticket), so the two never deadlock.
-Admission serialises on transaction-level advisory locks per label instead of label
-row locks, so planning never blocks an ordinary Apply.
+Lock order, in every transaction that touches a demand (docs/architecture.md, "Lock
+order"): the demand row first, then the plan's advisory locks of its labels
+(``lock_plan``), then the limits' lock when label rows are created, then the label rows
+(canonical order, through ``tickets.lock_labels``), then the ticket row. This extends the
+order of the Apply path (labels, then ticket), so the two never deadlock. Admission
+serialises on the plan's advisory locks per label instead of label row locks, so
+planning never blocks an ordinary Apply; a planner round takes them before any label row.
 """
 
 from __future__ import annotations
@@ -20,9 +22,15 @@ import psycopg
 from rm_server.domain import ledger
 from rm_server.domain.demands import codec
 from rm_server.domain.demands.model import Demand
-from rm_server.domain.demands.planner import LabelCapacity, PlanEntry, TicketStatus
+from rm_server.domain.demands.planner import (
+    LabelCapacity,
+    PlanEntry,
+    PlannerSettings,
+    TicketStatus,
+)
 from rm_server.domain.demands.state import DemandState, Transition, step
 from rm_server.domain.demands.timelang import order_ids
+from rm_server.domain.demands.waits import Predecessor
 from rm_server.domain.labels import LabelKey
 from rm_server.domain.ledger import LabelAccount
 from rm_server.domain.limits import best_limit
@@ -53,7 +61,7 @@ COLUMNS = (
     "demand_id, state, reason, user_name, labels, charged_labels, resource, conditions,"
     " submitted_at, planned_start, plan_start, plan_end, slip_seconds, rounds, closed_at,"
     " reserved_labels, ticket_id, allocated_at, claim_expires_at, claimed_at, ended_at,"
-    " overruns, next_check_at, updated_at, definition_hash"
+    " overruns, next_check_at, updated_at, definition_hash, parked_at"
 )
 # Columns a use case may change besides the state (never the definition).
 _MUTABLE = frozenset(
@@ -71,6 +79,7 @@ _MUTABLE = frozenset(
         "ended_at",
         "overruns",
         "next_check_at",
+        "parked_at",
     }
 )
 
@@ -102,6 +111,7 @@ def from_row(row: Sequence[Any], events: tuple[Transition, ...] = ()) -> Demand:
         next_check,
         updated,
         digest,
+        parked_at,
     ) = row
     return Demand(
         demand_id=demand_id,
@@ -130,6 +140,7 @@ def from_row(row: Sequence[Any], events: tuple[Transition, ...] = ()) -> Demand:
         updated_at=updated,
         definition_hash=bytes(digest),
         events=events,
+        parked_at=parked_at,
     )
 
 
@@ -211,29 +222,38 @@ async def claim_due(conn: Conn, key: tuple[str, str], due: datetime) -> Demand |
     return None if row is None else from_row(row)
 
 
-async def finished_map(conn: Conn, user: str, ids: Sequence[str]) -> dict[str, bool | None]:
-    """For OrderBy, among `user`'s own demands: True when FINISHED, False when FAILED,
-    None otherwise (or unknown: another user's demand of that id is not seen)."""
-    if not ids:
-        return {}
+async def predecessors(
+    conn: Conn, user: str, ids: Sequence[str], now: datetime, planner: PlannerSettings
+) -> dict[str, Predecessor]:
+    """The demands an OrderBy names, among `user`'s own (another user's demand of that id
+    is not seen: for this user it is not submitted), each with its state and, while it
+    is active, the end of its occupation of the plan as of `now`; an id not submitted has
+    none (Predecessor.state None)."""
+    found = await predecessors_of(conn, [(user, i) for i in ids], now, planner)
+    return {i: found[(user, i)] for i in ids}
+
+
+async def predecessors_of(
+    conn: Conn, keys: Sequence[tuple[str, str]], now: datetime, planner: PlannerSettings
+) -> dict[tuple[str, str], Predecessor]:
+    """`predecessors` for many (user, demand id) pairs at once (a page of demands)."""
+    out = {key: Predecessor(key[1], None) for key in keys}
+    if not keys:
+        return out
     cur = await conn.execute(
-        "SELECT demand_id, state FROM demand WHERE user_name = %s AND demand_id = ANY(%s)",
-        (user, list(ids)),
+        f"SELECT user_name, demand_id, state, {_PLAN_END} FROM demand"  # noqa: S608
+        " WHERE (user_name, demand_id) IN (SELECT * FROM unnest(%(users)s::text[],"
+        " %(ids)s::text[]))",
+        {
+            "users": [u for u, _ in keys],
+            "ids": [i for _, i in keys],
+            **_occupation_params(now, planner),
+        },
     )
-    out: dict[str, bool | None] = dict.fromkeys(ids)
-    for demand_id, state in await cur.fetchall():
-        out[demand_id] = {"FINISHED": True, "FAILED": False}.get(state)
+    for user, demand_id, state, plan_end in await cur.fetchall():
+        s = DemandState(state)
+        out[(user, demand_id)] = Predecessor(demand_id, s, plan_end if s.active else None)
     return out
-
-
-async def planned_ends(conn: Conn, user: str, ids: Sequence[str]) -> dict[str, datetime | None]:
-    """The plan ends of `user`'s named demands that are still active."""
-    cur = await conn.execute(
-        "SELECT demand_id, plan_end FROM demand"
-        " WHERE user_name = %s AND demand_id = ANY(%s) AND state = ANY(%s)",
-        (user, list(ids), ACTIVE),
-    )
-    return {demand_id: end for demand_id, end in await cur.fetchall()}
 
 
 async def order_edges(conn: Conn, user: str, ids: Sequence[str]) -> dict[str, tuple[str, ...]]:
@@ -259,34 +279,72 @@ async def ticket_status(conn: Conn, ticket_id: str) -> TicketStatus:
 
 
 async def lock_plan(conn: Conn, labels: Sequence[str]) -> None:
-    """Serialise planning on these labels (sorted: the canonical order, no deadlocks)."""
-    for label in sorted(set(labels)):
-        await conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (PLAN_LOCK, label))
+    """Serialise planning on these labels: one statement, the locks taken in the order of
+    their keys (the canonical order, whatever the labels' hashes: two labels whose hashes
+    collide share a lock, and an order by name could then take it twice over)."""
+    if labels:
+        await conn.execute(
+            "SELECT count(pg_advisory_xact_lock(%s, k)) FROM"
+            " (SELECT DISTINCT hashtext(l) AS k FROM unnest(%s::text[]) AS l ORDER BY k) AS s",
+            (PLAN_LOCK, sorted(set(labels))),
+        )
 
 
 async def lock_order_graph(conn: Conn) -> None:
     await conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (ORDER_LOCK,))
 
 
+# A demand's occupation of the plan from `since`: its stored one, or, parked, the one it
+# has from then on (planner.occupation: from max(planned start, since), one lead time
+# before, for its hold: its duration, else until its DeadLine while ahead, else the
+# default). Used wherever a demand's occupation is read (the plan, its predecessors').
+_START = "greatest(planned_start, %(since)s)"
+_PLAN_START = f"CASE WHEN parked_at IS NULL THEN plan_start ELSE {_START} - %(lead)s END"
+_PLAN_END = (
+    "CASE WHEN parked_at IS NULL THEN plan_end"
+    f" WHEN park_hold_seconds IS NOT NULL THEN {_START} + make_interval(secs => park_hold_seconds)"
+    f" WHEN park_deadline > {_START} THEN park_deadline ELSE {_START} + %(default)s END"
+)
+# The plan on some labels, demands with the same labels, resource and times in one group
+# (demands planned in the same round, or parked, share their times).
+_OCCUPATION = f"""
+SELECT charged_labels, resource, count(*), {_PLAN_START} AS plan_start, {_PLAN_END} AS plan_end
+FROM demand
+WHERE charged_labels && %(labels)s::text[] AND state = ANY(%(active)s)
+AND NOT (user_name = %(user)s AND demand_id = %(demand_id)s)
+GROUP BY charged_labels, resource, 4, 5
+"""  # noqa: S608 - constant fragments
+
+
+def _occupation_params(since: datetime, planner: PlannerSettings) -> dict[str, object]:
+    return {"since": since, "lead": planner.lead_time, "default": planner.default_duration}
+
+
 async def plan_entries(
-    conn: Conn, labels: Sequence[str], since: datetime, leaving_out: tuple[str, str]
+    conn: Conn,
+    labels: Sequence[str],
+    since: datetime,
+    leaving_out: tuple[str, str],
+    planner: PlannerSettings,
 ) -> list[PlanEntry]:
     """The plan on any of ``labels`` from ``since``: the occupations of its active demands
     not ended by then, but for the demand ``leaving_out`` (user, demand id), grouped by
-    labels, resource and times (a group's resource is their sum). The demands the planner
-    passes over in a round are all planned from that round's time, so a label with many
-    blocked demands yields a handful of groups, not a row each."""
+    labels, resource and times (a group's resource is their sum). Parked demands occupy
+    it from ``since`` on (``_OCCUPATION``), so blocked ones share their times: a label
+    with many blocked demands yields a handful of groups, not a row each."""
     cur = await conn.execute(
-        "SELECT charged_labels, resource, plan_start, plan_end, count(*) FROM demand"
-        " WHERE charged_labels && %s::text[] AND state = ANY(%s)"
-        " AND (plan_end IS NULL OR plan_end > %s)"
-        " AND NOT (user_name = %s AND demand_id = %s)"
-        " GROUP BY charged_labels, resource, plan_start, plan_end",
-        (list(labels), ACTIVE, since, *leaving_out),
+        f"SELECT * FROM ({_OCCUPATION}) o WHERE plan_end IS NULL OR plan_end > %(since)s",  # noqa: S608
+        {
+            "labels": list(labels),
+            "active": ACTIVE,
+            "user": leaving_out[0],
+            "demand_id": leaving_out[1],
+            **_occupation_params(since, planner),
+        },
     )
     return [
         PlanEntry(tuple(charged), res(resource) * count, start, end)
-        for charged, resource, start, end, count in await cur.fetchall()
+        for charged, resource, count, start, end in await cur.fetchall()
     ]
 
 
@@ -337,7 +395,7 @@ async def insert(conn: Conn, d: Demand) -> bool:
     cur = await conn.execute(
         f"INSERT INTO demand ({COLUMNS}, order_by_ids) VALUES"  # noqa: S608
         " (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
-        "  %s, %s, %s, %s, %s, %s) ON CONFLICT (user_name, demand_id) DO NOTHING"
+        "  %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (user_name, demand_id) DO NOTHING"
         " RETURNING 1",
         (
             d.demand_id,
@@ -365,6 +423,7 @@ async def insert(conn: Conn, d: Demand) -> bool:
             d.next_check_at,
             d.updated_at,
             d.definition_hash,
+            d.parked_at,
             named,
         ),
     )
@@ -512,7 +571,9 @@ async def allocate(conn: Conn, d: Demand, cmd: ticket_store.ApplyCommand) -> Tic
     """
     try:
         async with conn.transaction():  # a savepoint in the caller's transaction
-            await admin_store.ensure_limit_rows(conn, cmd.keys, cmd.now)
+            # The label rows were created (lock_labels) before they were locked: creating
+            # them here would take the limits' lock after the rows, where a limit change
+            # takes it before them (a deadlock). A limit that appeared since: NeedLimitRows.
             await ticket_store.lock_labels(conn, cmd.keys, cmd.now)  # every key, canonical
             await unreserve(conn, d, cmd.now, handover=True)
             outcome = await ticket_store.apply(conn, cmd)

@@ -7,7 +7,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from rm_server.domain.engineconn import EcmState, EcmStatus, node_allowed
+from rm_server.domain.engineconn import (
+    EcmState,
+    EcmStatus,
+    EcmUsage,
+    Isolation,
+    MeasuredUsage,
+    node_allowed,
+)
 from rm_server.domain.resources import ResourceTypeError, headroom
 from rm_server.errors import NotFound
 from rm_server.store.codec import labels_of, opt_res, res
@@ -56,6 +63,18 @@ async def store_response(conn: Conn, agent_id: str, sequence: int, response: byt
     )
 
 
+async def set_cordon(conn: Conn, instance: str, cordoned: bool, reason: str, now: datetime) -> bool:
+    """Cordon (or uncordon) an ECM; uncordoning also calls off a decommission (DRAINING
+    back to RUNNING). False when it is not registered."""
+    cur = await conn.execute(
+        "UPDATE ecm SET cordoned = %(on)s, cordon_reason = %(reason)s, updated_at = %(now)s,"
+        " state = CASE WHEN NOT %(on)s AND state = 'DRAINING' THEN 'RUNNING' ELSE state END"
+        " WHERE instance = %(instance)s",
+        {"on": cordoned, "reason": reason if cordoned else "", "now": now, "instance": instance},
+    )
+    return cur.rowcount > 0
+
+
 async def set_state(conn: Conn, instance: str, state: EcmState, now: datetime) -> bool:
     cur = await conn.execute(
         "UPDATE ecm SET state = %s, updated_at = %s WHERE instance = %s AND state <> %s",
@@ -81,6 +100,20 @@ async def expired_ecms(conn: Conn, silent_since: datetime) -> list[str]:
     return [r[0] for r in await cur.fetchall()]
 
 
+async def count_silent(conn: Conn, silent_since: datetime) -> tuple[int, int]:
+    """(ECMs not LOST whose last heartbeat, or registration, is older than `silent_since`;
+    ECMs not LOST): what the judge weighs a suspected disruption by. Reads every ECM, so
+    the judge asks only when one is silent past the expiry."""
+    cur = await conn.execute(
+        "SELECT count(*) FILTER (WHERE coalesce(last_heartbeat_at, registered_at) < %s),"
+        " count(*) FROM ecm WHERE state <> 'LOST'",
+        (silent_since,),
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
 async def mark_lost(conn: Conn, instance: str, silent_since: datetime, now: datetime) -> bool:
     """LOST, if it is still silent (re-checked under the row lock; replicas race here)."""
     cur = await conn.execute(
@@ -101,15 +134,16 @@ async def mark_lost(conn: Conn, instance: str, silent_since: datetime, now: date
 ECM_STATUS_SQL = (
     "SELECT e.instance, e.labels, e.state, e.total, e.protected, e.registered_at,"
     " e.updated_at, e.last_heartbeat_at, r.max_resource, r.used, r.locked, r.protected,"
+    " e.cordoned, e.cordon_reason,"
     " (SELECT count(*) FROM engine_conn c WHERE c.ecm_instance = e.instance"
-    "  AND c.state = ANY(%s))"
+    "  AND c.state = ANY(%s)), e.isolation"
     " FROM ecm e LEFT JOIN label_resource r ON r.label = e.label"
 )
 
 
 def _status(row: tuple[Any, ...]) -> EcmStatus:
     (instance, labels, state, total, protected, registered, updated, last_hb, maximum, used,
-     locked, row_protected, live) = row  # fmt: skip
+     locked, row_protected, cordoned, cordon_reason, live, isolation) = row  # fmt: skip
     left = None
     if maximum is not None:
         parts = res(maximum), res(used), res(locked), res(row_protected)
@@ -128,6 +162,9 @@ def _status(row: tuple[Any, ...]) -> EcmStatus:
         updated_at=updated,
         last_heartbeat_at=last_hb,
         live_engine_conns=int(live),
+        isolation=Isolation.from_dict(isolation) if isolation is not None else None,
+        cordoned=bool(cordoned),
+        cordon_reason=str(cordon_reason),
     )
 
 
@@ -145,6 +182,32 @@ async def list_ecm_status(conn: Conn, after: str = "", limit: int = 10_000) -> l
         (LIVE, after, limit),
     )
     return [_status(r) for r in await cur.fetchall()]
+
+
+# Over the live EngineConns of each ECM (the partial index engine_conn_live_on_ecm).
+USAGE_BY_ECM_SQL = """
+SELECT ecm_instance, count(*),
+  coalesce(sum((resource->>'memory_bytes')::bigint), 0),
+  coalesce(sum((resource->>'cpu_millis')::bigint), 0),
+  coalesce(sum((granted->>'memory_bytes')::bigint), 0),
+  coalesce(sum((granted->>'cpu_millis')::bigint), 0),
+  coalesce(sum((measured->>'memory_bytes')::bigint), 0),
+  coalesce(sum((measured->>'memory_peak_bytes')::bigint), 0),
+  coalesce(sum((measured->>'cpu_millis')::bigint), 0),
+  coalesce(sum((measured->>'cpu_time_micros')::bigint), 0)
+FROM engine_conn WHERE ecm_instance IS NOT NULL AND state = ANY(%s)
+GROUP BY ecm_instance ORDER BY ecm_instance LIMIT %s
+"""
+
+
+async def usage_by_ecm(conn: Conn, limit: int) -> list[EcmUsage]:
+    """Requested, granted and measured resource summed per ECM over its live EngineConns
+    (the first `limit` ECMs in instance order)."""
+    cur = await conn.execute(USAGE_BY_ECM_SQL, (LIVE, limit))
+    return [
+        EcmUsage(ecm, int(n), int(rm), int(rc), int(gm), int(gc), MeasuredUsage(*map(int, m)))
+        for ecm, n, rm, rc, gm, gc, *m in await cur.fetchall()
+    ]
 
 
 async def state_counts(conn: Conn) -> dict[str, dict[str, int]]:

@@ -1,5 +1,5 @@
-"""EngineConn rows and agent commands. Lock order, as everywhere: ecm row, label
-rows (sorted), ticket row, engine_conn row, agent_command rows."""
+"""EngineConn rows and agent commands. Lock order, as everywhere (docs/architecture.md):
+label rows (sorted), ticket row, ecm row, engine_conn row, agent_command rows."""
 
 from __future__ import annotations
 
@@ -19,17 +19,20 @@ from rm_server.domain.engineconn import (
     EcState,
     EngineConn,
     LaunchPayload,
+    MeasuredUsage,
     label_set,
 )
+from rm_server.domain.resources import Resource
 from rm_server.errors import not_found
-from rm_server.store.codec import jlabels, jres, labels_of, res
+from rm_server.store.codec import jlabels, jres, labels_of, opt_res, res
 from rm_server.store.db import Conn, Idempotency, page_filters
 from rm_server.store.notify import agent_key, ec_key, notify_freed
 
 EC_COLUMNS = (
     "ec_id, state, user_name, labels, params, engine, resource, created_at, updated_at,"
     " ecm_instance, ticket_id, address, pid, exit_code, reason, log_tail, work_dir,"
-    " ecm_choices, launch_attempts, holder, hold_expires_at, ready_at, ended_at, secret"
+    " ecm_choices, launch_attempts, holder, hold_expires_at, ready_at, ended_at, secret,"
+    " granted, measured, measured_at"
 )
 LIVE = [s.value for s in LIVE_STATES]
 
@@ -37,7 +40,7 @@ LIVE = [s.value for s in LIVE_STATES]
 def ec_from_row(row: tuple[Any, ...]) -> EngineConn:
     (ec_id, state, user, labels, params, engine, resource, created, updated, ecm, ticket,
      address, pid, exit_code, reason, log_tail, work_dir, choices, attempts, holder,
-     hold_until, ready, ended, secret) = row  # fmt: skip
+     hold_until, ready, ended, secret, granted, measured, measured_at) = row  # fmt: skip
     return EngineConn(
         ec_id=ec_id,
         state=EcState(state),
@@ -66,6 +69,9 @@ def ec_from_row(row: tuple[Any, ...]) -> EngineConn:
         ready_at=ready,
         ended_at=ended,
         secret=secret,
+        granted=opt_res(granted),
+        measured=MeasuredUsage.from_dict(measured) if measured is not None else None,
+        measured_at=measured_at,
     )
 
 
@@ -168,6 +174,9 @@ async def update_ec(conn: Conn, ec_id: str, now: datetime, **fields: Any) -> Non
         "ready_at",
         "last_report_at",
         "ended_at",
+        "granted",
+        "measured",
+        "measured_at",
     }
     unknown = set(fields) - allowed
     if unknown:
@@ -176,7 +185,7 @@ async def update_ec(conn: Conn, ec_id: str, now: datetime, **fields: Any) -> Non
     assignments = sql.SQL(", ").join(
         sql.SQL("{} = %s").format(sql.Identifier(name)) for name in names
     )
-    values = [fields[n].value if isinstance(fields[n], EcState) else fields[n] for n in names]
+    values = [_column_value(fields[n]) for n in names]
     query = sql.SQL("UPDATE engine_conn SET {}, updated_at = %s WHERE ec_id = %s").format(
         assignments
     )
@@ -184,17 +193,61 @@ async def update_ec(conn: Conn, ec_id: str, now: datetime, **fields: Any) -> Non
     await notify_freed(conn, [ec_key(ec_id)])
 
 
+def _column_value(value: Any) -> Any:
+    if isinstance(value, EcState):
+        return value.value
+    if isinstance(value, (Resource, MeasuredUsage)):
+        return Jsonb(value.to_dict())
+    return value
+
+
+async def record_usage(
+    conn: Conn, measured: Sequence[tuple[str, str, MeasuredUsage]], now: datetime
+) -> None:
+    """Store agents' measurements, (agent id, EngineConn id, usage) each, in one statement:
+    only on live EngineConns of that agent (an agent speaks for its own only)."""
+    if not measured:
+        return
+    await conn.execute(
+        "UPDATE engine_conn AS c SET measured = m.usage, measured_at = %s"
+        " FROM unnest(%s::text[], %s::text[], %s::jsonb[]) AS m(agent_id, ec_id, usage)"
+        " WHERE c.ec_id = m.ec_id AND c.ecm_instance = m.agent_id AND c.state = ANY(%s)",
+        (
+            now,
+            [a for a, _, _ in measured],
+            [e for _, e, _ in measured],
+            [Jsonb(u.to_dict()) for _, _, u in measured],
+            LIVE,
+        ),
+    )
+
+
+# A live EngineConn silent since %(silent)s, or STARTING since before %(start)s.
+SILENT_EC_SQL = (
+    "((state IN ('IDLE', 'BUSY', 'SHUTTING_DOWN')"
+    "  AND coalesce(last_report_at, ready_at, updated_at) < %(silent)s)"
+    " OR (state = 'STARTING' AND coalesce(launched_at, created_at) < %(start)s))"
+)
+
+
 async def silent_ecs(conn: Conn, silent_since: datetime, start_limit: datetime) -> list[EngineConn]:
     """Live EngineConns silent since `silent_since`, or STARTING since before `start_limit`."""
     cur = await conn.execute(
-        f"SELECT {EC_COLUMNS} FROM engine_conn"  # noqa: S608
-        " WHERE (state IN ('IDLE', 'BUSY', 'SHUTTING_DOWN')"
-        "        AND coalesce(last_report_at, ready_at, updated_at) < %s)"
-        "    OR (state = 'STARTING' AND coalesce(launched_at, created_at) < %s)"
-        " ORDER BY ec_id",
-        (silent_since, start_limit),
+        f"SELECT {EC_COLUMNS} FROM engine_conn WHERE {SILENT_EC_SQL} ORDER BY ec_id",  # noqa: S608
+        {"silent": silent_since, "start": start_limit},
     )
     return [ec_from_row(r) for r in await cur.fetchall()]
+
+
+async def is_silent(conn: Conn, ec_id: str, silent_since: datetime, start_limit: datetime) -> bool:
+    """Whether EngineConn `ec_id` is still as `silent_ecs` found it (checked again under
+    its row lock: a report may have come in since)."""
+    cur = await conn.execute(
+        f"SELECT EXISTS (SELECT 1 FROM engine_conn WHERE ec_id = %(ec)s AND {SILENT_EC_SQL})",  # noqa: S608
+        {"ec": ec_id, "silent": silent_since, "start": start_limit},
+    )
+    row = await cur.fetchone()
+    return bool(row and row[0])
 
 
 def choices_json(choices: Sequence[EcmChoiceRecord]) -> Jsonb:
@@ -260,6 +313,8 @@ def _payload(cmd: AgentCommand) -> dict[str, Any]:
                 [name, base64.b64encode(content).decode(), executable]
                 for name, content, executable in lp.material_files
             ],
+            "memory_bytes": lp.memory_bytes,
+            "cpu_millis": lp.cpu_millis,
         }
     return out
 
@@ -280,6 +335,8 @@ def command_from_row(row: tuple[Any, ...]) -> AgentCommand:
                 (name, base64.b64decode(content), bool(executable))
                 for name, content, executable in lp["material_files"]
             ),
+            memory_bytes=int(lp.get("memory_bytes", 0)),
+            cpu_millis=int(lp.get("cpu_millis", 0)),
         )
     return AgentCommand(
         command_id,
@@ -335,3 +392,30 @@ async def purge_done_commands(conn: Conn, done_before: datetime) -> int:
         "DELETE FROM agent_command WHERE done_at IS NOT NULL AND done_at < %s", (done_before,)
     )
     return cur.rowcount
+
+
+async def mark_killed(conn: Conn, ec_id: str, state: EcState) -> None:
+    """Record the state the EngineConn was in when its kill was ordered (the first kill's)."""
+    await conn.execute(
+        "UPDATE engine_conn SET killed_from = %s WHERE ec_id = %s AND killed_from IS NULL",
+        (state.value, ec_id),
+    )
+
+
+async def kill_of(conn: Conn, ec_id: str) -> tuple[EcState, str] | None:
+    """(the state it was in when a kill was ordered, the kill's reason); None when no kill
+    was ordered."""
+    cur = await conn.execute(
+        "SELECT killed_from, reason FROM engine_conn WHERE ec_id = %s", (ec_id,)
+    )
+    row = await cur.fetchone()
+    return (EcState(row[0]), str(row[1])) if row is not None and row[0] is not None else None
+
+
+async def keep_measured(conn: Conn, ticket_id: str, usage: MeasuredUsage) -> None:
+    """An ended EngineConn's last measurement, kept on its ticket's history row (written
+    in the transaction that released the ticket)."""
+    await conn.execute(
+        "UPDATE ticket_history SET measured = %s WHERE ticket_id = %s",
+        (Jsonb(usage.to_dict()), ticket_id),
+    )

@@ -6,11 +6,13 @@ A group of heartbeats (of distinct agents) costs two round trips whatever its si
    agent's live EngineConns, acknowledged launches and pending commands, and the
    node lists;
 2. (pipelined with COMMIT) one UPDATE recording every beat's liveness, sequence number
-   and stored answer, and one UPDATE marking the commands the beats acknowledged.
+   and stored answer, one storing what the agents measured their EngineConns using (when
+   a beat carries a measurement), and one UPDATE marking the commands the beats
+   acknowledged.
 
 What each beat is answered is decided in between by rm_server/app/agents.py, from what
-round trip 1 read. Lock order as everywhere: ecm rows, then label rows, ticket rows,
-engine_conn rows, agent_command rows.
+round trip 1 read. Lock order as everywhere (docs/architecture.md): label rows, ticket
+rows, ecm rows, engine_conn rows, agent_command rows (a beat takes none before the ECMs).
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from rm_server.domain.engineconn import AgentCommand, EcmState
+from rm_server.domain.engineconn import AgentCommand, EcmState, MeasuredUsage
 from rm_server.store.db import Conn
 from rm_server.store.ecms import NodeLists
-from rm_server.store.engineconns import LIVE, command_from_row
+from rm_server.store.engineconns import LIVE, command_from_row, record_usage
 
 # How much older than an ECM's last heartbeat its `beat_mark` (the liveness sweep's
 # index) may be: with beats every 3 s, one beat in about four rewrites it.
@@ -56,6 +58,8 @@ class BeatWrite:
     sequence: int
     response: bytes | None
     done_command_ids: Sequence[str] = ()
+    # What the agent measured its running EngineConns using: (EngineConn id, usage).
+    measured: Sequence[tuple[str, MeasuredUsage]] = ()
 
 
 # One row per registered agent, locked in canonical order, with what the answer needs:
@@ -120,6 +124,8 @@ async def record(conn: Conn, writes: Sequence[BeatWrite], now: datetime) -> None
             [w.response for w in writes],
         ),
     )
+    measured = [(w.agent_id, ec_id, usage) for w in writes for ec_id, usage in w.measured]
+    await record_usage(conn, measured, now)  # engine_conn rows before agent_command rows
     done = [(w.agent_id, c) for w in writes for c in w.done_command_ids]
     if done:
         await conn.execute(

@@ -19,6 +19,7 @@ import psycopg
 
 from rm_server.store.db import Conn
 from rm_server.store.notify import notify_freed
+from rm_server.store.waiters import locked_waiters
 
 
 @dataclass
@@ -69,7 +70,9 @@ async def join(conninfo: str, replica_id: str, now: datetime) -> Presence:
 
 async def _forget(conn: Conn, replica_id: str) -> int:
     cur = await conn.execute(
-        "DELETE FROM apply_waiter WHERE replica_id = %s RETURNING label", (replica_id,)
+        f"DELETE FROM apply_waiter w USING ({locked_waiters('replica_id = %s')}) k"  # noqa: S608
+        " WHERE w.label = k.label AND w.seq = k.seq RETURNING w.label",
+        (replica_id,),
     )
     labels = [r[0] for r in await cur.fetchall()]
     await conn.execute("DELETE FROM rm_replica WHERE replica_id = %s", (replica_id,))

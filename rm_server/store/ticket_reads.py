@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from rm_server.domain.engineconn import MeasuredUsage
 from rm_server.domain.model import Ticket
 from rm_server.errors import not_found
 from rm_server.store.codec import (
@@ -43,6 +44,19 @@ async def get_ticket(conn: Conn, ticket_id: str) -> Ticket:
     if ticket is None:
         raise not_found("ticket", ticket_id)
     return ticket
+
+
+async def measured_of(conn: Conn, ticket: Ticket) -> MeasuredUsage | None:
+    """What an EngineConn's ticket's agent measured: its EngineConn's last measurement
+    while the ticket is live, then what its history row kept (None for other tickets)."""
+    if ticket.state.live and not ticket.engine_conn_id:
+        return None
+    if ticket.state.live:
+        sql, key = "SELECT measured FROM engine_conn WHERE ec_id = %s", ticket.engine_conn_id
+    else:
+        sql, key = "SELECT measured FROM ticket_history WHERE ticket_id = %s", ticket.ticket_id
+    row = await (await conn.execute(sql, (key,))).fetchone()
+    return None if row is None or row[0] is None else MeasuredUsage.from_dict(row[0])
 
 
 async def expired_ticket_ids(conn: Conn, now: datetime, limit: int) -> list[str]:

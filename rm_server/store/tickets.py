@@ -85,6 +85,7 @@ from rm_server.store.ticket_ops import (
     ReleaseOp,
     ReportOp,
 )
+from rm_server.store.waiters import locked_waiters
 
 __all__ = ["ApplyCommand", "LabelAccount", "check_accounts", "run"]
 
@@ -157,7 +158,10 @@ INSERT_LOG = (
     " FROM json_to_recordset(%(log)s::json) AS x(caller text, method text, request_id text,"
     " request_hash bytea, status_code int, response bytea)"
 )
-DELETE_WAITERS = "DELETE FROM apply_waiter WHERE seq = ANY(%(waiters)s)"
+DELETE_WAITERS = (
+    f"DELETE FROM apply_waiter w USING ({locked_waiters('seq = ANY(%(waiters)s)')}) k"  # noqa: S608
+    " WHERE w.label = k.label AND w.seq = k.seq"
+)
 # WRITE, one statement: every write of the group. Each row is written by one part only
 # (a ticket is inserted, updated or deleted, by its final state), as data-modifying
 # WITH parts all see the same snapshot. A request id that another transaction
@@ -374,14 +378,24 @@ async def _write(conn: Conn, found: _Found, decided: _Decided, now: datetime) ->
             "updated": json.dumps([ticket_json(t) for t in updated]),
             "deleted": deleted,
             "history": json.dumps([history_json(a, b) for a, b in state.history]),
+            # In key order: two groups inserting the same request ids (a caller reusing
+            # one for another request) must not each wait for a key the other holds.
             "log": json.dumps(
-                [_log_json(idem, code, payload) for idem, code, payload in decided.log_rows]
+                [
+                    _log_json(idem, code, payload)
+                    for idem, code, payload in sorted(decided.log_rows, key=_log_key)
+                ]
             ),
             "waiters": state.waiters_served,
             "channel": CHANNEL,
             "notify": sorted(state.notify),
         },
     )
+
+
+def _log_key(row: tuple[Idempotency, int, bytes]) -> tuple[str, str, str]:
+    idem = row[0]
+    return idem.caller, idem.method, idem.request_id
 
 
 def _log_json(idem: Idempotency, code: int, payload: bytes) -> dict[str, Any]:

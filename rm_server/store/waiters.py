@@ -1,7 +1,12 @@
 """The queue of waiting applies: one apply_waiter row per (waiter, label), with what it
 waits for, its user, its replica and the end of its hold (docs/architecture.md,
 "Waiting applies and fairness"). store/tickets.py reads the queue with the label rows
-and serves waiters; store/replicas.py removes the waiters of dead replicas."""
+and serves waiters; store/replicas.py removes the waiters of dead replicas.
+
+Every statement that changes several waiter rows locks them first in their key order,
+(label, seq) (``locked_waiters``): a group serving its waiters, the sweep dropping
+expired ones and a replica's waiters being removed may meet on the same rows, and each
+taking them in its own scan order could deadlock."""
 
 from __future__ import annotations
 
@@ -25,6 +30,15 @@ class WaiterEntry:
     resource: Resource | None = None
     replica_id: str = ""
     hold_until: datetime | None = None
+
+
+def locked_waiters(condition: str) -> str:
+    """A sub-select of the (label, seq) keys of the waiter rows matching `condition` (a
+    constant SQL fragment, parameters as placeholders), locked in key order."""
+    return (
+        f"SELECT label, seq FROM apply_waiter WHERE {condition}"  # noqa: S608 - constant
+        " ORDER BY label, seq FOR UPDATE"
+    )
 
 
 async def register_waiter(conn: Conn, entry: WaiterEntry) -> int:
@@ -52,19 +66,29 @@ async def register_waiter(conn: Conn, entry: WaiterEntry) -> int:
 
 async def set_waiter_hold(conn: Conn, seq: int, hold_until: datetime) -> None:
     """Move the end of a waiter's hold (to now: it holds nothing from here)."""
-    await conn.execute("UPDATE apply_waiter SET hold_until = %s WHERE seq = %s", (hold_until, seq))
+    await conn.execute(
+        "UPDATE apply_waiter w SET hold_until = %s"  # noqa: S608 - constant fragments
+        f" FROM ({locked_waiters('seq = %s')}) k WHERE w.label = k.label AND w.seq = k.seq",
+        (hold_until, seq),
+    )
 
 
 async def remove_waiter(conn: Conn, seq: int) -> None:
     """Leave the queue; waiters behind it may now go, so wake them."""
-    cur = await conn.execute("DELETE FROM apply_waiter WHERE seq = %s RETURNING label", (seq,))
+    cur = await conn.execute(
+        f"DELETE FROM apply_waiter w USING ({locked_waiters('seq = %s')}) k"  # noqa: S608
+        " WHERE w.label = k.label AND w.seq = k.seq RETURNING w.label",
+        (seq,),
+    )
     await notify_freed(conn, [r[0] for r in await cur.fetchall()])
 
 
 async def purge_waiters(conn: Conn, now: datetime) -> int:
     """Drop waiters whose deadline passed (their replica may have died)."""
     cur = await conn.execute(
-        "DELETE FROM apply_waiter WHERE expires_at <= %s RETURNING label", (now,)
+        f"DELETE FROM apply_waiter w USING ({locked_waiters('expires_at <= %s')}) k"  # noqa: S608
+        " WHERE w.label = k.label AND w.seq = k.seq RETURNING w.label",
+        (now,),
     )
     labels = [r[0] for r in await cur.fetchall()]
     await notify_freed(conn, labels)

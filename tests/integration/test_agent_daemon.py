@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
+import stat
 import subprocess
 import sys
+from asyncio.subprocess import PIPE, STDOUT
 from pathlib import Path
 
 import pytest
@@ -21,6 +24,7 @@ def agent_cmd(tmp: Path, *extra: str, rm: str = "") -> list[str]:
         "--agent-id", "a1",
         "--work-root", str(tmp / "work"),
         "--state-dir", str(tmp / "state"),
+        "--isolation", "none",  # (the signals and settings of the daemon, not its cgroups)
         *extra,
     ]  # fmt: skip
 
@@ -66,7 +70,8 @@ def test_stops_on_a_signal_while_the_rm_is_unreachable(tmp_path: Path, sig: int)
         (("--tls-ca", "/nonexistent/ca.crt"), "tls_ca /nonexistent/ca.crt: No such file"),
         (("--tls-cert", "/nonexistent/a.crt", "--tls-key", "/nonexistent/a.key"), "tls_cert"),
         (("--state-dir", "/proc/version/state"), "state_dir /proc/version/state"),
-        (("--work-root", "/nonexistent/work"), "work_root /nonexistent/work: not a directory"),
+        (("--work-root", "/nonexistent/work"), "work_root /nonexistent/work: its parent /non"),
+        (("--work-root", "/proc/version"), "work_root /proc/version: not a directory"),
         (("--python", "/nonexistent/python"), "python /nonexistent/python"),
         (("--heartbeat-interval", "often"), "invalid value 'often' for heartbeat_interval"),
         (("--log-level", "loud"), "log_level must be one of"),
@@ -137,3 +142,113 @@ def test_json_log_lines(tmp_path: Path) -> None:
     events = [json.loads(line) for line in log.read_text().splitlines()]
     assert events and all(e["level"] in ("INFO", "WARNING") for e in events)
     assert any("unreachable" in e["msg"] for e in events)
+
+
+def shipped_config_under(root: Path) -> Path:
+    """deploy/ecm-agent.toml with its host paths moved under `root` (/etc/labelrm,
+    /var/lib/labelrm) and the EngineConn interpreter this one; nothing else changed."""
+    text = (ROOT / "deploy" / "ecm-agent.toml").read_text()
+    for prefix in ("/etc/labelrm/", "/var/lib/labelrm/"):
+        assert f'"{prefix}' in text, prefix
+        text = text.replace(f'"{prefix}', f'"{root}{prefix}')
+    text = text.replace('"/opt/labelrm/ec-venv/bin/python"', f'"{sys.executable}"')
+    config = root / "etc" / "labelrm" / "ecm-agent.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text(text)
+    return config
+
+
+def pki_as_documented(tls: Path) -> None:
+    """The CA, the RM's and the agent's certificates, as docs/security.md makes them
+    (the RM's for 127.0.0.1, where this test's RM listens)."""
+    for argv in (
+        ("init",),
+        ("issue", "server", "rm1", "--ip", "127.0.0.1"),
+        ("issue", "agent", "worker-1"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "clients.rmctl", "pki", argv[0], "--dir", str(tls), *argv[1:]],
+            capture_output=True, text=True, timeout=60, cwd=ROOT,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+async def test_the_shipped_config_makes_its_directories_and_registers(
+    database_url: str, tmp_path: Path
+) -> None:
+    """A literal install: deploy/ecm-agent.toml as shipped (its paths under a scratch
+    root), with only the parent that the unit's StateDirectory= makes. Without that
+    parent the agent refuses in one line (exit 2); with it, the agent makes work_root
+    (0755) and state_dir (0700), its own, whatever its umask, and registers over mutual
+    TLS. It used to exit 2 on every start ("work_root ...: not a directory"), which
+    systemd's Restart=on-failure repeated forever."""
+    from labelrm.v1 import resource_manager_pb2, resource_manager_pb2_grpc
+
+    from clients._channel import ChannelSecurity, aio_channel
+    from labelrm_common.tokens import add_token
+    from tests.helpers import start_in_process, stop_in_process, wait_until
+
+    root = tmp_path / "host"
+    config = shipped_config_under(root)
+    tls = root / "etc" / "labelrm" / "tls"
+    pki_as_documented(tls)
+    state_root = root / "var" / "lib" / "labelrm"
+    work, state = state_root / "work", state_root / "agent-state"
+    tokens = tmp_path / "tokens.toml"
+    admin = add_token(tokens, "admin", ["admin"])
+    rm = await start_in_process(
+        database_url,
+        agent_listen="127.0.0.1:0",
+        tls_cert=str(tls / "server-rm1.crt"),
+        tls_key=str(tls / "server-rm1.key"),
+        tls_client_ca=str(tls / "ca.crt"),
+        token_file=str(tokens),
+    )
+    agent_target = f"127.0.0.1:{rm.server.agent_port}"
+    # The shipped file names rm.example.internal and no agent_id (the host name): the
+    # two values an operator fills in per host, given here as the environment; and
+    # isolation none (the daemon's directories here, not its cgroups).
+    env = {
+        **os.environ,
+        "LABELRM_AGENT_RM": agent_target,
+        "LABELRM_AGENT_AGENT_ID": "worker-1",
+        "LABELRM_AGENT_ISOLATION": "none",
+    }
+    ecm_agent = str(Path(sys.executable).parent / "ecm-agent")
+    command = [ecm_agent, "--config", str(config)]
+    log = tmp_path / "agent.log"
+    proc = None
+    try:
+        refused = await asyncio.create_subprocess_exec(
+            *command, stdout=PIPE, stderr=PIPE, cwd="/", env=env
+        )
+        out, err = await asyncio.wait_for(refused.communicate(), 60)
+        assert refused.returncode == 2, err
+        assert (out, err.decode()) == (
+            b"",
+            f"ecm-agent: error: work_root {work}: its parent {state_root} does not exist"
+            " (create it, or fix work_root)\n",
+        )
+        state_root.mkdir(parents=True, mode=0o755)  # what StateDirectory=labelrm makes
+        with log.open("wb") as sink:
+            proc = await asyncio.create_subprocess_exec(
+                *command, stdout=sink, stderr=STDOUT, cwd="/", env=env, umask=0o077
+            )
+        security = ChannelSecurity(tls_ca=str(tls / "ca.crt"), token=admin)
+        async with aio_channel(f"127.0.0.1:{rm.server.port}", security) as channel:
+            stub = resource_manager_pb2_grpc.ResourceManagerServiceStub(channel)
+
+            async def registered() -> bool:
+                ecms = (await stub.ListEcms(resource_manager_pb2.ListEcmsRequest())).ecms
+                return any(e.instance == "worker-1" for e in ecms)
+
+            await wait_until(registered, 60, what=lambda: "worker-1 registered\n" + log.read_text())
+        assert proc.returncode is None, log.read_text()
+        for path, mode in ((work, 0o755), (state, 0o700)):
+            info = path.stat()
+            assert (stat.S_IMODE(info.st_mode), info.st_uid) == (mode, os.geteuid()), path
+    finally:
+        if proc is not None and proc.returncode is None:
+            proc.terminate()
+            await asyncio.wait_for(proc.wait(), 20)
+        await stop_in_process(rm)

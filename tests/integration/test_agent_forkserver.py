@@ -24,7 +24,8 @@ from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import executor_pb2, executor_pb2_grpc
 
 from ecm_agent.forkserver import ForkServer
-from ecm_agent.launch import Launcher, RunningProcess, _group_members
+from ecm_agent.launch import Launcher
+from ecm_agent.procs import RunningProcess, _group_members
 from ecm_agent.validate import AgentPolicy, LaunchSpec
 from tests.helpers import FakeRM, shared_tmp, wait_until
 
@@ -357,7 +358,7 @@ async def test_a_server_that_cannot_start_means_sudo(make_launcher, fake_rm, pol
 
 async def test_fork_server_protocol(sudo_users, ec_python, policy) -> None:
     """Straight to `python -m engineconn --fork-server` as the user: answers, refusals,
-    exits, and the end of stdin."""
+    exits, held children (run on "go", never without it), and the end of stdin."""
     import pwd
 
     entry = pwd.getpwnam(USER_A)
@@ -391,21 +392,35 @@ async def test_fork_server_protocol(sudo_users, ec_python, policy) -> None:
         return await answer()
 
     try:
-        server_pid = (await answer())["ready"]
+        ready = await answer()
+        server_pid = ready["ready"]
+        assert ready["hold"] is True  # it can hold a child for the agent's cgroup move
         assert set(status_of(server_pid)["Uid"].split()) == {str(entry.pw_uid)}
         assert (await ask(b"not json"))["failed"] == ""
         assert (await ask({"spawn": "ec-x", "cwd": str(work)}))["failed"] == ""
         missing = await ask({"spawn": "ec-x", "cwd": "/nonexistent", "argv": [], "env": {}})
         assert missing["failed"] == "ec-x" and "FileNotFoundError" in missing["error"]
         env = {"LABELRM_EC_ID": "ec-v", "TMPDIR": str(work / "tmp")}
-        spawned = await ask({"spawn": "ec-v", "cwd": str(work), "argv": ["--version"], "env": env})
-        assert spawned["spawned"] == "ec-v"
+        version = {"cwd": str(work), "argv": ["--version"], "env": env}
+        held = await ask({"spawn": "ec-h", **version, "hold": True})
+        spawned = await ask({"spawn": "ec-v", **version})
+        assert spawned["spawned"] == "ec-v" and held["spawned"] == "ec-h"
+        while spawned["pid"] not in exits:  # the same work, not held, has run and ended
+            await answer_or_exit(stdout, exits)
+        assert held["pid"] not in exits and status_of(held["pid"])["State"].startswith("S")
+        stdin.write(json.dumps({"go": held["pid"]}).encode() + b"\n")
+        while held["pid"] not in exits:
+            await answer_or_exit(stdout, exits)
+        never = await ask({"spawn": "ec-n", **version, "hold": True})
         proc.stdin.close()  # the agent went away: it exits once its children are reaped
         while line := await asyncio.wait_for(proc.stdout.readline(), 30):
             message = json.loads(line)
             exits[message["exit"]] = os.waitstatus_to_exitcode(message["status"])
-        assert exits[spawned["pid"]] == 0
-        assert sorted(exits.values()) == [0, 127]  # the failed set-up, the --version
+        assert exits[spawned["pid"]] == exits[held["pid"]] == 0
+        assert exits[never["pid"]] == 127  # never released: none of it ran
+        # the failed set-up, the --version (not held, held and released), the never released
+        assert sorted(exits.values()) == [0, 0, 127, 127]
+        assert (work / "logs" / "stdout.log").read_text().count("engineconn ") == 2
         assert (work / "logs" / "stdout.log").read_text().startswith("engineconn ")
         assert await asyncio.wait_for(proc.wait(), 30) == 0
     finally:
@@ -414,6 +429,12 @@ async def test_fork_server_protocol(sudo_users, ec_python, policy) -> None:
                 os.kill(server_pid, signal.SIGKILL)  # it holds the pipes wait() waits for
             proc.kill()
             await proc.wait()
+
+
+async def answer_or_exit(stdout: asyncio.StreamReader, exits: dict[int, int]) -> None:
+    """Reads one line of a fork server, which must be an exit report, into `exits`."""
+    message = json.loads(await asyncio.wait_for(stdout.readline(), 30))
+    exits[message["exit"]] = os.waitstatus_to_exitcode(message["status"])
 
 
 async def test_a_stopped_server_costs_one_launch_then_sudo(make_launcher, fake_rm) -> None:

@@ -23,13 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from ecm_agent.launch import (
-    ExitInfo,
-    RunningProcess,
-    _group_members,
-    _signal_group,
-    read_start_ticks,
-)
+from ecm_agent.launch import ExitInfo
+from ecm_agent.procs import RunningProcess, _group_members, _signal_group, read_start_ticks
 from ecm_agent.validate import AgentPolicy, LaunchRefused, LaunchSpec, MaterialFile
 from tests.helpers import unavailable, wait_until
 

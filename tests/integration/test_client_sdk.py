@@ -7,7 +7,6 @@ run in a worker thread via asyncio.to_thread while the loop keeps serving.
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 from typing import Any
 
@@ -27,8 +26,9 @@ from clients import (
     Unavailable,
     load,
     load_instance,
-    rmctl,
 )
+from rmctl import main as rmctl_main
+from rmctl.app import error_line
 from tests.helpers import CLIENT_ECM, ctl
 
 GiB = 1024**3
@@ -88,7 +88,7 @@ async def test_same_request_id_returns_same_ticket(client: Any) -> None:
     other = await client.apply(REQUEST, load_instance(GiB, 1000, 1))
     assert again.ticket_id == first.ticket_id
     assert other.ticket_id != first.ticket_id
-    live = [t async for t in client.list_tickets()]
+    live = [t for t in await client.list_tickets()]
     assert len(live) == 2
 
 
@@ -123,7 +123,7 @@ async def test_unavailable_is_retried_with_the_same_generated_request_id(client:
     ticket = await client.apply(REQUEST, load_instance(GiB, 1000, 1))
     assert len(seen) == 3
     assert len(set(seen)) == 1 and seen[0]
-    assert [t.ticket_id async for t in client.list_tickets()] == [ticket.ticket_id]
+    assert [t.ticket_id for t in await client.list_tickets()] == [ticket.ticket_id]
 
 
 async def test_other_codes_are_not_retried(client: Any) -> None:
@@ -155,10 +155,10 @@ async def test_list_tickets_walks_every_page(client: Any, rm: Any) -> None:
     ids = {
         (await client.apply(REQUEST, load_instance(GiB // 8, 100, 1))).ticket_id for _ in range(7)
     }
-    assert {t.ticket_id async for t in client.list_tickets(page_size=3)} == ids
-    locked = [t async for t in client.list_tickets(ECM_LABEL, state="locked", page_size=2)]
+    assert {t.ticket_id for t in await client.list_tickets(page_size=3)} == ids
+    locked = [t for t in await client.list_tickets(ECM_LABEL, state="locked", page_size=2)]
     assert {t.ticket_id for t in locked} == ids
-    assert [t async for t in client.list_tickets(ECM_LABEL, state="used", page_size=2)] == []
+    assert [t for t in await client.list_tickets(ECM_LABEL, state="used", page_size=2)] == []
 
     def sync_ids() -> list[str]:
         with RMClient(rm.target) as c:
@@ -189,7 +189,7 @@ async def test_sync_client_lifecycle(client: Any, rm: Any) -> None:
 async def test_rmctl_json_matches_sdk(client: Any, rm: Any, capsys: Any) -> None:
     for _ in range(3):
         await client.apply(REQUEST, load_instance(GiB, 1000, 1))
-    sdk = [t async for t in client.list_tickets()]
+    sdk = [t for t in await client.list_tickets()]
     capsys.readouterr()
 
     assert await ctl(rm, "-o", "json", "ticket", "list") == 0
@@ -226,7 +226,7 @@ async def test_rmctl_limits_roundtrip(client: Any, rm: Any, capsys: Any) -> None
     assert code == 0
     limit = json_format.Parse(capsys.readouterr().out, admin_pb2.LabelLimit())
     assert limit.max_resource == load_instance(4 * GiB, 2000, 3)
-    assert [lim async for lim in client.list_label_limits()] == [limit]
+    assert [lim for lim in await client.list_label_limits()] == [limit]
 
     assert await ctl(rm, "limit", "list") == 0
     lines = capsys.readouterr().out.splitlines()
@@ -234,7 +234,7 @@ async def test_rmctl_limits_roundtrip(client: Any, rm: Any, capsys: Any) -> None
     assert lines[1].startswith(pattern)
 
     assert await ctl(rm, "limit", "rm", pattern) == 0
-    assert [lim async for lim in client.list_label_limits()] == []
+    assert [lim for lim in await client.list_label_limits()] == []
 
 
 async def test_rmctl_table_header(client: Any, rm: Any, capsys: Any) -> None:
@@ -270,9 +270,7 @@ async def test_rmctl_exit_code_1_on_error(rm: Any, capsys: Any) -> None:
 async def test_rmctl_error_is_one_line_naming_each_shortfall(client: Any) -> None:
     with pytest.raises(ResourceExhausted) as info:
         await client.apply(REQUEST, load_instance(16 * GiB, 9000, 1))
-    stream = io.StringIO()
-    rmctl.report_error(info.value, stream)
-    (line,) = stream.getvalue().splitlines()
+    (line,) = error_line(info.value).splitlines()
     assert line.startswith("error: RESOURCE_EXHAUSTED (INSUFFICIENT_RESOURCE): ")
     assert len(info.value.shortfalls) == 2
     for shortfall in info.value.shortfalls:  # "emInstance=h1:9101 memory_bytes: requested …"
@@ -280,7 +278,7 @@ async def test_rmctl_error_is_one_line_naming_each_shortfall(client: Any) -> Non
 
 
 def test_rmctl_exit_code_2_on_usage(capsys: Any) -> None:
-    assert rmctl.main(["bogus"]) == 2
-    assert rmctl.main(["resource", "show", "not-a-label"]) == 2
-    assert rmctl.main(["limit", "set", "a=b", "--cpu", "1"]) == 2  # --memory missing
+    assert rmctl_main(["bogus"]) == 2
+    assert rmctl_main(["resource", "show", "not-a-label"]) == 2
+    assert rmctl_main(["limit", "set", "--cpu", "1"]) == 2  # the pattern is missing
     assert "usage:" in capsys.readouterr().err

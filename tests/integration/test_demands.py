@@ -88,28 +88,38 @@ class DemandRM:
         assert await self.manager.check_reservations() == []
 
 
-@pytest.fixture
-async def drm(database_url):
+# The RM settings of these tests (their planner driven by the test, not by the time).
+DEMAND_SETTINGS: dict[str, Any] = {
+    "lock_timeout": 3600.0,
+    "sweep_interval": 3600.0,
+    "demand_interval": ROUND,
+    "demand_lead_time": LEAD,
+    "demand_claim_timeout": CLAIM,
+    "demand_loose_slip": SLIP,
+    "demand_default_duration": 3600.0,
+}
+
+
+async def start_drm(database_url: str, **overrides: Any) -> DemandRM:
+    """An in-process RM with an injected clock whose planner the test drives (``tick``),
+    and a limit of 4 GiB / 4 cores on the users' labels; stop it with ``stop_in_process``."""
     clock = ManualClock()
-    rm = await start_in_process(
-        database_url,
-        clock=clock,
-        lock_timeout=3600.0,
-        sweep_interval=3600.0,
-        demand_interval=ROUND,
-        demand_lead_time=LEAD,
-        demand_claim_timeout=CLAIM,
-        demand_loose_slip=SLIP,
-        demand_default_duration=3600.0,
-    )
+    settings: dict[str, Any] = {**DEMAND_SETTINGS, **overrides}
+    rm = await start_in_process(database_url, clock=clock, **settings)
     manager = rm.server.demands
     assert manager is not None
     await manager.stop_background()  # the tests drive the rounds
     await rm.admin.SetLabelLimit(limit_req(LIMIT, load(4 * GiB, 4000)))
+    return DemandRM(rm, demand_pb2_grpc.DemandServiceStub(rm.channel), manager, clock)
+
+
+@pytest.fixture
+async def drm(database_url):
+    d = await start_drm(database_url)
     try:
-        yield DemandRM(rm, demand_pb2_grpc.DemandServiceStub(rm.channel), manager, clock)
+        yield d
     finally:
-        await stop_in_process(rm)
+        await stop_in_process(d.rm)
 
 
 def rpc_error(exc: pytest.ExceptionInfo[grpc.aio.AioRpcError]) -> tuple[Any, str, list[Any]]:
@@ -179,7 +189,8 @@ async def test_window_honoured_reserved_allocated_claimed_finished(drm):
     await drm.tick(30)  # T+10m
     d = await drm.get("d1")
     assert d.state == S.DEMAND_STATE_ALLOCATED and d.ticket_id
-    assert d.allocate_time.ToDatetime(tzinfo=t0.tzinfo) == t0 + timedelta(minutes=10)
+    # Recorded when it becomes visible: at the latest, the decision plus the commit margin.
+    assert d.allocate_time.ToDatetime(tzinfo=t0.tzinfo) == t0 + timedelta(minutes=10, seconds=0.25)
     label = await label_state(drm.rm, USER)
     assert label.locked_resource.load.memory_bytes == 3 * GiB
     claimed = await drm.claim("d1")
@@ -212,7 +223,7 @@ async def test_reserved_capacity_is_shown_by_the_api_rmctl_and_metrics(drm):
 
     from prometheus_client.parser import text_string_to_metric_families
 
-    from clients import rmctl
+    import rmctl
 
     await drm.submit("shown", 3, "{Start: {Time: [+2m, +10m], Strategy: strict}}")
     await drm.tick(60)  # one lead time before its start: reserved
@@ -272,11 +283,13 @@ async def test_a_demand_is_allocated_at_its_planned_start_or_refused_at_submit(d
     assert first.state == S.DEMAND_STATE_ALLOCATED
     await drm.claim("first")
     # Next to `first` the plan has room from the end of its occupation plus a lead time:
-    # a start there falls 5 ms before the first window closes, a round before the second.
+    # a start there falls 5 ms before the first window closes, a round and the commit
+    # margin (0.25 s) before the second.
     edge = first.plan_end_time.ToDatetime(tzinfo=tz) + timedelta(seconds=LEAD)
     opens = (t0 + timedelta(minutes=1)).isoformat()
     accepted, refused = [], []
-    for name, slack in (("edge", timedelta(milliseconds=5)), ("margin", timedelta(seconds=ROUND))):
+    margin = timedelta(seconds=ROUND + 0.25)
+    for name, slack in (("edge", timedelta(milliseconds=5)), ("margin", margin)):
         text = f'{{Start: ["{opens}", "{(edge + slack).isoformat()}"], Duration: +1m}}'
         try:
             resp = await drm.submit(name, 3, text)
@@ -405,8 +418,11 @@ async def test_the_plan_reads_demands_planned_alike_as_one_group(drm):
     label = (await label_state(drm.rm, USER)).label
     now = drm.clock.now()
     async with await psycopg.AsyncConnection.connect(drm.rm.database_url) as conn:
-        plan = await demand_store.plan_entries(conn, [label], now, ("alice", "nobody"))
-        without_one = await demand_store.plan_entries(conn, [label], now, ("alice", names[0]))
+        planner = drm.manager.planner
+        plan = await demand_store.plan_entries(conn, [label], now, ("alice", "nobody"), planner)
+        without_one = await demand_store.plan_entries(
+            conn, [label], now, ("alice", names[0]), planner
+        )
     assert len(plan) == 1 and len(without_one) == 1
     assert plan[0].resource.get("memory_bytes") == 12 * GiB // 4
     assert without_one[0].resource.get("memory_bytes") == 11 * GiB // 4
@@ -513,7 +529,10 @@ async def test_unclaimed_allocation_is_released_and_failed(drm):
     await drm.tick()
     d = await drm.get("d")
     assert d.state == S.DEMAND_STATE_ALLOCATED
-    await drm.tick(CLAIM - ROUND)
+    # The claim timeout counts from allocate_time (when the allocation became visible).
+    expires = d.claim_expire_time.ToDatetime(tzinfo=drm.clock.now().tzinfo)
+    assert expires == d.allocate_time.ToDatetime(tzinfo=expires.tzinfo) + timedelta(seconds=CLAIM)
+    await drm.tick((expires - drm.clock.now()).total_seconds() - 1)
     assert await drm.state("d") == S.DEMAND_STATE_ALLOCATED
     await drm.tick(ROUND)
     failed = await drm.get("d")
@@ -763,11 +782,11 @@ async def test_rmctl_demand_commands(drm):
 
     from clients._errors import InvalidArgument as ClientInvalidArgument
     from clients._impl import RMClient
-    from clients.rmctl_demand import EXAMPLE, add_demand_commands
+    from rmctl.demand import EXAMPLE, register
 
     parser = argparse.ArgumentParser()
     parser.add_argument("-o", "--output", default="table")
-    add_demand_commands(parser.add_subparsers(dest="command", required=True))
+    register(parser.add_subparsers(dest="command", required=True))
 
     def run(*argv: str) -> str:
         args = parser.parse_args(argv)

@@ -30,8 +30,10 @@ from labelrm.v1 import (
 )
 from labelrm.v1 import resource_manager_pb2 as pb
 
+from rm_server.app.engineconns import NO_AGENT_HINT
 from rm_server.dev import NO_DEV_USER
 from rm_server.embedded import BINARIES_ROOT
+from rm_server.relocated import RELOCATED_ROOT
 from tests.helpers import (
     ROOT,
     free_port,
@@ -142,7 +144,8 @@ def test_make_run_from_a_fresh_clone_as_a_normal_user(user_home, ec_python):
         ["sudo", "-n", "-u", USER, "--", "/usr/bin/env", "-i",
          *(f"{k}={v}" for k, v in env.items()),
          "make", "-o", f"{venv}/.installed", "run", f"VENV={venv}",
-         f"LISTEN=127.0.0.1:{port}", f"CONSOLE=127.0.0.1:{console}"],
+         f"LISTEN=127.0.0.1:{port}", f"CONSOLE=127.0.0.1:{console}",
+         f"METRICS=127.0.0.1:{free_port()}"],
         stdout=log.open("ab"), stderr=subprocess.STDOUT, cwd=clone, start_new_session=True,
     )  # fmt: skip
     try:
@@ -241,7 +244,9 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 def test_make_run_as_root_from_a_clone_under_a_closed_home(sudo_users, ec_python):
     """`make run` as root from a checkout in a 0700 directory (root's /root): nothing
     above it is opened up, yet the database starts and the local agent launches an
-    EngineConn as the dev user."""
+    EngineConn as the dev user. The database and the work root live in the data
+    directory's home, and the start-up summary says where, and how to start afresh (it
+    named the data directory only)."""
     closed = private_tmp("lrm-root-home-")
     clone = closed / "labelrm"
     clone.mkdir()
@@ -266,8 +271,18 @@ def test_make_run_as_root_from_a_clone_under_a_closed_home(sudo_users, ec_python
     )  # fmt: skip
     try:
         launch_engineconns(f"127.0.0.1:{port}", log, rounds=1)
-        pgdata = clone / "labelrm-data" / "pgdata"
+        data = clone / "labelrm-data"
+        pgdata = data / "pgdata"
         assert pgdata.is_symlink()
+        home = Path(os.readlink(pgdata)).parent
+        assert home.parent == RELOCATED_ROOT and Path(os.readlink(data / "work")) == home / "work"
+        summary = [line for line in log.read_text().splitlines() if "labelrm dev:" in line]
+        assert (
+            f"(embedded database in {home / 'pgdata'}, linked from {pgdata}; to start "
+            in (summary[0])
+        ), summary
+        assert summary[0].endswith(f"afresh stop it and delete {data}), local agent "
+                                   f"'local-agent' for {USER}."), summary  # fmt: skip
         postmaster = int((pgdata / "postmaster.pid").read_text().split("\n", 1)[0])
         assert Path(psutil.Process(postmaster).exe()).is_relative_to(BINARIES_ROOT)
         assert {p: stat.S_IMODE(p.stat().st_mode) for p in modes} == modes
@@ -304,25 +319,39 @@ def dev_env(**extra: str) -> dict[str, str]:
 
 
 def test_make_run_as_root_without_a_dev_user_says_what_to_do(data_root):
+    """Root following the quick start without LABELRM_DEV_USERS gets no local agent: the
+    start-up summary says so and what to do (it used to announce "local agent for
+    nobody"), and creating an EngineConn as the README does is refused with the same
+    advice (it used to say only "ECMs: none")."""
     if os.geteuid() != 0:
         unavailable("the root path of make run needs root")
     port = free_port()
-    err = data_root / "stderr"
+    out = data_root / "stdout"
     proc = subprocess.Popen(
         [sys.executable, "-m", "rm_server", "--dev", "--data-dir", str(data_root / "data"),
          "--listen", f"127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=err.open("wb"), cwd=ROOT, env=dev_env(),
+        stdout=out.open("wb"), stderr=subprocess.DEVNULL, cwd=ROOT, env=dev_env(),
     )  # fmt: skip
     try:
-        wait_serving(f"127.0.0.1:{port}", 90)
-        wait_until_sync(
-            lambda: NO_DEV_USER in err.read_text(),
+        wait_serving(f"127.0.0.1:{port}", 90, proc)
+        summary = wait_until_sync(
+            lambda: [line for line in out.read_text().splitlines() if "labelrm dev:" in line],
             10,
-            what=lambda: "the no-dev-user advice\n" + log_tail(err, 2000),
+            what=lambda: "the start-up summary\n" + log_tail(out, 2000),
             interval=0.05,
         )
-        said = [line for line in err.read_text().splitlines() if "LABELRM_DEV_USERS" in line]
-        assert said == [NO_DEV_USER] or said[-1] == NO_DEV_USER, said
+        assert summary[0].endswith(f"{NO_DEV_USER}."), summary
+        assert "LABELRM_DEV_USERS=<user>" in NO_DEV_USER and "local agent 'local" not in summary[0]
+        created = subprocess.run(
+            [sys.executable, "-m", "clients.rmctl", "--rm", f"127.0.0.1:{port}", "engineconn",
+             "create", "--labels", "userCreator=root-IDE,engineType=shell-1", "-q"],
+            capture_output=True, text=True, cwd=ROOT, timeout=120,
+        )  # fmt: skip
+        assert created.returncode != 0 and created.stdout == "", created.stdout
+        said = created.stderr.strip().splitlines()
+        assert len(said) == 1 and said[0].startswith("error: FAILED_PRECONDITION (NO_ELIGIBLE_ECM)")
+        assert said[0].endswith(NO_AGENT_HINT), said
+        assert "LABELRM_DEV_USERS=<user>" in NO_AGENT_HINT and "README" in NO_AGENT_HINT
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)

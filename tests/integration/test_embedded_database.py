@@ -21,7 +21,7 @@ import pytest
 from labelrm.v1 import resource_manager_pb2 as pb
 from labelrm.v1 import resource_manager_pb2_grpc
 
-from rm_server.embedded import RELOCATED_ROOT
+from rm_server.relocated import RELOCATED_ROOT
 from tests.helpers import (
     ROOT,
     GiB,
@@ -58,7 +58,9 @@ def data_root(request) -> Iterator[Path]:
 class Server:
     """`rm-server --data-dir` as a subprocess."""
 
-    def __init__(self, data_dir: Path, log: Path, launcher: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, data_dir: Path, log: Path, launcher: tuple[str, ...] = (), extra: tuple[str, ...] = ()
+    ) -> None:
         self.data_dir = data_dir
         self.port = free_port()
         self.log = log
@@ -72,6 +74,7 @@ class Server:
                 self.target,
                 "--data-dir",
                 str(data_dir),
+                *extra,
             ],
             stdout=log.open("ab"),
             stderr=subprocess.STDOUT,
@@ -279,11 +282,12 @@ def test_a_data_directory_the_database_user_cannot_reach(sudo_users):
             second.stop()
         assert modes_above(data_dir) == modes  # nothing above was opened up
 
-        # Moved away from its files' name, or recreated while they remain: refused.
+        # Moved away from its files' name, or recreated while they remain (moved, not
+        # deleted): refused, and nothing is lost.
         moved = data_dir.rename(closed / "moved")
         for where, said in (
             (moved, f"{moved / 'pgdata'} points to {home / 'pgdata'}"),
-            (data_dir, f"{home / 'pgdata'} holds the database of an earlier"),
+            (data_dir, f"{home} holds what rm-server kept for {data_dir}, moved to {moved}"),
         ):
             done = subprocess.run(
                 [
@@ -333,3 +337,130 @@ def test_links_the_database_user_plants_are_not_written_through(reachable_root, 
         assert not hba.is_symlink() and "peer map=rm" in hba.read_text()
     finally:
         second.stop()
+
+
+def served_ecm(server: Server, instance: str) -> bool:
+    """Whether the RM of `server` knows ECM `instance` (its data is there)."""
+    with grpc.insecure_channel(server.target) as channel:
+        stub = resource_manager_pb2_grpc.ResourceManagerServiceStub(channel)
+        try:
+            stub.GetEcm(pb.GetEcmRequest(instance=instance), timeout=10)
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.NOT_FOUND, exc
+            return False
+        return True
+
+
+def serve_once(data_dir: Path, log: Path, register_ecm: str = "", *extra: str) -> Server:
+    """rm-server on `data_dir` until it serves (an ECM registered when asked), stopped
+    again; returns it (its log, its exit code)."""
+    server = Server(data_dir, log, extra=extra)
+    try:
+        server.wait_serving()
+        if register_ecm:
+            with grpc.insecure_channel(server.target) as channel:
+                stub = resource_manager_pb2_grpc.ResourceManagerServiceStub(channel)
+                stub.RegisterEcm(register(register_ecm, load_instance(GiB, 1000, 1)), timeout=10)
+    finally:
+        server.stop()
+    assert server.proc.returncode == 0, log.read_text()[-3000:]
+    return server
+
+
+def test_deleting_the_data_directory_starts_afresh(sudo_users):
+    """Run by root in a directory the database user cannot reach, the database lives in
+    the data directory's home under /var/lib/labelrm/embedded. Deleting the data
+    directory, the usual way to start afresh, is enough: the next start at the same path
+    removes the old files and begins with an empty database. It used to refuse ("holds
+    the database of an earlier ... remove it") until one found root's hidden directory."""
+    closed = private_tmp("lrm-")
+    data_dir = closed / "labelrm-data"
+    try:
+        serve_once(data_dir, closed / "rm.log", "h:1")
+        home = Path(os.readlink(data_dir / "pgdata")).parent
+        shutil.rmtree(data_dir)  # rm -rf: the link goes, never what it points to
+        assert (home / "pgdata" / "PG_VERSION").exists()
+        second = Server(data_dir, closed / "rm2.log")
+        try:
+            second.wait_serving()
+            assert not served_ecm(second, "h:1")  # a new, empty database
+            assert Path(os.readlink(data_dir / "pgdata")) == home / "pgdata"
+        finally:
+            second.stop()
+        said = [line for line in second.log.read_text().splitlines() if f"removed {home}" in line]
+        assert len(said) == 1 and "level=WARNING" in said[0], second.log.read_text()[-3000:]
+    finally:
+        remove_with_relocated(closed)
+
+
+def test_orphans_are_removed_at_start_and_moved_directories_kept(sudo_users):
+    """Any rm-server started as root removes what was kept for data directories deleted
+    since (they used to stay forever: 30 of them took 1.6 GiB after a few hours of test
+    runs), and keeps the files of one that was only moved: back in its place, it
+    starts with its data."""
+    closed = private_tmp("lrm-")
+    deleted, moved, other = (closed / name / "data" for name in ("a", "b", "c"))
+    try:
+        serve_once(deleted, closed / "a.log")
+        serve_once(moved, closed / "b.log", "hb:1")
+        deleted_home = Path(os.readlink(deleted / "pgdata")).parent
+        moved_home = Path(os.readlink(moved / "pgdata")).parent
+        shutil.rmtree(closed / "a")
+        (closed / "b").rename(closed / "b-elsewhere")
+
+        serve_once(other, closed / "c.log")
+        assert not deleted_home.exists()
+        assert (moved_home / "pgdata" / "PG_VERSION").exists()
+
+        (closed / "b-elsewhere").rename(closed / "b")
+        back = Server(moved, closed / "b2.log")
+        try:
+            back.wait_serving()
+            assert served_ecm(back, "hb:1")  # nothing was lost
+        finally:
+            back.stop()
+    finally:
+        remove_with_relocated(closed)
+
+
+def test_reset_starts_afresh(data_root):
+    """`rm-server --reset` deletes the data directory's database wherever its files are
+    and starts on a new one; the refusal of a data directory whose link alone was
+    removed names it. With an external database it is refused in one line."""
+    data_dir = data_root / "data"
+    serve_once(data_dir, data_root / "rm.log", "h:1")
+    link = data_dir / "pgdata"
+    if link.is_symlink():  # in root's home: the link alone removed is refused
+        home = Path(os.readlink(link)).parent
+        link.unlink()
+        done = subprocess.run(
+            [sys.executable, "-m", "rm_server", "--listen", f"127.0.0.1:{free_port()}",
+             "--data-dir", str(data_dir)],
+            capture_output=True, text=True, cwd=ROOT, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 1, done.stderr
+        assert done.stderr.strip().splitlines()[-1] == (
+            f"rm-server: {home / 'pgdata'} holds the database of {data_dir}, whose link {link} "
+            f"is gone: restore it (ln -s {home / 'pgdata'} {link}), or start afresh with "
+            f"rm-server --reset (or by deleting {data_dir})"
+        )
+    fresh = Server(data_dir, data_root / "rm2.log", extra=("--reset",))
+    try:
+        fresh.wait_serving()
+        assert not served_ecm(fresh, "h:1")
+    finally:
+        fresh.stop()
+    assert "the embedded database of" in fresh.log.read_text()
+
+    external = subprocess.run(
+        [sys.executable, "-m", "rm_server", "--reset", "--database-url", "postgresql:///x",
+         "--data-dir", str(data_dir)],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert (external.returncode, external.stderr.splitlines()[-1:]) == (
+        2,
+        [
+            "rm-server: --reset deletes the embedded database, and database_url names an "
+            "external one: drop and create that database yourself"
+        ],
+    )

@@ -264,6 +264,8 @@ async def test_max_idle_exits_cleanly(start_ec, fake_rm):
 
 
 async def test_sigterm_cancels_the_running_execution_and_exits_cleanly(start_ec, fake_rm, tmp_path):
+    """Its code stops and the process exits 0; the stop cut that execution short, so the
+    EngineConn ends FAILED saying so (docs/architecture.md, "Ended on request")."""
     ec = await start_ec("shell")
     pid_file = tmp_path / "sleep.pid"
     code = f"sleep 30 & echo $! > {pid_file}; echo go; wait"
@@ -273,7 +275,8 @@ async def test_sigterm_cancels_the_running_execution_and_exits_cleanly(start_ec,
     await fake_rm.next_report(SHUTTING_DOWN)
     run = await asyncio.wait_for(collect(call), 5)
     assert run.result.cancelled
-    await fake_rm.next_report(SUCCEEDED)
+    final = await fake_rm.next_report(FAILED)
+    assert final.reason == "an execution was cut short (signal SIGTERM)"
     assert await ec.wait_exit() == 0
     assert not running(int(pid_file.read_text()))
 

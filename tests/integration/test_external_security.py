@@ -13,7 +13,7 @@ import grpc
 import pytest
 from labelrm.v1 import admin_pb2, resource_manager_pb2
 
-from clients.rmctl import main
+from rmctl import main
 from tests.helpers import apply_req, bad_field, lbl, refused
 from tests.integration.security_fixtures import make_pki, start_secure, stop_secure
 from tests.integration.test_external_yarn import A1, capacity, dy, provider

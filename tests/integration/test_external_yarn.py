@@ -366,7 +366,7 @@ async def test_bad_provider_definitions_are_refused_naming_the_field(rm):
 
 
 async def test_rmctl_provider_add_list_test_rm(rm, capacity, capsys, monkeypatch):
-    from clients import rmctl
+    import rmctl
 
     state, pair = capacity
     pair.rm1.basic_auth = pair.rm2.basic_auth = ("yarn", "pw")
@@ -398,7 +398,7 @@ async def test_rmctl_provider_add_list_test_rm(rm, capacity, capsys, monkeypatch
 
 
 async def test_queue_view_shows_yarn_figures_in_flight_and_last_fetch(rm, capacity, capsys):
-    from clients import rmctl
+    import rmctl
 
     state, pair = capacity
     await rm.admin.PutExternalProvider(provider(pair.addresses, ttl=0))

@@ -90,8 +90,11 @@ async def test_unknown_excluded_and_lost_agents(rm_manual_clock):
         pb.HEARTBEAT_ACTION_REREGISTER,
     ]
     assert "excluded" in answers[1].reason and "unknown" in answers[2].reason
-    # quiet:9000 never beat: past the expiry it is LOST, good:9000 (beaten 20 s ago) not.
+    # quiet:9000 never beat: past the expiry it is LOST, good:9000 (beating on) not. (Had
+    # good:9000 fallen silent too, three of three agents silent would be a suspected
+    # disruption, and nobody LOST: test_liveness_judge.py.)
     rm.clock.advance(rm.server.hub.settings.ecm_expiry.total_seconds() - 10)
+    assert (await rm.rm.Heartbeat(_beat("good:9000", 2), timeout=10)).action == CONTINUE
     await rm.server.hub.sweep()
     states = {
         e.instance: e.state for e in (await rm.rm.ListEcms(pb.ListEcmsRequest(), timeout=10)).ecms

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 from typing import Any
 
@@ -14,36 +13,10 @@ from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as rm_pb
 
 from clients import AsyncRMClient, ResourceExhausted, load, load_instance
+from tests.cli import rmctl_run
 from tests.helpers import ROOT, start_agent, wait_until
 
 SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"
-
-
-async def rmctl_run(rm: Any, *argv: str, deadline: float = 30.0) -> tuple[int, str, str]:
-    """rmctl in a subprocess: (exit code, stdout, stderr). A process still running at the
-    deadline is killed and the test fails: rmctl must always exit on its own."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "clients.rmctl",
-        "--rm",
-        rm.target,
-        *argv,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), deadline)
-    except TimeoutError:
-        proc.kill()
-        out, err = await proc.communicate()
-        raise AssertionError(
-            f"rmctl {' '.join(argv)} still running after {deadline}s; printed {out!r} {err!r}"
-        ) from None
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 async def test_exec_by_id_prefix_always_exits(cluster_rm: Any, agent_factory: Any) -> None:
@@ -84,7 +57,7 @@ async def test_global_flags_anywhere_and_output_modes(rm: Any) -> None:
     assert sorted(names) == ["node-a", "node-b"]
     # --rm after the subcommand wins over the one before it (a dead address).
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "clients.rmctl", "--rm", "127.0.0.1:1", "node", "list",
+        sys.executable, "-m", "rmctl", "--rm", "127.0.0.1:1", "node", "list",
         "--rm", rm.target, "-o", "name",
         stdout=asyncio.subprocess.PIPE, cwd=ROOT,
     )  # fmt: skip
@@ -108,7 +81,7 @@ async def test_watch_json_streams_one_object_per_change(rm: Any) -> None:
     async with AsyncRMClient(rm.target, timeout=10.0) as client:
         await client.set_label_limit("userCreator=alice-IDE", load(4 << 30, 2000))
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "clients.rmctl", "--rm", rm.target, "limit", "list", "-w",
+            sys.executable, "-m", "rmctl", "--rm", rm.target, "limit", "list", "-w",
             "-o", "json", "--watch-interval", "0.1", "--watch-rounds", "600",
             stdout=asyncio.subprocess.PIPE, cwd=ROOT,
         )  # fmt: skip
@@ -187,7 +160,7 @@ async def test_node_list_filters_lost_age_out_and_rm(rm_manual_clock: Any) -> No
         rc, out, err = await rmctl_run(rm, "node", "list", "-l", "zone")
         assert rc == 2 and "selector 'zone' is not key=value" in err
         rc, out, err = await rmctl_run(rm, "node", "rm", "gpu")
-        assert rc == 1 and "RUNNING" in err and "node drain gpu-1" in err
+        assert rc == 1 and "RUNNING" in err and "node decommission gpu-1" in err
 
         # gpu-1 goes silent past the expiry: LOST, its last heartbeat months ago.
         rm.clock.advance(rm.server.hub.settings.ecm_expiry.total_seconds() + 1)

@@ -19,7 +19,7 @@ from tests.helpers import ROOT, shared_tmp
 def rmctl(*argv: str) -> subprocess.CompletedProcess[str]:
     """rmctl as a real process (local commands need no RM)."""
     return subprocess.run(
-        [sys.executable, "-m", "clients.rmctl", *argv],
+        [sys.executable, "-m", "rmctl", *argv],
         capture_output=True,
         text=True,
         timeout=60,
@@ -107,7 +107,9 @@ def test_pki_issue_writes_the_files_the_deploy_configs_name(
     service = pwd.getpwnam(sudo_users[0])
     key = tls / "server-rm1.key"
     os.chown(key, service.pw_uid, service.pw_gid)
-    done = rmctl("pki", "issue", "--dir", str(tls), "server", "rm1", "--dns", "rm1.example")
+    done = rmctl(
+        "pki", "issue", "--dir", str(tls), "server", "rm1", "--dns", "rm1.example", "--force"
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     after = os.stat(key)
     assert (after.st_uid, stat.S_IMODE(after.st_mode)) == (service.pw_uid, 0o600)

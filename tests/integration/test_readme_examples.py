@@ -1,4 +1,5 @@
-"""The README's grpcurl, `buf curl` and rmctl examples, run verbatim against a live RM.
+"""The README's grpcurl, `buf curl` and rmctl examples, run verbatim against a live RM;
+its SDK snippet and metrics line against a real `make run`.
 
 Every fenced block preceded by ``<!-- readme-example: NAME -->`` is extracted, in order,
 into one bash script (later blocks use variables of earlier ones, as a reader's shell
@@ -11,8 +12,26 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import signal
+import subprocess
+from pathlib import Path
 
-from tests.helpers import ROOT, assert_consistent
+import grpc
+import pytest
+from labelrm.v1 import resource_manager_pb2 as pb
+from labelrm.v1 import resource_manager_pb2_grpc
+
+from tests.helpers import (
+    EC_VENV,
+    ROOT,
+    assert_consistent,
+    free_port,
+    log_tail,
+    remove_with_relocated,
+    shared_tmp,
+    wait_serving,
+    wait_until_sync,
+)
 
 README = ROOT / "README.md"
 README_TARGET = "127.0.0.1:7100"
@@ -81,3 +100,86 @@ async def test_readme_examples_run_verbatim(rm):
         for needle in needles:
             assert needle in outputs[name], f"{name}: {needle!r} not in:\n{outputs[name]}"
     await assert_consistent(rm)
+
+
+# Blocks run against a real `make run` (its local agent, its metrics address): each
+# preceded by ``<!-- readme-make-run: NAME -->``, in bash or Python.
+_MAKE_RUN_BLOCK = re.compile(
+    r"<!-- readme-make-run: ([\w-]+) -->\s*\n```(bash|python)\n(.*?)\n```", re.DOTALL
+)
+README_METRICS = "127.0.0.1:7190"
+MAKE_RUN_EXPECT = {
+    "sdk": ["ExecOutput(stream='stdout', text='42", "ExecResult(exit_code=0,"],
+    "metrics": ["labelrm_rpc_total{", "labelrm_apply_waiting"],
+}
+
+
+@pytest.mark.once
+def test_readme_blocks_run_against_make_run(sudo_users, ec_python):
+    """`make run` as the README's root variant has it (LABELRM_DEV_USERS=<user>), then
+    its Python snippet, run by that user (it hardcoded `alice`: a traceback for everyone
+    else), and its metrics line (it started a second rm-server on `make run`'s data
+    directory, refused while `make run` held it; `make run` now serves metrics itself,
+    METRICS=...). Only the addresses change: the test's free ports."""
+    blocks = {
+        name: (lang, body) for name, lang, body in _MAKE_RUN_BLOCK.findall(README.read_text())
+    }
+    assert set(blocks) == set(MAKE_RUN_EXPECT)
+    user = sudo_users[0]
+    root = shared_tmp("lrm-readme-run-")
+    port, console, metrics = free_port(), free_port(), free_port()
+    target = f"127.0.0.1:{port}"
+    log = root / "make-run.log"
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "SUDO_USER")}
+    env.update(LABELRM_DEV_USERS=user, LABELRM_EC_VENV=str(EC_VENV))
+    proc = subprocess.Popen(
+        ["make", "run", f"LISTEN={target}", f"CONSOLE=127.0.0.1:{console}",
+         f"METRICS=127.0.0.1:{metrics}", f"DATA_DIR={root / 'labelrm-data'}"],
+        stdout=log.open("ab"), stderr=subprocess.STDOUT, cwd=ROOT, env=env,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        wait_serving(target, 120, log=log)
+        wait_local_agent(target, log)
+        outputs = {}
+        for name, (lang, body) in blocks.items():
+            code = body.replace(README_TARGET, target).replace(
+                README_METRICS, f"127.0.0.1:{metrics}"
+            )
+            # The snippet as the EngineConn user, with the labelrm the users can run.
+            argv = (
+                ["sudo", "-n", "-u", user, "--", ec_python, "-c", code]
+                if lang == "python"
+                else ["bash", "-euo", "pipefail", "-c", code]
+            )
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd="/")
+            assert done.returncode == 0, f"{name}:\n{done.stdout}\n{done.stderr}\n{log_tail(log)}"
+            outputs[name] = done.stdout
+        for name, needles in MAKE_RUN_EXPECT.items():
+            for needle in needles:
+                assert needle in outputs[name], f"{name}: {needle!r} not in:\n{outputs[name]}"
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C on the terminal
+        try:
+            proc.wait(60)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+            said = log.read_text()
+            remove_with_relocated(root)
+    assert "Traceback" not in said, said[-3000:]
+
+
+def wait_local_agent(target: str, log: Path) -> None:
+    """`make run`'s local agent registered and RUNNING."""
+    with grpc.insecure_channel(target) as channel:
+        rm = resource_manager_pb2_grpc.ResourceManagerServiceStub(channel)
+
+        def running() -> bool:
+            ecms = rm.ListEcms(pb.ListEcmsRequest(), timeout=10).ecms
+            return any(
+                e.instance == "local-agent" and e.state == pb.ECM_STATE_RUNNING for e in ecms
+            )
+
+        wait_until_sync(running, 60, what=lambda: "local-agent RUNNING\n" + log_tail(log))

@@ -53,7 +53,8 @@ def test_make_run_from_a_fresh_clone_creates_the_venv_and_runs_labelrm(clone: Pa
     port, console = free_port(), free_port()
     log = clone.parent / "make-run.log"
     proc = subprocess.Popen(
-        ["make", "run", f"LISTEN=127.0.0.1:{port}", f"CONSOLE=127.0.0.1:{console}"],
+        ["make", "run", f"LISTEN=127.0.0.1:{port}", f"CONSOLE=127.0.0.1:{console}",
+         f"METRICS=127.0.0.1:{free_port()}"],
         stdout=log.open("ab"), stderr=subprocess.STDOUT, cwd=clone,
         env=shell_env(LABELRM_DEV_USERS=USER, LABELRM_EC_VENV=str(EC_VENV)),
         start_new_session=True,

@@ -10,8 +10,8 @@ from typing import Any, TextIO
 from labelrm.v1 import demand_pb2, demand_pb2_grpc
 
 from clients import load_instance
-from clients._format import run_watch
 from clients._impl import parse_labels
+from rmctl.output import run_watch
 from tests.helpers import CLIENT_ECM, ctl, details
 
 GiB = 1024**3
@@ -87,23 +87,36 @@ class FakeTty(io.StringIO):
         return True
 
 
-def test_watch_on_a_terminal_redraws_each_round() -> None:
-    renders = iter(["one\n", "two\n", "two\n"])
-    out = FakeTty()
-    code = run_watch(
-        lambda o: o.write(next(renders)) and 0, out, interval=0, title="rmctl x", rounds=3
-    )
-    assert code == 0
-    text = out.getvalue()
-    assert text.count("\x1b[H\x1b[2J") == 3 and text.count("Every 0s: rmctl x") == 3
-    assert text.endswith("two\n")
+def test_watch_streams_the_rows_that_change() -> None:
+    """`-w` printed the whole table again each round (redrawing a terminal); it prints the
+    table once, then a row per object that appeared or changed, and (deleted) for one that
+    went away, aligned under the first header, on a terminal or not."""
+    header = "ID     STATE   AGE"
+    for out in (FakeTty(), io.StringIO()):
+        renders = iter([
+            f"{header}\na      IDLE    1s\nb      BUSY    1s\n",
+            f"{header}\na      IDLE    1s\nb      IDLE    2s\n",  # b changed
+            "ID           STATE   AGE\na            IDLE    1s\nlong-one     IDLE    0s\n",
+        ])  # fmt: skip
+
+        def render(o: TextIO, renders: Any = renders) -> int:
+            o.write(next(renders))
+            return 0
+
+        assert run_watch(render, out, interval=0, rounds=3) == 0
+        assert out.getvalue() == (
+            f"{header}\na      IDLE    1s\nb      BUSY    1s\n"
+            "b      IDLE    2s\n"
+            "long-one   IDLE    0s\n"
+            "b      IDLE    2s   (deleted)\n"
+        )
 
 
 def test_watch_stops_cleanly_on_ctrl_c() -> None:
     def render(out: TextIO) -> int:
         raise KeyboardInterrupt
 
-    assert run_watch(render, io.StringIO(), interval=0, title="t") == 0
+    assert run_watch(render, io.StringIO(), interval=0) == 0
 
 
 async def test_demand_list_as_json(client: Any, rm: Any, capsys: Any) -> None:

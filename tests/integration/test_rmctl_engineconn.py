@@ -19,7 +19,8 @@ from google.protobuf import json_format
 from labelrm.v1 import engine_conn_pb2 as ec_pb
 
 from clients import AsyncRMClient, ExecOutput, ExecResult, Unauthenticated
-from clients.rmctl_engineconn import cmd_ec_logs, with_progress
+from rmctl.engineconn import with_progress
+from rmctl.logs import cmd_ec_logs
 from tests.helpers import ctl, details, start_agent, wait_until, wait_until_sync
 
 SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"
@@ -42,9 +43,9 @@ async def test_engineconn_lifecycle_through_rmctl(
     assert await ctl(rm, "node", "list") == 0
     header, *rows = capsys.readouterr().out.splitlines()
     assert header.split() == [
-        "INSTANCE", "STATE", "ENGINECONNS", "TOTAL", "LEFT", "LAST_HEARTBEAT",
+        "INSTANCE", "STATE", "ISOLATION", "ENGINECONNS", "TOTAL", "LEFT", "LAST_HEARTBEAT",
     ]  # fmt: skip
-    assert [r.split()[:2] for r in rows] == [["agent1", "RUNNING"]]
+    assert [r.split()[:3] for r in rows] == [["agent1", "RUNNING", "cgroup-v1"]]
     assert await ctl(rm, "-o", "wide", "node", "list") == 0
     header = capsys.readouterr().out.splitlines()[0]
     assert header.split()[-3:] == ["LABELS", "PROTECTED", "REGISTERED"]
@@ -181,7 +182,7 @@ async def test_node_drain_refresh_and_errors(
     assert await ctl(rm, "engineconn", "create", "--user", "lrmtest_a") == 2  # no --labels
     capsys.readouterr()
 
-    assert await ctl(rm, "node", "drain", "agent1") == 0
+    assert await ctl(rm, "node", "decommission", "agent1") == 0
     assert "agent1 DRAINING: 1 live EngineConns" in capsys.readouterr().out
     assert await ctl(rm, "node", "status", "agent1") == 0
     assert details(capsys.readouterr().out, head_only=True)["state"] == "DRAINING"
@@ -192,7 +193,7 @@ async def test_node_drain_refresh_and_errors(
     await client.kill_engine_conn(ec.engine_conn_id)
 
     async def gone() -> bool:
-        return not [e async for e in client.list_ecms()]
+        return not [e for e in await client.list_ecms()]
 
     await wait_until(gone, timeout=20)
     assert await ctl(rm, "node", "list") == 0
@@ -233,7 +234,7 @@ def test_logs_fall_back_to_the_stored_tail(capsys: Any, tmp_path: Any) -> None:
         work_dir=str(tmp_path / "elsewhere" / "ec-1"),  # not on this host
         log_tail="Traceback ...\nValueError: bad config\n",
     )
-    args = argparse.Namespace(ec_id="ec-1", follow=True, output="table")
+    args = argparse.Namespace(ec_id="ec-1", follow=True, output="table", tail=None, since=None)
     out = io.StringIO()
     assert cmd_ec_logs(_Client(ec), args, out) == 0  # type: ignore[arg-type]
     assert out.getvalue() == "Traceback ...\nValueError: bad config\n"

@@ -18,7 +18,7 @@ from labelrm.v1 import admin_pb2
 from labelrm.v1 import resource_manager_pb2 as pb
 from labelrm.v1 import resource_pb2 as R
 
-from clients import rmctl
+import rmctl
 from tests.helpers import (
     GiB,
     apply_req,

@@ -72,6 +72,8 @@ EXPECTED = {
     "AdminService/CheckConsistency": set(),
     "AdminService/RefreshNodes": set(),
     "AdminService/DecommissionEcm": set(),
+    "AdminService/CordonEcm": set(),
+    "AdminService/UncordonEcm": set(),
     "AdminService/GetClusterInfo": set(),
     "AdminService/ListEvents": set(),
     "AdminService/PutExternalProvider": set(),
@@ -449,7 +451,7 @@ def test_insecure_flag_allows_plaintext_with_tokens(rm_process_factory, tmp_path
 
 
 async def test_rmctl_authenticates_with_token_and_tls(srm, tmp_path, capsys):
-    from clients.rmctl import main
+    from rmctl import main
 
     base = ["--rm", srm.user_target, "--tls-ca", srm.pki.ca]
     alice = [*base, "--token", srm.pki.tokens["alice"]]

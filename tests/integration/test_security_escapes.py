@@ -84,7 +84,7 @@ async def test_rmctl_writes_stored_control_characters_out(srm, capsys):
     """Alice's EngineConn reports its end with the escapes in its reason (its certificate
     is in her work directory, so she can): stored as sent, `rmctl describe engineconn`
     shows the admin every one written out, and none reaches the terminal."""
-    from clients.rmctl import main
+    from rmctl import main
 
     cert = await engine_conn_of(srm, "ec-text", "alice")
     ec = srm.stubs(srm.channel(cert=cert, agent_port=True))

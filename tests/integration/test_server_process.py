@@ -154,7 +154,7 @@ def test_rmctl_dev_starts_rm_and_local_agent(tmp_path, reachable_tmp):
         [
             sys.executable,
             "-c",
-            "from clients.rmctl import main; raise SystemExit(main())",
+            "from rmctl import main; raise SystemExit(main())",
             "dev",
             "--data-dir",
             str(reachable_tmp / "data"),

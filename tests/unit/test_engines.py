@@ -87,6 +87,35 @@ def test_bad_params_are_refused(params, field):
     assert exc.value.field == field
 
 
+@pytest.mark.parametrize(
+    ("params", "memory", "cpu"),
+    [
+        ({"memory_bytes": "512Mi"}, 512 << 20, 500),
+        ({"memory_bytes": "1.5Gi", "cpu_millis": "250m"}, 3 << 29, 250),
+        ({"memory_bytes": "1G", "cpu_millis": "2000"}, 10**9, 2000),
+    ],
+)
+def test_amounts_take_the_quantities_people_write(params, memory, cpu):
+    """`--param memory_bytes=512Mi` was refused as "not a non-negative decimal integer":
+    one quantity syntax wherever a user types an amount (as rmctl's --memory / --cpu)."""
+    resource = plugin_for("shell").resource(params, {})
+    assert (resource.get("memory_bytes"), resource.get("cpu_millis")) == (memory, cpu)
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"memory_bytes": "lots"}, "'lots' is not an amount of memory: 512Mi, 2Gi, 1G or bytes"),
+        ({"memory_bytes": "1.5"}, "'1.5' is not an amount of memory"),  # half a byte
+        ({"cpu_millis": "0.5"}, "'0.5' is not an amount of CPU in millicores: 500 or 500m"),
+        ({"max_idle_seconds": "10m"}, "'10m' is not a non-negative decimal integer"),
+    ],
+)
+def test_a_wrong_amount_says_what_is_expected(params, message):
+    with pytest.raises(InvalidParam, match=message):
+        plugin_for("shell").resource(params, {})
+
+
 def test_bad_defaults_are_refused():
     with pytest.raises(InvalidParam) as exc:
         plugin_for("shell").resource({}, {"memory_byte": "1"})

@@ -6,10 +6,11 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import cast
 
-from hypothesis import example, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from rm_server.domain.demands.planner import (
+    PARK_HORIZON,
     Action,
     Candidate,
     DemandView,
@@ -23,10 +24,13 @@ from rm_server.domain.demands.planner import (
     decide,
     in_use_at,
     occupation,
+    park_until,
+    passes_since,
     place,
 )
 from rm_server.domain.demands.state import DemandState
 from rm_server.domain.demands.timelang import (
+    EPSILON,
     AllOf,
     AnyOf,
     Chances,
@@ -201,7 +205,10 @@ def test_window_honoured_reserve_at_lead_then_allocate_inside():
     allocating = replace(d, state=S.ALLOCATING)
     assert decide(allocating, m(9.5), SET).action is Action.WAIT  # lead time: not yet
     assert decide(allocating, m(10), SET).action is Action.ALLOCATE
-    assert decide(allocating, m(20), SET).action is Action.ALLOCATE
+    last = m(20) - SET.commit_margin  # recorded at + the margin: still inside
+    assert decide(allocating, last, SET).action is Action.ALLOCATE
+    # Closer to the end, the allocation could become visible after it: not made.
+    assert decide(allocating, m(20), SET).action is Action.WAIT
 
 
 def test_strict_fails_when_the_window_closes():
@@ -231,8 +238,8 @@ def test_rounds_are_counted_chances():
 def test_order_by_waits_then_goes_or_fails():
     order = AllOf((DemandRef("a"), AnyOf((DemandRef("b"), DemandRef("c")))))
     d = view(Span(m(0), None), order=order)
-    assert decide(d, m(1), SET, {}).action is Action.WAIT
-    assert decide(d, m(1), SET, {"a": True, "b": None}).action is Action.WAIT
+    assert decide(d, m(1), SET, {}).action is Action.PARK  # until a predecessor ends
+    assert decide(d, m(1), SET, {"a": True, "b": None}).action is Action.PARK
     assert decide(d, m(1), SET, {"a": True, "c": True}).action is Action.RESERVE
     fail = decide(d, m(1), SET, {"a": False})
     assert fail.action is Action.FAIL and "a FAILED" in fail.reason
@@ -294,8 +301,9 @@ def test_never_allocates_outside_the_window_or_the_slip(start, length, probe, ro
         assert now >= d.planned_start
         if loose:
             assert now <= m(start + length) + SET.loose_slip
-        else:
+        else:  # decided in the window, and visible (recorded) in it too
             assert holds(window, now, rounds)
+            assert holds(window, now + SET.commit_margin, rounds)
 
 
 # ----- an admitted demand is allocated, never planned too close to its window's end --------
@@ -380,3 +388,38 @@ def test_in_use_at_sums_the_entries_live_at_each_probe(entries, probes) -> None:
             sum(e.resource.get("cpu_millis") for e in live),
         )
         assert used == expected, (at, used, expected)
+
+
+# ----- parked demands ---------------------------------------------------------------------------
+
+
+def test_a_parked_demand_is_looked_at_when_its_decision_may_change():
+    """park_until: the window's end (then just after), the pass in which ^N runs out, the
+    end of a loose slip, the OrderBy bound, else the horizon."""
+    strict = view(Span(m(0), m(20)), state=S.ALLOCATING)
+    assert park_until(strict, m(5), m(5), SET) == m(20)
+    assert park_until(strict, m(20), m(20), SET) == m(20) + EPSILON  # closed: FAIL then
+    chances = view(Chances(m(0), 3), state=S.ALLOCATING, rounds=2)
+    # Passed over twice: the passes 1 and 2 from here still decide with 2 and 3 rounds.
+    assert park_until(chances, m(5), m(5), SET) == m(5) + 3 * SET.round_length
+    loose = view(Span(m(0), m(20)), state=S.ALLOCATING, strategy=Strategy.LOOSE)
+    slipping = replace(loose, closed_at=m(20))
+    assert park_until(slipping, m(21), m(21), SET) == m(35) + EPSILON
+    open_ended = view(Span(m(0), None), state=S.ALLOCATING)
+    assert park_until(open_ended, m(5), m(5), SET) == m(5) + PARK_HORIZON
+
+
+@given(st.integers(0, 5), st.integers(0, 3), st.integers(0, 40))
+def test_parked_chances_run_out_in_the_pass_the_rounds_would(rounds, chances, passes):
+    """A demand passed over `rounds` times, parked: in the pass `passes` later it has
+    been passed over rounds + passes - 1 times before its decision, as when each pass
+    counted it; park_until wakes it no later than the first pass that decides otherwise."""
+    assume(rounds <= chances + 1)  # this round decided with rounds - 1: it still held
+    d = view(Chances(m(0), chances), state=S.ALLOCATING, rounds=rounds)
+    start = m(1)
+    wake = park_until(d, start, start, SET)
+    at = start + passes * SET.round_length
+    counted = rounds + max(passes_since(start, at + SET.round_length / 2, SET.round_length) - 1, 0)
+    assert counted == rounds + max(passes - 1, 0)
+    if passes >= 1 and not holds(d.window, at, counted):
+        assert wake <= at  # it gets a round in that pass (or an earlier one)

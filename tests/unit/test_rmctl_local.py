@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from clients import rmctl_dev
-from clients.rmctl import main
+from rmctl import dev as rmctl_dev
+from rmctl import main
 from tests.helpers import ROOT
 
 
@@ -24,7 +24,7 @@ def test_pki_and_token_run_without_the_server_installed(tmp_path):
         f"""
         import sys
         sys.modules["rm_server"] = None
-        from clients.rmctl import main
+        from rmctl import main
         assert main(["pki", "dev", "--dir", {str(tmp_path / "pki")!r}, "--agent-id", "a1"]) == 0
         assert main(["token", "add", "--file", {str(tmp_path / "t.toml")!r}, "--user", "u"]) == 0
         assert main(["token", "list", "--file", {str(tmp_path / "t.toml")!r}]) == 0
@@ -87,3 +87,46 @@ def test_dev_prefers_the_rm_server_beside_rmctl(monkeypatch, tmp_path):
     program.chmod(0o755)
     monkeypatch.setattr(sysconfig, "get_path", lambda name: str(beside))
     assert rmctl_dev.find_rm_server() == str(program)
+
+
+def _rmctl(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rmctl", *argv], cwd=ROOT, capture_output=True, text=True,
+        timeout=120, env={**os.environ, "LABELRM_CONFIG": os.devnull},
+    )  # fmt: skip
+
+
+def test_pki_and_token_errors_say_what_to_do_on_stderr(tmp_path: Path) -> None:
+    """They were Python's (`[Errno 2] ... ca.crt`, a temporary file's name for a missing
+    directory), on stdout."""
+    pki_dir = tmp_path / "pki"
+    done = _rmctl("pki", "issue", "--dir", str(pki_dir), "server", "rm1")
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == (
+        f"error: no CA in {pki_dir} (ca.crt and ca.key missing): run "
+        f"`rmctl pki init --dir {pki_dir}` first\n"
+    )
+    file = tmp_path / "missing" / "tokens.toml"
+    done = _rmctl("token", "add", "--file", str(file), "--user", "u")
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == f"error: {file.parent}: no such directory (create it first)\n"
+
+
+def test_pki_issue_refuses_to_overwrite_a_certificate(tmp_path: Path) -> None:
+    """Re-issuing without --ip silently dropped the IP name, and clients that verify the RM
+    by it stopped trusting it: refused without --force, naming what the old one names."""
+    d = str(tmp_path)
+    assert _rmctl("pki", "init", "--dir", d).returncode == 0
+    first = _rmctl("pki", "issue", "--dir", d, "server", "rm1", "--dns", "rm1", "--ip", "10.0.0.5")
+    assert first.returncode == 0, first.stderr
+    before = (tmp_path / "server-rm1.crt").read_bytes()
+    again = _rmctl("pki", "issue", "--dir", d, "server", "rm1", "--dns", "rm1")
+    assert (again.returncode, again.stdout) == (1, "")
+    assert again.stderr == (
+        f"error: {tmp_path / 'server-rm1.crt'} exists (it names labelrm://server/rm1, --dns "
+        "rm1, --ip 10.0.0.5): use --force to replace it, with the same --dns / --ip if "
+        "clients still reach it by those\n"
+    )
+    assert (tmp_path / "server-rm1.crt").read_bytes() == before
+    forced = _rmctl("pki", "issue", "--dir", d, "server", "rm1", "--dns", "rm1", "--force")
+    assert forced.returncode == 0 and (tmp_path / "server-rm1.crt").read_bytes() != before

@@ -3,6 +3,7 @@ import datetime
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from labelrm.v1 import external_pb2 as _external_pb2
 from labelrm.v1 import resource_pb2 as _resource_pb2
+from labelrm.v1 import resource_manager_pb2 as _resource_manager_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -94,6 +95,36 @@ class DecommissionEcmResponse(_message.Message):
     LIVE_ENGINE_CONNS_FIELD_NUMBER: _ClassVar[int]
     live_engine_conns: int
     def __init__(self, live_engine_conns: _Optional[int] = ...) -> None: ...
+
+class CordonEcmRequest(_message.Message):
+    __slots__ = ("request_id", "instance", "reason")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    instance: str
+    reason: str
+    def __init__(self, request_id: _Optional[str] = ..., instance: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class CordonEcmResponse(_message.Message):
+    __slots__ = ("ecm",)
+    ECM_FIELD_NUMBER: _ClassVar[int]
+    ecm: _resource_manager_pb2.Ecm
+    def __init__(self, ecm: _Optional[_Union[_resource_manager_pb2.Ecm, _Mapping]] = ...) -> None: ...
+
+class UncordonEcmRequest(_message.Message):
+    __slots__ = ("request_id", "instance")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    instance: str
+    def __init__(self, request_id: _Optional[str] = ..., instance: _Optional[str] = ...) -> None: ...
+
+class UncordonEcmResponse(_message.Message):
+    __slots__ = ("ecm",)
+    ECM_FIELD_NUMBER: _ClassVar[int]
+    ecm: _resource_manager_pb2.Ecm
+    def __init__(self, ecm: _Optional[_Union[_resource_manager_pb2.Ecm, _Mapping]] = ...) -> None: ...
 
 class LabelLimit(_message.Message):
     __slots__ = ("pattern", "labels", "max_resource", "update_time")
@@ -204,18 +235,42 @@ class RmReplica(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class GetClusterInfoResponse(_message.Message):
-    __slots__ = ("version", "replicas", "database", "waiting_applies", "time")
+    __slots__ = ("version", "replicas", "database", "waiting_applies", "time", "liveness")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     DATABASE_FIELD_NUMBER: _ClassVar[int]
     WAITING_APPLIES_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
+    LIVENESS_FIELD_NUMBER: _ClassVar[int]
     version: str
     replicas: _containers.RepeatedCompositeFieldContainer[RmReplica]
     database: str
     waiting_applies: int
     time: _timestamp_pb2.Timestamp
-    def __init__(self, version: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[RmReplica, _Mapping]]] = ..., database: _Optional[str] = ..., waiting_applies: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    liveness: LivenessState
+    def __init__(self, version: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[RmReplica, _Mapping]]] = ..., database: _Optional[str] = ..., waiting_applies: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., liveness: _Optional[_Union[LivenessState, _Mapping]] = ...) -> None: ...
+
+class LivenessState(_message.Message):
+    __slots__ = ("heard_since", "heard_since_reason", "agents_judged_from", "engine_conns_judged_from", "disrupted", "disrupted_since", "silent_agents", "agents", "last_pass_time")
+    HEARD_SINCE_FIELD_NUMBER: _ClassVar[int]
+    HEARD_SINCE_REASON_FIELD_NUMBER: _ClassVar[int]
+    AGENTS_JUDGED_FROM_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_CONNS_JUDGED_FROM_FIELD_NUMBER: _ClassVar[int]
+    DISRUPTED_FIELD_NUMBER: _ClassVar[int]
+    DISRUPTED_SINCE_FIELD_NUMBER: _ClassVar[int]
+    SILENT_AGENTS_FIELD_NUMBER: _ClassVar[int]
+    AGENTS_FIELD_NUMBER: _ClassVar[int]
+    LAST_PASS_TIME_FIELD_NUMBER: _ClassVar[int]
+    heard_since: _timestamp_pb2.Timestamp
+    heard_since_reason: str
+    agents_judged_from: _timestamp_pb2.Timestamp
+    engine_conns_judged_from: _timestamp_pb2.Timestamp
+    disrupted: bool
+    disrupted_since: _timestamp_pb2.Timestamp
+    silent_agents: int
+    agents: int
+    last_pass_time: _timestamp_pb2.Timestamp
+    def __init__(self, heard_since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., heard_since_reason: _Optional[str] = ..., agents_judged_from: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., engine_conns_judged_from: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., disrupted: _Optional[bool] = ..., disrupted_since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., silent_agents: _Optional[int] = ..., agents: _Optional[int] = ..., last_pass_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ListEventsRequest(_message.Message):
     __slots__ = ("kind", "id", "user")

@@ -65,6 +65,16 @@ class AdminServiceStub:
                 request_serializer=labelrm_dot_v1_dot_admin__pb2.DecommissionEcmRequest.SerializeToString,
                 response_deserializer=labelrm_dot_v1_dot_admin__pb2.DecommissionEcmResponse.FromString,
                 _registered_method=True)
+        self.CordonEcm = channel.unary_unary(
+                '/labelrm.v1.AdminService/CordonEcm',
+                request_serializer=labelrm_dot_v1_dot_admin__pb2.CordonEcmRequest.SerializeToString,
+                response_deserializer=labelrm_dot_v1_dot_admin__pb2.CordonEcmResponse.FromString,
+                _registered_method=True)
+        self.UncordonEcm = channel.unary_unary(
+                '/labelrm.v1.AdminService/UncordonEcm',
+                request_serializer=labelrm_dot_v1_dot_admin__pb2.UncordonEcmRequest.SerializeToString,
+                response_deserializer=labelrm_dot_v1_dot_admin__pb2.UncordonEcmResponse.FromString,
+                _registered_method=True)
         self.GetClusterInfo = channel.unary_unary(
                 '/labelrm.v1.AdminService/GetClusterInfo',
                 request_serializer=labelrm_dot_v1_dot_admin__pb2.GetClusterInfoRequest.SerializeToString,
@@ -139,6 +149,24 @@ class AdminServiceServicer:
 
     def DecommissionEcm(self, request, context):
         """DecommissionEcm drains an ECM: no new EngineConns; once its EngineConns end it leaves.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CordonEcm(self, request, context):
+        """CordonEcm stops new work on an ECM (kubectl's cordon): no EngineConn starts there and no
+        Apply takes its label, while what runs there goes on. It stays cordoned through its
+        agent's restarts and LOST spells, until UncordonEcm. Draining is cordoning and waiting
+        for its EngineConns to end (`rmctl node drain`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UncordonEcm(self, request, context):
+        """UncordonEcm lets an ECM take new work again; it also calls off a decommission in
+        progress (DRAINING back to RUNNING).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -221,6 +249,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.DecommissionEcm,
                     request_deserializer=labelrm_dot_v1_dot_admin__pb2.DecommissionEcmRequest.FromString,
                     response_serializer=labelrm_dot_v1_dot_admin__pb2.DecommissionEcmResponse.SerializeToString,
+            ),
+            'CordonEcm': grpc.unary_unary_rpc_method_handler(
+                    servicer.CordonEcm,
+                    request_deserializer=labelrm_dot_v1_dot_admin__pb2.CordonEcmRequest.FromString,
+                    response_serializer=labelrm_dot_v1_dot_admin__pb2.CordonEcmResponse.SerializeToString,
+            ),
+            'UncordonEcm': grpc.unary_unary_rpc_method_handler(
+                    servicer.UncordonEcm,
+                    request_deserializer=labelrm_dot_v1_dot_admin__pb2.UncordonEcmRequest.FromString,
+                    response_serializer=labelrm_dot_v1_dot_admin__pb2.UncordonEcmResponse.SerializeToString,
             ),
             'GetClusterInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetClusterInfo,
@@ -416,6 +454,60 @@ class AdminService:
             '/labelrm.v1.AdminService/DecommissionEcm',
             labelrm_dot_v1_dot_admin__pb2.DecommissionEcmRequest.SerializeToString,
             labelrm_dot_v1_dot_admin__pb2.DecommissionEcmResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CordonEcm(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/labelrm.v1.AdminService/CordonEcm',
+            labelrm_dot_v1_dot_admin__pb2.CordonEcmRequest.SerializeToString,
+            labelrm_dot_v1_dot_admin__pb2.CordonEcmResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UncordonEcm(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/labelrm.v1.AdminService/UncordonEcm',
+            labelrm_dot_v1_dot_admin__pb2.UncordonEcmRequest.SerializeToString,
+            labelrm_dot_v1_dot_admin__pb2.UncordonEcmResponse.FromString,
             options,
             channel_credentials,
             insecure,

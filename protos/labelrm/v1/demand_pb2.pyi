@@ -143,8 +143,18 @@ class DemandEvent(_message.Message):
     reason: str
     def __init__(self, from_state: _Optional[_Union[DemandState, str]] = ..., to_state: _Optional[_Union[DemandState, str]] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
 
+class OrderByWait(_message.Message):
+    __slots__ = ("demand_id", "state", "planned_end_time")
+    DEMAND_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PLANNED_END_TIME_FIELD_NUMBER: _ClassVar[int]
+    demand_id: str
+    state: DemandState
+    planned_end_time: _timestamp_pb2.Timestamp
+    def __init__(self, demand_id: _Optional[str] = ..., state: _Optional[_Union[DemandState, str]] = ..., planned_end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
 class Demand(_message.Message):
-    __slots__ = ("demand_id", "state", "user", "labels", "charged_labels", "resource", "time_conditions", "time_conditions_text", "reason", "submit_time", "update_time", "planned_start_time", "plan_start_time", "plan_end_time", "slip", "passed_over_rounds", "ticket_id", "allocate_time", "claim_expire_time", "claim_time", "end_time", "overruns", "events")
+    __slots__ = ("demand_id", "state", "user", "labels", "charged_labels", "resource", "time_conditions", "time_conditions_text", "reason", "submit_time", "update_time", "planned_start_time", "plan_start_time", "plan_end_time", "slip", "passed_over_rounds", "ticket_id", "allocate_time", "claim_expire_time", "claim_time", "end_time", "overruns", "events", "waiting_for", "waiting", "order_by_missing_time")
     DEMAND_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
@@ -168,6 +178,9 @@ class Demand(_message.Message):
     END_TIME_FIELD_NUMBER: _ClassVar[int]
     OVERRUNS_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FOR_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    ORDER_BY_MISSING_TIME_FIELD_NUMBER: _ClassVar[int]
     demand_id: str
     state: DemandState
     user: str
@@ -191,7 +204,10 @@ class Demand(_message.Message):
     end_time: _timestamp_pb2.Timestamp
     overruns: _containers.RepeatedScalarFieldContainer[str]
     events: _containers.RepeatedCompositeFieldContainer[DemandEvent]
-    def __init__(self, demand_id: _Optional[str] = ..., state: _Optional[_Union[DemandState, str]] = ..., user: _Optional[str] = ..., labels: _Optional[_Iterable[_Union[_resource_pb2.Label, _Mapping]]] = ..., charged_labels: _Optional[_Iterable[str]] = ..., resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., time_conditions: _Optional[_Union[TimeConditions, _Mapping]] = ..., time_conditions_text: _Optional[str] = ..., reason: _Optional[str] = ..., submit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., planned_start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., plan_start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., plan_end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., slip: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., passed_over_rounds: _Optional[int] = ..., ticket_id: _Optional[str] = ..., allocate_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., claim_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., claim_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., overruns: _Optional[_Iterable[str]] = ..., events: _Optional[_Iterable[_Union[DemandEvent, _Mapping]]] = ...) -> None: ...
+    waiting_for: _containers.RepeatedCompositeFieldContainer[OrderByWait]
+    waiting: str
+    order_by_missing_time: _timestamp_pb2.Timestamp
+    def __init__(self, demand_id: _Optional[str] = ..., state: _Optional[_Union[DemandState, str]] = ..., user: _Optional[str] = ..., labels: _Optional[_Iterable[_Union[_resource_pb2.Label, _Mapping]]] = ..., charged_labels: _Optional[_Iterable[str]] = ..., resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., time_conditions: _Optional[_Union[TimeConditions, _Mapping]] = ..., time_conditions_text: _Optional[str] = ..., reason: _Optional[str] = ..., submit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., planned_start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., plan_start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., plan_end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., slip: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., passed_over_rounds: _Optional[int] = ..., ticket_id: _Optional[str] = ..., allocate_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., claim_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., claim_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., overruns: _Optional[_Iterable[str]] = ..., events: _Optional[_Iterable[_Union[DemandEvent, _Mapping]]] = ..., waiting_for: _Optional[_Iterable[_Union[OrderByWait, _Mapping]]] = ..., waiting: _Optional[str] = ..., order_by_missing_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class SubmitDemandRequest(_message.Message):
     __slots__ = ("demand_id", "user", "labels", "resource", "time_conditions_text", "time_conditions")

@@ -55,7 +55,7 @@ class EcmChoice(_message.Message):
     def __init__(self, instance: _Optional[str] = ..., eligible: _Optional[bool] = ..., score: _Optional[float] = ..., reasons: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class EngineConn(_message.Message):
-    __slots__ = ("engine_conn_id", "state", "user", "labels", "params", "ecm_instance", "ticket_id", "resource", "address", "pid", "exit_code", "reason", "log_tail", "work_dir", "ecm_choices", "launch_attempts", "create_time", "update_time", "ready_time", "end_time", "holder", "hold_expire_time", "secret")
+    __slots__ = ("engine_conn_id", "state", "user", "labels", "params", "ecm_instance", "ticket_id", "resource", "address", "pid", "exit_code", "reason", "log_tail", "work_dir", "ecm_choices", "launch_attempts", "create_time", "update_time", "ready_time", "end_time", "holder", "hold_expire_time", "secret", "granted_resource", "measured", "measure_time")
     class ParamsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -86,6 +86,9 @@ class EngineConn(_message.Message):
     HOLDER_FIELD_NUMBER: _ClassVar[int]
     HOLD_EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
     SECRET_FIELD_NUMBER: _ClassVar[int]
+    GRANTED_RESOURCE_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_FIELD_NUMBER: _ClassVar[int]
+    MEASURE_TIME_FIELD_NUMBER: _ClassVar[int]
     engine_conn_id: str
     state: EngineConnState
     user: str
@@ -109,7 +112,10 @@ class EngineConn(_message.Message):
     holder: str
     hold_expire_time: _timestamp_pb2.Timestamp
     secret: str
-    def __init__(self, engine_conn_id: _Optional[str] = ..., state: _Optional[_Union[EngineConnState, str]] = ..., user: _Optional[str] = ..., labels: _Optional[_Iterable[_Union[_resource_pb2.Label, _Mapping]]] = ..., params: _Optional[_Mapping[str, str]] = ..., ecm_instance: _Optional[str] = ..., ticket_id: _Optional[str] = ..., resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., address: _Optional[str] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ..., log_tail: _Optional[str] = ..., work_dir: _Optional[str] = ..., ecm_choices: _Optional[_Iterable[_Union[EcmChoice, _Mapping]]] = ..., launch_attempts: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ready_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., holder: _Optional[str] = ..., hold_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., secret: _Optional[str] = ...) -> None: ...
+    granted_resource: _resource_pb2.Resource
+    measured: _resource_pb2.ResourceUsage
+    measure_time: _timestamp_pb2.Timestamp
+    def __init__(self, engine_conn_id: _Optional[str] = ..., state: _Optional[_Union[EngineConnState, str]] = ..., user: _Optional[str] = ..., labels: _Optional[_Iterable[_Union[_resource_pb2.Label, _Mapping]]] = ..., params: _Optional[_Mapping[str, str]] = ..., ecm_instance: _Optional[str] = ..., ticket_id: _Optional[str] = ..., resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., address: _Optional[str] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ..., log_tail: _Optional[str] = ..., work_dir: _Optional[str] = ..., ecm_choices: _Optional[_Iterable[_Union[EcmChoice, _Mapping]]] = ..., launch_attempts: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ready_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., holder: _Optional[str] = ..., hold_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., secret: _Optional[str] = ..., granted_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., measured: _Optional[_Union[_resource_pb2.ResourceUsage, _Mapping]] = ..., measure_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class CreateEngineConnRequest(_message.Message):
     __slots__ = ("request_id", "user", "labels", "params", "timeout")
@@ -244,16 +250,20 @@ class AgentCommand(_message.Message):
     def __init__(self, command_id: _Optional[str] = ..., launch: _Optional[_Union[LaunchCommand, _Mapping]] = ..., kill: _Optional[_Union[KillCommand, _Mapping]] = ..., cleanup: _Optional[_Union[CleanupCommand, _Mapping]] = ...) -> None: ...
 
 class LaunchCommand(_message.Message):
-    __slots__ = ("engine_conn_id", "user", "engine_type", "launch_request")
+    __slots__ = ("engine_conn_id", "user", "engine_type", "launch_request", "granted_memory_bytes", "granted_cpu_millis")
     ENGINE_CONN_ID_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
     ENGINE_TYPE_FIELD_NUMBER: _ClassVar[int]
     LAUNCH_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    GRANTED_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GRANTED_CPU_MILLIS_FIELD_NUMBER: _ClassVar[int]
     engine_conn_id: str
     user: str
     engine_type: str
     launch_request: EngineConnLaunchRequest
-    def __init__(self, engine_conn_id: _Optional[str] = ..., user: _Optional[str] = ..., engine_type: _Optional[str] = ..., launch_request: _Optional[_Union[EngineConnLaunchRequest, _Mapping]] = ...) -> None: ...
+    granted_memory_bytes: int
+    granted_cpu_millis: int
+    def __init__(self, engine_conn_id: _Optional[str] = ..., user: _Optional[str] = ..., engine_type: _Optional[str] = ..., launch_request: _Optional[_Union[EngineConnLaunchRequest, _Mapping]] = ..., granted_memory_bytes: _Optional[int] = ..., granted_cpu_millis: _Optional[int] = ...) -> None: ...
 
 class EngineConnLaunchRequest(_message.Message):
     __slots__ = ("program", "argv", "environment", "required_local_environment", "material_files")
@@ -303,7 +313,7 @@ class CleanupCommand(_message.Message):
     def __init__(self, engine_conn_id: _Optional[str] = ...) -> None: ...
 
 class EngineConnProcess(_message.Message):
-    __slots__ = ("engine_conn_id", "state", "pid", "exit_code", "reason", "log_tail", "work_dir")
+    __slots__ = ("engine_conn_id", "state", "pid", "exit_code", "reason", "log_tail", "work_dir", "usage", "out_of_memory")
     ENGINE_CONN_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
@@ -311,6 +321,8 @@ class EngineConnProcess(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     LOG_TAIL_FIELD_NUMBER: _ClassVar[int]
     WORK_DIR_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    OUT_OF_MEMORY_FIELD_NUMBER: _ClassVar[int]
     engine_conn_id: str
     state: ProcessState
     pid: int
@@ -318,7 +330,9 @@ class EngineConnProcess(_message.Message):
     reason: str
     log_tail: str
     work_dir: str
-    def __init__(self, engine_conn_id: _Optional[str] = ..., state: _Optional[_Union[ProcessState, str]] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ..., log_tail: _Optional[str] = ..., work_dir: _Optional[str] = ...) -> None: ...
+    usage: _resource_pb2.ResourceUsage
+    out_of_memory: bool
+    def __init__(self, engine_conn_id: _Optional[str] = ..., state: _Optional[_Union[ProcessState, str]] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ..., log_tail: _Optional[str] = ..., work_dir: _Optional[str] = ..., usage: _Optional[_Union[_resource_pb2.ResourceUsage, _Mapping]] = ..., out_of_memory: _Optional[bool] = ...) -> None: ...
 
 class ReportEngineConnStateRequest(_message.Message):
     __slots__ = ("engine_conn_id", "state", "address", "used_resource", "reason")

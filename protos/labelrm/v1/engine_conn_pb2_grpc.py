@@ -122,7 +122,7 @@ class EngineConnServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReportEngineConnState(self, request, context):
-        """ReportEngineConnState is the EngineConn's own heartbeat: its state, address and used resource.
+        """ReportEngineConnState is the EngineConn's own heartbeat: its state and address.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

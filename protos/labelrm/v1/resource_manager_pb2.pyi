@@ -116,7 +116,7 @@ class ListEcmsResponse(_message.Message):
     def __init__(self, ecms: _Optional[_Iterable[_Union[Ecm, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class Ticket(_message.Message):
-    __slots__ = ("ticket_id", "state", "labels", "charged_labels", "requested_resource", "used_resource", "create_time", "update_time", "lock_expire_time", "end_time", "end_reason", "user")
+    __slots__ = ("ticket_id", "state", "labels", "charged_labels", "requested_resource", "used_resource", "create_time", "update_time", "lock_expire_time", "end_time", "end_reason", "user", "measured")
     TICKET_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
@@ -129,6 +129,7 @@ class Ticket(_message.Message):
     END_TIME_FIELD_NUMBER: _ClassVar[int]
     END_REASON_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_FIELD_NUMBER: _ClassVar[int]
     ticket_id: str
     state: TicketState
     labels: _containers.RepeatedCompositeFieldContainer[_resource_pb2.Label]
@@ -141,7 +142,8 @@ class Ticket(_message.Message):
     end_time: _timestamp_pb2.Timestamp
     end_reason: str
     user: str
-    def __init__(self, ticket_id: _Optional[str] = ..., state: _Optional[_Union[TicketState, str]] = ..., labels: _Optional[_Iterable[_Union[_resource_pb2.Label, _Mapping]]] = ..., charged_labels: _Optional[_Iterable[str]] = ..., requested_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., used_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lock_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_reason: _Optional[str] = ..., user: _Optional[str] = ...) -> None: ...
+    measured: _resource_pb2.ResourceUsage
+    def __init__(self, ticket_id: _Optional[str] = ..., state: _Optional[_Union[TicketState, str]] = ..., labels: _Optional[_Iterable[_Union[_resource_pb2.Label, _Mapping]]] = ..., charged_labels: _Optional[_Iterable[str]] = ..., requested_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., used_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lock_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_reason: _Optional[str] = ..., user: _Optional[str] = ..., measured: _Optional[_Union[_resource_pb2.ResourceUsage, _Mapping]] = ...) -> None: ...
 
 class LabelResource(_message.Message):
     __slots__ = ("label", "labels", "source", "max_resource", "protected_resource", "used_resource", "locked_resource", "left_resource", "live_tickets", "update_time", "reserved_resource", "external_queue")
@@ -172,7 +174,7 @@ class LabelResource(_message.Message):
     def __init__(self, label: _Optional[str] = ..., labels: _Optional[_Iterable[_Union[_resource_pb2.Label, _Mapping]]] = ..., source: _Optional[str] = ..., max_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., protected_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., used_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., locked_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., left_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., live_tickets: _Optional[int] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reserved_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., external_queue: _Optional[_Union[_external_pb2.ExternalQueue, _Mapping]] = ...) -> None: ...
 
 class Ecm(_message.Message):
-    __slots__ = ("instance", "labels", "total_resource", "protected_resource", "register_time", "update_time", "state", "last_heartbeat_time", "live_engine_conns", "left_resource")
+    __slots__ = ("instance", "labels", "total_resource", "protected_resource", "register_time", "update_time", "state", "last_heartbeat_time", "live_engine_conns", "left_resource", "isolation", "cordoned", "cordon_reason")
     INSTANCE_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_RESOURCE_FIELD_NUMBER: _ClassVar[int]
@@ -183,6 +185,9 @@ class Ecm(_message.Message):
     LAST_HEARTBEAT_TIME_FIELD_NUMBER: _ClassVar[int]
     LIVE_ENGINE_CONNS_FIELD_NUMBER: _ClassVar[int]
     LEFT_RESOURCE_FIELD_NUMBER: _ClassVar[int]
+    ISOLATION_FIELD_NUMBER: _ClassVar[int]
+    CORDONED_FIELD_NUMBER: _ClassVar[int]
+    CORDON_REASON_FIELD_NUMBER: _ClassVar[int]
     instance: str
     labels: _containers.RepeatedCompositeFieldContainer[_resource_pb2.Label]
     total_resource: _resource_pb2.Resource
@@ -193,21 +198,36 @@ class Ecm(_message.Message):
     last_heartbeat_time: _timestamp_pb2.Timestamp
     live_engine_conns: int
     left_resource: _resource_pb2.Resource
-    def __init__(self, instance: _Optional[str] = ..., labels: _Optional[_Iterable[_Union[_resource_pb2.Label, _Mapping]]] = ..., total_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., protected_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., register_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., state: _Optional[_Union[EcmState, str]] = ..., last_heartbeat_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., live_engine_conns: _Optional[int] = ..., left_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ...) -> None: ...
+    isolation: Isolation
+    cordoned: bool
+    cordon_reason: str
+    def __init__(self, instance: _Optional[str] = ..., labels: _Optional[_Iterable[_Union[_resource_pb2.Label, _Mapping]]] = ..., total_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., protected_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., register_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., state: _Optional[_Union[EcmState, str]] = ..., last_heartbeat_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., live_engine_conns: _Optional[int] = ..., left_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., isolation: _Optional[_Union[Isolation, _Mapping]] = ..., cordoned: _Optional[bool] = ..., cordon_reason: _Optional[str] = ...) -> None: ...
+
+class Isolation(_message.Message):
+    __slots__ = ("mode", "controllers", "cgroup_parents")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    CONTROLLERS_FIELD_NUMBER: _ClassVar[int]
+    CGROUP_PARENTS_FIELD_NUMBER: _ClassVar[int]
+    mode: str
+    controllers: _containers.RepeatedScalarFieldContainer[str]
+    cgroup_parents: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, mode: _Optional[str] = ..., controllers: _Optional[_Iterable[str]] = ..., cgroup_parents: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterEcmRequest(_message.Message):
-    __slots__ = ("request_id", "instance", "labels", "total_resource", "protected_resource")
+    __slots__ = ("request_id", "instance", "labels", "total_resource", "protected_resource", "isolation")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_RESOURCE_FIELD_NUMBER: _ClassVar[int]
     PROTECTED_RESOURCE_FIELD_NUMBER: _ClassVar[int]
+    ISOLATION_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     instance: str
     labels: _containers.RepeatedCompositeFieldContainer[_resource_pb2.Label]
     total_resource: _resource_pb2.Resource
     protected_resource: _resource_pb2.Resource
-    def __init__(self, request_id: _Optional[str] = ..., instance: _Optional[str] = ..., labels: _Optional[_Iterable[_Union[_resource_pb2.Label, _Mapping]]] = ..., total_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., protected_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ...) -> None: ...
+    isolation: Isolation
+    def __init__(self, request_id: _Optional[str] = ..., instance: _Optional[str] = ..., labels: _Optional[_Iterable[_Union[_resource_pb2.Label, _Mapping]]] = ..., total_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., protected_resource: _Optional[_Union[_resource_pb2.Resource, _Mapping]] = ..., isolation: _Optional[_Union[Isolation, _Mapping]] = ...) -> None: ...
 
 class RegisterEcmResponse(_message.Message):
     __slots__ = ("ecm", "resource_changed")

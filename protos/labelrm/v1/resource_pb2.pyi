@@ -120,3 +120,15 @@ class Shortfalls(_message.Message):
     SHORTFALLS_FIELD_NUMBER: _ClassVar[int]
     shortfalls: _containers.RepeatedCompositeFieldContainer[Shortfall]
     def __init__(self, shortfalls: _Optional[_Iterable[_Union[Shortfall, _Mapping]]] = ...) -> None: ...
+
+class ResourceUsage(_message.Message):
+    __slots__ = ("memory_bytes", "memory_peak_bytes", "cpu_millis", "cpu_time_micros")
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_PEAK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CPU_MILLIS_FIELD_NUMBER: _ClassVar[int]
+    CPU_TIME_MICROS_FIELD_NUMBER: _ClassVar[int]
+    memory_bytes: int
+    memory_peak_bytes: int
+    cpu_millis: int
+    cpu_time_micros: int
+    def __init__(self, memory_bytes: _Optional[int] = ..., memory_peak_bytes: _Optional[int] = ..., cpu_millis: _Optional[int] = ..., cpu_time_micros: _Optional[int] = ...) -> None: ...

@@ -74,6 +74,12 @@ function resText(r) {
   return (r.queue ? "queue " + r.queue + ": " : "") + parts.join(", ");
 }
 const dim = (r, d) => (r && r.dims[d]) || 0;
+// what an EngineConn's agent measured from its cgroup
+function usageText(u) {
+  if (!u) return "–";
+  return `memory ${bytes(u.memory_bytes)} (peak ${bytes(u.memory_peak_bytes)}), cpu ${qty("cpu_millis", u.cpu_millis)}, cpu time ${(u.cpu_time_micros / 1e6).toFixed(1)} s`;
+}
+const isolationText = (i) => (!i ? "–" : i.mode === "none" ? "none (not contained)" : `${i.mode} (${i.controllers.join(", ")})`);
 
 function ago(iso, now) {
   if (!iso) return "–";
@@ -210,6 +216,7 @@ const NODE_COLS = [
   { h: "use", v: (n) => dim(n.used, "memory_bytes") + dim(n.locked, "memory_bytes"), r: (n) => Object.keys(n.total.dims).map((d) => html`<div><${Bar} d=${d} max=${n.total} used=${n.used} locked=${n.locked} protectedR=${n.protected}/> <span class="muted">${dimName(d)}</span></div>`) },
   { h: "left", v: (n) => dim(n.left, "memory_bytes"), r: (n) => resText(n.left) },
   { h: "EngineConns", v: (n) => n.live_engine_conns },
+  { h: "isolation", v: (n) => (n.isolation ? n.isolation.mode : ""), r: (n) => isolationText(n.isolation) },
   { h: "last heartbeat", v: (n) => n.last_heartbeat_at, r: (n) => html`<${When} at=${n.last_heartbeat_at}/>` },
   { h: "drain", v: (n) => (n.draining ? "draining" : ""), r: (n) => (n.draining ? html`<${Pill} s="DRAINING"/>` : "") },
 ];
@@ -227,6 +234,7 @@ const EC_COLS = [
   { h: "state", v: (e) => e.state, r: (e) => html`<${Pill} s=${e.state}/>` },
   { h: "node", v: (e) => e.node, r: (e) => (e.node ? link("nodes", e.node) : "–") },
   { h: "resources", v: (e) => dim(e.resource, "memory_bytes"), r: (e) => resText(e.resource) },
+  { h: "measured", v: (e) => (e.measured ? e.measured.memory_bytes : 0), r: (e) => (e.measured ? bytes(e.measured.memory_bytes) + ", " + qty("cpu_millis", e.measured.cpu_millis) : "–") },
   { h: "age", v: (e) => e.created_at, r: (e) => html`<${When} at=${e.created_at}/>` },
   { h: "holder", v: (e) => e.holder },
 ];
@@ -237,7 +245,7 @@ function Node({ id }) {
   const n = st.data.node;
   return html`<h1>Node ${n.instance} <${Pill} s=${n.state}/></h1>
   <div class="cards">
-    <div class="card"><h3>Labels</h3><${Labels} labels=${n.labels}/></div>
+    <div class="card"><h3>Labels</h3><${Labels} labels=${n.labels}/><div data-testid="isolation">isolation: ${isolationText(n.isolation)}</div></div>
     <div class="card"><h3>Capacity</h3><${Legend}/>${Object.keys(n.total.dims).map((d) => html`<div><${Bar} d=${d} max=${n.total} used=${n.used} locked=${n.locked} protectedR=${n.protected}/> ${dimName(d)}: ${qty(d, dim(n.used, d))} used, ${qty(d, dim(n.locked, d))} locked of ${qty(d, dim(n.total, d))}</div>`)}
       <div class="muted">left: ${resText(n.left)}</div></div>
     <div class="card"><h3>Liveness</h3><div>last heartbeat <${When} at=${n.last_heartbeat_at}/></div><div>registered <${When} at=${n.registered_at}/></div><div>state changed <${When} at=${n.updated_at}/></div></div>
@@ -277,7 +285,7 @@ function EngineConn({ id }) {
   <div class="cards">
     <div class="card"><h3>Owner</h3>${e.user} · ${e.engine}<div><${Labels} labels=${e.labels}/></div></div>
     <div class="card"><h3>Placement</h3>node ${e.node ? link("nodes", e.node) : "–"} · pid ${e.pid || "–"}<div class="muted">${e.address}</div><div>ticket ${e.ticket_id || "–"}</div><div>launch attempts ${e.launch_attempts}</div></div>
-    <div class="card"><h3>Resources</h3>${resText(e.resource)}</div>
+    <div class="card" data-testid="ec-resources"><h3>Resources</h3><div>requested: ${resText(e.resource)}</div><div>granted: ${resText(e.granted)}</div><div>measured: ${usageText(e.measured)} ${e.measured_at && html`<${When} at=${e.measured_at}/>`}</div></div>
     <div class="card"><h3>Holder</h3>${e.holder || "–"} ${e.hold_expires_at && html`<div>until <${When} at=${e.hold_expires_at}/></div>`}</div>
   </div>
   <h2>History</h2>${events.map(([w, at]) => html`<div>${w} <${When} at=${at}/></div>`)}${e.reason && html`<div class="muted">reason: ${e.reason}</div>`}
@@ -373,7 +381,7 @@ const DEMAND_COLS = [
   { h: "planned start", v: (d) => d.plan_start, r: (d) => html`<${When} at=${d.plan_start}/>` },
   { h: "deadline", v: (d) => d.deadline, r: (d) => html`<${When} at=${d.deadline}/>` },
   { h: "after", v: (d) => d.order_by.join(",") },
-  { h: "reason", v: (d) => d.reason },
+  { h: "reason", v: (d) => d.waiting || d.reason },
 ];
 
 function Demands() {

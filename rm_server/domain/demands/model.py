@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from rm_server.domain.demands.planner import Candidate, DemandView, Hold
+from rm_server.domain.demands.planner import (
+    Candidate,
+    DemandView,
+    Hold,
+    PlannerSettings,
+    occupation,
+    order_bound,
+    passes_since,
+)
 from rm_server.domain.demands.state import DemandState, Transition
 from rm_server.domain.demands.timelang import (
     AllOf,
@@ -17,8 +25,10 @@ from rm_server.domain.demands.timelang import (
     Span,
     Strategy,
     deadline_at,
+    order_ids,
     resolve,
 )
+from rm_server.domain.demands.waits import OrderWait, Predecessor, order_wait
 from rm_server.domain.labels import Label
 from rm_server.domain.resources import Resource
 
@@ -116,6 +126,10 @@ class Demand:
     updated_at: datetime
     definition_hash: bytes
     events: tuple[Transition, ...] = ()
+    order_wait: OrderWait | None = None  # what its OrderBy waits for (reads only)
+    # Parked since the pass that began then (planner.park_until): its passed-over rounds
+    # count on with the time, and it occupies the plan from now on.
+    parked_at: datetime | None = None
 
     def view(self) -> DemandView:
         c = self.conditions
@@ -134,3 +148,37 @@ class Demand:
             claim_expires_at=self.claim_expires_at,
             overruns=frozenset(self.overruns),
         )
+
+
+def order_wait_keys(d: Demand) -> list[tuple[str, str]]:
+    """The (user, demand id) pairs whose state tells what ``d`` waits for: the demands its
+    OrderBy names, while it is ACCEPTED (none otherwise)."""
+    if d.state is not DemandState.ACCEPTED or d.conditions.order_by is None:
+        return []
+    return [(d.user, i) for i in order_ids(d.conditions.order_by)]
+
+
+def with_order_wait(
+    d: Demand, found: Mapping[tuple[str, str], Predecessor], settings: PlannerSettings
+) -> Demand:
+    """``d`` with what its OrderBy waits for (``found``: the demands of order_wait_keys)."""
+    keys = order_wait_keys(d)
+    if not keys:
+        return d
+    named = {i: found[(user, i)] for user, i in keys if (user, i) in found}
+    view = d.view()
+    return replace(d, order_wait=order_wait(view.order, named, order_bound(view, settings)))
+
+
+def as_of(d: Demand, now: datetime, settings: PlannerSettings) -> Demand:
+    """``d`` as it stands at ``now``: a parked demand with the rounds it has been passed
+    over since it was parked, and its occupation of the plan from now (what the planner
+    would have written, round after round, had it not parked it)."""
+    if d.parked_at is None or not d.state.active:
+        return d
+    rounds = d.rounds
+    if d.state is DemandState.ALLOCATING:
+        rounds += passes_since(d.parked_at, now, settings.round_length)
+    view = replace(d.view(), rounds=rounds)
+    start, end = occupation(view, now, settings)
+    return replace(d, rounds=rounds, plan_start=start, plan_end=end)

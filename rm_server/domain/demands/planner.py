@@ -20,7 +20,7 @@ past a loose one, fails unclaimed allocations, and watches Duration and DeadLine
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -28,9 +28,11 @@ from labelrm_common.quantity import Shortfall
 from rm_server.domain.admission import label_shortfalls
 from rm_server.domain.demands.state import DemandState
 from rm_server.domain.demands.timelang import (
+    EPSILON,
     Expr,
     OrderBy,
     Strategy,
+    breakpoints,
     estimate_rounds,
     holds,
     ignore_rounds,
@@ -40,6 +42,7 @@ from rm_server.domain.demands.timelang import (
     order_value,
     segments,
 )
+from rm_server.domain.demands.waits import ORDER_BY_MISSING
 from rm_server.domain.errors import DomainError
 from rm_server.domain.resources import Resource, ResourceError
 
@@ -51,6 +54,14 @@ class PlannerSettings:
     claim_timeout: timedelta = timedelta(minutes=5)  # ALLOCATED -> released and FAILED
     loose_slip: timedelta = timedelta(minutes=15)  # how far a loose demand may slip
     default_duration: timedelta = timedelta(hours=1)  # plan hold without Duration/DeadLine
+    # How long a demand without an end to its window waits for a demand its OrderBy names
+    # to be submitted (ORDER_BY_MISSING past it; with an end, the window bounds the wait).
+    order_by_timeout: timedelta = timedelta(hours=1)
+    # An allocation becomes visible when its transaction commits, a little after it is
+    # decided: it is recorded at the decision plus this margin, the latest instant the
+    # commit may land (the round gives it up if it is not committing by then), and made
+    # only if its window still holds then. Less than half a round.
+    commit_margin: timedelta = timedelta(milliseconds=250)
 
 
 @dataclass(frozen=True)
@@ -138,10 +149,11 @@ def window_segments(
 ) -> list[tuple[datetime, datetime | None]]:
     """The instants at which ``c`` may be planned to start, loose slip included.
 
-    Each segment ends one round before the instant by which the demand must be allocated
-    (the window's end, plus the slip bound when loose, or the latest start a strict
-    deadline allows): the planner looks at a demand once per round, so a start planned
-    closer to that end could be looked at only after it, and never be allocated.
+    Each segment ends one round and the commit margin before the instant by which the
+    demand must be allocated (the window's end, plus the slip bound when loose, or the
+    latest start a strict deadline allows): the planner looks at a demand once per round,
+    and an allocation is visible up to the commit margin after it is decided, so a start
+    planned closer to that end could be looked at or seen only after it.
     """
     since = max(c.submitted, c.not_before or c.submitted)
     timed = estimate_rounds(c.window, c.submitted, settings.round_length)
@@ -160,7 +172,9 @@ def window_segments(
     latest = c.hold.latest_start()
     if latest is not None:
         segs = [(a, b if b is not None and b < latest else latest) for a, b in segs if a <= latest]
-    margin = settings.round_length
+    # A round may look at it up to a round late, and an allocation it then makes is
+    # visible up to the commit margin later still (decide).
+    margin = settings.round_length + settings.commit_margin
     return [(a, None if b is None else b - margin) for a, b in segs if b is None or b - margin >= a]
 
 
@@ -229,7 +243,8 @@ def place(
     if not segs:
         return PlanRefusal(
             "its start window has already closed, never opens, or leaves less than one"
-            f" scheduling round ({settings.round_length}) to allocate it"
+            f" scheduling round ({settings.round_length}) and the commit margin"
+            f" ({settings.commit_margin}) to allocate it"
         )
     ends = sorted({e.end + settings.lead_time for e in entries if e.end is not None})
     first_shortfalls: list[Shortfall] | None = None
@@ -264,6 +279,7 @@ class Action(enum.StrEnum):
     FINISH = "FINISH"
     OVERRUN = "OVERRUN"  # record a Duration/DeadLine overrun; release it too if enforced
     REPLAN = "REPLAN"  # OrderBy satisfied before its planned start: try to place it earlier
+    PARK = "PARK"  # wait for its OrderBy: no round until a predecessor ends, or next_check
 
 
 @dataclass(frozen=True)
@@ -306,6 +322,17 @@ def _fmt(at: datetime) -> str:
     return at.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def order_bound(d: DemandView, settings: PlannerSettings) -> datetime:
+    """The instant by which the demands its OrderBy names must have been submitted: the
+    end of its window (plus the slip bound when loose), or, when its window has no end,
+    ``order_by_timeout`` after its submission. Past it, a demand whose OrderBy can only
+    hold once a demand not submitted yet exists FAILS (ORDER_BY_MISSING)."""
+    end = last_instant(ignore_rounds(d.window), d.submitted)
+    if end is None:
+        return d.submitted + settings.order_by_timeout
+    return end + settings.loose_slip if d.strategy is Strategy.LOOSE else end
+
+
 def decide(
     d: DemandView,
     now: datetime,
@@ -314,10 +341,12 @@ def decide(
     ticket: TicketStatus | None = None,
     *,
     round_start: datetime | None = None,
+    missing: Collection[str] = (),
 ) -> Decision:
     """The next step for one demand at ``now``.
 
-    ``finished`` maps each OrderBy id to True (FINISHED), False (FAILED) or None; ``ticket``
+    ``finished`` maps each OrderBy id to True (FINISHED), False (FAILED) or None;
+    ``missing``: the OrderBy ids of which no demand was submitted (by this user); ``ticket``
     is the state of the demand's ticket (ALLOCATED and MONITORING demands).
     ``round_start``: the start of the planner pass this round belongs to (default ``now``).
     The next round is dated one ``round_length`` after it, not after ``now``: passes start
@@ -327,7 +356,7 @@ def decide(
     S = DemandState
     soon = (round_start or now) + settings.round_length
     if d.state in (S.ACCEPTED, S.ALLOCATING):
-        return _before_allocation(d, now, soon, settings, dict(finished or {}))
+        return _before_allocation(d, now, soon, settings, dict(finished or {}), missing)
     if d.state is S.ALLOCATED:
         assert ticket is not None and d.claim_expires_at is not None
         if not ticket.live:
@@ -375,6 +404,7 @@ def _before_allocation(
     soon: datetime,
     settings: PlannerSettings,
     finished: dict[str, bool | None],
+    missing: Collection[str] = (),
 ) -> Decision:
     S = DemandState
     satisfied: bool | None = True
@@ -385,7 +415,21 @@ def _before_allocation(
             return Decision(
                 Action.FAIL, "OrderBy can no longer be satisfied: " + ", ".join(failed) + " FAILED"
             )
+        absent = [i for i in order_ids(d.order) if i in missing]
+        # Only if it cannot hold without them: {OR: [a, b]} with b submitted waits for b.
+        needs_absent = order_value(d.order, {**finished, **dict.fromkeys(absent, False)}) is False
+        bound = order_bound(d, settings)
+        if satisfied is None and absent and needs_absent and now > bound:
+            return Decision(
+                Action.FAIL,
+                f"{ORDER_BY_MISSING}: OrderBy names {', '.join(absent)}, not submitted"
+                f" by {_fmt(bound)}",
+            )
+    # Open now and still when the allocation, recorded at now + commit_margin, is visible.
     open_now = holds(d.window, now, d.rounds)
+    visible = d.strategy is Strategy.LOOSE or holds(  # a loose one may slip past anyway
+        d.window, now + settings.commit_margin, d.rounds
+    )
     closed = not may_hold(d.window, now, d.rounds)
     slipping = False
     if closed:
@@ -407,15 +451,17 @@ def _before_allocation(
             )
         slipping = True
     if d.state is S.ACCEPTED:
-        if satisfied is None:  # waiting for the demands it is ordered after
-            return Decision(Action.WAIT, next_check=soon)
+        if satisfied is None:  # waiting for the demands it is ordered after: parked
+            return Decision(
+                Action.PARK, next_check=park_until(d, now, soon - settings.round_length, settings)
+            )
         reserve_at = d.planned_start - settings.lead_time
         if now >= reserve_at:
             return Decision(Action.RESERVE, "lead time before its planned start")
         if d.order is not None:  # placed after its predecessors' *planned* ends; they are done
             return Decision(Action.REPLAN, "OrderBy satisfied", next_check=min(soon, reserve_at))
         return Decision(Action.WAIT, next_check=reserve_at)
-    if (open_now or slipping) and now >= d.planned_start:
+    if ((open_now and visible) or slipping) and now >= d.planned_start:
         return Decision(Action.ALLOCATE, "slipping (loose)" if slipping else "window open")
     if now < d.planned_start:  # its first try is at its planned start, not a round after
         return Decision(Action.WAIT, next_check=min(soon, d.planned_start))
@@ -435,3 +481,37 @@ def occupation(
         return d.allocated_at, max(end, now + settings.round_length)
     start = max(d.planned_start, now)
     return start - settings.lead_time, d.hold.end(start, settings)
+
+
+# ----- parked demands -------------------------------------------------------------------------
+
+# The longest a parked demand goes without a round: a backstop, should what would wake it
+# (a change on its labels, a predecessor's end) be missed, e.g. by a replica that died.
+PARK_HORIZON = timedelta(minutes=15)
+
+
+def passes_since(parked_at: datetime, at: datetime, round_length: timedelta) -> int:
+    """The planner passes (one per ``round_length``) due after the one that parked a
+    demand at ``parked_at``, by ``at``: the rounds it has been passed over since."""
+    return max(0, int((at - parked_at) / round_length))
+
+
+def park_until(
+    d: DemandView, now: datetime, round_start: datetime, settings: PlannerSettings
+) -> datetime:
+    """The first instant after ``now`` at which a parked demand's decision may change
+    while nothing it waits for does (its labels' room, its predecessors): an end of its
+    window (then just after), the pass in which ``^N`` runs out (``d.rounds``: counted
+    up to this round's), the end of a loose slip, its OrderBy bound (planner.order_bound),
+    or the horizon. It gets a round then; a change it waits for wakes it earlier."""
+    times, counts = breakpoints(d.window)
+    length = settings.round_length
+    candidates = [round_start + PARK_HORIZON]
+    candidates += [t for at in times for t in (at, at + EPSILON)]
+    # In the pass (counted from this one) where rounds passed over exceed the count.
+    candidates += [round_start + length * (c - d.rounds + 2) for c in counts if c + 1 >= d.rounds]
+    if d.closed_at is not None:
+        candidates.append(d.closed_at + settings.loose_slip + EPSILON)
+    if d.order is not None:
+        candidates.append(order_bound(d, settings) + EPSILON)
+    return min(t for t in candidates if t > now)

@@ -620,15 +620,24 @@ def _instants(expr: Expr, rounds: int) -> _Set:
     raise TypeError(f"resolve() the expression before evaluating it: {expr!r}")
 
 
-def _round_counts(expr: Expr) -> set[int]:
-    """The N of every ``^N`` in a resolved expression."""
-    if isinstance(expr, Chances):
-        return {expr.rounds}
-    if isinstance(expr, And | Or):
-        return {n for item in expr.items for n in _round_counts(item)}
-    if isinstance(expr, Not):
-        return _round_counts(expr.item)
-    return set()
+def breakpoints(expr: Expr) -> tuple[set[datetime], set[int]]:
+    """The instants and round counts at which the truth of ``expr`` may change."""
+    times: set[datetime] = set()
+    counts: set[int] = set()
+    stack = [expr]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, Span | Chances) and e.lo is not None:
+            times.add(e.lo)
+        if isinstance(e, Span) and e.hi is not None:
+            times.add(e.hi)
+        if isinstance(e, Chances):
+            counts.add(e.rounds)
+        if isinstance(e, And | Or):
+            stack.extend(e.items)
+        if isinstance(e, Not):
+            stack.append(e.item)
+    return times, counts
 
 
 def holds(expr: Expr, at: datetime, rounds: int = 0) -> bool:
@@ -646,7 +655,7 @@ def may_hold(expr: Expr, at: datetime, rounds: int = 0) -> bool:
     and each such crossing above it are the only counts to try: at most MAX_ROUND_ENDS + 1
     evaluations."""
     t = _micros(at)
-    counts = {rounds} | {n + 1 for n in _round_counts(expr) if n >= rounds}
+    counts = {rounds} | {n + 1 for n in breakpoints(expr)[1] if n >= rounds}
     for n in sorted(counts):
         s = _instants(expr, n)
         if s and s[-1][1] >= t:

@@ -1,7 +1,6 @@
 """`rmctl demand submit|list|show|cancel|claim`: time-aware demands (docs/demands.md).
 
-Wired into rmctl by one call in ``build_parser``: ``add_demand_commands(cmds)``. The
-commands have rmctl's signature ``(client, args, out) -> exit code`` and call the SDK's
+The commands have rmctl's signature ``(client, args, out) -> exit code`` and call the SDK's
 demand methods (submit_demand, list_demands, get_demand, cancel_demand, claim_demand).
 """
 
@@ -13,8 +12,17 @@ from typing import Any, TextIO
 
 from labelrm.v1 import demand_pb2
 
-from clients._filters import add_selector, selected
-from clients._format import (
+from clients import RMClient
+from clients._requests import DEMAND_STATES as STATES
+from rmctl.args import (
+    add_resource_args,
+    add_selector,
+    labels_arg,
+    resource_arg,
+    selected,
+    state_arg,
+)
+from rmctl.format import (
     fmt_labels,
     fmt_resource,
     fmt_time,
@@ -25,22 +33,16 @@ from clients._format import (
     print_table,
     visible,
 )
-from clients._format import to_json as _to_json
-from clients._impl import RMClient
-from clients._requests import DEMAND_STATES as STATES
+from rmctl.format import to_json as _to_json
 
 _STATE_NAMES = {v: k.upper() for k, v in STATES.items()}
 
 EXAMPLE = "{DemandID: 1234, OrderBy: 1200, Duration: {Time: [NOW, +20m], Strategy: loose}}"
 
 
-def add_demand_commands(cmds: Any) -> None:
+def register(cmds: Any) -> None:
     """Register ``rmctl demand ...`` on rmctl's sub-command parsers (``add_subparsers()``)."""
-    # rmctl imports this module; importing its argument types here, at call time, avoids
-    # an import cycle.
-    from clients.rmctl import _labels_arg, add_resource_args
-
-    dem = cmds.add_parser("demand", help="time-aware demands").add_subparsers(
+    dem = cmds.add_parser("demand", aliases=["demands"], help="time-aware demands").add_subparsers(
         dest="sub", required=True, metavar="SUBCOMMAND"
     )
     c = dem.add_parser(
@@ -49,7 +51,7 @@ def add_demand_commands(cmds: Any) -> None:
         description=f"Submit a time-aware demand. Example conditions: {EXAMPLE}",
     )
     c.add_argument("demand_id", metavar="ID", help="client-chosen id (the idempotency key)")
-    c.add_argument("--labels", type=_labels_arg, required=True, metavar="LABELS")
+    c.add_argument("--labels", type=labels_arg, required=True, metavar="LABELS")
     add_resource_args(c)
     c.add_argument("--user", default="", help="on whose behalf")
     when = c.add_mutually_exclusive_group()
@@ -65,7 +67,10 @@ def add_demand_commands(cmds: Any) -> None:
     c.set_defaults(func=cmd_demand_submit)
 
     c = dem.add_parser("list", help="list demands")
-    c.add_argument("--state", choices=sorted(STATES), default=None)
+    c.add_argument(
+        "--state", type=state_arg(STATES), default=None, metavar="STATE",
+        help=f"only in this state, any case: {', '.join(sorted(STATES))}",
+    )  # fmt: skip
     c.add_argument("--user", default="")
     add_selector(c)
     c.add_argument("-w", "--watch", action="store_true", help="re-render until interrupted")
@@ -76,7 +81,7 @@ def add_demand_commands(cmds: Any) -> None:
     c.add_argument("--user", default="", help="whose demand (ids are per user; admins only)")
     c.set_defaults(func=cmd_demand_show)
 
-    c = dem.add_parser("cancel", help="cancel a demand (it becomes FAILED)")
+    c = dem.add_parser("cancel", aliases=["delete"], help="cancel a demand (it becomes FAILED)")
     c.add_argument("demand_id", metavar="ID")
     c.add_argument("--reason", default="", help="recorded in the demand's history")
     c.add_argument("--user", default="", help="whose demand (ids are per user; admins only)")
@@ -100,7 +105,7 @@ def _row(d: Any, wide: bool) -> tuple[str, ...]:
         fmt_resource(opt(d, "resource")),
         fmt_time(d.planned_start_time),
         d.ticket_id or "-",
-        d.reason or "-",
+        d.waiting or d.reason or "-",  # what an ACCEPTED demand's OrderBy waits for
     )
     if wide:
         row += (str(d.passed_over_rounds), ";".join(d.charged_labels) or "-")
@@ -116,6 +121,7 @@ def _details(d: Any) -> list[tuple[str, str]]:
         ("demand_id", d.demand_id),
         ("state", _state(d.state)),
         ("reason", d.reason or "-"),
+        ("waiting", d.waiting or "-"),
         ("user", d.user or "-"),
         ("labels", fmt_labels(d.labels)),
         ("charged", ";".join(d.charged_labels) or "-"),
@@ -163,8 +169,6 @@ def cmd_demand_submit(client: RMClient, args: argparse.Namespace, out: TextIO) -
         else:
             with open(args.when_file, encoding="utf-8") as fh:
                 text = fh.read()
-    from clients.rmctl import resource_arg  # at call time: rmctl imports this module
-
     resource = resource_arg(args)
     resp = client.submit_demand(args.demand_id, args.labels, resource, text, args.user)
     if print_json(out, args.output, resp):

@@ -11,14 +11,21 @@ from __future__ import annotations
 import argparse
 from typing import Any, TextIO
 
-from clients._filters import fmt_age
-from clients._format import fmt_time, print_table
-from clients._impl import RMClient
+import grpc
+from labelrm.v1 import admin_pb2
 
-__all__ = ["add_describe_commands"]
+from clients import NotFound, RMClient
+from rmctl.demand import show_demand_details
+from rmctl.engineconn import show_engine_conn
+from rmctl.format import fmt_age, fmt_time, print_details, print_table, to_json
+from rmctl.node import show_node
+from rmctl.resolve import resolve_ecm, resolve_engine_conn, resolve_ticket
+from rmctl.ticket import show_ticket
+
+__all__ = ["register"]
 
 
-def add_describe_commands(cmds: Any) -> None:
+def register(cmds: Any) -> None:
     """Register ``rmctl describe KIND ID``."""
     c = cmds.add_parser(
         "describe", help="an EngineConn, node, ticket or demand with its event history"
@@ -45,26 +52,48 @@ def print_events(events: list[tuple[Any, str, str]], out: TextIO) -> None:
 
 def cmd_describe(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     """`rmctl describe KIND ID`: the object's own view, then its Events (ListEvents)."""
-    # Imported here: these modules import rmctl, which imports this one.
-    from clients.rmctl import cmd_ticket_show, resolve_ticket
-    from clients.rmctl_demand import show_demand_details
-    from clients.rmctl_engineconn import cmd_ec_status, resolve_engine_conn
-    from clients.rmctl_node import cmd_node_status, resolve_ecm
-
     user = ""
     if args.kind == "demand":
         d = show_demand_details(client, args.object_id, args.user, args.output, out)
         object_id, user = d.demand_id, d.user
     elif args.kind == "ticket":
-        object_id = resolve_ticket(client, args.object_id).ticket_id
-        cmd_ticket_show(client, argparse.Namespace(**vars(args), ticket_id=object_id), out)
+        ticket = resolve_ticket(client, args.object_id)
+        object_id = ticket.ticket_id
+        show_ticket(ticket, args.output, out)
     elif args.kind == "engineconn":
-        object_id = resolve_engine_conn(client, args.object_id).engine_conn_id
-        cmd_ec_status(client, argparse.Namespace(**vars(args), ec_id=object_id), out)
+        ec = resolve_engine_conn(client, args.object_id)
+        object_id = ec.engine_conn_id
+        show_engine_conn(ec, args.output, out)
     else:
-        object_id = resolve_ecm(client, args.object_id).instance
-        cmd_node_status(client, argparse.Namespace(**vars(args), name=object_id), out)
+        try:
+            ecm = resolve_ecm(client, args.object_id)
+        except NotFound:
+            return _describe_departed_node(client, args, out)
+        object_id = ecm.instance
+        show_node(client, ecm, args.output, out)
     if args.output in ("table", "wide"):
         events = client.list_events(args.kind, object_id, user)
         print_events([(e.time, e.state, e.reason) for e in events], out)
+    return 0
+
+
+def _describe_departed_node(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
+    """A node no longer registered: its history, which outlives it (NotFound when it has
+    none: it never was, or its history is past the retention)."""
+    events = client.list_events("node", args.object_id)
+    if not events:
+        raise NotFound(
+            grpc.StatusCode.NOT_FOUND,
+            f"ECM {args.object_id} is not registered and has no history (the name must be "
+            "whole for a node that left)",
+        )
+    if args.output == "json":
+        print(to_json(admin_pb2.ListEventsResponse(events=events)), file=out)
+        return 0
+    left = events[-1]
+    gone = f"not registered: {left.state} {fmt_time(left.time)}" if left.state == "LEFT" else (
+        "not registered"
+    )  # fmt: skip
+    print_details(out, [("instance", args.object_id), ("state", gone)])
+    print_events([(e.time, e.state, e.reason) for e in events], out)
     return 0

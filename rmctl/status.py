@@ -1,4 +1,5 @@
-"""`rmctl status` (the cluster at a glance) and `rmctl top` (usage by user or by label).
+"""`rmctl status` (the cluster at a glance), `rmctl top` (usage by user or by label) and
+`rmctl check` (the RM's bookkeeping against its live tickets).
 
 `status` is what `nomad status`, `sinfo` and `kubectl get nodes` plus `top` give together,
 on one screen: the RM (GetClusterInfo: version, replicas, database, waiting applies), the
@@ -10,32 +11,43 @@ label records by load.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any, TextIO
 
-from labelrm.v1 import demand_pb2
+from labelrm.v1 import demand_pb2, resource_manager_pb2
 
+from clients import RMClient, labels_from
 from clients._engineconn import LIVE_EC_STATES, ec_state_name, ecm_state_name
-from clients._filters import fmt_age
-from clients._format import print_details, print_json, print_table
-from clients._impl import RMClient
 from labelrm_common.quantity import format_bytes, format_cpu
 from labelrm_common.version import VERSION
+from rmctl.format import (
+    fmt_age,
+    fmt_resource,
+    fmt_time,
+    opt,
+    print_details,
+    print_json,
+    print_table,
+    to_json,
+)
 
-__all__ = ["add_status_commands"]
+__all__ = ["register"]
 
 _DIMS = ("memory_bytes", "cpu_millis", "instances")
 
 
-def add_status_commands(cmds: Any) -> None:
-    """Register ``rmctl status`` and ``rmctl top``."""
+def register(cmds: Any) -> None:
+    """Register ``rmctl status``, ``rmctl top`` and ``rmctl check``."""
     c = cmds.add_parser("status", help="the cluster at a glance: RM, nodes, EngineConns, usage")
     c.add_argument("--top", type=int, default=5, metavar="N", help="most loaded labels shown")
     c.set_defaults(func=cmd_status)
     c = cmds.add_parser("top", help="resource usage by user or by label, largest first")
     c.add_argument("--by", choices=("user", "label"), default="user")
     c.set_defaults(func=cmd_top)
+    c = cmds.add_parser("check", help="check used/locked against live tickets (exit 1 if not)")
+    c.set_defaults(func=cmd_check)
 
 
 def dims(resource: Any) -> dict[str, int]:
@@ -82,6 +94,29 @@ def _counts(names: Iterable[str]) -> str:
     return ", ".join(f"{n} {s}" for s, n in sorted(counted.items())) or "none"
 
 
+def fmt_liveness(info: Any) -> str:
+    """What the liveness judge does now (GetClusterInfo's `liveness`): SUSPENDED during
+    a suspected disruption, a grace window after the RM could not hear, else judging."""
+    judge = info.liveness
+    if judge.disrupted:
+        return (
+            f"SUSPENDED since {fmt_time(judge.disrupted_since)}: {judge.silent_agents} of "
+            f"{judge.agents} agents silent at once, a suspected disruption (the RM or its "
+            "network): nothing is declared LOST (docs/operations.md)"
+        )
+    grace_end = max(
+        judge.agents_judged_from.ToDatetime(), judge.engine_conns_judged_from.ToDatetime()
+    )
+    if info.HasField("time") and grace_end > info.time.ToDatetime():
+        return (
+            f"grace window until {grace_end:%Y-%m-%dT%H:%M:%SZ} "
+            f"({judge.heard_since_reason}): nothing is declared LOST before then"
+        )
+    return (
+        f"judging; silence counts since {fmt_time(judge.heard_since)} ({judge.heard_since_reason})"
+    )
+
+
 def cmd_status(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     """`rmctl status`."""
     info = client.get_cluster_info()
@@ -95,7 +130,10 @@ def cmd_status(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     demands = list(client.list_demands())
     if print_json(out, args.output, info):
         return 0
-    nodes = [r for r in records if r.source == "ecm"]
+    # The totals are the capacity of the nodes that are there: a LOST node's is not.
+    lost = {e.instance for e in ecms if e.state == resource_manager_pb2.ECM_STATE_LOST}
+    nodes = [r for r in records if r.source == "ecm" and _instance_of(r) not in lost]
+    cordoned = sum(1 for e in ecms if e.cordoned)
     replicas = "; ".join(
         f"{r.replica_id} on {r.host} (pid {r.pid}, up {fmt_age(r.start_time)})"
         for r in info.replicas
@@ -105,12 +143,21 @@ def cmd_status(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     print_details(
         out,
         [
-            ("rm", f"{args.rm} version {info.version} (rmctl {VERSION})"),
+            ("rm", f"{client.target} version {info.version} (rmctl {VERSION})"),
             ("replicas", f"{len(info.replicas)}: {replicas or '-'}"),
             ("database", info.database),
-            ("nodes", f"{len(ecms)}: {_counts(ecm_state_name(e.state) for e in ecms)}"),
+            ("liveness", fmt_liveness(info)),
+            (
+                "nodes",
+                f"{len(ecms)}: {_counts(ecm_state_name(e.state) for e in ecms)}"
+                + (f" ({cordoned} cordoned)" if cordoned else ""),
+            ),
             ("engineconns", f"{len(live)} live: {_counts(ec_state_name(e.state) for e in live)}"),
-            ("total", fmt_dims(_sum(r.max_resource for r in nodes))),
+            (
+                "total",
+                fmt_dims(_sum(r.max_resource for r in nodes))
+                + (f" (without {len(lost)} LOST)" if lost else ""),
+            ),
             ("used", fmt_dims(_sum(r.used_resource for r in nodes))),
             ("locked", fmt_dims(_sum(r.locked_resource for r in nodes))),
             ("left", fmt_dims(_sum(r.left_resource for r in nodes))),
@@ -123,6 +170,11 @@ def cmd_status(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
         print("\nmost loaded labels:", file=out)
         _print_labels(loaded, out)
     return 0
+
+
+def _instance_of(record: Any) -> str:
+    """The ECM instance of an ECM's label record ("emInstance=host:port")."""
+    return next((lb.value for lb in labels_from(record.label) if lb.key == "emInstance"), "")
 
 
 def _print_labels(records: list[Any], out: TextIO) -> None:
@@ -182,3 +234,48 @@ def cmd_top(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
         ),
     )
     return 0
+
+
+def cmd_check(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
+    """`rmctl check`."""
+    report = client.check_consistency()
+    if args.output == "json":
+        print(to_json(report), file=out)
+    elif report.consistent:
+        print(
+            f"consistent: {report.labels_checked} labels, {report.tickets_checked} tickets checked",
+            file=out,
+        )
+    else:
+        _mismatch_table(out, report.mismatches)
+        print(f"inconsistent: {len(report.mismatches)} mismatches", file=sys.stderr)
+    if report.over_limit and args.output != "json":
+        # Expected after a limit was lowered below what is in use: a note, not a failure.
+        _mismatch_table(out, report.over_limit, ("label", "field", "in use", "maximum", "detail"))
+        print(
+            f"note: {len(report.over_limit)} labels over their limit after a change"
+            " (nothing more is granted there; they drain as tickets end)",
+            file=sys.stderr,
+        )
+    return 0 if report.consistent else 1
+
+
+def _mismatch_table(
+    out: TextIO,
+    rows: Any,
+    header: tuple[str, ...] = ("label", "field", "stored", "expected", "detail"),
+) -> None:
+    print_table(
+        out,
+        header,
+        (
+            (
+                m.label,
+                m.field,
+                fmt_resource(opt(m, "stored")),
+                fmt_resource(opt(m, "expected")),
+                m.detail or "-",
+            )
+            for m in rows
+        ),
+    )

@@ -1,31 +1,28 @@
-"""`rmctl node list|status|drain|refresh`: the ECMs (agents) as the RM sees them.
+"""`rmctl node list|status|refresh|rm`, with `cordon|uncordon|drain|decommission`
+(rmctl/drain.py): the ECMs (agents) as the RM sees them.
 
-Wired into rmctl by one call in ``build_parser``: ``add_node_commands(cmds)``. The commands
-have rmctl's signature ``(client, args, out) -> exit code``.
+The commands have rmctl's signature ``(client, args, out) -> exit code``.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from labelrm.v1 import admin_pb2, resource_manager_pb2
 
+from clients import RMClient
 from clients._engineconn import LIVE_EC_STATES, ec_state_name, ecm_state_name
-from clients._errors import NotFound
-from clients._filters import (
-    LOST_NODE_AGE_OUT,
-    add_selector,
-    add_sort_by,
-    selected,
-    sort_rows,
-)
-from clients._format import (
+from rmctl.args import LOST_NODE_AGE_OUT, add_selector, add_sort_by, selected, sort_rows
+from rmctl.drain import add_drain_commands, node_state
+from rmctl.format import (
+    fmt_isolation,
     fmt_labels,
     fmt_resource,
     fmt_time,
+    fmt_usage,
     opt,
     print_details,
     print_json,
@@ -33,14 +30,18 @@ from clients._format import (
     print_table,
     to_json,
 )
-from clients._impl import RMClient
+from rmctl.resolve import resolve_ecm
 
-__all__ = ["add_node_commands", "resolve_by_prefix"]
+__all__ = ["register", "show_node"]
 
 
-def add_node_commands(cmds: Any) -> None:
+def register(cmds: Any) -> None:
     """Register ``rmctl node ...`` on rmctl's sub-command parsers (``add_subparsers()``)."""
-    node = cmds.add_parser("node", help="ECMs (agents): list, status, drain, node lists")
+    node = cmds.add_parser(
+        "node",
+        aliases=["nodes"],
+        help="ECMs (agents): list, status, cordon, drain, decommission, node lists",
+    )
     sub = node.add_subparsers(dest="sub", required=True, metavar="SUBCOMMAND")
 
     c = sub.add_parser(
@@ -58,7 +59,9 @@ def add_node_commands(cmds: Any) -> None:
     c.set_defaults(func=cmd_node_list)
 
     c = sub.add_parser(
-        "rm", help="remove a LOST or drained ECM from the RM (its agent is gone for good)"
+        "rm",
+        aliases=["delete"],
+        help="remove a LOST or decommissioned ECM from the RM (its agent is gone for good)",
     )
     c.add_argument("name", metavar="NAME", help="an ECM instance, or a unique prefix of one")
     c.set_defaults(func=cmd_node_rm)
@@ -67,12 +70,7 @@ def add_node_commands(cmds: Any) -> None:
     c.add_argument("name", metavar="NAME", help="an ECM instance, or a unique prefix of one")
     c.set_defaults(func=cmd_node_status)
 
-    c = sub.add_parser(
-        "drain",
-        help="decommission an ECM: no new EngineConns; it leaves once its EngineConns end",
-    )
-    c.add_argument("name", metavar="NAME", help="an ECM instance, or a unique prefix of one")
-    c.set_defaults(func=cmd_node_drain)
+    add_drain_commands(sub)
 
     c = sub.add_parser(
         "refresh",
@@ -99,47 +97,15 @@ def _node_list(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
-def resolve_by_prefix(
-    kind: str,
-    given: str,
-    get: Callable[[str], Any],
-    candidates: Callable[[], Iterable[Any]],
-    key: Callable[[Any], str],
-) -> Any:
-    """``get(given)``, or else the one candidate whose key starts with `given`.
-
-    Raises the NotFound of `get` when nothing matches, ValueError when several do.
-    """
-    try:
-        return get(given)
-    except NotFound:
-        matches = [c for c in candidates() if key(c).startswith(given)]
-        if len(matches) == 1:
-            return matches[0]
-        if not matches:
-            raise
-        shown = ", ".join(key(m) for m in matches[:3])
-        more = f" and {len(matches) - 3} more" if len(matches) > 3 else ""
-        raise ValueError(
-            f"{kind} prefix {given!r} is ambiguous: {len(matches)} match ({shown}{more})"
-        ) from None
-
-
-def resolve_ecm(client: RMClient, given: str) -> Any:
-    """The ECM named `given`, or the one whose instance starts with it."""
-    return resolve_by_prefix(
-        "ECM", given, client.get_ecm, client.list_ecms, lambda e: str(e.instance)
-    )
-
-
-_HEADER = ("instance", "state", "engineconns", "total", "left", "last_heartbeat")
+_HEADER = ("instance", "state", "isolation", "engineconns", "total", "left", "last_heartbeat")
 _WIDE = (*_HEADER, "labels", "protected", "registered")
 
 
 def _row(e: Any, wide: bool) -> tuple[str, ...]:
     row: tuple[str, ...] = (
         e.instance,
-        ecm_state_name(e.state),
+        node_state(e),
+        fmt_isolation(opt(e, "isolation")),
         str(e.live_engine_conns),
         fmt_resource(opt(e, "total_resource")),
         fmt_resource(opt(e, "left_resource")),
@@ -181,14 +147,21 @@ def cmd_node_list(client: RMClient, args: argparse.Namespace, out: TextIO) -> in
 
 def cmd_node_status(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
     """`rmctl node status NAME`: the ECM, then its live EngineConns."""
-    e = resolve_ecm(client, args.name)
-    if print_json(out, args.output, e):
-        return 0
+    show_node(client, resolve_ecm(client, args.name), args.output, out)
+    return 0
+
+
+def show_node(client: RMClient, e: Any, output: str, out: TextIO) -> None:
+    """The detail view of an ECM and a table of its live EngineConns (JSON: the ECM)."""
+    if print_json(out, output, e):
+        return
     print_details(
         out,
         [
             ("instance", e.instance),
-            ("state", ecm_state_name(e.state)),
+            ("state", node_state(e)),
+            ("cordoned", f"yes: {e.cordon_reason or '-'}" if e.cordoned else "no"),
+            ("isolation", fmt_isolation(opt(e, "isolation"), full=True)),
             ("labels", fmt_labels(e.labels)),
             ("total", fmt_resource(opt(e, "total_resource"))),
             ("protected", fmt_resource(opt(e, "protected_resource"))),
@@ -209,38 +182,19 @@ def cmd_node_status(client: RMClient, args: argparse.Namespace, out: TextIO) -> 
         print(file=out)
         print_table(
             out,
-            ("engine_conn_id", "state", "user", "resource", "address"),
+            ("engine_conn_id", "state", "user", "granted", "measured", "address"),
             (
                 (
                     ec.engine_conn_id,
                     ec_state_name(ec.state),
                     ec.user,
-                    fmt_resource(opt(ec, "resource")),
+                    fmt_resource(opt(ec, "granted_resource")),
+                    fmt_usage(opt(ec, "measured")),
                     ec.address or "-",
                 )
                 for ec in live
             ),
         )
-    return 0
-
-
-def cmd_node_drain(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
-    """`rmctl node drain NAME` (DecommissionEcm)."""
-    instance = resolve_ecm(client, args.name).instance
-    live = client.decommission_ecm(instance)
-    if args.output == "json":
-        print(to_json(admin_pb2.DecommissionEcmResponse(live_engine_conns=live)), file=out)
-    elif live:
-        print(
-            f"{instance} DRAINING: {live} live EngineConns; no new ones start there, "
-            "and the ECM leaves once they end",
-            file=out,
-        )
-    else:
-        print(
-            f"{instance} DRAINING: no live EngineConns; it leaves at its next heartbeat", file=out
-        )
-    return 0
 
 
 def cmd_node_refresh(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
@@ -262,15 +216,16 @@ def cmd_node_refresh(client: RMClient, args: argparse.Namespace, out: TextIO) ->
 
 
 def cmd_node_rm(client: RMClient, args: argparse.Namespace, out: TextIO) -> int:
-    """`rmctl node rm NAME`: UnregisterEcm for an ECM that is LOST, or drained empty."""
+    """`rmctl node rm NAME`: UnregisterEcm for an ECM that is LOST, or decommissioned
+    empty."""
     e = resolve_ecm(client, args.name)
     lost = e.state == resource_manager_pb2.ECM_STATE_LOST
     drained = e.state == resource_manager_pb2.ECM_STATE_DRAINING and not e.live_engine_conns
     if not (lost or drained):
         raise ValueError(
             f"ECM {e.instance} is {ecm_state_name(e.state)} with {e.live_engine_conns} live "
-            "EngineConns: only a LOST or drained (DRAINING, none live) ECM can be removed; "
-            f"drain it first (rmctl node drain {e.instance})"
+            "EngineConns: only a LOST or decommissioned (DRAINING, none live) ECM can be "
+            f"removed; decommission it first (rmctl node decommission {e.instance})"
         )
     released = client.unregister_ecm(e.instance)
     if args.output == "json":

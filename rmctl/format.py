@@ -1,5 +1,5 @@
 """rmctl's output: tables, ``key = value`` detail views, compact resources, JSON in
-grpcurl's style, and the --watch loop.
+grpcurl's style, and kubectl's AGE.
 
 What the RM stores was written by others (a user's reason, an EngineConn's report, a
 program's log): tables and detail views write its control characters out (``\x1b``,
@@ -7,8 +7,6 @@ labelrm_common/text.py) rather than hand them to the terminal; JSON escapes them
 
 from __future__ import annotations
 
-import io
-import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO, TypeVar
@@ -21,16 +19,18 @@ from labelrm_common.text import visible
 
 __all__ = [
     "STATE_NAMES",
+    "fmt_age",
     "fmt_bytes",
+    "fmt_isolation",
     "fmt_labels",
     "fmt_resource",
     "fmt_time",
+    "fmt_usage",
     "opt",
     "print_details",
     "print_json",
     "print_list",
     "print_table",
-    "run_watch",
     "set_table_headers",
     "terminal_text",
     "to_json",
@@ -84,6 +84,27 @@ def _fmt_dims(m: Any) -> str:
     if "instances" in names:
         parts.append(f"inst={m.instances}")
     return " ".join(parts)
+
+
+def fmt_usage(u: Any) -> str:
+    """A measured ResourceUsage ("-" when unset): memory now and at its peak, CPU over
+    the agent's last interval and in total."""
+    if u is None:
+        return "-"
+    return (
+        f"mem={fmt_bytes(u.memory_bytes)} peak={fmt_bytes(u.memory_peak_bytes)}"
+        f" cpu={u.cpu_millis}m cpu_time={u.cpu_time_micros / 1e6:.1f}s"
+    )
+
+
+def fmt_isolation(i: Any, full: bool = False) -> str:
+    """How a node contains its EngineConns: its mode ("cgroup-v1", "none"; "-" when its
+    agent did not say), with `full` its controllers and parent cgroups too."""
+    if i is None or not i.mode:
+        return "-"
+    if not full or not i.controllers:
+        return str(i.mode)
+    return f"{i.mode} ({','.join(i.controllers)}) under {', '.join(i.cgroup_parents)}"
 
 
 def _fmt_yarn(y: Any) -> str:
@@ -165,36 +186,13 @@ def print_list(
     return 0
 
 
-def run_watch(
-    render: Callable[[TextIO], int],
-    out: TextIO,
-    *,
-    interval: float,
-    title: str,
-    rounds: int | None = None,
-) -> int:
-    """Re-render every `interval` s until Ctrl-C (or `rounds` renderings).
-
-    On a terminal each rendering replaces the screen under a header; piped, only a
-    rendering that differs from the previous one is printed, with no control codes.
-    """
-    last: str | None = None
-    done = 0
-    try:
-        while True:
-            buf = io.StringIO()
-            code = render(buf)
-            text = buf.getvalue()
-            if out.isatty():
-                stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-                out.write(f"\x1b[H\x1b[2JEvery {interval:g}s: {title}    {stamp}\n\n{text}")
-            elif text != last:
-                out.write(text)
-            out.flush()
-            last = text
-            done += 1
-            if rounds is not None and done >= rounds:
-                return code
-            time.sleep(interval)
-    except KeyboardInterrupt:
-        return 0
+def fmt_age(ts: Any, now: datetime | None = None) -> str:
+    """kubectl's AGE: 45s, 12m, 5h, 3d ("-" when unset)."""
+    if not ts.seconds and not ts.nanos:
+        return "-"
+    now = now or datetime.now(UTC)
+    seconds = max(0, int((now - ts.ToDatetime(tzinfo=UTC)).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size * (2 if unit != "m" else 1):
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"

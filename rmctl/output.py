@@ -1,4 +1,5 @@
-"""rmctl's output modes beyond table / wide / json, and its global flags.
+"""rmctl's output modes beyond table / wide / json, the --watch streams, and its global
+flags.
 
 `-o yaml` and `-o name` are derived from a command's `-o json` output (one path: every
 command renders JSON once; YAML and names are views of it). `-w -o json` streams one JSON
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import json
 import re
 import time
@@ -22,8 +24,10 @@ from typing import Any, TextIO
 __all__ = [
     "OUTPUTS",
     "accept_globals_anywhere",
+    "chosen_parser",
     "derived_output",
     "object_name",
+    "run_watch",
     "stream_changes",
     "to_yaml",
 ]
@@ -146,6 +150,69 @@ def stream_changes(
             time.sleep(interval)
     except KeyboardInterrupt:
         return code
+
+
+def run_watch(
+    render: Callable[[TextIO], int], out: TextIO, *, interval: float, rounds: int | None = None
+) -> int:
+    """`-w` on a table: the table once, then, every `interval` s until Ctrl-C (or `rounds`
+    renderings), a row for each object that appeared or changed, and its last row marked
+    ``(deleted)`` when it went away, as `kubectl get -w` streams. Rows are keyed by their
+    first column (the object's id) and aligned under the first header."""
+    rows: dict[str, list[str]] = {}
+    widths: list[int] = []
+    done = 0
+    code = 0
+    try:
+        while True:
+            buf = io.StringIO()
+            code = render(buf)
+            lines = buf.getvalue().splitlines()
+            if done == 0:
+                out.write(buf.getvalue())
+                widths = _widths(lines[0]) if lines else []
+            # A row's cells, not its text: another row's width moves every column.
+            current = {cells[0]: cells for cells in _rows(lines)}
+            if done:
+                for key, cells in current.items():
+                    if rows.get(key) != cells:
+                        print(_aligned(cells, widths), file=out)
+                for key in [k for k in rows if k not in current]:
+                    print(_aligned(rows[key], widths) + "   (deleted)", file=out)
+            rows = current
+            out.flush()
+            done += 1
+            if rounds is not None and done >= rounds:
+                return code
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return code
+
+
+_CELL_GAP = re.compile(r" {3,}")  # print_table joins cells with three spaces
+
+
+def _rows(lines: list[str]) -> list[list[str]]:
+    """The cells of each row of a table's text (without its header, upper case, if it has
+    one)."""
+    if lines and lines[0] == lines[0].upper() and any(c.isalpha() for c in lines[0]):
+        lines = lines[1:]
+    return [_CELL_GAP.split(line.strip()) for line in lines if line.strip()]
+
+
+def _widths(header: str) -> list[int]:
+    """Where each column of `header` starts and how wide it is (its cell plus the gap)."""
+    starts = [0, *(m.end() for m in _CELL_GAP.finditer(header))]
+    return [b - a for a, b in itertools.pairwise(starts)]
+
+
+def _aligned(cells: list[str], widths: list[int]) -> str:
+    """A row laid out in the columns of the first header (a wider cell pushes on)."""
+    out = ""
+    for i, cell in enumerate(cells):
+        width = widths[i] if i < len(widths) else 0
+        out += cell if i == len(cells) - 1 else cell.ljust(max(width, len(cell) + 3))
+    return out
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:

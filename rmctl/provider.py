@@ -1,6 +1,6 @@
 """`rmctl provider add|list|rm|test`: external resource providers (YARN ResourceManagers).
 
-Wired into rmctl by one call in ``build_parser``: ``add_provider_commands(cmds)``. A basic-auth
+A basic-auth
 password is read from ``$LABELRM_PROVIDER_PASSWORD`` or ``--password-file`` (never a flag:
 flags show in ps) and stored by the RM; list calls never return it. With
 ``--password-secret NAME`` the RM stores only the name and reads the password itself (a
@@ -17,17 +17,19 @@ from typing import Any, TextIO
 
 from labelrm.v1 import admin_pb2, external_pb2
 
-from clients._format import fmt_bytes, fmt_time, print_json, print_table, to_json
-from clients._impl import RMClient
+from clients import RMClient
+from rmctl.format import fmt_bytes, fmt_time, print_json, print_table, to_json
 
-__all__ = ["add_provider_commands"]
+__all__ = ["register"]
 
 PASSWORD_ENV = "LABELRM_PROVIDER_PASSWORD"
 
 
-def add_provider_commands(cmds: Any) -> None:
+def register(cmds: Any) -> None:
     """Register ``rmctl provider ...`` on rmctl's sub-command parsers."""
-    prov = cmds.add_parser("provider", help="external resource providers (YARN queues)")
+    prov = cmds.add_parser(
+        "provider", aliases=["providers"], help="external resource providers (YARN queues)"
+    )
     sub = prov.add_subparsers(dest="sub", required=True, metavar="SUBCOMMAND")
 
     c = sub.add_parser(
@@ -69,7 +71,7 @@ def add_provider_commands(cmds: Any) -> None:
     c = sub.add_parser("list", help="list the providers (never their passwords)")
     c.set_defaults(func=cmd_provider_list)
 
-    c = sub.add_parser("rm", help="remove a provider")
+    c = sub.add_parser("rm", aliases=["delete"], help="remove a provider")
     c.add_argument("name", metavar="NAME")
     c.set_defaults(func=cmd_provider_rm)
 

@@ -1,0 +1,5 @@
+"""`python -m rmctl`."""
+
+from rmctl import main
+
+raise SystemExit(main())
