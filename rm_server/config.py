@@ -104,6 +104,12 @@ class Settings:
     max_message_bytes: int = SERVER.setting(
         4 * 1024 * 1024, "largest gRPC message received or sent"
     )
+    agent_process: bool = SERVER.setting(
+        True,
+        "with `agent_listen`: serve it, and judge agents' and EngineConns' liveness, in a "
+        "process of its own, so that no user's traffic can delay them (architecture.md, "
+        "Which work runs where); off: one process does everything",
+    )
     shutdown_grace: float = SERVER.setting(
         10.0, "seconds in-flight calls get to finish after SIGTERM"
     )

@@ -79,12 +79,19 @@ class RMCore:
         return self.replicas.replica_id
 
     def start_background(
-        self, lease: Lease | None = None, observe: PassObserver | None = None
+        self,
+        lease: Lease | None = None,
+        observe: PassObserver | None = None,
+        *,
+        ticket_sweep: bool = True,
     ) -> None:
         """Start the sweeps and the usage roll-up (the ticket sweep and the roll-up only
-        while this replica holds `lease`, each of their passes told to `observe`)."""
-        self.sweeps.start(lease, observe)
-        self.usage.start(lease, observe)
+        while this replica holds `lease`, each of their passes told to `observe`; neither
+        without `ticket_sweep`: a process that serves agents only leaves them to the
+        users' one)."""
+        self.sweeps.start(lease, observe, ticket_sweep=ticket_sweep)
+        if ticket_sweep:
+            self.usage.start(lease, observe)
 
     async def stop_background(self, grace: float | None = None) -> None:
         """Finish the grouped requests (cancelled past `grace` seconds), stop the sweeps

@@ -89,12 +89,19 @@ class Sweeps:
         self._tasks: list[asyncio.Task[None]] = []
         self._retention_checked_at: datetime | None = None
 
-    def start(self, lease: Lease | None = None, observe: PassObserver | None = None) -> None:
+    def start(
+        self,
+        lease: Lease | None = None,
+        observe: PassObserver | None = None,
+        *,
+        ticket_sweep: bool = True,
+    ) -> None:
         """Start the ticket sweep (with a lease: only while this replica holds it; each
-        pass told to `observe`) and the replica check."""
+        pass told to `observe`; none without `ticket_sweep`) and the replica check."""
         interval = self.core.settings.sweep_interval
-        sweeper = run_periodically("ticket-sweep", interval, self.sweep, lease, observe)
-        self._tasks.append(asyncio.create_task(sweeper, name="rm-sweeper"))
+        if ticket_sweep:
+            sweeper = run_periodically("ticket-sweep", interval, self.sweep, lease, observe)
+            self._tasks.append(asyncio.create_task(sweeper, name="rm-sweeper"))
         # On every replica, no lease: each keeps its own presence, and any live one
         # finds a dead one (a dead lease holder would otherwise delay it by the lease).
         presence = run_periodically("replicas", interval, self.replicas.check, None)

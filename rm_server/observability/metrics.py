@@ -41,7 +41,7 @@ import logging
 import re
 import ssl
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -55,6 +55,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.gc_collector import GCCollector
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
@@ -188,6 +189,7 @@ class Metrics:
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
         GCCollector(registry=r)
+        self._peers: list[Callable[[], Awaitable[bytes]]] = []
 
     def for_method(self, method: str) -> RpcMetrics:
         """What records the calls of `method` ("labelrm.v1.ResourceManagerService/Apply")."""
@@ -256,8 +258,15 @@ class Metrics:
         self.liveness = LivenessCollector(source, self.cache_seconds)
         self.registry.register(self.liveness)
 
+    def add_peer(self, fetch: Callable[[], Awaitable[bytes]]) -> None:
+        """Fold the exposition `fetch` returns (the agents' process's, rm_server.
+        agent_process) into this one's, each of its samples labelled
+        ``process="agents"``: one scrape shows both processes of one RM."""
+        self._peers.append(fetch)
+
     async def exposition(self) -> bytes:
-        """The text exposition, with the label records refreshed when stale."""
+        """The text exposition, with the label records refreshed when stale, and the
+        peers' samples folded in."""
         if self.labels is not None:
             await self.labels.refresh()
         if self.states is not None:
@@ -266,7 +275,32 @@ class Metrics:
             await self.liveness.refresh()
         if self.usage is not None:
             await self.usage.refresh()
-        return generate_latest(self.registry)
+        if not self._peers:
+            return generate_latest(self.registry)
+        families = {family.name: family for family in self.registry.collect()}
+        for fetch in self._peers:
+            text = (await fetch()).decode(errors="replace")
+            for family in text_string_to_metric_families(text):
+                samples = [
+                    s._replace(labels={**s.labels, "process": "agents"}) for s in family.samples
+                ]
+                mine = families.get(family.name)
+                if mine is not None and mine.type == family.type:
+                    mine.samples.extend(samples)
+                elif mine is None:
+                    family.samples = samples
+                    families[family.name] = family
+        return generate_latest(_Families(list(families.values())))
+
+
+class _Families:
+    """Metric families as a collector (what generate_latest reads)."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> list[Metric]:
+        return self.families
 
 
 class RpcMetrics:
