@@ -41,34 +41,21 @@ from rm_server.console.lists import Lists
 from rm_server.console.pages import Pages
 from rm_server.console.reply import reply
 from rm_server.errors import (
-    FailedPrecondition,
-    InvalidArgument,
     LabelrmError,
-    NotFound,
     PermissionDenied,
-    ResourceExhausted,
     Unauthenticated,
 )
 from rm_server.security import policy
-from rm_server.security.identity import DEV_ADMIN, Principal, from_token_entry
+from rm_server.security.identity import DEV_ADMIN, Principal
 from rm_server.security.interceptor import AuthInterceptor
 from rm_server.security.setup import Security
+from rm_server.service.errors import http_status_of
 
 log = logging.getLogger(__name__)
 
 STATIC = Path(__file__).parent / "static"
 # Browsers run module scripts only when served as JavaScript; not every mime.types knows .mjs
 mimetypes.add_type("text/javascript", ".mjs")
-
-# The error hierarchy -> HTTP status (as service/errors.py maps it to gRPC codes).
-_HTTP: tuple[tuple[type[LabelrmError], int], ...] = (
-    (InvalidArgument, 400),
-    (Unauthenticated, 401),
-    (PermissionDenied, 403),
-    (NotFound, 404),
-    (FailedPrecondition, 409),
-    (ResourceExhausted, 429),
-)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -168,7 +155,7 @@ class Console:
         except Refused as refused:  # not logged: any page could make a browser send many
             response = reply({"error": refused.message}, status=refused.status)
         except LabelrmError as err:
-            status = next((code for kind, code in _HTTP if isinstance(err, kind)), 500)
+            status = http_status_of(err)  # the code the RPC would answer, as HTTP
             if status >= 500:
                 log.warning("console %s: %s", request.path, err.message)
             response = reply({"error": err.message}, status=status)
@@ -213,15 +200,7 @@ class Api:
         token = header[7:].strip() if header[:7].lower() == "bearer " else ""
         if not token:
             raise Unauthenticated("sign in with a bearer token")
-        peer = request.remote or ""
-        found = auth.tokens.find(token) if auth.tokens is not None else None
-        if found is None:
-            auth.limits.check_peer(peer)
-            auth.limits.auth_failed(peer)
-            log.warning("console: invalid bearer token from %s", peer)
-            raise Unauthenticated("invalid bearer token")
-        key, entry = found
-        principal = from_token_entry(entry.user, entry.roles, credential=key)
+        principal = auth.principal_of_token(token, request.remote or "")
         if not principal.is_admin:
             auth.limits.admit_call(principal.name)
         return principal

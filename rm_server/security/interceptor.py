@@ -113,20 +113,24 @@ class AuthInterceptor:
 
     # ----- the checks --------------------------------------------------------------------
 
-    def _authenticate(self, context: grpc.aio.ServicerContext) -> Principal:
-        token = bearer_token(context.invocation_metadata())
-        if token is not None:
-            valid = self.tokens.find(token) if self.tokens is not None else None
-            if valid is not None:
-                # A valid token is always accepted, whatever else came from its address:
-                # only invalid attempts are throttled (a guesser cannot lock others out).
-                key, entry = valid
-                return from_token_entry(entry.user, entry.roles, credential=key)
-            peer = peer_host(str(context.peer() or ""))
+    def principal_of_token(self, token: str, peer: str) -> Principal:
+        """Who a bearer token names, for every listener that takes tokens (the RPCs and the
+        web console). An invalid token is refused, and counted against its `peer`'s
+        address: a valid token is always accepted, whatever else came from that address,
+        so only guessing is throttled (a guesser cannot lock others out)."""
+        valid = self.tokens.find(token) if self.tokens is not None else None
+        if valid is None:
             self.limits.check_peer(peer)
             self.limits.auth_failed(peer)
             log.warning("invalid bearer token from %s", peer)
             raise Unauthenticated("invalid bearer token", reason="INVALID_TOKEN")
+        key, entry = valid
+        return from_token_entry(entry.user, entry.roles, credential=key)
+
+    def _authenticate(self, context: grpc.aio.ServicerContext) -> Principal:
+        token = bearer_token(context.invocation_metadata())
+        if token is not None:
+            return self.principal_of_token(token, peer_host(str(context.peer() or "")))
         try:
             found = from_auth_context(context.auth_context(), self.allow_host_certificates)
         except BadCredentials as exc:
