@@ -235,6 +235,7 @@ class Server:
     proc: subprocess.Popen[bytes] | None = None
     others: list[subprocess.Popen[bytes]] = field(default_factory=list)
     log: Path | None = None
+    cwd: Path = ROOT  # the checkout whose rm_server runs (another one: earlier figures)
 
     @property
     def target(self) -> str:
@@ -242,7 +243,15 @@ class Server:
 
     @property
     def pids(self) -> list[int]:
-        return [p.pid for p in ([self.proc] if self.proc else []) + self.others]
+        """Every rm-server process: those started here and theirs (an agents' process)."""
+        import psutil
+
+        started = [p.pid for p in ([self.proc] if self.proc else []) + self.others]
+        children = []
+        for pid in started:
+            with contextlib.suppress(psutil.Error):
+                children += [c.pid for c in psutil.Process(pid).children(recursive=True)]
+        return started + children
 
     def start(self, timeout: float = 60.0) -> Server:
         self.port = self.port or free_port()
@@ -258,7 +267,9 @@ class Server:
         def spawn() -> subprocess.Popen[bytes]:
             assert self.log is not None
             out = self.log.open("ab")
-            return subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
+            return subprocess.Popen(
+                cmd, cwd=self.cwd, stdout=out, stderr=subprocess.STDOUT, env=env
+            )
 
         self.proc = spawn()
         self._wait_serving(timeout)  # the first one alone: it migrates the database
@@ -369,6 +380,57 @@ class CpuMeter:
 # ----- load generators --------------------------------------------------------------------
 
 
+def spawn_loadgen(
+    kind: str,
+    target: str,
+    clients: int,
+    seconds: float,
+    start_at: float,
+    *,
+    procs: int = 0,
+    extra: Sequence[str] = (),
+    node: dict[str, Any] | None = None,
+    native: bool = False,
+    agent_base: int = 0,
+) -> list[subprocess.Popen[bytes]]:
+    """Start `clients` clients of workload `kind` spread over `procs` load-generator
+    processes (default: 1 for one client, else 2), measuring from `start_at` (epoch) for
+    `seconds`; `collect` gathers what they measured. `node`, `native`: see run_loadgen."""
+    procs = procs or (1 if clients == 1 else 2)
+    procs = min(procs, clients)
+    program = [str(loadgen_binary())] if native else [sys.executable, "-m", "bench.loadgen"]
+    children = []
+    first = agent_base
+    for i in range(procs):
+        share = clients // procs + (1 if i < clients % procs else 0)
+        env = {**os.environ, "GRPC_ENABLE_FORK_SUPPORT": "false"}
+        if node is not None:
+            settings = {"target": target, "clients": share, "seconds": seconds}
+            settings |= {"start_at": start_at, "seed": 1000 * i, "first_agent": first}
+            settings |= {"proto_root": str(PROTO_ROOT), "wkt_dir": str(WKT_DIR), **node}
+            cmd = ["node", str(ROOT / "bench" / "nodejs" / f"{kind}.cjs"), json.dumps(settings)]
+            env["NODE_PATH"] = str(node_modules())
+        else:
+            cmd = [*program, kind, "--target", target]
+            cmd += ["--clients", str(share), "--seconds", str(seconds)]
+            cmd += ["--start-at", repr(start_at), "--seed", str(1000 * i)]
+            cmd += ["--first-agent", str(first), *extra]
+        first += share
+        children.append(subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, env=env))
+    return children
+
+
+def collect(children: Sequence[subprocess.Popen[bytes]], timeout: float) -> dict[str, Any]:
+    """Wait for load generators (`spawn_loadgen`) and merge the results they printed."""
+    outs = []
+    for c in children:
+        out, _ = c.communicate(timeout=timeout)
+        if c.returncode != 0:
+            raise SystemExit(f"load generator failed ({c.returncode})")
+        outs.append(json.loads(out.decode().strip().splitlines()[-1]))
+    return merge(outs)
+
+
 def run_loadgen(
     kind: str,
     target: str,
@@ -389,28 +451,11 @@ def run_loadgen(
     `node`: run bench/nodejs/<kind>.cjs under Node.js instead of bench/loadgen.py, with
     these settings added to its JSON argument (`extra` is then unused). `native`: run
     bench/native/loadgen.cc (same arguments as bench/loadgen.py; built on first use)."""
-    procs = procs or (1 if clients == 1 else 2)
-    procs = min(procs, clients)
     start_at = time.time() + warmup + 1.0  # + interpreter start-up
-    program = [str(loadgen_binary())] if native else [sys.executable, "-m", "bench.loadgen"]
-    children = []
-    first = 0
-    for i in range(procs):
-        share = clients // procs + (1 if i < clients % procs else 0)
-        env = {**os.environ, "GRPC_ENABLE_FORK_SUPPORT": "false"}
-        if node is not None:
-            settings = {"target": target, "clients": share, "seconds": seconds}
-            settings |= {"start_at": start_at, "seed": 1000 * i, "first_agent": first}
-            settings |= {"proto_root": str(PROTO_ROOT), "wkt_dir": str(WKT_DIR), **node}
-            cmd = ["node", str(ROOT / "bench" / "nodejs" / f"{kind}.cjs"), json.dumps(settings)]
-            env["NODE_PATH"] = str(node_modules())
-        else:
-            cmd = [*program, kind, "--target", target]
-            cmd += ["--clients", str(share), "--seconds", str(seconds)]
-            cmd += ["--start-at", repr(start_at), "--seed", str(1000 * i)]
-            cmd += ["--first-agent", str(first), *extra]
-        first += share
-        children.append(subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, env=env))
+    children = spawn_loadgen(
+        kind, target, clients, seconds, start_at, procs=procs, extra=extra, node=node,
+        native=native,
+    )  # fmt: skip
     time.sleep(max(0.0, start_at - time.time() - 0.3))
     groups = meter_groups() if meter_groups is not None else {}
     groups["loadgen"] = [c.pid for c in children]
@@ -419,13 +464,7 @@ def run_loadgen(
     meter.start()
     time.sleep(seconds)
     cpu = meter.stop()
-    outs = []
-    for c in children:
-        out, _ = c.communicate(timeout=seconds + warmup + 120)
-        if c.returncode != 0:
-            raise SystemExit(f"load generator failed ({c.returncode})")
-        outs.append(json.loads(out.decode().strip().splitlines()[-1]))
-    return merge(outs), cpu
+    return collect(children, seconds + warmup + 120), cpu
 
 
 def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from labelrm.v1 import (
     demand_pb2_grpc,
     engine_conn_pb2_grpc,
     resource_manager_pb2_grpc,
+    usage_pb2_grpc,
 )
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
@@ -72,6 +73,7 @@ class AsyncClientBase:
         self._admin = admin_pb2_grpc.AdminServiceStub(self._channel)
         self._ecs = engine_conn_pb2_grpc.EngineConnServiceStub(self._channel)
         self._demands = demand_pb2_grpc.DemandServiceStub(self._channel)
+        self._usage = usage_pb2_grpc.UsageServiceStub(self._channel)
 
     async def close(self) -> None:
         """Close the channel if this client created it."""

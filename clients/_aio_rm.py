@@ -1,13 +1,14 @@
-"""Tickets, label records, limits, providers and events: ResourceManagerService and
-AdminService methods of the clients (the async module is the source of the blocking
+"""Tickets, label records, limits, providers, events and usage: ResourceManagerService,
+AdminService and UsageService methods of the clients (the async module is the source of the blocking
 one: scripts/gen_sync_client.py).
 """
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
-from labelrm.v1 import admin_pb2, external_pb2, resource_manager_pb2
+from labelrm.v1 import admin_pb2, external_pb2, resource_manager_pb2, usage_pb2
 
 from clients import _requests as rq
 from clients._aio_base import AsyncClientBase
@@ -157,3 +158,19 @@ class AsyncRMCalls(AsyncClientBase):
     async def get_cluster_info(self) -> admin_pb2.GetClusterInfoResponse:
         """The RM's version, replicas, database and waiting applies (GetClusterInfoResponse)."""
         return await self._call(self._admin.GetClusterInfo, admin_pb2.GetClusterInfoRequest())
+
+    # --- UsageService -------------------------------------------------------------------------
+
+    async def get_usage(
+        self,
+        group_by: str = "user",
+        since: datetime | None = None,
+        until: datetime | None = None,
+        user: str = "",
+        page_size: int = 0,
+    ) -> list[usage_pb2.UsageRow]:
+        """The usage ledger summed over whole hours [since, until) (default: the last 7
+        days) by "user", "label", "engine_type", "user_creator" or "hour": every UsageRow
+        (all pages), granted against measured. A user gets their own usage only."""
+        req = rq.get_usage(group_by, since, until, user, page_size)
+        return await self._pages(self._usage.GetUsage, req, "rows")

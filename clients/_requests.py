@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import Any, TypeAlias
 
-from labelrm.v1 import admin_pb2, demand_pb2, resource_manager_pb2, resource_pb2
+from google.protobuf.timestamp_pb2 import Timestamp
+from labelrm.v1 import admin_pb2, demand_pb2, resource_manager_pb2, resource_pb2, usage_pb2
 
 from labelrm_common.durations import duration
 
@@ -214,3 +216,37 @@ def cancel_demand(
 def claim_demand(demand_id: str, user: str, rid: str | None) -> demand_pb2.ClaimDemandRequest:
     """ClaimDemandRequest."""
     return demand_pb2.ClaimDemandRequest(request_id=request_id(rid), demand_id=demand_id, user=user)
+
+
+USAGE_GROUPINGS = {
+    "user": usage_pb2.USAGE_GROUPING_USER,
+    "label": usage_pb2.USAGE_GROUPING_LABEL,
+    "engine_type": usage_pb2.USAGE_GROUPING_ENGINE_TYPE,
+    "user_creator": usage_pb2.USAGE_GROUPING_USER_CREATOR,
+    "hour": usage_pb2.USAGE_GROUPING_HOUR,
+}
+
+
+def _timestamp(when: datetime | None) -> Timestamp | None:
+    if when is None:
+        return None
+    out = Timestamp()
+    out.FromDatetime(when)
+    return out
+
+
+def get_usage(
+    group_by: str, since: datetime | None, until: datetime | None, user: str, page_size: int
+) -> usage_pb2.GetUsageRequest:
+    """A GetUsageRequest; ValueError naming the grouping when it is not one of
+    USAGE_GROUPINGS."""
+    grouping = USAGE_GROUPINGS.get(group_by.replace("-", "_"))
+    if grouping is None:
+        raise ValueError(f"group_by must be one of {', '.join(USAGE_GROUPINGS)}, got {group_by!r}")
+    return usage_pb2.GetUsageRequest(
+        since=_timestamp(since),
+        until=_timestamp(until),
+        group_by=grouping,
+        user=user,
+        page_size=page_size,
+    )

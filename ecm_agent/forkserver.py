@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import re
@@ -49,7 +48,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ecm_agent.cgroups import Limits
 from ecm_agent.containment import Cgroup, Containment
@@ -60,6 +58,7 @@ from ecm_agent.validate import (
     ValidatedLaunch,
     validate_launch,
 )
+from labelrm_common import forkserver_wire as wire
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +154,7 @@ class ForkServer:
     last_used: float = field(default_factory=time.monotonic)
     closing: bool = False
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    _reply: asyncio.Future[dict[str, Any]] | None = None
+    _reply: asyncio.Future[wire.Reply] | None = None
     _spawned: set[int] = field(default_factory=set)
     _exits: dict[int, int] = field(default_factory=dict)  # pid -> wait status
     _exit_waiters: dict[int, asyncio.Future[int | None]] = field(default_factory=dict)
@@ -172,12 +171,15 @@ class ForkServer:
         assert self.process.stdout is not None
         try:
             line = await asyncio.wait_for(self.process.stdout.readline(), within)
-            message = json.loads(line) if line else {}
         except (TimeoutError, ValueError) as exc:
             raise ForkServerError(f"no ready line: {exc!r}") from None
-        pid = message.get("ready") if isinstance(message, dict) else None
-        if not isinstance(pid, int) or pid <= 1:
+        try:
+            message = wire.decode_reply(line)
+        except wire.WireError:
+            message = None
+        if not isinstance(message, wire.Ready) or message.pid <= 1:
             raise ForkServerError("did not start (see its logs/stderr.log)")
+        pid = message.pid
         found = _identity(pid)
         # sudo forks the command; without sudo (dev mode), bash execs it in place.
         parents = (self.process.pid,) if pid != self.process.pid else ()
@@ -190,7 +192,7 @@ class ForkServer:
         ):
             raise ForkServerError(f"reported pid {pid}, which is not its own process")
         self.pid = pid
-        self.holds = message.get("hold") is True
+        self.holds = message.hold
         self._reader = asyncio.ensure_future(self._read())
 
     async def _read(self) -> None:
@@ -201,8 +203,8 @@ class ForkServer:
                 if not line:
                     break
                 try:
-                    self._dispatch(json.loads(line))
-                except (ValueError, TypeError, KeyError) as exc:
+                    self._dispatch(wire.decode_reply(line))
+                except (wire.WireError, TypeError) as exc:
                     log.warning("fork server of %s sent %r: stopping it", self.user, exc)
                     break
         except (ValueError, asyncio.LimitOverrunError, OSError) as exc:
@@ -224,29 +226,23 @@ class ForkServer:
         if self.containment is not None and self.cgroup is not None:
             await self.containment.destroy(self.cgroup)
 
-    def _dispatch(self, message: Any) -> None:
-        if not isinstance(message, dict):
-            raise TypeError("not an object")
-        if "exit" in message:
-            pid, status = message["exit"], message["status"]
-            if not isinstance(pid, int) or not isinstance(status, int):
-                raise TypeError("exit: pid and status must be integers")
-            if pid in self._spawned:
-                self._spawned.discard(pid)
-                self._exits[pid] = status
+    def _dispatch(self, message: wire.Reply) -> None:
+        if isinstance(message, wire.Exit):
+            if message.pid in self._spawned:
+                self._spawned.discard(message.pid)
+                self._exits[message.pid] = message.status
                 while len(self._exits) > _KEPT_EXITS:
                     del self._exits[next(iter(self._exits))]
-                waiter = self._exit_waiters.pop(pid, None)
+                waiter = self._exit_waiters.pop(message.pid, None)
                 if waiter is not None and not waiter.done():
-                    waiter.set_result(status)
+                    waiter.set_result(message.status)
             return
-        if self._reply is None or self._reply.done():
+        if isinstance(message, wire.Ready) or self._reply is None or self._reply.done():
             raise TypeError("an answer nobody asked for")
-        pid = message.get("pid")
-        if "spawned" in message and isinstance(pid, int) and pid > 1:
+        if isinstance(message, wire.Spawned) and message.pid > 1:
             # Now, before the next line: an EngineConn that ends at once has its exit
             # right behind this answer.
-            self._spawned.add(pid)
+            self._spawned.add(message.pid)
         self._reply.set_result(message)
 
     async def spawn(
@@ -267,16 +263,10 @@ class ForkServer:
             if not self.alive or self.process.stdin is None or (hold and not self.holds):
                 return None
             self.last_used = time.monotonic()
-            request = {
-                "spawn": ec_id,
-                "cwd": str(work_dir),
-                "argv": list(argv),
-                "env": dict(env),
-                "hold": hold is not None,
-            }
+            request = wire.Spawn(ec_id, str(work_dir), tuple(argv), dict(env), hold is not None)
             self._reply = asyncio.get_running_loop().create_future()
             try:
-                self.process.stdin.write(json.dumps(request).encode() + b"\n")
+                self.process.stdin.write(wire.encode(request))
                 await self.process.stdin.drain()
             except (OSError, RuntimeError):
                 self._reply = None
@@ -288,14 +278,14 @@ class ForkServer:
                 raise ForkServerError("the fork server did not answer in time") from None
             finally:
                 self._reply = None
-            if reply.get("failed") == ec_id:
-                raise ForkServerError(f"fork server: {str(reply.get('error'))[:500]}")
-            pid = reply.get("pid")
-            if reply.get("spawned") != ec_id or not isinstance(pid, int) or pid <= 1:
-                if isinstance(pid, int):
-                    self._spawned.discard(pid)
+            if isinstance(reply, wire.Failed) and reply.ec_id == ec_id:
+                raise ForkServerError(f"fork server: {reply.error[:500]}")
+            if not isinstance(reply, wire.Spawned) or reply.ec_id != ec_id or reply.pid <= 1:
+                if isinstance(reply, wire.Spawned):
+                    self._spawned.discard(reply.pid)
                 self.kill()
                 raise ForkServerError("the fork server answered another request")
+            pid = reply.pid
             ticks = self._check_child(pid)
             if hold is not None:
                 await self._release(pid, ticks, hold)
@@ -314,7 +304,7 @@ class ForkServer:
                 os.kill(pid, 9)
             raise ForkServerError(f"cannot contain the forked EngineConn: {exc}") from None
         try:
-            self.process.stdin.write(json.dumps({"go": pid}).encode() + b"\n")
+            self.process.stdin.write(wire.encode(wire.Go(pid)))
             await self.process.stdin.drain()
         except (OSError, RuntimeError):
             pass  # the server is gone: the held child sees its pipe end and exits

@@ -15,17 +15,9 @@ Nothing here is privileged: the server runs as its user and can do only what tha
 do. The agent trusts none of its answers (``ecm_agent/forkserver.py``: every pid is checked
 in /proc, an exit is believed only once the kernel says the process is gone).
 
-Protocol, one JSON object per line:
-
-    agent -> server   {"spawn": ID, "cwd": DIR, "argv": [ARG, ...], "env": {NAME: VALUE},
-                       "hold": BOOL}
-                      {"go": PID}                       a held child may run now
-    server -> agent   {"ready": PID, "hold": true}      once, everything imported
-                      {"spawned": ID, "pid": PID}       the child runs (or, held, waits for
-                                                        its "go"), in its own session
-                      {"failed": ID, "error": TEXT}     nothing of that launch runs
-                      {"exit": PID, "status": STATUS, "cpu_ms": MS}
-                                                        a child ended (STATUS as from wait)
+The protocol, one JSON object per line, is ``labelrm_common/forkserver_wire.py``: the
+agent's Spawn and Go, this server's Ready (once, everything imported), Spawned, Failed
+and Exit.
 
 A held child has done its set-up (session, directory, log files) but runs none of the
 EngineConn until its "go": the agent puts it into the EngineConn's cgroup in between, so
@@ -43,13 +35,14 @@ fork itself, and secrets come from the kernel (``os.urandom``).
 from __future__ import annotations
 
 import gc
-import json
 import os
 import select
 import signal
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
+
+from labelrm_common import forkserver_wire as wire
 
 #: A request line longer than this is an error (launches are bounded far below it).
 MAX_LINE_BYTES = 8 * 1024 * 1024
@@ -97,10 +90,10 @@ class _Server:
 
     # ----- talking to the agent ---------------------------------------------------------
 
-    def send(self, message: Mapping[str, Any]) -> None:
+    def send(self, message: wire.Reply) -> None:
         if not self.listening:
             return
-        data = memoryview(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+        data = memoryview(wire.encode(message))
         try:
             while data:
                 data = data[os.write(self.ctl_out, data) :]
@@ -115,7 +108,7 @@ class _Server:
         poller.register(self.wake_r, select.POLLIN)
         buffer = bytearray()
         reading = True
-        self.send({"ready": os.getpid(), "hold": True})
+        self.send(wire.Ready(os.getpid(), hold=True))
         while reading or self.children:
             for fd, _ in poller.poll():
                 if fd == self.wake_r:
@@ -141,30 +134,19 @@ class _Server:
 
     def handle(self, line: bytes) -> None:
         try:
-            request = json.loads(line)
-            if isinstance(request, dict) and "go" in request:
-                self.go(request["go"])
-                return
-            ec_id, cwd = request["spawn"], request["cwd"]
-            argv, env = request["argv"], request["env"]
-            if not (
-                isinstance(ec_id, str)
-                and isinstance(cwd, str)
-                and isinstance(argv, list)
-                and all(isinstance(a, str) for a in argv)
-                and isinstance(env, dict)
-                and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
-            ):
-                raise TypeError("wrong field types")
-        except (ValueError, KeyError, TypeError) as exc:
-            print(f"fork server: bad request: {exc!r}", file=sys.stderr)
-            self.send({"failed": "", "error": f"bad request: {exc}"})
+            request = wire.decode_request(line)
+        except wire.WireError as exc:
+            print(f"fork server: bad request: {exc}", file=sys.stderr)
+            self.send(wire.Failed("", f"bad request: {exc}"))
             return
-        self.spawn(ec_id, cwd, argv, env, hold=request.get("hold") is True)
+        if isinstance(request, wire.Go):
+            self.go(request.pid)
+        else:
+            self.spawn(request.ec_id, request.cwd, request.argv, request.env, request.hold)
 
-    def go(self, pid: object) -> None:
+    def go(self, pid: int) -> None:
         """Lets held child `pid` run (the agent has contained it)."""
-        go_w = self.held.pop(pid, None) if isinstance(pid, int) else None
+        go_w = self.held.pop(pid, None)
         if go_w is None:
             print(f"fork server: no held child {pid!r} to release", file=sys.stderr)
             return
@@ -207,9 +189,9 @@ class _Server:
             os.kill(pid, signal.SIGKILL)
             error = f"set-up did not finish within {SETUP_TIMEOUT_SECONDS:g} s"
         if error:
-            self.send({"failed": ec_id, "error": error})
+            self.send(wire.Failed(ec_id, error))
         else:
-            self.send({"spawned": ec_id, "pid": pid})
+            self.send(wire.Spawned(ec_id, pid))
 
     def reap(self) -> None:
         while self.children:
@@ -225,7 +207,7 @@ class _Server:
             if go_w is not None:
                 os.close(go_w)
             cpu_ms = round((usage.ru_utime + usage.ru_stime) * 1000, 1)
-            self.send({"exit": pid, "status": status, "cpu_ms": cpu_ms})
+            self.send(wire.Exit(pid, status, cpu_ms))
 
     def _become(
         self, cwd: str, argv: Sequence[str], env: Mapping[str, str], status_w: int, go_r: int

@@ -19,6 +19,7 @@ from labelrm_common.settings import (
     SettingsError,
     load_or_exit,
     one_of_levels,
+    positive,
     redact_url,
 )
 from labelrm_common.version import VERSION
@@ -62,6 +63,18 @@ class Settings:
     console_listen: str = SERVER.setting(
         "", "HOST:PORT of the web console (operations.md); off when empty, on in dev mode"
     )
+    console_refresh: float = SERVER.setting(
+        2.0,
+        "seconds the web console keeps a view it computed for everyone who looks: the RM "
+        "computes each view at most once per period, however many browsers poll it",
+        check=positive,
+    )
+    console_list_rows: int = SERVER.setting(
+        5000,
+        "rows of a kind the web console reads for one list (newest first); a longer list "
+        "says it is cut and how to narrow it",
+        check=positive,
+    )
     provider_secrets_dir: str = SERVER.setting(
         "",
         "directory of external providers' passwords, one file per secret named by a "
@@ -90,6 +103,12 @@ class Settings:
     )
     max_message_bytes: int = SERVER.setting(
         4 * 1024 * 1024, "largest gRPC message received or sent"
+    )
+    agent_process: bool = SERVER.setting(
+        True,
+        "with `agent_listen`: serve it, and judge agents' and EngineConns' liveness, in a "
+        "process of its own, so that no user's traffic can delay them (architecture.md, "
+        "Which work runs where); off: one process does everything",
     )
     shutdown_grace: float = SERVER.setting(
         10.0, "seconds in-flight calls get to finish after SIGTERM"
@@ -153,6 +172,11 @@ class Settings:
         30.0,
         "ended tickets, EngineConns and demands are deleted this many days after they ended,"
         " a node's events this many days after they happened",
+    )
+    usage_interval: float = TIMINGS.setting(
+        10.0,
+        "seconds between roll-ups of ended tickets, EngineConns and demands into the usage"
+        " ledger (operations.md, Usage and show-back)",
     )
     request_id_retention_hours: float = TIMINGS.setting(
         48.0,

@@ -1,10 +1,12 @@
-"""Assembles and runs the RM: database, notifier, core, gRPC server with the
+"""Assembles and runs the RM: database, notifier, core, a gRPC server per listener
+(`listen`, and `agent_listen` when set: each with its own receive limit) with the
 server's interceptor, reflection and the standard health service."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import gc
 import logging
 import signal
@@ -24,8 +26,11 @@ from labelrm.v1 import (
     engine_conn_pb2_grpc,
     resource_manager_pb2,
     resource_manager_pb2_grpc,
+    usage_pb2,
+    usage_pb2_grpc,
 )
 
+from rm_server.agent_process import AgentProcess, child_settings
 from rm_server.app.agents import AgentHub
 from rm_server.app.background import Lease, run_periodically
 from rm_server.app.core import CoreSettings, RMCore
@@ -47,6 +52,7 @@ from rm_server.service.demand import DemandServicer
 from rm_server.service.engine_conn import EngineConnServicer
 from rm_server.service.interceptor import Interceptor
 from rm_server.service.resource_manager import ResourceManagerServicer
+from rm_server.service.usage import UsageServicer
 from rm_server.store import Database, LabelNotifier
 
 # Calls that reached the server but wait for a handler (see grpc.aio.server below).
@@ -60,6 +66,7 @@ SERVICE_NAMES = (
     admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
     engine_conn_pb2.DESCRIPTOR.services_by_name["EngineConnService"].full_name,
     demand_pb2.DESCRIPTOR.services_by_name["DemandService"].full_name,
+    usage_pb2.DESCRIPTOR.services_by_name["UsageService"].full_name,
 )
 
 
@@ -91,11 +98,47 @@ def tune_collector() -> None:
     gc.set_threshold(*COLLECTOR_THRESHOLDS)
 
 
+def user_receive_limit(settings: Settings) -> int:
+    """The largest message gRPC receives on `listen`: a user's request
+    (`user_max_message_bytes`) when agents have a listener of their own, else an
+    agent's (`max_message_bytes`: the one listener serves them too)."""
+    largest = settings.max_message_bytes
+    user = settings.user_max_message_bytes
+    return min(user, largest) if settings.agent_listen and user > 0 else largest
+
+
+def _grpc_server(settings: Settings, receive_limit: int) -> grpc.aio.Server:
+    return grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", receive_limit),
+            ("grpc.max_send_message_length", settings.max_message_bytes),
+            ("grpc.so_reuseport", 1 if settings.reuse_port else 0),
+            # gRPC core starts cancelling calls at random once more than 1000 have
+            # arrived that the server has not picked up yet (3000: all of them); a
+            # few thousand agents beating at once pass that in a burst, and each
+            # cancelled beat comes back 0.5 s later. Queue them instead.
+            ("grpc.server.max_pending_requests", PENDING_RPCS_SOFT_LIMIT),
+            ("grpc.server.max_pending_requests_hard_limit", PENDING_RPCS_HARD_LIMIT),
+        ],
+    )
+
+
+class Role(enum.Enum):
+    """What one rm-server process serves (architecture.md, "Which work runs where")."""
+
+    ALL = "all"  # everything: one process
+    USERS = "users"  # `listen` and the users' work; agents are served by a child process
+    AGENTS = "agents"  # that child: `agent_listen` and the liveness judge
+
+
 @dataclass
 class RMServer:
-    """One RM process (or an in-process RM for tests)."""
+    """One RM process (or an in-process RM for tests). With `agent_listen` and
+    `agent_process`, the process started serves the users and starts the agents'
+    process (rm_server.agent_process), an RMServer of role AGENTS."""
 
     settings: Settings
+    role: Role = Role.ALL
     clock: Clock = field(default_factory=SystemClock)
     new_id: IdFactory = random_ids
     port: int = 0
@@ -106,8 +149,10 @@ class RMServer:
     hub: AgentHub | None = None
     demands: DemandManager | None = None
     _liveness: list[asyncio.Task[None]] = field(default_factory=list)  # the judge, the hearing
-    _server: grpc.aio.Server | None = None
+    _server: grpc.aio.Server | None = None  # serves `listen`
     _serving = False  # the gRPC server started (only then can it be stopped)
+    _agent_server: grpc.aio.Server | None = None  # serves `agent_listen`, when set
+    _agent_serving = False
     _health: health.aio.HealthServicer | None = None
     _embedded: EmbeddedPostgres | None = None
     _db: Database | None = None
@@ -115,6 +160,7 @@ class RMServer:
     metrics: Metrics | None = None
     _metrics_http: MetricsHttpServer | None = None
     console: Console | None = None
+    _agents: AgentProcess | None = None  # the agents' process (role USERS)
 
     async def start(self) -> None:
         """Start everything; should a part fail (a port taken, the database away), what
@@ -128,95 +174,148 @@ class RMServer:
     async def _start(self) -> None:
         # Before anything starts: an unsafe or broken security set-up refuses to run.
         self.security = build_security(self.settings)
-        url = self.settings.database_url
+        st = self.settings
+        if self.role is Role.ALL and st.agent_listen and st.agent_process:
+            self.role = Role.USERS  # agent_listen is served by a process of its own
+        url = await self._open_database()
+        self.metrics = Metrics(label_cap=st.metrics_label_cap)
+        lease = await self._build_core()
+        # One gRPC server per listener: gRPC's receive limit is a server's, and the users'
+        # listener takes user-sized requests only (a larger one is dropped by gRPC itself,
+        # before a byte of it reaches Python), while agents' heartbeats may be large.
+        if self.role is not Role.AGENTS:
+            self._server = _grpc_server(st, user_receive_limit(st))
+        if st.agent_listen and self.role is not Role.USERS:
+            self._agent_server = _grpc_server(st, st.max_message_bytes)
+        calls = self._services()
+        await self._start_jobs(lease)
+        if self.role is Role.USERS:  # serving agents before this process reports SERVING
+            self._agents = AgentProcess(child_settings(st, url))
+            await self._agents.start()
+            self.agent_port = self._agents.port
+            self.metrics.add_peer(self._agents.fetch_metrics)
+        await self._listen(calls)
+        log.info("security: %s", self.security.describe(self.agent_port))
+        if st.metrics_listen:
+            tls, authorize = self.security.metrics_guard()
+            self._metrics_http = MetricsHttpServer(
+                self.metrics, st.metrics_listen, tls=tls, authorize=authorize
+            )
+            await self._metrics_http.start()
+        if st.console_listen and self.role is not Role.AGENTS:
+            assert self.core and self.hub and self.engine_conns and self.demands and self._db
+            sources = Sources(
+                self.core, self.hub, self.engine_conns, self.demands, self.security,
+                self.security.interceptor(DbOwners(self._db)),
+            )  # fmt: skip
+            self.console = Console(sources, st.console_listen)
+            await self.console.start()
+            self.metrics.attach_console(self.console.cache)
+
+    async def _open_database(self) -> str:
+        """The database (the embedded one, started here, without a URL); its URL."""
+        st = self.settings
+        url = st.database_url
         if not url:
-            self._embedded = EmbeddedPostgres(self.settings.data_dir)
+            self._embedded = EmbeddedPostgres(st.data_dir)
             url = await asyncio.to_thread(self._embedded.start)
         self._db = Database(
             url,
-            min_size=self.settings.pool_min,
-            max_size=self.settings.pool_max,
-            timeout=self.settings.statement_timeout,
-            slow_timeout=self.settings.report_timeout,
+            min_size=st.pool_min,
+            max_size=st.pool_max,
+            timeout=st.statement_timeout,
+            slow_timeout=st.report_timeout,
         )
         await self._db.migrate()
         await self._db.open()
         self._notifier = LabelNotifier(self._db.connect)
         await self._notifier.start()
+        return url
+
+    async def _build_core(self) -> Lease:
+        """The core, the EngineConn manager, the agents' hub and the demand manager; this
+        replica joined. Returns the lease its background jobs run under."""
+        st, db, metrics = self.settings, self._db, self.metrics
+        assert db is not None and self._notifier is not None and metrics is not None
+        assert self.security is not None
         core_settings = CoreSettings(
-            lock_timeout=timedelta(seconds=self.settings.lock_timeout),
-            sweep_interval=self.settings.sweep_interval,
-            rules=parse_rules(self.settings.label_rules),
-            batch_max=self.settings.batch_max,
-            batch_inflight=self.settings.batch_inflight,
-            heartbeat_linger=self.settings.heartbeat_linger,
-            history_retention=timedelta(days=self.settings.history_retention_days),
-            request_id_retention=timedelta(hours=self.settings.request_id_retention_hours),
-            node_include_required=self.settings.node_include_required,
-            waiter_hold=timedelta(seconds=self.settings.waiter_hold),
+            lock_timeout=timedelta(seconds=st.lock_timeout),
+            sweep_interval=st.sweep_interval,
+            rules=parse_rules(st.label_rules),
+            batch_max=st.batch_max,
+            batch_inflight=st.batch_inflight,
+            heartbeat_linger=st.heartbeat_linger,
+            history_retention=timedelta(days=st.history_retention_days),
+            request_id_retention=timedelta(hours=st.request_id_retention_hours),
+            node_include_required=st.node_include_required,
+            waiter_hold=timedelta(seconds=st.waiter_hold),
+            usage_interval=st.usage_interval,
         )
-        self.metrics = Metrics(label_cap=self.settings.metrics_label_cap)
-        secrets = SecretSource(self.settings.provider_secrets_dir)
-        external = ExternalResources(self._db, self.clock, secrets)
+        external = ExternalResources(db, self.clock, SecretSource(st.provider_secrets_dir))
         self.core = RMCore(
-            self._db,
+            db,
             self._notifier,
             core_settings,
             self.clock,
             self.new_id,
             external=external,
-            on_reclaimed=self.metrics.count_reclaims,
-        )
-        self.metrics.attach(self.core.capacity)
-        self.metrics.attach_external(external)
-        await self.core.replicas.join()
-        # Each background job runs on the one replica that holds its lease (app/background.py).
-        lease = Lease(
-            self._db,
-            self.core.replica_id,
-            self.clock,
-            ttl=timedelta(seconds=max(5.0, 3 * self.settings.sweep_interval)),
-        )
-        self.core.start_background(lease, self.metrics.observe_pass)
-
-        limit = self.settings.max_message_bytes
-        self._server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", limit),
-                ("grpc.max_send_message_length", limit),
-                ("grpc.so_reuseport", 1 if self.settings.reuse_port else 0),
-                # gRPC core starts cancelling calls at random once more than 1000 have
-                # arrived that the server has not picked up yet (3000: all of them); a
-                # few thousand agents beating at once pass that in a burst, and each
-                # cancelled beat comes back 0.5 s later. Queue them instead.
-                ("grpc.server.max_pending_requests", PENDING_RPCS_SOFT_LIMIT),
-                ("grpc.server.max_pending_requests_hard_limit", PENDING_RPCS_HARD_LIMIT),
-            ],
+            on_reclaimed=metrics.count_reclaims,
+            on_rolled=metrics.count_usage,
         )
         self.engine_conns = EngineConnManager(
             self.core, self._ec_settings(), self.security.ec_credentials
         )
         self.hub = AgentHub(self.engine_conns)
-        self.metrics.attach_states(self.hub)
-        self.metrics.attach_liveness(self.hub)
-        # Silence before this start proves nothing (the RM was away): marked before the
-        # judge's first pass. Then every replica proves each interval that it hears.
-        await self.hub.judge.hearing.start(self.core.replica_id)
-        interval = self.settings.sweep_interval
-        self._liveness = [
-            asyncio.create_task(
-                run_periodically(
-                    "liveness", interval, self.hub.sweep, lease, self.metrics.observe_pass
+        self.demands = DemandManager(
+            db, self._notifier, self.clock, self.core, self._demand_settings()
+        )
+        if self.role is not Role.AGENTS:  # the users' process reports these figures
+            metrics.attach(self.core.capacity)
+            metrics.attach_external(external)
+            metrics.attach_states(self.hub)
+            metrics.attach_liveness(self.hub)  # read from the database: the shared state
+        await self.core.replicas.join()
+        # Each background job runs on the one replica that holds its lease (app/background.py).
+        return Lease(
+            db,
+            self.core.replica_id,
+            self.clock,
+            ttl=timedelta(seconds=max(5.0, 3 * st.sweep_interval)),
+        )
+
+    async def _start_jobs(self, lease: Lease) -> None:
+        """The background jobs of this process's role (architecture.md, "Which work runs
+        where"): the liveness judge where the agents are heard, the user's work (ticket
+        sweep, demand planner) where the users are."""
+        assert self.core and self.hub and self.demands and self.metrics
+        observe = self.metrics.observe_pass
+        if self.role is not Role.USERS:
+            # Silence before this start proves nothing (the RM was away): marked before
+            # the judge's first pass. Then every process that hears agents proves each
+            # interval that it hears (the users' process hears none: its stalls cost no
+            # agent a beat, and do not move the mark).
+            await self.hub.judge.hearing.start(self.core.replica_id)
+        self.core.start_background(lease, observe, ticket_sweep=self.role is not Role.AGENTS)
+        if self.role is not Role.USERS:  # the judge, and the hearing it trusts, hear here
+            interval = self.settings.sweep_interval
+            self._liveness = [
+                asyncio.create_task(
+                    run_periodically("liveness", interval, self.hub.sweep, lease, observe),
+                    name="liveness",
                 ),
-                name="liveness",
-            ),
-            asyncio.create_task(
-                run_periodically("hearing", interval, self.hub.judge.hearing.check),
-                name="hearing",
-            ),
-        ]
-        # Every service is added to the interceptor, which wraps each method once with
-        # logs, metrics, security and error statuses, then installs them (its module doc).
+                asyncio.create_task(
+                    run_periodically("hearing", interval, self.hub.judge.hearing.check),
+                    name="hearing",
+                ),
+            ]
+        if self.role is not Role.AGENTS:
+            self.demands.start_background(lease, observe)
+
+    def _services(self) -> Interceptor:
+        """Every service, added to the interceptor, which wraps each method once with
+        logs, metrics, security and error statuses (its module doc)."""
+        assert self.security and self.core and self.hub and self.engine_conns and self.demands
+        assert self._db is not None
         calls = Interceptor(
             auth=self.security.interceptor(DbOwners(self._db)),
             metrics=self.metrics,
@@ -232,11 +331,8 @@ class RMServer:
         engine_conn_pb2_grpc.add_EngineConnServiceServicer_to_server(
             EngineConnServicer(self.engine_conns, self.hub), calls
         )
-        self.demands = DemandManager(
-            self._db, self._notifier, self.clock, self.core, self._demand_settings()
-        )
-        self.demands.start_background(lease, self.metrics.observe_pass)
         demand_pb2_grpc.add_DemandServiceServicer_to_server(DemandServicer(self.demands), calls)
+        usage_pb2_grpc.add_UsageServiceServicer_to_server(UsageServicer(self.core), calls)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, calls)
         reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
@@ -245,27 +341,27 @@ class RMServer:
             ),
             calls,
         )
-        calls.install(self._server)
-        self.port, self.agent_port = self.security.add_ports(self._server)
-        await self._server.start()
-        self._serving = True
+        return calls
+
+    async def _listen(self, calls: Interceptor) -> None:
+        """Open this process's listeners and serve."""
+        assert self.security is not None and self._health is not None
+        if self._server is not None:
+            calls.install(self._server)
+            self.port = self.security.add_user_port(self._server)
+        if self._agent_server is not None:
+            calls.install(self._agent_server)
+            self.agent_port = self.security.add_agent_port(self._agent_server)
+        if self._server is not None:
+            await self._server.start()
+            self._serving = True
+            log.info("rm-server listening on %s (port %d)", self.settings.listen, self.port)
+        if self._agent_server is not None:
+            await self._agent_server.start()
+            self._agent_serving = True
+            log.info("agents served on %s (port %d)", self.settings.agent_listen, self.agent_port)
         for name in ("", *SERVICE_NAMES):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        log.info("rm-server listening on %s (port %d)", self.settings.listen, self.port)
-        log.info("security: %s", self.security.describe(self.agent_port))
-        if self.settings.metrics_listen:
-            tls, authorize = self.security.metrics_guard()
-            self._metrics_http = MetricsHttpServer(
-                self.metrics, self.settings.metrics_listen, tls=tls, authorize=authorize
-            )
-            await self._metrics_http.start()
-        if self.settings.console_listen:
-            sources = Sources(
-                self.core, self.hub, self.engine_conns, self.demands, self.security,
-                self.security.interceptor(DbOwners(self._db)),
-            )  # fmt: skip
-            self.console = Console(sources, self.settings.console_listen)
-            await self.console.start()
 
     @property
     def metrics_port(self) -> int:
@@ -313,15 +409,22 @@ class RMServer:
             await self._metrics_http.stop()
         if self.console is not None:
             await self.console.stop()
-        grace = self.settings.shutdown_grace if grace is None else grace
-        if self._server is not None and self._serving:
-            await self._server.stop(grace)
+        # The judge goes first: a server that drains takes no new calls, so from here on
+        # it cannot hear agents and EngineConns, and must not hold their silence against
+        # them (another replica, or this one restarted, takes over under the lease).
         for task in self._liveness:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         if self.hub is not None:
             self.hub.judge.hearing.close()
+        grace = self.settings.shutdown_grace if grace is None else grace
+        serving = [self._server] if self._serving else []
+        serving += [self._agent_server] if self._agent_serving else []
+        stopping = [server.stop(grace) for server in serving if server is not None]
+        if self._agents is not None:
+            stopping.append(self._agents.stop(grace))
+        await asyncio.gather(*stopping)
         if self.demands is not None:
             await self.demands.stop_background()
         if self.core is not None:

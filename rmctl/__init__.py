@@ -14,7 +14,7 @@ shortfall per label and dimension).
 
 The package: `app` (the parser and a command's run), `args` (argument types and list
 conventions), one module per noun (`resource`, `ticket`, `limit`, `node` with `drain`,
-`engineconn` with `execute` and `logs`, `demand`, `status`, `describe`, `provider`, `local`
+`engineconn` with `execute` and `logs`, `demand`, `usage`, `status`, `describe`, `provider`, `local`
 for `pki` / `token`, `config` for contexts), `forms` (kubectl's get / delete), `resolve`
 (ids by unique prefix), `format` and `output` (tables, detail views, JSON / YAML / names,
 --watch), `connection` (how to reach the RM, and what a failure to reach it means),

@@ -24,6 +24,7 @@ from rmctl import (
     resource,
     status,
     ticket,
+    usage,
 )
 from rmctl.args import Command, Parser
 from rmctl.completion import FETCH_TIMEOUT, SCRIPTS, build_tree, save_ids
@@ -48,7 +49,8 @@ GLOBAL_DESTS = (
 
 # Each registers its commands on the top-level sub-command parsers, in this order.
 _NOUNS = (
-    resource, ticket, limit, node, engineconn, demand, status, describe, provider, local, config
+    resource, ticket, limit, node, engineconn, demand, usage, status, describe, provider, local,
+    config,
 )  # fmt: skip
 
 

@@ -425,8 +425,14 @@ class InProcessRM:
 async def start_in_process(
     database_url: str, clock: Clock | None = None, **overrides: Any
 ) -> InProcessRM:
-    """An RMServer in this process on a free port, with a channel and stubs to it."""
-    overrides = {"listen": "127.0.0.1:0", "shutdown_grace": 0.5, **overrides}
+    """An RMServer in this process on a free port, with a channel and stubs to it; one
+    process even with `agent_listen` (tests look into its parts), unless overridden."""
+    overrides = {
+        "listen": "127.0.0.1:0",
+        "shutdown_grace": 0.5,
+        "agent_process": False,
+        **overrides,
+    }
     settings = Settings(database_url=database_url, **overrides)
     server = RMServer(settings, clock=clock or SystemClock())
     await server.start()

@@ -214,7 +214,7 @@ class AgentHub:
                 fields.update(measured=measured, measured_at=now)
         await ec_store.update_ec(conn, ec_id, now, **fields)
         if ticket_id and measured is not None:  # the ticket's audit row: what it used
-            await ec_store.keep_measured(conn, ticket_id, measured)
+            await ec_store.keep_measured(conn, ticket_id, ec_id, measured)
         log.info("EngineConn %s ended %s: %s", ec_id, state.value, reason)
 
     async def _fence_vanished(self, agent_id: str, reported: set[str], now: datetime) -> None:

@@ -29,6 +29,10 @@ class CoreSettings:
     # deleted by the sweep (checked every `retention_interval` seconds).
     history_retention: timedelta = timedelta(days=30)
     retention_interval: float = 60.0
+    # The usage ledger's roll-up (app/usage.py): every `usage_interval` seconds, at most
+    # `usage_batch` rows of each source per transaction.
+    usage_interval: float = 10.0
+    usage_batch: int = 1000
     sweep_interval: float = 1.0
     rules: tuple[TransformRule, ...] = DEFAULT_RULES
     expiry_batch: int = 200

@@ -15,6 +15,7 @@ from datetime import datetime
 
 from rm_server.app.background import Lease, PassObserver, run_periodically
 from rm_server.app.shared import Shared
+from rm_server.app.usage import Usage
 from rm_server.store import replicas as replicas_store
 from rm_server.store import ticket_reads
 from rm_server.store import tickets as ticket_store
@@ -78,20 +79,29 @@ class Sweeps:
         self,
         core: Shared,
         replicas: Replicas,
+        usage: Usage,
         on_reclaimed: Callable[[int], object] | None = None,
     ) -> None:
         self.core = core
         self.replicas = replicas
+        self.usage = usage
         self.on_reclaimed = on_reclaimed
         self._tasks: list[asyncio.Task[None]] = []
         self._retention_checked_at: datetime | None = None
 
-    def start(self, lease: Lease | None = None, observe: PassObserver | None = None) -> None:
+    def start(
+        self,
+        lease: Lease | None = None,
+        observe: PassObserver | None = None,
+        *,
+        ticket_sweep: bool = True,
+    ) -> None:
         """Start the ticket sweep (with a lease: only while this replica holds it; each
-        pass told to `observe`) and the replica check."""
+        pass told to `observe`; none without `ticket_sweep`) and the replica check."""
         interval = self.core.settings.sweep_interval
-        sweeper = run_periodically("ticket-sweep", interval, self.sweep, lease, observe)
-        self._tasks.append(asyncio.create_task(sweeper, name="rm-sweeper"))
+        if ticket_sweep:
+            sweeper = run_periodically("ticket-sweep", interval, self.sweep, lease, observe)
+            self._tasks.append(asyncio.create_task(sweeper, name="rm-sweeper"))
         # On every replica, no lease: each keeps its own presence, and any live one
         # finds a dead one (a dead lease holder would otherwise delay it by the lease).
         presence = run_periodically("replicas", interval, self.replicas.check, None)
@@ -129,7 +139,8 @@ class Sweeps:
         return reclaimed
 
     async def _apply_retention(self, now: datetime) -> None:
-        """Delete history past its retention, a bounded batch per table per round.
+        """Delete history past its retention, a bounded batch per table per round, once
+        the usage ledger has it.
 
         Checked every `retention_interval` seconds (at most a hundredth of the retention),
         and again at the next sweep while a table had a full batch: a busy cluster ends
@@ -141,7 +152,10 @@ class Sweeps:
         )
         if due is not None and (now - due).total_seconds() < interval:
             return
-        older_than = now - settings.history_retention
+        # Nothing the usage ledger does not have yet (app/usage.py).
+        older_than = await self.usage.history_cutoff(now - settings.history_retention)
+        if older_than is None:
+            return
         behind = False
         for table in RETENTION_TABLES:
             if deleted := await self.core.db.purge(table, older_than, PURGE_BATCH):

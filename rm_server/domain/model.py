@@ -17,7 +17,7 @@ from datetime import datetime
 from labelrm_common.quantity import Shortfall
 from rm_server.domain.engineconn import Isolation, MeasuredUsage
 from rm_server.domain.labels import Label
-from rm_server.domain.resources import Resource, headroom
+from rm_server.domain.resources import Resource, ResourceError, headroom
 
 
 class TicketState(enum.StrEnum):
@@ -75,12 +75,31 @@ class LabelResource(LabelRecord):
     reserved: Resource | None = None
 
     def left(self) -> Resource | None:
-        """What an Apply may still take: ``max - used - locked - protected - reserved``,
-        clamped at 0 per dimension; None without a maximum."""
-        if self.max_resource is None:
-            return None
-        held = self.protected if self.reserved is None else self.protected + self.reserved
-        return headroom(self.max_resource, self.used, self.locked, held)
+        """What an Apply may still take (`left_of`)."""
+        return left_of(self.max_resource, self.used, self.locked, self.protected, self.reserved)
+
+
+def left_of(
+    maximum: Resource | None,
+    used: Resource,
+    locked: Resource,
+    protected: Resource,
+    reserved: Resource | None,
+) -> Resource | None:
+    """What an Apply may still take from a label record: ``max - used - locked -
+    protected - reserved``, clamped at 0 per dimension, as the ledger decides
+    (`ledger.shortfalls_of` keeps protected capacity and demand reservations back).
+    The one computation of "left" that ListLabelResources, GetEcm, ListEcms, the ECM
+    ranking, the metrics and the console show. None without a maximum, and None when
+    the parts do not combine (an ECM re-registered with another kind under live
+    tickets: CheckConsistency reports that record)."""
+    if maximum is None:
+        return None
+    try:
+        held = protected if reserved is None else protected + reserved
+        return headroom(maximum, used, locked, held)
+    except ResourceError:
+        return None
 
 
 @dataclass(frozen=True)

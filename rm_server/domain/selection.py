@@ -56,7 +56,7 @@ class EcmCandidate:
     last_heartbeat: datetime | None
     registered_at: datetime
     total: Resource
-    left: Resource  # headroom now: max - used - locked - protected
+    left: Resource  # headroom now: max - used - locked - protected - reserved (model.left_of)
     live_engine_conns: int
     cordoned: bool = False  # an operator stopped new work there (CordonEcm)
 

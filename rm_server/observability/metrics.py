@@ -20,6 +20,13 @@ share counters). What is exported:
   a suspected disruption, the heard-since mark), read at scrape time;
 - per ECM, the requested, granted and measured resource of its live EngineConns
   (`EngineConnUsageCollector`, rm_server/observability/usage.py);
+- ``labelrm_usage_granted_resource_seconds_total{user,engine_type,dimension}``,
+  ``labelrm_usage_measured_memory_byte_seconds_total{user,engine_type}`` and
+  ``labelrm_usage_measured_cpu_seconds_total{user,engine_type}``: what this process
+  rolled up into the usage ledger (each ended ticket is rolled up by one replica once:
+  sum over the replicas); at most `label_cap` (user, engine type) pairs, the rest
+  under ``user="_other", engine_type="_other"``; ``special.*`` dimensions as
+  ``special``;
 - the standard ``process_*``, ``python_*`` collectors.
 
 Label values are bounded: methods are the registered ones, codes and reasons come from
@@ -34,7 +41,7 @@ import logging
 import re
 import ssl
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -48,11 +55,14 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.gc_collector import GCCollector
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from rm_server.domain.model import LabelResource
+from rm_server.domain.resources import SPECIAL_PREFIX
+from rm_server.domain.usage import US_PER_SECOND, Ledger
 from rm_server.observability.fleet import (
     LivenessCollector,
     LivenessSource,
@@ -69,6 +79,7 @@ class FleetSource(StateSource, UsageSource, Protocol):
 
 
 APPLY_METHOD = "labelrm.v1.ResourceManagerService/Apply"
+OTHER_SERIES = ("_other", "_other")  # usage past the label cap
 DEFAULT_LABEL_CAP = 1000
 DEFAULT_CACHE_SECONDS = 2.0
 # Waiting Applies can last minutes: the buckets reach past the usual wait timeouts.
@@ -155,9 +166,30 @@ class Metrics:
             "LOCKED tickets reclaimed by this process because their lock timed out.",
             registry=r,
         )
+        self.usage_granted = Counter(
+            "labelrm_usage_granted_resource_seconds",
+            "Resource-seconds granted (locked, then used) to ended tickets, by user, engine"
+            " type and dimension (memory_bytes: byte-seconds, cpu_millis: millicore-seconds).",
+            ["user", "engine_type", "dimension"],
+            registry=r,
+        )
+        self.usage_memory = Counter(
+            "labelrm_usage_measured_memory_byte_seconds",
+            "Memory byte-seconds the agents measured ended EngineConns' tickets using.",
+            ["user", "engine_type"],
+            registry=r,
+        )
+        self.usage_cpu = Counter(
+            "labelrm_usage_measured_cpu_seconds",
+            "CPU-seconds the agents measured ended EngineConns' tickets using.",
+            ["user", "engine_type"],
+            registry=r,
+        )
+        self._usage_series: set[tuple[str, str]] = set()
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
         GCCollector(registry=r)
+        self._peers: list[Callable[[], Awaitable[bytes]]] = []
 
     def for_method(self, method: str) -> RpcMetrics:
         """What records the calls of `method` ("labelrm.v1.ResourceManagerService/Apply")."""
@@ -172,6 +204,31 @@ class Metrics:
         """`count` LOCKED tickets were reclaimed (the sweep's `on_reclaimed` hook)."""
         self.reclaims.inc(count)
 
+    def count_usage(self, ledger: Ledger) -> None:
+        """What one roll-up added to the usage ledger (the core's `on_rolled` hook): the
+        rows counting each ticket once, into the counters of resource-seconds."""
+        for key, amounts in ledger.items():
+            if key.label:
+                continue
+            user, engine = self._usage_pair(key.user, key.engine_type)
+            for dim, amount in amounts.granted.items():
+                dimension = "special" if dim.startswith(SPECIAL_PREFIX) else dim
+                self.usage_granted.labels(user, engine, dimension).inc(amount / US_PER_SECOND)
+            if amounts.measured_memory:
+                self.usage_memory.labels(user, engine).inc(amounts.measured_memory / US_PER_SECOND)
+            if amounts.measured_cpu:
+                self.usage_cpu.labels(user, engine).inc(amounts.measured_cpu / US_PER_SECOND)
+
+    def _usage_pair(self, user: str, engine_type: str) -> tuple[str, str]:
+        """The labels of a (user, engine type) pair: itself while under the cap."""
+        pair = (user, engine_type)
+        if pair in self._usage_series:
+            return pair
+        if len(self._usage_series) >= self.label_cap:
+            return OTHER_SERIES
+        self._usage_series.add(pair)
+        return pair
+
     def observe_pass(self, job: str, seconds: float) -> None:
         """One pass of background job `job` took `seconds` (the periodic loop's `observe`
         hook, app/background.py)."""
@@ -183,6 +240,10 @@ class Metrics:
     def attach_external(self, source: Any) -> None:
         """Export the YARN queues labelrm admits against (`ExternalResources`)."""
         self.registry.register(ExternalQueueCollector(source))
+
+    def attach_console(self, source: ViewCounts) -> None:
+        """Export how often the web console computed and answered each view."""
+        self.registry.register(ConsoleCollector(source))
 
     def attach_states(self, source: FleetSource) -> None:
         """Export ECMs and EngineConns by state, and the EngineConns' requested, granted
@@ -197,8 +258,15 @@ class Metrics:
         self.liveness = LivenessCollector(source, self.cache_seconds)
         self.registry.register(self.liveness)
 
+    def add_peer(self, fetch: Callable[[], Awaitable[bytes]]) -> None:
+        """Fold the exposition `fetch` returns (the agents' process's, rm_server.
+        agent_process) into this one's, each of its samples labelled
+        ``process="agents"``: one scrape shows both processes of one RM."""
+        self._peers.append(fetch)
+
     async def exposition(self) -> bytes:
-        """The text exposition, with the label records refreshed when stale."""
+        """The text exposition, with the label records refreshed when stale, and the
+        peers' samples folded in."""
         if self.labels is not None:
             await self.labels.refresh()
         if self.states is not None:
@@ -207,7 +275,32 @@ class Metrics:
             await self.liveness.refresh()
         if self.usage is not None:
             await self.usage.refresh()
-        return generate_latest(self.registry)
+        if not self._peers:
+            return generate_latest(self.registry)
+        families = {family.name: family for family in self.registry.collect()}
+        for fetch in self._peers:
+            text = (await fetch()).decode(errors="replace")
+            for family in text_string_to_metric_families(text):
+                samples = [
+                    s._replace(labels={**s.labels, "process": "agents"}) for s in family.samples
+                ]
+                mine = families.get(family.name)
+                if mine is not None and mine.type == family.type:
+                    mine.samples.extend(samples)
+                elif mine is None:
+                    family.samples = samples
+                    families[family.name] = family
+        return generate_latest(_Families(list(families.values())))
+
+
+class _Families:
+    """Metric families as a collector (what generate_latest reads)."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> list[Metric]:
+        return self.families
 
 
 class RpcMetrics:
@@ -362,10 +455,7 @@ class LabelResourceCollector(Collector):
             if r.max_resource is not None:
                 for dim, qty in r.max_resource.quantities:
                     maximum.add_metric([r.label, source, dim], qty)
-                try:
-                    rest = r.left()
-                except ValueError:  # incompatible kinds: `check` reports it, skip here
-                    rest = None
+                rest = r.left()  # None for incompatible kinds: `check` reports those
                 for dim, qty in rest.quantities if rest is not None else ():
                     left.add_metric([r.label, source, dim], qty)
             tickets.add_metric([r.label, source], r.live_tickets)
@@ -439,6 +529,38 @@ class ExternalQueueCollector(Collector):
                 apps.add_metric([name, path, "running"], q.apps_running)
                 apps.add_metric([name, path, "pending"], q.apps_pending)
         yield from (maximum, used, apps, fetched, fetches)
+
+
+class ViewCounts(Protocol):
+    """Per view of the web console, its computations and its answers (console/cache.py)."""
+
+    @property
+    def builds(self) -> Mapping[str, int]: ...
+
+    @property
+    def reads(self) -> Mapping[str, int]: ...
+
+
+class ConsoleCollector(Collector):
+    """``labelrm_console_view_builds_total{view}`` (computations) and
+    ``labelrm_console_view_reads_total{view}`` (answers): the first grows with the views
+    looked at and the refresh period, not with the browsers open; their ratio is how many
+    answers each computation served. Views are a fixed set of names."""
+
+    def __init__(self, source: ViewCounts) -> None:
+        self.source = source
+
+    def collect(self) -> Iterable[Metric]:
+        for name, counts, help_text in (
+            ("labelrm_console_view_builds", self.source.builds,
+             "Web console views computed (from the database), by view."),
+            ("labelrm_console_view_reads", self.source.reads,
+             "Web console views answered (computed or kept), by view."),
+        ):  # fmt: skip
+            family = CounterMetricFamily(name, help_text, labels=["view"])
+            for view, count in sorted(counts.items()):
+                family.add_metric([view], count)
+            yield family
 
 
 def split_host_port(address: str) -> tuple[str, int]:

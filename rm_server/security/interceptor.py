@@ -6,19 +6,22 @@ Order of checks (each refusal raises before the call's servicer runs, so it chan
 nothing; the interceptor turns the error into the call's status):
 
 1. public methods (health, reflection) pass untouched;
-2. the principal: a valid bearer token (always accepted), else the verified client
-   certificate, else anonymous. An invalid token is UNAUTHENTICATED and counts as a
+2. the principal, from the call's metadata and TLS session only (`admit_caller`, before
+   a byte of the request is read): a valid bearer token (always accepted), else the
+   verified client certificate, else anonymous. An invalid token is UNAUTHENTICATED and counts as a
    failure of its peer; once a peer has too many recent failures, its further invalid
    tokens are refused RESOURCE_EXHAUSTED (a valid token from the same address never is:
    a guesser must not lock out the users and admins behind the same address);
 3. a user's rate of calls (every RPC; admins exempt), and that of the user's
    EngineConns (their certificates' calls): RESOURCE_EXHAUSTED, before the policy,
    whose ownership checks read the database;
-4. the policy table (`policy.authorize`): UNAUTHENTICATED / PERMISSION_DENIED;
-5. the per-user limits of apply-like calls: RESOURCE_EXHAUSTED.
-
-Before all of these the server's interceptor has checked the request's counts and
-sizes (`service.bounds`) and, for user RPCs, its size on the wire.
+4. the caller's role against the policy table (`policy.check_role`): UNAUTHENTICATED /
+   PERMISSION_DENIED, still before the request is read: an anonymous caller's bytes,
+   or a user's sent to an agent's method, are never parsed;
+5. (`admit`, once the server's interceptor has read the request: its size on the wire
+   for user RPCs, then its counts and sizes, `service.bounds`) the policy's ownership
+   check on the request (`policy.authorize`);
+6. the per-user limits of apply-like calls: RESOURCE_EXHAUSTED.
 
 With authentication off (dev mode on loopback) the step is left out of every handler:
 every caller is an admin (`identity.DEV_ADMIN`) and nothing is checked.
@@ -34,7 +37,7 @@ import grpc
 
 from rm_server.domain.labels import DEFAULT_RULES, TransformRule
 from rm_server.domain.text import short
-from rm_server.errors import LabelrmError, PermissionDenied, Unauthenticated
+from rm_server.errors import PermissionDenied, Unauthenticated
 from rm_server.security import policy
 from rm_server.security.identity import (
     ANONYMOUS,
@@ -95,34 +98,51 @@ class AuthInterceptor:
 
     # ----- the checks --------------------------------------------------------------------
 
-    def _authenticate(self, context: grpc.aio.ServicerContext) -> Principal:
-        token = bearer_token(context.invocation_metadata())
-        if token is not None:
-            valid = self.tokens.find(token) if self.tokens is not None else None
-            if valid is not None:
-                # A valid token is always accepted, whatever else came from its address:
-                # only invalid attempts are throttled (a guesser cannot lock others out).
-                key, entry = valid
-                return from_token_entry(entry.user, entry.roles, credential=key)
-            peer = peer_host(str(context.peer() or ""))
+    def principal_of_token(self, token: str, peer: str) -> Principal:
+        """Who a bearer token names, for every listener that takes tokens (the RPCs and the
+        web console). An invalid token is refused, and counted against its `peer`'s
+        address: a valid token is always accepted, whatever else came from that address,
+        so only guessing is throttled (a guesser cannot lock others out)."""
+        valid = self.tokens.find(token) if self.tokens is not None else None
+        if valid is None:
             self.limits.check_peer(peer)
             self.limits.auth_failed(peer)
             log.warning("invalid bearer token from %s", peer)
             raise Unauthenticated("invalid bearer token", reason="INVALID_TOKEN")
+        key, entry = valid
+        return from_token_entry(entry.user, entry.roles, credential=key)
+
+    def _authenticate(self, context: grpc.aio.ServicerContext) -> Principal:
+        token = bearer_token(context.invocation_metadata())
+        if token is not None:
+            return self.principal_of_token(token, peer_host(str(context.peer() or "")))
         try:
             found = from_auth_context(context.auth_context(), self.allow_host_certificates)
         except BadCredentials as exc:
             raise Unauthenticated(str(exc), reason="BAD_CERTIFICATE") from exc
         return found if found is not None else ANONYMOUS
 
-    async def admit(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> Release:
-        """Authenticate and authorize one call; raises a LabelrmError when refused, else
-        returns what to call when the call ends (the limits' release)."""
+    async def admit_caller(self, method: str, context: grpc.aio.ServicerContext) -> None:
+        """Authenticate one call and judge its caller, before a byte of its request is
+        read: credentials, the caller's rate of calls, and whether its role may call
+        `method` at all (anonymous bytes are refused unread, whatever their size).
+        Raises a LabelrmError when refused."""
         principal = self._authenticate(context)
         # Set before the checks: the access log names the caller of a refused call too.
         principal_var.set(principal)
         # Before the policy, whose ownership checks read the database.
         await self.rate_keys.admit(self.limits, principal)
+        self._refusal_logged(lambda: policy.check_role(method, principal))
+
+    async def admit(self, method: str, request: Any) -> Release:
+        """Authorize the request of a call `admit_caller` let in (the policy's ownership
+        check, then the apply-like limits); raises a LabelrmError when refused, else
+        returns what to call when the call ends (the limits' release). For a call whose
+        client streams its requests, `request` is None (each message goes through
+        `admit_message`)."""
+        principal = principal_var.get()
+        if principal is None:  # admit_caller runs first, in the same task: never here
+            raise Unauthenticated(f"{method}: the caller was not authenticated")
         rule = await self._authorize(method, principal, request)
         if rule is None or not rule.apply_like or principal.is_admin:
             return _nothing
@@ -172,9 +192,17 @@ class AuthInterceptor:
             return await policy.authorize(
                 method, principal, request, self.owners, self.proxy_users, self.rules
             )
-        except LabelrmError as err:
-            if isinstance(err, PermissionDenied):
-                log.info("refused: %s", short(err.message, 300))
+        except PermissionDenied as err:
+            log.info("refused: %s", short(err.message, 300))
+            raise
+
+    @staticmethod
+    def _refusal_logged(check: Callable[[], object]) -> None:
+        """Run a policy check, logging a PermissionDenied (one line) before it propagates."""
+        try:
+            check()
+        except PermissionDenied as err:
+            log.info("refused: %s", short(err.message, 300))
             raise
 
 

@@ -59,6 +59,7 @@ RM = "labelrm.v1.ResourceManagerService/"
 ADMIN = "labelrm.v1.AdminService/"
 EC = "labelrm.v1.EngineConnService/"
 DEMAND = "labelrm.v1.DemandService/"
+USAGE = "labelrm.v1.UsageService/"
 # Open to anyone, authenticated or not: health checks (load balancers, probes) and
 # reflection (grpcurl; it describes the API, never data).
 PUBLIC_PREFIXES = ("grpc.health.v1.", "grpc.reflection.")
@@ -119,6 +120,8 @@ POLICY: Mapping[str, Rule] = {
     DEMAND + "ListDemands": Rule(_USER, Check.OWN_LIST, "user"),
     DEMAND + "CancelDemand": Rule(_USER, Check.ACT_AS, "user"),
     DEMAND + "ClaimDemand": Rule(_USER, Check.ACT_AS, "user"),
+    # The usage ledger: a user's own usage, like their lists.
+    USAGE + "GetUsage": Rule(_USER, Check.OWN_LIST, "user"),
     # The cluster's shape is visible to every user (like YARN's node and queue views):
     # capacity and usage per label and per ECM, no tickets and no EngineConns.
     RM + "GetLabelResource": Rule(_USER),
@@ -191,19 +194,10 @@ def _creator_users(request: Any) -> list[str]:
     return users
 
 
-async def authorize(
-    method: str,
-    principal: Principal,
-    request: Any,
-    owners: Owners,
-    proxy_users: Collection[str] = (),
-    rules: Sequence[TransformRule] = DEFAULT_RULES,
-) -> Rule | None:
-    """Allow the call or raise Unauthenticated / PermissionDenied.
-
-    May fill in the request's ``user`` (ACT_AS, OWN_LIST). Returns the rule (None for
-    public methods). For a ``per_message`` rule, `request` is None when the call opens
-    (the role is checked) and each message as it arrives (the ownership is)."""
+def check_role(method: str, principal: Principal) -> Rule | None:
+    """Whether `principal` may call `method` at all, judged on the caller alone (before
+    a byte of the request is read): raises Unauthenticated / PermissionDenied, else
+    returns the rule (None for public methods)."""
     if is_public(method):
         return None
     rule = rule_for(method)
@@ -218,7 +212,25 @@ async def authorize(
             )
         need = ", ".join(sorted(r.value for r in rule.roles)) or "admin"
         raise _denied(principal, f"call {method} (needs role {need})")
-    if rule.check is Check.NONE:
+    return rule
+
+
+async def authorize(
+    method: str,
+    principal: Principal,
+    request: Any,
+    owners: Owners,
+    proxy_users: Collection[str] = (),
+    rules: Sequence[TransformRule] = DEFAULT_RULES,
+) -> Rule | None:
+    """Allow the call or raise Unauthenticated / PermissionDenied: `check_role`, then
+    the rule's ownership check on `request`.
+
+    May fill in the request's ``user`` (ACT_AS, OWN_LIST). Returns the rule (None for
+    public methods). For a ``per_message`` rule, `request` is None when the call opens
+    (the role is checked) and each message as it arrives (the ownership is)."""
+    rule = check_role(method, principal)
+    if rule is None or principal.is_admin or rule.check is Check.NONE:
         return rule
     if request is None:  # a call whose client streams: opened on the role alone
         if rule.per_message:

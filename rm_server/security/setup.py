@@ -9,7 +9,8 @@ Listeners (gRPC's Python API can ask for client certificates only as "required" 
   With ``tls_client_ca`` and no ``agent_listen``, it requires client certificates from
   everyone (agents, EngineConns and users alike).
 - ``agent_listen`` (optional): agents and EngineConns; TLS with a client certificate
-  required and verified against ``tls_client_ca`` plus the issuing CA.
+  required and verified against ``tls_client_ca`` plus the issuing CA (with
+  authentication off, on loopback, plaintext).
 
 Authentication is on as soon as a token file or TLS is configured. Without either it
 is OFF, every caller is an admin, and every listener must be on loopback.
@@ -149,8 +150,8 @@ class Security:
     def ec_credentials(self) -> Callable[[str], EcCredentials] | None:
         return self.issuer.issue if self.issuer is not None else None
 
-    def add_ports(self, server: grpc.aio.Server) -> tuple[int, int]:
-        """Open `listen` (and `agent_listen`); returns their ports (0: not opened)."""
+    def add_user_port(self, server: grpc.aio.Server) -> int:
+        """Open `listen` on `server`; returns its port."""
         st = self.settings
         if self._main_certs is None:
             port = server.add_insecure_port(st.listen)
@@ -159,13 +160,21 @@ class Security:
             port = server.add_secure_port(st.listen, creds)
         if port == 0:
             raise OSError(f"cannot listen on {st.listen}")
-        agent_port = 0
-        if st.agent_listen:
-            assert self._mtls_certs is not None
-            agent_port = server.add_secure_port(st.agent_listen, self._mtls_certs.credentials(True))
-            if agent_port == 0:
-                raise OSError(f"cannot listen on {st.agent_listen}")
-        return port, agent_port
+        return int(port)
+
+    def add_agent_port(self, server: grpc.aio.Server) -> int:
+        """Open `agent_listen` on `server` (mutual TLS; plaintext with authentication
+        off, on loopback); returns its port."""
+        st = self.settings
+        assert st.agent_listen
+        if self._mtls_certs is None:
+            assert not self.auth_enabled
+            port = server.add_insecure_port(st.agent_listen)
+        else:
+            port = server.add_secure_port(st.agent_listen, self._mtls_certs.credentials(True))
+        if port == 0:
+            raise OSError(f"cannot listen on {st.agent_listen}")
+        return int(port)
 
     def metrics_guard(
         self,
@@ -192,7 +201,10 @@ class Security:
 
     def describe(self, agent_port: int = 0) -> str:
         if not self.auth_enabled:
-            return "authentication OFF (dev mode, loopback only): every caller is an admin"
+            text = "authentication OFF (dev mode, loopback only): every caller is an admin"
+            if self.settings.agent_listen:
+                text += f"; agents and EngineConns on {self._agent_where(agent_port)} (plaintext)"
+            return text
         parts = ["authentication on"]
         parts.append(f"{len(self.tokens)} tokens" if self.tokens is not None else "no tokens")
         if self._main_certs is not None:
@@ -200,12 +212,13 @@ class Security:
         else:
             parts.append("PLAINTEXT (insecure)")
         if self.settings.agent_listen:
-            where = self.settings.agent_listen
-            if agent_port:
-                where = f"{where.rpartition(':')[0]}:{agent_port}"
-            parts.append(f"agents and EngineConns on {where} (mutual TLS)")
+            parts.append(f"agents and EngineConns on {self._agent_where(agent_port)} (mutual TLS)")
         parts.append("EngineConn certificates " + ("issued" if self.issuer else "NOT issued"))
         return ", ".join(parts)
+
+    def _agent_where(self, agent_port: int) -> str:
+        where = self.settings.agent_listen
+        return f"{where.rpartition(':')[0]}:{agent_port}" if agent_port else where
 
 
 def build_security(st: Settings) -> Security:
@@ -216,7 +229,14 @@ def build_security(st: Settings) -> Security:
     if bool(st.tls_issuer_cert) != bool(st.tls_issuer_key):
         raise SecurityConfigError("tls_issuer_cert and tls_issuer_key go together")
     tls = bool(st.tls_cert)
-    wants_client_certs = bool(st.tls_client_ca or st.agent_listen or st.tls_issuer_cert)
+    auth = bool(st.token_file or tls)
+    # With authentication off (loopback only, below), agent_listen is a plain second
+    # listener: agents on a listener of their own, with its own receive limit, as in
+    # production, without certificates.
+    plain_agents = bool(st.agent_listen) and not auth
+    wants_client_certs = bool(
+        st.tls_client_ca or (st.agent_listen and not plain_agents) or st.tls_issuer_cert
+    )
     if wants_client_certs and not tls:
         raise SecurityConfigError(
             "client certificates (tls_client_ca, agent_listen, tls_issuer_*) need TLS:"
@@ -227,9 +247,8 @@ def build_security(st: Settings) -> Security:
             "tls_issuer_* issues EngineConn certificates, but no listener asks for client"
             " certificates: set agent_listen (or tls_client_ca)"
         )
-    if st.agent_listen and not (st.tls_client_ca or st.tls_issuer_cert):
+    if st.agent_listen and not plain_agents and not (st.tls_client_ca or st.tls_issuer_cert):
         raise SecurityConfigError("agent_listen needs tls_client_ca (and/or tls_issuer_*)")
-    auth = bool(st.token_file or tls)
     listeners = [a for a in (st.listen, st.agent_listen, st.metrics_listen, st.console_listen) if a]
     exposed = [a for a in listeners if not is_loopback(a)]
     if exposed and not auth:

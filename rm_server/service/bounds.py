@@ -5,8 +5,11 @@ price of a few `len` calls, and its refusal quotes none of the offending values 
 
 What is checked, found from the message descriptors once per message type: every
 repeated `Label` field (how many; each key's and value's length), every `Resource`
-field (how many special dimensions; each name's length), in the request and in its
-singular sub-messages (a HeartbeatStream message wraps its heartbeat).
+field (how many special dimensions; each name's length), and every other repeated or
+map field (how many entries: at most `MAX_REPEATED`), in the request and in its
+singular sub-messages (a HeartbeatStream message wraps its heartbeat). Counting is a
+`len` on the parsed message: a heartbeat of two million empty reports is refused before
+anything walks them (the NUL check of service.wire, the policy, the servicer).
 """
 
 from __future__ import annotations
@@ -24,6 +27,10 @@ from rm_server.errors import InvalidArgument
 LABEL_TYPE = "labelrm.v1.Label"
 RESOURCE_TYPE = "labelrm.v1.Resource"
 _NESTING = 3  # how deep singular sub-messages are looked into
+# Entries of any other repeated or map field of a request: an agent reports each of its
+# EngineConns in one heartbeat, and an operator's node list names each host; no request
+# of ours needs more. (The servicers bound some further: params, intervals per AND/OR.)
+MAX_REPEATED = 10_000
 
 
 @dataclass(frozen=True)
@@ -31,10 +38,11 @@ class _Plan:
     labels: tuple[str, ...]  # repeated Label fields
     resources: tuple[str, ...]  # singular Resource fields
     nested: tuple[tuple[str, _Plan], ...]  # singular sub-messages with something to check
+    counted: tuple[str, ...] = ()  # the other repeated and map fields
 
     @property
     def empty(self) -> bool:
-        return not (self.labels or self.resources or self.nested)
+        return not (self.labels or self.resources or self.nested or self.counted)
 
 
 _PLANS: dict[str, _Plan] = {}
@@ -44,21 +52,25 @@ def _plan(descriptor: Descriptor, depth: int = 0) -> _Plan:
     found = _PLANS.get(descriptor.full_name)
     if found is not None:
         return found
-    labels, resources, nested = [], [], []
+    labels, resources, nested, counted = [], [], [], []
     for f in descriptor.fields:
+        repeated = f.is_repeated
         if f.message_type is None:
+            if repeated:
+                counted.append(f.name)
             continue
         kind = f.message_type.full_name
-        repeated = f.is_repeated
         if kind == LABEL_TYPE and repeated:
             labels.append(f.name)
-        elif kind == RESOURCE_TYPE and not repeated:
+        elif repeated:
+            counted.append(f.name)
+        elif kind == RESOURCE_TYPE:
             resources.append(f.name)
-        elif not repeated and kind.startswith("labelrm.") and depth < _NESTING:
+        elif kind.startswith("labelrm.") and depth < _NESTING:
             inner = _plan(f.message_type, depth + 1)
             if not inner.empty:
                 nested.append((f.name, inner))
-    plan = _Plan(tuple(labels), tuple(resources), tuple(nested))
+    plan = _Plan(tuple(labels), tuple(resources), tuple(nested), tuple(counted))
     _PLANS[descriptor.full_name] = plan
     return plan
 
@@ -67,8 +79,9 @@ _PLAN_OF_TYPE: dict[type, _Plan | None] = {}  # None: nothing to check (the hot 
 
 
 def check_bounds(request: Any) -> None:
-    """InvalidArgument naming the field when `request` has too many labels or special
-    dimensions, or one too long; otherwise nothing (and nothing else is looked at)."""
+    """InvalidArgument naming the field when `request` has too many labels, special
+    dimensions or entries of a repeated field, or a label or dimension name too long;
+    otherwise nothing (and nothing else is looked at)."""
     kind = type(request)
     try:
         plan = _PLAN_OF_TYPE[kind]
@@ -81,6 +94,10 @@ def check_bounds(request: Any) -> None:
 
 
 def _check(message: Any, plan: _Plan, prefix: str) -> None:
+    for name in plan.counted:
+        count = len(getattr(message, name))
+        if count > MAX_REPEATED:
+            raise InvalidArgument(prefix + name, f"too many entries: {count} > {MAX_REPEATED}")
     for name in plan.labels:
         _check_labels(getattr(message, name), prefix + name)
     for name in plan.resources:

@@ -44,6 +44,7 @@ from rm_server.domain.demands.timelang import (
     Rounds,
     Strategy,
     TimeCondition,
+    WindowBudget,
     parse,
 )
 from rm_server.domain.demands.waits import wait_text
@@ -129,9 +130,7 @@ def _begin(msg: pb.TimePoint, field: str) -> Begin | None:
     return point
 
 
-def _expr(msg: pb.TimeExpression, field: str, depth: int = 0) -> Expr:
-    if depth > MAX_DEPTH:
-        raise InvalidArgument(field, f"at most {MAX_DEPTH} levels of nesting")
+def _expr(msg: pb.TimeExpression, field: str, budget: WindowBudget, depth: int = 0) -> Expr:
     which = msg.WhichOneof("expression")
     if which == "interval":
         path = f"{field}.interval"
@@ -139,15 +138,23 @@ def _expr(msg: pb.TimeExpression, field: str, depth: int = 0) -> Expr:
         end = _point(msg.interval.end, f"{path}.end", allow_rounds=True)
         if isinstance(begin, Absolute) and isinstance(end, Absolute) and end.at < begin.at:
             raise InvalidArgument(f"{path}.end", "must not be before begin")
+        exceeded = budget.interval(end)
+        if exceeded is not None:
+            raise InvalidArgument(field, exceeded)
         return Interval(begin, end)
+    if which in ("negation", "all_of", "any_of"):
+        exceeded = budget.depth(depth)
+        if exceeded is not None:
+            raise InvalidArgument(field, exceeded)
     if which == "negation":
-        return Not(_expr(msg.negation, f"{field}.negation", depth + 1))
+        return Not(_expr(msg.negation, f"{field}.negation", budget, depth + 1))
     if which in ("all_of", "any_of"):
         items = getattr(msg, which).expressions
         if not items or len(items) > MAX_ITEMS:
             raise InvalidArgument(f"{field}.{which}", f"must have 1 to {MAX_ITEMS} expressions")
         parts = tuple(
-            _expr(e, f"{field}.{which}.expressions[{i}]", depth + 1) for i, e in enumerate(items)
+            _expr(e, f"{field}.{which}.expressions[{i}]", budget, depth + 1)
+            for i, e in enumerate(items)
         )
         return And(parts) if which == "all_of" else Or(parts)
     raise InvalidArgument(field, "must set interval, all_of, any_of or negation")
@@ -175,7 +182,8 @@ def conditions_from_pb(msg: pb.TimeConditions, field: str = "time_conditions") -
     start = duration = deadline = order = None
     if msg.HasField("start"):
         s = msg.start
-        expr = _expr(s.time, f"{field}.start.time") if s.HasField("time") else Interval()
+        window = f"{field}.start.time"
+        expr = _expr(s.time, window, WindowBudget()) if s.HasField("time") else Interval()
         start = TimeCondition(
             expr, _strategy(s.strategy, f"{field}.start.strategy", Strategy.STRICT)
         )

@@ -56,6 +56,32 @@ _CODES: list[tuple[type[LabelrmError], int]] = [
 ]
 
 
+# The HTTP status of each code, for the web console's JSON answers (the google.rpc code
+# mapping, except FAILED_PRECONDITION: 409, the state conflicts with the action).
+_HTTP_STATUS: dict[int, int] = {
+    code_pb2.INVALID_ARGUMENT: 400,
+    code_pb2.UNAUTHENTICATED: 401,
+    code_pb2.PERMISSION_DENIED: 403,
+    code_pb2.NOT_FOUND: 404,
+    code_pb2.FAILED_PRECONDITION: 409,
+    code_pb2.ABORTED: 409,
+    code_pb2.RESOURCE_EXHAUSTED: 429,
+    code_pb2.UNIMPLEMENTED: 501,
+    code_pb2.UNAVAILABLE: 503,
+    code_pb2.DEADLINE_EXCEEDED: 504,
+}
+
+
+def code_of(err: LabelrmError) -> int:
+    """The google.rpc code of an error of the hierarchy (INTERNAL for its bare root)."""
+    return next((c for cls, c in _CODES if isinstance(err, cls)), code_pb2.INTERNAL)
+
+
+def http_status_of(err: LabelrmError) -> int:
+    """The HTTP status the web console answers `err` with: that of its gRPC code."""
+    return _HTTP_STATUS.get(code_of(err), 500)
+
+
 class ReplayedError(LabelrmError):
     """The stored error outcome of an earlier call with the same request id."""
 
@@ -72,7 +98,7 @@ def _pack(msg: Any) -> any_pb2.Any:
 
 def status_of(err: LabelrmError) -> status_pb2.Status:
     """The google.rpc.Status for a domain error."""
-    code = next((c for cls, c in _CODES if isinstance(err, cls)), code_pb2.INTERNAL)
+    code = code_of(err)
     metadata: dict[str, str] = {}
     details: list[Any] = []
     message = err.message

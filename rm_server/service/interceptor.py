@@ -5,9 +5,17 @@ each call needs, outermost first:
    every line logged while it runs, and one ``rpc`` access event when it ends;
 2. its metrics (`observability.metrics.RpcMetrics`): duration and status by method,
    Apply outcomes, waiting Applies;
-3. authentication, the access policy and the abuse limits (`security.interceptor`),
-   left out for the public methods and with authentication off;
-4. the status of a failed call: whatever escapes the servicer (or the auth step)
+3. the caller (`security.interceptor`'s `admit_caller`: credentials from the metadata
+   and the TLS session, the caller's rate, its role against the policy) BEFORE a byte
+   of the request is read: grpc hands every handler the raw bytes, so an anonymous
+   caller's 4 MiB, or a user's sent to an agent's method, cost a dictionary look-up;
+4. reading the request (`_read`): a user RPC's size (`user_max_message_bytes`), the
+   parse, the counts and sizes of its repeated fields (`service.bounds`), its strings
+   (`service.wire`), each step bounding the next;
+5. the policy's ownership check on the request and the abuse limits of apply-like
+   calls (`security.interceptor`'s `admit`); steps 3 and 5 are left out for the public
+   methods and with authentication off;
+6. the status of a failed call: whatever escapes the servicer (or the steps above)
    ends the call with the status `service.errors.status_for` maps it to, the one
    mapping of errors to status codes.
 
@@ -47,7 +55,7 @@ from rm_server.security.limits import Limits
 from rm_server.service.bounds import check_bounds
 from rm_server.service.errors import abort_with, reason_of, status_for
 from rm_server.service.free_text import check_free_text_fields
-from rm_server.service.wire import Rejected, reader
+from rm_server.service.wire import Deserializer, check_strings, reader
 
 Unary = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
 Streaming = Callable[[Any, grpc.aio.ServicerContext], AsyncGenerator[Any, None]]
@@ -143,6 +151,7 @@ class Interceptor(grpc.GenericRpcHandler):
         """`handler` with every call going through the steps of the module doc."""
         name = path.lstrip("/")
         guarded = self.auth is not None and self.auth.guards(name)
+        limit = self.user_max_message_bytes
         method = _Method(
             name=name,
             level=access_level(name),
@@ -151,13 +160,12 @@ class Interceptor(grpc.GenericRpcHandler):
             bounded=not policy.is_public(name),
             free_text=not policy.is_public(name) and not policy.serves_agents(name),
             peer_streams=self.limits if name in CAPPED_STREAMS else None,
+            read=reader(handler.request_deserializer),
+            max_bytes=limit if limit > 0 and not policy.serves_agents(name) else 0,
         )
-        # Every request is read by service.wire, which refuses bad bytes (the call then
-        # gets a `Rejected`, raised by _admit as the call's error before anything else).
-        handler = handler._replace(request_deserializer=reader(handler.request_deserializer))
-        limit = self.user_max_message_bytes
-        if limit > 0 and not policy.serves_agents(name) and handler.request_deserializer:
-            handler = _size_limited(handler, limit)
+        # grpc hands the handler the bytes received, unread: the caller is judged before
+        # a byte is parsed (_admit), then service.wire reads them.
+        handler = handler._replace(request_deserializer=None)
         # The auth step needs the request message: on guarded methods, the shapes where
         # the client streams its requests (and synchronous handlers) are refused, unless
         # the policy checks each message (HeartbeatStream).
@@ -172,11 +180,9 @@ class Interceptor(grpc.GenericRpcHandler):
             refusal = _unimplemented(name)
         else:
             refusal = _refuse(name)
-        refuse = _unary(refusal, replace(method, auth=None), True)
+        refuse = _unary(refusal, replace(method, auth=None, read=None), True)
         return grpc.unary_unary_rpc_method_handler(
-            refuse,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
+            refuse, response_serializer=handler.response_serializer
         )
 
 
@@ -189,26 +195,34 @@ class _Method:
     bounded: bool = False  # its requests' counts and sizes are checked (service.bounds)
     free_text: bool = False  # its strings may hold no control character (service.free_text)
     peer_streams: Limits | None = None  # its open calls are capped per peer
+    read: Deserializer | None = None  # bytes -> request (service.wire); None: taken as is
+    max_bytes: int = 0  # the largest request it reads (user RPCs); 0: the server's limit
 
 
-def _size_limited(handler: grpc.RpcMethodHandler, limit: int) -> grpc.RpcMethodHandler:
-    """`handler` whose requests above `limit` bytes are refused unparsed (a `Rejected`:
-    the call is refused before protobuf parses a byte of it)."""
-    parse = handler.request_deserializer
-
-    def deserialize(data: bytes) -> Any:
-        if len(data) > limit:
-            return Rejected(
-                ResourceExhausted(
-                    f"request of {len(data)} bytes is larger than the {limit} bytes allowed"
-                    f" for user calls (user_max_message_bytes): {len(data) - limit} bytes"
-                    " too many",
-                    reason="MESSAGE_TOO_LARGE",
-                )
-            )
-        return parse(data)
-
-    return handler._replace(request_deserializer=deserialize)
+def _read(method: _Method, data: Any) -> Any:
+    """The request of a call, from the bytes received, each step cheaper than the next
+    and bounding it: the size (user RPCs: refused unparsed), the parse, the counts and
+    sizes of its repeated fields (service.bounds, before anything walks them), then its
+    strings (service.wire: no NUL; service.free_text: no control character in a user
+    RPC's)."""
+    read = method.read
+    if read is None:  # a handler without a deserializer: the request as it came
+        return data
+    limit = method.max_bytes
+    if limit and len(data) > limit:
+        raise ResourceExhausted(
+            f"request of {len(data)} bytes is larger than the {limit} bytes allowed"
+            f" for user calls (user_max_message_bytes): {len(data) - limit} bytes"
+            " too many",
+            reason="MESSAGE_TOO_LARGE",
+        )
+    request = read(data)
+    if method.bounded:
+        check_bounds(request)
+    check_strings(request, data)
+    if method.free_text:
+        check_free_text_fields(request)
+    return request
 
 
 def _wrap(handler: grpc.RpcMethodHandler, method: _Method) -> grpc.RpcMethodHandler | None:
@@ -244,18 +258,24 @@ class _Call:
 
     __slots__ = ("code", "context", "log", "method", "reason", "start", "waiting")
 
-    def __init__(self, method: _Method, request: Any, context: grpc.aio.ServicerContext) -> None:
+    def __init__(self, method: _Method, context: grpc.aio.ServicerContext) -> None:
         self.method = method
         self.context = context
-        self.log = RpcLog(method.name, request, context)
+        self.log = RpcLog(method.name, None, context)
         self.log.enter()
-        self.waiting = method.metrics.begin(request) if method.metrics is not None else False
+        self.waiting = False
         self.code = ""
         self.reason = ""
         self.start = time.perf_counter()
 
     async def __aenter__(self) -> _Call:
         return self
+
+    def read(self, request: Any) -> None:
+        """The call's request, once read: its log and metrics may look at it."""
+        self.log.request = request
+        if self.method.metrics is not None:
+            self.waiting = self.method.metrics.begin(request)
 
     async def __aexit__(self, _type: object, exc: BaseException | None, _tb: object) -> None:
         try:
@@ -285,8 +305,8 @@ class _Call:
 
 def _unary(behavior: Unary, method: _Method, unary_request: bool) -> Unary:
     async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        async with _Call(method, _loggable(request, unary_request), context):
-            release, request = await _admit(method, request, unary_request, context)
+        async with _Call(method, context) as state:
+            release, request = await _admit(method, state, request, unary_request, context)
             try:
                 return await behavior(request, context)
             finally:
@@ -308,12 +328,12 @@ def _streaming(behavior: Streaming, method: _Method, unary_request: bool) -> Una
     auth = method.auth
 
     async def stream(request: Any, context: grpc.aio.ServicerContext) -> None:
-        async with _Call(method, _loggable(request, unary_request), context) as state:
+        async with _Call(method, context) as state:
             state.log.resolve_peer()  # a stream lives long: one lookup, while surely live
             arrivals: deque[float] = deque()  # of the streamed requests not yet answered
             if not unary_request and method.metrics is not None:
                 request = _arrivals(request, arrivals)
-            release, request = await _admit(method, request, unary_request, context)
+            release, request = await _admit(method, state, request, unary_request, context)
             items = behavior(request, context)
             check = auth.stream_check() if auth is not None else None
             if auth is not None and check is not None:  # a revocable credential
@@ -332,37 +352,33 @@ def _streaming(behavior: Streaming, method: _Method, unary_request: bool) -> Una
     return stream
 
 
-def _loggable(request: Any, unary_request: bool) -> Any:
-    """The request the call's log and metrics may read (None: none, or not parsed)."""
-    return request if unary_request and type(request) is not Rejected else None
-
-
 async def _admit(
-    method: _Method, request: Any, unary_request: bool, context: grpc.aio.ServicerContext
+    method: _Method,
+    state: _Call,
+    request: Any,
+    unary_request: bool,
+    context: grpc.aio.ServicerContext,
 ) -> tuple[Release, Any]:
-    """Admit one call: its size and counts first (no per-item work before), then the
-    per-peer cap of a public stream, then the auth step on its request, or, when the
-    client streams its requests, on the caller's role now and on each message as the
-    servicer reads it (the servicer sees only messages that passed). Returns what to
-    call when the call ends and the request to serve."""
+    """Admit one call: the caller first, from its credentials alone (auth's
+    `admit_caller`: nothing of an anonymous or unentitled caller's request is read),
+    then its request (`_read`), the per-peer cap of a public stream, and the auth step
+    on the request; when the client streams its requests, each message is read and
+    checked as the servicer reads it (the servicer sees only messages that passed).
+    Returns what to call when the call ends and the request to serve."""
+    auth = method.auth
+    if auth is not None:
+        await auth.admit_caller(method.name, context)
     if unary_request:
-        if type(request) is Rejected:  # unreadable, or too large (service.wire)
-            raise request.error
-        if method.bounded:
-            check_bounds(request)
-        if method.free_text:
-            check_free_text_fields(request)
+        request = _read(method, request)
+        state.read(request)
     else:
-        request = _each_checked(request, method.bounded)
+        request = _each_read(method, request)
     releases: list[Release] = []
     if method.peer_streams is not None:
         releases.append(method.peer_streams.open_stream(peer_host(str(context.peer() or ""))))
-    auth = method.auth
     if auth is not None:
         try:
-            releases.append(
-                await auth.admit(method.name, request if unary_request else None, context)
-            )
+            releases.append(await auth.admit(method.name, request if unary_request else None))
         except BaseException:
             _release_all(releases)
             raise
@@ -376,13 +392,9 @@ def _release_all(releases: list[Release]) -> None:
         release()
 
 
-async def _each_checked(messages: AsyncIterator[Any], bounded: bool) -> AsyncIterator[Any]:
-    async for message in messages:
-        if type(message) is Rejected:
-            raise message.error
-        if bounded:
-            check_bounds(message)
-        yield message
+async def _each_read(method: _Method, messages: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    async for data in messages:
+        yield _read(method, data)
 
 
 async def _rechecked(

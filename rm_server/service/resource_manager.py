@@ -255,8 +255,7 @@ class ResourceManagerServicer(pb_grpc.ResourceManagerServiceServicer):
         agent_id = _agent_id(request.agent_id, f"{at}agent_id")
         if request.sequence < 1:
             raise InvalidArgument(f"{at}sequence", "must be >= 1")
-        if len(request.engine_conns) > 10_000:
-            raise InvalidArgument(f"{at}engine_conns", "too many entries")
+        # How many reports and done ids: bounded (service.bounds) before the request got here.
         processes = [
             convert_engineconn.process_from_pb(p, f"{at}engine_conns[{i}]")
             for i, p in enumerate(request.engine_conns)
@@ -275,7 +274,7 @@ class ResourceManagerServicer(pb_grpc.ResourceManagerServiceServicer):
             return encoded
 
         outcome = await self.hub.heartbeat(
-            agent_id, request.sequence, processes, list(request.done_command_ids)[:10_000], encode
+            agent_id, request.sequence, processes, list(request.done_command_ids), encode
         )
         if encoded_here:  # answered now: `out` holds the answer stored for this sequence
             return

@@ -1,17 +1,19 @@
-"""Reading requests off the wire: every method's request passes here before any servicer,
-auth step or log line sees it (the server's interceptor installs `reader` on each).
+"""Reading requests off the wire: every method's request passes here before any servicer
+or ownership check sees it (the server's interceptor reads each request with `reader`,
+once it has judged the caller: bytes of a caller who may not make the call are never
+parsed).
 
 Two kinds of bytes are refused here, once for every service, as INVALID_ARGUMENT:
 
 - bytes that do not parse as the method's request message (grpc.aio would otherwise
   answer UNKNOWN and log a traceback per call);
-- a NUL character in any string field, at any depth: PostgreSQL's text type cannot hold
-  one, so it could only fail later, deep in a transaction, as an internal error. The
-  error names the field path (``labels[2].value``, ``heartbeat.agent_id``).
+- a NUL character in any string field, at any depth (`check_strings`, run after the
+  request's counts are bounded: it walks every field): PostgreSQL's text type cannot
+  hold one, so it could only fail later, deep in a transaction, as an internal error.
+  The error names the field path (``labels[2].value``, ``heartbeat.agent_id``).
 
-A refused request reaches the composed handler as a `Rejected` in place of the message;
-the handler raises its error, so the call ends like any other bad request: one access
-log line, no traceback, nothing changed.
+The error is raised in the call's handler, so the call ends like any other bad request:
+one access log line, no traceback, nothing changed.
 """
 
 from __future__ import annotations
@@ -22,24 +24,14 @@ from typing import Any
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
-from rm_server.errors import InvalidArgument, LabelrmError
+from rm_server.errors import InvalidArgument
 
 Deserializer = Callable[[bytes], Any]
 
 
-class Rejected:
-    """A request refused as read (module doc, and the interceptor's size limit); `error`
-    is what its call ends with."""
-
-    __slots__ = ("error",)
-
-    def __init__(self, error: LabelrmError) -> None:
-        self.error = error
-
-
 def reader(deserialize: Deserializer | None) -> Deserializer | None:
-    """`deserialize` (a message class's FromString) made to refuse what the module doc
-    says instead of raising; None stays None (raw bytes)."""
+    """`deserialize` (a message class's FromString) made to raise InvalidArgument on
+    bytes that are not its message; None stays None (the request is taken as it comes)."""
     if deserialize is None:
         return None
     message_type = getattr(deserialize, "__self__", None)
@@ -47,22 +39,23 @@ def reader(deserialize: Deserializer | None) -> Deserializer | None:
 
     def read(data: bytes) -> Any:
         try:
-            message = deserialize(data)
+            return deserialize(data)
         except (DecodeError, ValueError, TypeError, RecursionError) as exc:
-            return Rejected(
-                InvalidArgument(
-                    "request", f"is not a valid {name} message ({exc.__class__.__name__})"
-                )
-            )
-        # A NUL in a string is a NUL byte in its encoding: most requests have no 0 byte
-        # at all, and skip the walk.
-        if b"\0" in data and isinstance(message, Message):
-            path = nul_field(message)
-            if path is not None:
-                return Rejected(InvalidArgument(path, "must not contain NUL characters"))
-        return message
+            raise InvalidArgument(
+                "request", f"is not a valid {name} message ({exc.__class__.__name__})"
+            ) from None
 
     return read
+
+
+def check_strings(message: Any, data: bytes) -> None:
+    """InvalidArgument naming the first string field of `message` (read from `data`)
+    that holds a NUL. A NUL in a string is a NUL byte in its encoding: most requests
+    have no 0 byte at all, and skip the walk."""
+    if b"\0" in data and isinstance(message, Message):
+        path = nul_field(message)
+        if path is not None:
+            raise InvalidArgument(path, "must not contain NUL characters")
 
 
 def nul_field(message: Message, prefix: str = "") -> str | None:

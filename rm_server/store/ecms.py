@@ -15,7 +15,7 @@ from rm_server.domain.engineconn import (
     MeasuredUsage,
     node_allowed,
 )
-from rm_server.domain.resources import ResourceTypeError, headroom
+from rm_server.domain.model import left_of
 from rm_server.errors import NotFound
 from rm_server.store.codec import labels_of, opt_res, res
 from rm_server.store.db import Conn
@@ -134,7 +134,7 @@ async def mark_lost(conn: Conn, instance: str, silent_since: datetime, now: date
 ECM_STATUS_SQL = (
     "SELECT e.instance, e.labels, e.state, e.total, e.protected, e.registered_at,"
     " e.updated_at, e.last_heartbeat_at, r.max_resource, r.used, r.locked, r.protected,"
-    " e.cordoned, e.cordon_reason,"
+    " r.reserved, e.cordoned, e.cordon_reason,"
     " (SELECT count(*) FROM engine_conn c WHERE c.ecm_instance = e.instance"
     "  AND c.state = ANY(%s)), e.isolation"
     " FROM ecm e LEFT JOIN label_resource r ON r.label = e.label"
@@ -143,21 +143,16 @@ ECM_STATUS_SQL = (
 
 def _status(row: tuple[Any, ...]) -> EcmStatus:
     (instance, labels, state, total, protected, registered, updated, last_hb, maximum, used,
-     locked, row_protected, cordoned, cordon_reason, live, isolation) = row  # fmt: skip
-    left = None
-    if maximum is not None:
-        parts = res(maximum), res(used), res(locked), res(row_protected)
-        try:
-            left = headroom(*parts)
-        except ResourceTypeError:  # the record's kind changed under live tickets: no headroom
-            left = None
+     locked, row_protected, reserved, cordoned, cordon_reason, live, isolation) = row  # fmt: skip
+    # Demand reservations are held back, as an Apply sees them (None: no maximum).
+    left = left_of(opt_res(maximum), res(used), res(locked), res(row_protected), opt_res(reserved))
     return EcmStatus(
         instance=instance,
         labels=labels_of(labels),
         state=EcmState(state),
         total=res(total),
         protected=res(protected),
-        left=left if maximum is not None else opt_res(None),
+        left=left,
         registered_at=registered,
         updated_at=updated,
         last_heartbeat_at=last_hb,

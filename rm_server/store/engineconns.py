@@ -205,14 +205,19 @@ async def record_usage(
     conn: Conn, measured: Sequence[tuple[str, str, MeasuredUsage]], now: datetime
 ) -> None:
     """Store agents' measurements, (agent id, EngineConn id, usage) each, in one statement:
-    only on live EngineConns of that agent (an agent speaks for its own only)."""
+    only on live EngineConns of that agent (an agent speaks for its own only). The
+    memory samples are integrated as they come (`measured_memory`, byte x us: the
+    previous sample held until this one), for the usage ledger's memory-seconds."""
     if not measured:
         return
     await conn.execute(
-        "UPDATE engine_conn AS c SET measured = m.usage, measured_at = %s"
+        "UPDATE engine_conn AS c SET measured = m.usage, measured_at = %s,"
+        " measured_memory = c.measured_memory + coalesce((c.measured->>'memory_bytes')::numeric"
+        "   * greatest(0, round(extract(epoch FROM %s - c.measured_at) * 1000000)), 0)"
         " FROM unnest(%s::text[], %s::text[], %s::jsonb[]) AS m(agent_id, ec_id, usage)"
         " WHERE c.ec_id = m.ec_id AND c.ecm_instance = m.agent_id AND c.state = ANY(%s)",
         (
+            now,
             now,
             [a for a, _, _ in measured],
             [e for _, e, _ in measured],
@@ -412,10 +417,13 @@ async def kill_of(conn: Conn, ec_id: str) -> tuple[EcState, str] | None:
     return (EcState(row[0]), str(row[1])) if row is not None and row[0] is not None else None
 
 
-async def keep_measured(conn: Conn, ticket_id: str, usage: MeasuredUsage) -> None:
-    """An ended EngineConn's last measurement, kept on its ticket's history row (written
-    in the transaction that released the ticket)."""
+async def keep_measured(conn: Conn, ticket_id: str, ec_id: str, usage: MeasuredUsage) -> None:
+    """An ended EngineConn's last measurement and its memory integral, kept on its
+    ticket's history row (written in the transaction that released the ticket: the
+    usage ledger reads them there)."""
     await conn.execute(
-        "UPDATE ticket_history SET measured = %s WHERE ticket_id = %s",
-        (Jsonb(usage.to_dict()), ticket_id),
+        "UPDATE ticket_history SET measured = %s,"
+        " measured_memory = (SELECT measured_memory FROM engine_conn WHERE ec_id = %s)"
+        " WHERE ticket_id = %s",
+        (Jsonb(usage.to_dict()), ec_id, ticket_id),
     )

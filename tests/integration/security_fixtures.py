@@ -5,6 +5,8 @@ EngineConn certificates, and a token file."""
 from __future__ import annotations
 
 import contextlib
+import re
+import urllib.request
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -25,10 +27,12 @@ from rm_server.domain.engineconn import EcState, EngineConn
 from rm_server.domain.resources import Resource
 from rm_server.store import engineconns as ec_store
 from rm_server.store.db import Idempotency
+from tests.fixtures.rm import RMProcess
 from tests.helpers import (
     ENGINECONN_TEST_SETTINGS,
     GiB,
     InProcessRM,
+    free_port,
     start_agent_on,
     start_in_process,
     stop_in_process,
@@ -199,3 +203,86 @@ async def start_secure_agent(cluster: SecureRM, agent_factory: Callable[..., Any
     admin = cluster.stubs(cluster.channel("root"))
     tls = ("--tls-ca", keys.ca, "--tls-cert", cert, "--tls-key", key)
     return await start_agent_on(agent_factory, cluster.agent_target, admin.rm, "agent1", *tls)
+
+
+@dataclass
+class SecuredProcess:
+    """A real rm-server process with TLS and tokens (`start_secured_process`), and
+    channels to it."""
+
+    proc: RMProcess
+    keys: Pki
+    agent_port: int = 0
+    metrics_port: int = 0
+    channels: list[grpc.aio.Channel] = field(default_factory=list)
+
+    def channel(
+        self, token_of: str = "", cert: tuple[str, str] | None = None, agent: bool = False
+    ) -> grpc.aio.Channel:
+        """A channel as a user (token), an agent (certificate, ``agent``: on the agents'
+        listener), or nobody."""
+        security = ChannelSecurity(
+            tls_ca=self.keys.ca,
+            tls_cert=cert[0] if cert else "",
+            tls_key=cert[1] if cert else "",
+            token=self.keys.tokens[token_of] if token_of else "",
+        )
+        target = f"127.0.0.1:{self.agent_port}" if agent else self.proc.target
+        channel = aio_channel(target, security)
+        self.channels.append(channel)
+        return channel
+
+    @property
+    def pid(self) -> int:
+        assert self.proc.proc is not None
+        return self.proc.proc.pid
+
+    def memory(self, key: str = "VmRSS", pid: int = 0) -> int:
+        """A process's resident memory (VmRSS) or its peak so far (VmHWM), in bytes (the
+        RM's, or `pid`'s)."""
+        status = Path(f"/proc/{pid or self.pid}/status").read_text()
+        found = re.search(rf"^{key}:\s+(\d+) kB", status, re.MULTILINE)
+        assert found is not None, status
+        return int(found.group(1)) * 1024
+
+    def metrics(self) -> str:
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            return str(answer.read().decode())
+
+    def rpc_count(self, method: str, extra: str = "") -> float:
+        """Calls of `method` the RM's Python layer finished, by its metrics (`extra`: a
+        further label matcher, such as ``process="agents"``)."""
+        found = re.findall(
+            rf'^labelrm_rpc_total{{([^}}]*method="{re.escape(method)}"[^}}]*)}} (\S+)$',
+            self.metrics(),
+            re.MULTILINE,
+        )
+        return sum(float(v) for labels, v in found if extra in labels)
+
+    async def close(self) -> None:
+        for channel in self.channels:
+            await channel.close()
+
+
+def start_secured_process(
+    factory: Callable[..., RMProcess], keys: Pki, *, agents: bool = True
+) -> SecuredProcess:
+    """A real rm-server process (from `rm_process_factory`) with TLS, tokens and a
+    loopback metrics endpoint: with the mutual-TLS agent listener (``agents=True``) or
+    one listener for everyone, agents by token (``agents=False``)."""
+    agent_port, metrics_port = free_port(), free_port()
+    args = [
+        "--tls-cert", keys.path("server", "crt"), "--tls-key", keys.path("server", "key"),
+        "--token-file", keys.token_file,
+        "--metrics-listen", f"127.0.0.1:{metrics_port}",
+    ]  # fmt: skip
+    if agents:
+        args += [
+            "--tls-client-ca", keys.ca, "--agent-listen", f"127.0.0.1:{agent_port}",
+            "--tls-issuer-cert", keys.ca, "--tls-issuer-key", keys.path("ca", "key"),
+        ]  # fmt: skip
+    proc = factory(*args)
+    proc.tls_ca = keys.ca
+    proc.start()
+    return SecuredProcess(proc, keys, agent_port if agents else 0, metrics_port)

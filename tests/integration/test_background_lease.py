@@ -27,7 +27,7 @@ from tests.helpers import (
     wait_until_sync,
 )
 
-JOBS = ("demand-planner", "liveness", "ticket-sweep")
+JOBS = ("demand-planner", "liveness", "ticket-sweep", "usage-rollup")
 RUNS = re.compile(r"background job (\S+): this replica \((\S+)\) runs it")
 
 

@@ -2,21 +2,14 @@
 nothing downloads a browser) against a real, secured RM with a real agent that launches
 EngineConns through sudo: the overview's figures are CheckConsistency's and
 ListLabelResources', an EngineConn created through the API appears without a reload,
-and a user's token shows neither the page nor the JSON of another user's EngineConns.
-Screenshots of every page go to the test's output directory (and, with
-LABELRM_CONSOLE_SCREENSHOTS=dir, the overview and node page to that directory: how
-docs/images/ is made)."""
+and a user's token shows neither the page nor the JSON of another user's EngineConns,
+tickets or demands. (The screenshots in docs/images are test_console_ops.py's.)"""
 
+# ruff: noqa: F811 - the tests take the imported fixtures (browser, console) as arguments
 from __future__ import annotations
 
 import asyncio
 import json
-import os
-import shutil
-import ssl
-import urllib.error
-import urllib.request
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,85 +23,37 @@ from labelrm_common import tokens
 from rm_server.config import Settings
 from rm_server.security.setup import SecurityConfigError, build_security
 from rm_server.service import convert
-from tests.helpers import lbl, limit_req, load_instance, unavailable, wait_until
-from tests.integration.security_fixtures import make_pki, secure_cluster, start_secure_agent
+from tests.helpers import lbl, limit_req, load_instance, wait_until
+from tests.integration.console_fixtures import (
+    browser,  # noqa: F401 - a fixture
+    console,  # noqa: F401 - a fixture
+    errors_of,
+    get,
+    new_page,
+    post,
+    text,
+    url_of,
+)
+from tests.integration.security_fixtures import make_pki, start_secure_agent
 from tests.integration.test_tenant_isolation import SHELL_A, SHELL_B
 
-CHROMIUM = "/usr/bin/chromium"
-PAGES = ("overview", "nodes", "engineconns", "resources", "tickets", "demands")
-
-
-def _browser_path() -> str:
-    """Debian's chromium; in CI its absence fails the test, elsewhere it skips it."""
-    if shutil.which(CHROMIUM) is None:
-        unavailable(f"{CHROMIUM} is not installed (apt-get install chromium)")
-    return CHROMIUM
-
-
-@pytest.fixture
-async def console(database_url, tmp_path, sudo_users):
-    """A secured RM (TLS, tokens) serving the console, with a token per test user."""
-    async with secure_cluster(
-        database_url, tmp_path, sudo_users, console_listen="127.0.0.1:0"
-    ) as srm:
-        yield srm
-
-
-@pytest.fixture
-async def browser():
-    from playwright.async_api import async_playwright
-
-    path = _browser_path()
-    async with async_playwright() as p:
-        # --no-sandbox: the tests run as root, where chromium's sandbox refuses to start
-        b = await p.chromium.launch(executable_path=path, headless=True, args=["--no-sandbox"])
-        try:
-            yield b
-        finally:
-            await b.close()
+PAGES = ("overview", "nodes", "engineconns", "resources", "tickets", "demands", "usage")
 
 
 def _url(srm: Any) -> str:
-    return str(srm.server.console.url)
+    return url_of(srm)
 
 
 async def _signed_in(browser: Any, srm: Any, who: str) -> Any:
-    """A page of a fresh browser context, signed in with `who`'s token."""
-    ctx = await browser.new_context(
-        ignore_https_errors=True, viewport={"width": 1400, "height": 900}
-    )
-    page = await ctx.new_page()
-    await page.goto(_url(srm))
-    await page.fill("input[name=token]", srm.pki.tokens[who])
-    await page.click("button[type=submit]")
-    await page.wait_for_selector("[data-testid=who]")
-    return page
-
-
-async def _post(srm: Any, path: str, token: str | None) -> tuple[int, Any]:
-    return await asyncio.to_thread(_get_blocking, srm, path, token, "POST")
+    return await new_page(browser, srm, who)
 
 
 async def _get(srm: Any, path: str, token: str | None) -> tuple[int, Any]:
-    """The console's JSON endpoint as curl would call it (TLS verified against the CA),
-    from a thread: the console serves on this test's event loop."""
-    return await asyncio.to_thread(_get_blocking, srm, path, token)
+    return await get(srm, path, token)
 
 
-def _get_blocking(srm: Any, path: str, token: str | None, method: str = "GET") -> tuple[int, Any]:
-    context = ssl.create_default_context(cafile=srm.pki.ca)
-    context.check_hostname = False
-    req = urllib.request.Request(_url(srm).rstrip("/") + path, method=method)
-    if method == "POST":  # as the console's page sends a change (rm_server/console/guard.py)
-        req.add_header("Origin", _url(srm).rstrip("/"))
-        req.add_header("X-Labelrm-Console", "1")
-    if token is not None:
-        req.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(req, context=context, timeout=10) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read() or b"{}")
+async def _post(srm: Any, path: str, token: str | None) -> tuple[int, Any]:
+    return await post(srm, path, token)
 
 
 async def _create(srm: Any, who: str, labels: str) -> str:
@@ -119,8 +64,7 @@ async def _create(srm: Any, who: str, labels: str) -> str:
 
 
 async def _text(page: Any, selector: str) -> str:
-    el = await page.query_selector(selector)
-    return (await el.get_attribute("data-value") or await el.inner_text()) if el else ""
+    return await text(page, selector)
 
 
 async def test_console_pages_show_the_api_figures_live(console, browser, agent_factory, tmp_path):
@@ -203,7 +147,7 @@ async def test_console_pages_show_the_api_figures_live(console, browser, agent_f
 
     # Demands on the timeline: windows, planned durations, an OrderBy arrow.
     alice = console.stubs(console.channel("lrmtest_a"))
-    for demand_id, text in (
+    for demand_id, conditions in (
         ("build", "{Start: [+10m, +30m], Duration: +20m}"),
         ("report", "{OrderBy: build, Duration: +10m}"),
     ):
@@ -212,14 +156,14 @@ async def test_console_pages_show_the_api_figures_live(console, browser, agent_f
                 demand_id=demand_id,
                 labels=lbl(SHELL_A),
                 resource=load_instance(256 * 1024**2, 100, 1),
-                time_conditions_text=text,
+                time_conditions_text=conditions,
             )
         )
     await page.goto(_url(console) + "#/demands")
-    await page.wait_for_selector("[data-testid=demands-table] tr[data-id=report]")
+    await page.wait_for_selector("[data-testid=demands-table] tr[data-id='lrmtest_a/report']")
     timeline = await page.wait_for_selector("[data-testid=timeline]")
-    assert {"build (ACCEPTED)", "report (ACCEPTED)"} <= {
-        await t.text_content() for t in await timeline.query_selector_all("text")
+    assert {"lrmtest_a/build (ACCEPTED)", "lrmtest_a/report (ACCEPTED)"} <= {
+        await t.text_content() for t in await timeline.query_selector_all("g[data-id] > text")
     }
     assert len(await timeline.query_selector_all(".tl-arrow")) == 1
 
@@ -245,13 +189,10 @@ async def test_console_pages_show_the_api_figures_live(console, browser, agent_f
     )
     card = await (await page.wait_for_selector("[data-testid=ec-resources]")).text_content()
     for kind in ("requested", "granted"):
-        assert f"{kind}: cpu 0.5 cores, instances 1, memory 256 MiB" in card, card
+        assert f"{kind}: memory 256 MiB, cpu 0.5 cores, instances 1" in card, card
     await page.screenshot(path=str(shots / "engineconn.png"), full_page=True)
     assert await page.evaluate("window.__not_reloaded === true")
-    docs = os.environ.get("LABELRM_CONSOLE_SCREENSHOTS")
-    if docs:
-        for name in ("overview", "node"):
-            shutil.copy(shots / f"{name}.png", Path(docs) / f"console-{name}.png")
+    assert errors_of(page) == []
     await admin.ecs.KillEngineConn(ec_pb.KillEngineConnRequest(engine_conn_id=ec_id))
 
 
@@ -264,7 +205,7 @@ async def test_a_user_sees_only_their_own_engineconns(console, browser, agent_fa
     # The JSON endpoints: B's list holds B's EngineConn only; A's, by its id, answers as
     # an id nobody has (a 403 told B which ids exist).
     status, body = await _get(console, "/api/engineconns", b_token)
-    assert status == 200 and [e["id"] for e in body["engine_conns"]] == [b_ec]
+    assert status == 200 and [e["id"] for e in body["rows"]] == [b_ec]
     unknown = a_ec[:-3] + "zzz"
     for path in ("/api/engineconns/{}", "/api/engineconns/{}/kill"):
         call = _post if path.endswith("kill") else _get
@@ -275,7 +216,8 @@ async def test_a_user_sees_only_their_own_engineconns(console, browser, agent_fa
     status, body = await _get(console, "/api/engineconns?user=lrmtest_a", b_token)
     assert status == 403
     status, body = await _get(console, "/api/tickets", b_token)
-    assert status == 200 and {t["user"] for t in body["tickets"]} == {"lrmtest_b"}
+    assert status == 200 and {t["user"] for t in body["rows"]} == {"lrmtest_b"}
+    assert (await _get(console, "/api/tickets?user=lrmtest_a", b_token))[0] == 403
     status, body = await _get(console, "/api/nodes/agent1", b_token)
     assert status == 200 and [e["id"] for e in body["engine_conns"]] == [b_ec]
     status, body = await _get(console, "/api/overview", b_token)
@@ -290,18 +232,36 @@ async def test_a_user_sees_only_their_own_engineconns(console, browser, agent_fa
             time_conditions_text="{Start: [+1h, +1h]}",
         )
     )
-    assert (await _get(console, "/api/demands", b_token))[1]["demands"] == []
-    a_demands = (await _get(console, "/api/demands", a_token))[1]["demands"]
-    assert [d["id"] for d in a_demands] == ["nightly"]
+    assert (await _get(console, "/api/demands", b_token))[1]["rows"] == []
+    a_demands = (await _get(console, "/api/demands", a_token))[1]["rows"]
+    assert [d["id"] for d in a_demands] == ["lrmtest_a/nightly"]
+    assert (await _get(console, "/api/demands/lrmtest_a/nightly", b_token))[0] == 403
+    status, body = await _get(console, "/api/demands/lrmtest_a/nightly", a_token)
+    assert status == 200 and body["demand"]["events"][-1]["to"] == "NEW"
     # A sees A's own; an admin sees both; no token, or a wrong one, sees nothing.
     status, body = await _get(console, f"/api/engineconns/{a_ec}", a_token)
     assert status == 200 and body["engine_conn"]["user"] == "lrmtest_a"
     assert "secret" not in body["engine_conn"]
+    # A's ticket, events and logs follow GetTicket's and GetEngineConn's rules.
+    a_ticket = body["engine_conn"]["ticket_id"]
+    assert (await _get(console, f"/api/tickets/{a_ticket}", a_token))[0] == 200
+    for path, unknown in (
+        (f"/api/tickets/{a_ticket}", f"/api/tickets/{a_ticket[:-3]}zzz"),
+        (f"/api/engineconns/{a_ec}/logs", f"/api/engineconns/{a_ec[:-3]}zzz/logs"),
+    ):
+        hers, nobodys = await _get(console, path, b_token), await _get(console, unknown, b_token)
+        assert hers[0] == nobodys[0] == 404 and "lrmtest_a" not in hers[1]["error"]
     status, body = await _get(console, "/api/engineconns", console.pki.tokens["root"])
-    assert {e["id"] for e in body["engine_conns"]} == {a_ec, b_ec}
+    assert {e["id"] for e in body["rows"]} == {a_ec, b_ec}
     assert (await _get(console, "/api/engineconns", None))[0] == 401
     assert (await _get(console, "/api/engineconns", "lrm_not-a-token"))[0] == 401
     assert (await _get(console, "/api/nosuch", b_token))[0] == 404
+    # The node actions are the admins' (CordonEcm, UncordonEcm, DecommissionEcm).
+    for action in ("cordon", "uncordon", "decommission"):
+        status, body = await _post(console, f"/api/nodes/agent1/{action}", b_token)
+        assert status == 403, (action, body)
+    status, body = await _get(console, "/api/nodes/agent1", b_token)
+    assert body["may_act"] is False and body["node"]["cordoned"] is False
 
     # The pages: B's list shows B's EngineConn and not A's; A's page shows the refusal.
     page = await _signed_in(browser, console, "lrmtest_b")

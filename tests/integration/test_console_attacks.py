@@ -31,12 +31,12 @@ from labelrm.v1 import engine_conn_pb2_grpc, resource_manager_pb2_grpc
 from labelrm.v1 import resource_manager_pb2 as pb
 
 from tests.helpers import ROOT, free_port, lbl, log_tail, shared_tmp, wait_serving, wait_until_sync
+from tests.integration.console_fixtures import _browser_path, browser, console, new_page, url_of
 from tests.integration.security_fixtures import engine_conn_of
-from tests.integration.test_console import _browser_path, _signed_in, _url, browser, console
 from tests.integration.test_dev_mode import dev_env, stop
 from tests.integration.test_security_escapes import ESCAPES
 
-__all__ = ["browser", "console"]  # the fixtures of test_console.py, used here too
+__all__ = ["browser", "console"]  # the fixtures of console_fixtures.py, used here too
 
 USER = "lrmtest_a"
 REBIND = "rebind.attacker.example"
@@ -140,7 +140,7 @@ def test_a_rebound_name_and_a_cross_site_post_get_nothing_from_the_dev_console(d
     # The console's own addresses are served.
     for host in (f"127.0.0.1:{port}", f"localhost:{port}"):
         status, body = send(tickets, headers={"Host": host})
-        assert status == 200 and ec.ticket_id in {t["id"] for t in body["tickets"]}
+        assert status == 200 and ec.ticket_id in {t["id"] for t in body["rows"]}
 
     # A form on another site POSTs to the kill action: refused, the EngineConn lives.
     kill = dev_rm.console + f"api/engineconns/{ec.engine_conn_id}/kill"
@@ -240,8 +240,8 @@ async def test_the_console_writes_stored_control_characters_out(console, browser
         timeout=30,
     )
     shown = "boom\\x1b]0;you have been pwned\\x07\\x1b[2J\\u202egpj.exe"
-    page = await _signed_in(browser, console, "root")
-    await page.goto(_url(console) + "#/engineconns/ec-text")
+    page = await new_page(browser, console, "root")
+    await page.goto(url_of(console) + "#/engineconns/ec-text")
     await page.wait_for_selector("text=reason:")
     text = await page.inner_text("main")
     assert shown in text

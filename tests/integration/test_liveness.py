@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as rm_pb
@@ -187,11 +188,17 @@ async def test_a_paused_rm_condemns_no_agent_and_no_engineconn(make_cluster, age
     await c.start_agent(agent_factory, "agent1")
     ec = await c.start_engineconn()
     stopped_at = datetime.now(UTC)
-    os.kill(c.rm.proc.pid, signal.SIGSTOP)
+    # The whole RM: its users' process and the agents' process it started (which hears
+    # the agents; a pause of the users' process alone costs them nothing,
+    # tests/integration/test_agent_process.py).
+    paused = [c.rm.proc.pid, *(p.pid for p in psutil.Process(c.rm.proc.pid).children())]
+    for pid in paused:
+        os.kill(pid, signal.SIGSTOP)
     try:
         await asyncio.sleep(OUTAGE)  # the pause itself
     finally:
-        os.kill(c.rm.proc.pid, signal.SIGCONT)
+        for pid in paused:
+            os.kill(pid, signal.SIGCONT)
     judge = await judged_after(c, datetime.now(UTC), ec)
     assert ts(judge.heard_since) > stopped_at
     assert "stalled" in judge.heard_since_reason, judge.heard_since_reason

@@ -277,12 +277,19 @@ async def test_counts_and_sizes_are_refused_before_any_per_item_work(database_ur
             assert trailer_bytes(err.value) < 2048, field
         after = (await admin.rm.ListLabelResources(pb.ListLabelResourcesRequest())).label_resources
         assert after == before  # nothing stored
-        # A user RPC's request is bounded by the user-sized limit, far below the agents'.
+        # A user RPC's request is bounded by the user-sized limit, far below the agents':
+        # on the users' listener gRPC itself refuses it (that listener receives no more),
         huge = pb.GetLabelResourceRequest(
             labels=[resource_pb2.Label(key="k", value="v" * 4_000_000)]
         )
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await alice.rm.GetLabelResource(huge, timeout=10)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "larger than max" in (err.value.details() or "")
+        # and on the agents' listener (a user certificate) the interceptor, unparsed.
+        alice_cert = srm.stubs(srm.channel(cert=keys.cert("user", "alice"), agent_port=True))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await alice_cert.rm.GetLabelResource(huge, timeout=10)
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert reason_of(err.value) == "MESSAGE_TOO_LARGE"
         assert "user_max_message_bytes" in (err.value.details() or "")

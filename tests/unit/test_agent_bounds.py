@@ -12,6 +12,7 @@ from ecm_agent.agent import SEEN_COMMANDS, Agent, _Process
 from ecm_agent.forkserver import _KEPT_EXITS, ForkServer
 from ecm_agent.settings import AgentSettings
 from ecm_agent.validate import AgentPolicy
+from labelrm_common import forkserver_wire as wire
 
 
 def _cleanup(n: int, ec_id: str) -> ec_pb.AgentCommand:
@@ -58,7 +59,7 @@ async def test_a_fork_servers_exit_codes_are_bounded(tmp_path: Path) -> None:
     server = ForkServer("alice", 1000, "/py", tmp_path, _NoProcess())  # type: ignore[arg-type]
     for pid in range(2, 2 + 2 * _KEPT_EXITS):
         server._spawned.add(pid)
-        server._dispatch({"exit": pid, "status": 0})
+        server._dispatch(wire.Exit(pid, 0))
         assert len(server._exits) <= _KEPT_EXITS
     assert server._spawned == set()
     # The latest exits are the ones kept (an exit is asked for right after it happens).

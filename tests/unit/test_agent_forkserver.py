@@ -21,6 +21,7 @@ from ecm_agent.forkserver import (
 )
 from ecm_agent.launch import render_launch_script
 from ecm_agent.validate import LaunchSpec, ValidatedLaunch
+from labelrm_common import forkserver_wire as wire
 
 PYTHON = "/opt/labelrm/ec-venv/bin/python"
 
@@ -124,13 +125,11 @@ async def test_a_pid_already_gone_counts_as_ended(stand_in) -> None:
 
 async def test_answers_nobody_asked_for_are_protocol_errors(stand_in) -> None:
     with pytest.raises(TypeError):
-        stand_in._dispatch({"spawned": "ec-1", "pid": 1234})
-    with pytest.raises(TypeError):
-        stand_in._dispatch(["exit", 1])
-    with pytest.raises(TypeError):
-        stand_in._dispatch({"exit": "1234", "status": 0})
+        stand_in._dispatch(wire.Spawned("ec-1", 1234))
+    with pytest.raises(TypeError):  # a second "ready"
+        stand_in._dispatch(wire.Ready(1234, hold=True))
     # The exit of a pid it never launched for us is ignored, not stored.
-    stand_in._dispatch({"exit": 4321, "status": 0})
+    stand_in._dispatch(wire.Exit(4321, 0))
     assert await stand_in.exit_status(4321, within=0.01) is None
 
 

@@ -11,7 +11,7 @@ from google.protobuf import message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from hypothesis import given
 from hypothesis import strategies as st
-from labelrm.v1 import admin_pb2, demand_pb2, engine_conn_pb2, resource_manager_pb2
+from labelrm.v1 import admin_pb2, demand_pb2, engine_conn_pb2, resource_manager_pb2, usage_pb2
 
 from labelrm_common.text import first_control, visible
 from rm_server.domain.errors import DomainError
@@ -53,6 +53,7 @@ SERVICES = [
     admin_pb2.DESCRIPTOR.services_by_name["AdminService"],
     engine_conn_pb2.DESCRIPTOR.services_by_name["EngineConnService"],
     demand_pb2.DESCRIPTOR.services_by_name["DemandService"],
+    usage_pb2.DESCRIPTOR.services_by_name["UsageService"],
 ]
 USER_METHODS = [
     m for s in SERVICES for m in s.methods if not policy.serves_agents(f"{s.full_name}/{m.name}")

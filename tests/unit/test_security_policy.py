@@ -9,6 +9,7 @@ from labelrm.v1 import (
     engine_conn_pb2,
     resource_manager_pb2,
     resource_pb2,
+    usage_pb2,
 )
 
 from labelrm_common.roles import Role
@@ -27,6 +28,7 @@ SERVICES = [
     admin_pb2.DESCRIPTOR.services_by_name["AdminService"],
     engine_conn_pb2.DESCRIPTOR.services_by_name["EngineConnService"],
     demand_pb2.DESCRIPTOR.services_by_name["DemandService"],
+    usage_pb2.DESCRIPTOR.services_by_name["UsageService"],
 ]
 ALL_METHODS = sorted(f"{s.full_name}/{m.name}" for s in SERVICES for m in s.methods)
 

@@ -126,6 +126,19 @@ def test_tls_settings_are_checked(ca_dir):
         )
     )
     assert full.issuer is not None and "mutual TLS" in full.describe()
+    # With authentication off (loopback only) the agents' listener is plaintext; with
+    # tokens but no TLS it needs certificates all the same.
+    dev = build_security(Settings(agent_listen="127.0.0.1:0"))
+    assert not dev.auth_enabled and "(plaintext)" in dev.describe()
+    with pytest.raises(SecurityConfigError, match="authentication off"):
+        build_security(Settings(agent_listen="0.0.0.0:7101"))
+
+
+def test_agents_need_certificates_on_their_listener_once_authentication_is_on(tmp_path):
+    token_file = tmp_path / "tokens.toml"
+    token_file.write_text("")
+    with pytest.raises(SecurityConfigError, match="need TLS"):
+        build_security(Settings(token_file=str(token_file), agent_listen="127.0.0.1:0"))
 
 
 def test_insecure_is_a_switch():

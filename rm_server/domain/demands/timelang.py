@@ -31,6 +31,7 @@ and :func:`segments` lists the time intervals where it holds (for the planner).
 
 from __future__ import annotations
 
+import bisect
 import enum
 import re
 from collections.abc import Callable
@@ -51,7 +52,12 @@ from rm_server.domain.demands.syntax import (
 EPSILON = timedelta(microseconds=1)  # the resolution of time: [a, b] is a..b inclusive
 MAX_ROUNDS = 1_000_000
 MAX_OFFSET = 366 * 24 * 3600  # a relative time or duration of at most a year
-MAX_ITEMS = 64
+MAX_ITEMS = 64  # operands of one AND / OR
+# The bounds of a start window (what it costs to evaluate grows with them: module doc of
+# the evaluation below). Enough for a working-hours calendar of most of a year.
+MAX_INTERVALS = 256  # intervals in one start window, in all
+MAX_ROUND_ENDS = 16  # ^N ends in one start window (each one more evaluation for may_hold)
+MAX_EXPR_DEPTH = 8  # AND / OR / NOT operators nested in one start window
 DEMAND_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _RELATIVE_RE = re.compile(r"(?:\d+[smhdSMHD])+")
@@ -141,6 +147,36 @@ class Not:
 Expr = Interval | Span | Chances | And | Or | Not
 
 
+class WindowBudget:
+    """What one start window may hold, counted while it is read (the text here, the
+    structured form by the service): each method returns what was exceeded, as the
+    ``expected`` part of an error, or None. One budget per window."""
+
+    def __init__(self) -> None:
+        self.intervals = 0
+        self.round_ends = 0
+
+    def interval(self, end: End | None) -> str | None:
+        self.intervals += 1
+        if self.intervals > MAX_INTERVALS:
+            return f"at most {MAX_INTERVALS} intervals in a start window (its interval limit)"
+        if isinstance(end, Rounds):
+            self.round_ends += 1
+            if self.round_ends > MAX_ROUND_ENDS:
+                return f"at most {MAX_ROUND_ENDS} ^N ends in a start window (its ^N limit)"
+        return None
+
+    @staticmethod
+    def depth(depth: int) -> str | None:
+        """``depth``: how many operators enclose the one about to be read."""
+        if depth >= MAX_EXPR_DEPTH:
+            return (
+                f"at most {MAX_EXPR_DEPTH} levels of AND/OR/NOT nesting in a start window"
+                " (its nesting limit)"
+            )
+        return None
+
+
 @dataclass(frozen=True)
 class TimeCondition:
     expr: Expr
@@ -203,6 +239,7 @@ def _norm(key: str) -> str:
 class _Interpreter:
     def __init__(self, text: str) -> None:
         self.text = text
+        self.budget = WindowBudget()
 
     def fail(self, node: Node | int, expected: str, found: str | None = None) -> TimeLangError:
         pos = node if isinstance(node, int) else node.pos
@@ -256,10 +293,17 @@ class _Interpreter:
         if isinstance(node, Arr):
             if node.items and all(isinstance(i, Arr | Obj) for i in node.items):
                 raise self.fail(node, "an interval [T1, T2]; combine intervals with AND or OR")
-            return self.interval(node)
+            interval = self.interval(node)
+            exceeded = self.budget.interval(interval.end)
+            if exceeded is not None:
+                raise self.fail(node, exceeded, f"interval number {self.budget.intervals}")
+            return interval
         if isinstance(node, Obj) and _is_operator(node):
             if len(node.members) != 1:
                 raise self.fail(node.members[1].key_pos, "one operator (AND, OR or NOT) per {}")
+            exceeded = self.budget.depth(depth)
+            if exceeded is not None:
+                raise self.fail(node, exceeded, f"an operator at level {depth + 1}")
             op = node.members[0]
             name = _norm(op.key)
             if name == "not":
@@ -511,20 +555,68 @@ def ignore_rounds(expr: Expr) -> Expr:
 
 
 # ----- evaluation -----------------------------------------------------------------------------
+#
+# Each subtree is evaluated once, bottom up, into the set of instants where it holds: a
+# sorted list of disjoint, non-adjacent closed intervals of whole microseconds (the
+# resolution of time). OR merges its operands' lists (one sort), NOT complements one (a
+# walk), AND is NOT(OR(NOT ...)). A subtree's list has at most two ends per interval
+# below it, so a level costs O(m log m) in the intervals under it and the whole tree
+# O(n log n x depth), depth at most MAX_EXPR_DEPTH. (Evaluating the whole tree once per
+# breakpoint, as this module once did, was O(n^2): 4,096 intervals took a minute.)
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_NEG = -(1 << 62)  # no lower bound (datetime's range is about +-2**58 microseconds)
+_POS = 1 << 62  # no upper bound
+_Set = list[tuple[int, int]]  # sorted, disjoint, non-adjacent [lo, hi] in microseconds
 
 
-def holds(expr: Expr, at: datetime, rounds: int = 0) -> bool:
-    """Whether a resolved expression allows allocation at ``at`` after ``rounds`` passes."""
-    if isinstance(expr, Span):
-        return (expr.lo is None or expr.lo <= at) and (expr.hi is None or at <= expr.hi)
-    if isinstance(expr, Chances):
-        return (expr.lo is None or expr.lo <= at) and rounds <= expr.rounds
-    if isinstance(expr, And):
-        return all(holds(i, at, rounds) for i in expr.items)
+def _micros(at: datetime) -> int:
+    return (at - _EPOCH) // EPSILON
+
+
+def _instant(micros: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=micros)
+
+
+def _union(items: list[tuple[int, int]]) -> _Set:
+    items.sort()
+    out: _Set = []
+    for lo, hi in items:
+        if out and lo <= out[-1][1] + 1:
+            if hi > out[-1][1]:
+                out[-1] = (out[-1][0], hi)
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def _complement(s: _Set) -> _Set:
+    out: _Set = []
+    cursor = _NEG
+    for lo, hi in s:
+        if lo > cursor:
+            out.append((cursor, lo - 1))
+        cursor = hi + 1
+    if cursor <= _POS:
+        out.append((cursor, _POS))
+    return out
+
+
+def _instants(expr: Expr, rounds: int) -> _Set:
+    """Where a resolved expression holds after ``rounds`` passed-over rounds."""
+    if isinstance(expr, Span | Chances):
+        lo = _NEG if expr.lo is None else _micros(expr.lo)
+        if isinstance(expr, Chances):
+            return [(lo, _POS)] if rounds <= expr.rounds else []
+        hi = _POS if expr.hi is None else _micros(expr.hi)
+        return [(lo, hi)] if lo <= hi else []
     if isinstance(expr, Or):
-        return any(holds(i, at, rounds) for i in expr.items)
+        return _union([iv for item in expr.items for iv in _instants(item, rounds)])
+    if isinstance(expr, And):
+        gaps = [iv for item in expr.items for iv in _complement(_instants(item, rounds))]
+        return _complement(_union(gaps))
     if isinstance(expr, Not):
-        return not holds(expr.item, at, rounds)
+        return _complement(_instants(expr.item, rounds))
     raise TypeError(f"resolve() the expression before evaluating it: {expr!r}")
 
 
@@ -532,8 +624,9 @@ def breakpoints(expr: Expr) -> tuple[set[datetime], set[int]]:
     """The instants and round counts at which the truth of ``expr`` may change."""
     times: set[datetime] = set()
     counts: set[int] = set()
-
-    def walk(e: Expr) -> None:
+    stack = [expr]
+    while stack:
+        e = stack.pop()
         if isinstance(e, Span | Chances) and e.lo is not None:
             times.add(e.lo)
         if isinstance(e, Span) and e.hi is not None:
@@ -541,54 +634,45 @@ def breakpoints(expr: Expr) -> tuple[set[datetime], set[int]]:
         if isinstance(e, Chances):
             counts.add(e.rounds)
         if isinstance(e, And | Or):
-            for i in e.items:
-                walk(i)
+            stack.extend(e.items)
         if isinstance(e, Not):
-            walk(e.item)
-
-    walk(expr)
+            stack.append(e.item)
     return times, counts
 
 
-def _time_candidates(times: set[datetime], since: datetime) -> list[datetime]:
-    """One instant in every cell of the partition of [since, inf) by the breakpoints."""
-    out = {since}
-    for t in times:
-        if t >= since:
-            out.add(t)
-            out.add(t + EPSILON)
-    return sorted(out)
+def holds(expr: Expr, at: datetime, rounds: int = 0) -> bool:
+    """Whether a resolved expression allows allocation at ``at`` after ``rounds`` passes."""
+    s = _instants(expr, rounds)
+    t = _micros(at)
+    i = bisect.bisect_right(s, (t, _POS))  # the first interval starting after t
+    return i > 0 and s[i - 1][1] >= t
 
 
 def may_hold(expr: Expr, at: datetime, rounds: int = 0) -> bool:
-    """Whether ``expr`` holds now or at some later instant after as many or more passes."""
-    times, counts = breakpoints(expr)
-    round_candidates = {rounds} | {c + 1 for c in counts if c >= rounds}
-    return any(
-        holds(expr, t, n) for t in _time_candidates(times, at) for n in sorted(round_candidates)
-    )
+    """Whether ``expr`` holds now or at some later instant after as many or more passes.
+
+    Passes matter only where they cross an ``^N`` (N + 1 passes close it), so ``rounds``
+    and each such crossing above it are the only counts to try: at most MAX_ROUND_ENDS + 1
+    evaluations."""
+    t = _micros(at)
+    counts = {rounds} | {n + 1 for n in breakpoints(expr)[1] if n >= rounds}
+    for n in sorted(counts):
+        s = _instants(expr, n)
+        if s and s[-1][1] >= t:
+            return True
+    return False
 
 
 def segments(expr: Expr, since: datetime) -> list[tuple[datetime, datetime | None]]:
     """The maximal intervals ``[a, b]`` (b None: unbounded) of [since, inf) where a
     time-only expression holds (use estimate_rounds or ignore_rounds first)."""
-    times = sorted(t for t in breakpoints(expr)[0] if t >= since)
-    cells: list[tuple[datetime, datetime | None]] = []
-    cursor = since
-    for t in times:
-        if cursor < t:
-            cells.append((cursor, t - EPSILON))
-        cells.append((t, t))
-        cursor = t + EPSILON
-    cells.append((cursor, None))
+    floor = _micros(since)
     out: list[tuple[datetime, datetime | None]] = []
-    for a, b in cells:
-        if not holds(expr, a):
+    for lo, hi in _instants(expr, 0):
+        if hi < floor:
             continue
-        if out and out[-1][1] is not None and out[-1][1] + EPSILON == a:
-            out[-1] = (out[-1][0], b)
-        else:
-            out.append((a, b))
+        a = since if lo <= floor else _instant(lo)
+        out.append((a, None if hi >= _POS else _instant(hi)))
     return out
 
 
