@@ -20,7 +20,14 @@ from labelrm.v1 import resource_manager_pb2 as rpb
 
 from rm_server.app.demands import DemandManager
 from rm_server.clock import ManualClock
-from rm_server.domain.demands.timelang import Span, holds, parse, resolve
+from rm_server.domain.demands.evaluation import (
+    holds,
+    resolve,
+)
+from rm_server.domain.demands.timelang import (
+    Span,
+    parse,
+)
 from tests.helpers import (
     GiB,
     InProcessRM,

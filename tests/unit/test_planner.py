@@ -9,6 +9,9 @@ from typing import cast
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
+from rm_server.domain.demands.evaluation import (
+    holds,
+)
 from rm_server.domain.demands.planner import (
     PARK_HORIZON,
     Action,
@@ -37,7 +40,6 @@ from rm_server.domain.demands.timelang import (
     DemandRef,
     Span,
     Strategy,
-    holds,
 )
 from rm_server.domain.resources import Resource
 from tests.helpers import present

@@ -9,6 +9,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rm_server.domain.demands import codec
+from rm_server.domain.demands.evaluation import (
+    estimate_rounds,
+    holds,
+    ignore_rounds,
+    last_instant,
+    may_hold,
+    resolve,
+    segments,
+)
 from rm_server.domain.demands.syntax import TimeLangError
 from rm_server.domain.demands.timelang import (
     DEMAND_ID_RE,
@@ -30,15 +39,8 @@ from rm_server.domain.demands.timelang import (
     Span,
     Strategy,
     TimeCondition,
-    estimate_rounds,
-    holds,
-    ignore_rounds,
-    last_instant,
-    may_hold,
     order_value,
     parse,
-    resolve,
-    segments,
 )
 
 S = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)  # the submission instant in these tests

@@ -13,6 +13,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rm_server.domain.demands.evaluation import (
+    holds,
+    last_instant,
+    may_hold,
+    resolve,
+    segments,
+)
 from rm_server.domain.demands.syntax import MAX_TEXT, TimeLangError
 from rm_server.domain.demands.timelang import (
     MAX_EXPR_DEPTH,
@@ -24,12 +31,7 @@ from rm_server.domain.demands.timelang import (
     Not,
     Or,
     Span,
-    holds,
-    last_instant,
-    may_hold,
     parse,
-    resolve,
-    segments,
 )
 
 S = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)

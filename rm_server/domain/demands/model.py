@@ -6,6 +6,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
+from rm_server.domain.demands.evaluation import (
+    deadline_at,
+    resolve,
+)
 from rm_server.domain.demands.planner import (
     Candidate,
     DemandView,
@@ -24,9 +28,7 @@ from rm_server.domain.demands.timelang import (
     OrderBy,
     Span,
     Strategy,
-    deadline_at,
     order_ids,
-    resolve,
 )
 from rm_server.domain.demands.waits import OrderWait, Predecessor, order_wait
 from rm_server.domain.labels import Label

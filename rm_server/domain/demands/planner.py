@@ -26,21 +26,23 @@ from datetime import datetime, timedelta
 
 from labelrm_common.quantity import Shortfall
 from rm_server.domain.admission import label_shortfalls
-from rm_server.domain.demands.state import DemandState
-from rm_server.domain.demands.timelang import (
-    EPSILON,
-    Expr,
-    OrderBy,
-    Strategy,
+from rm_server.domain.demands.evaluation import (
     breakpoints,
     estimate_rounds,
     holds,
     ignore_rounds,
     last_instant,
     may_hold,
+    segments,
+)
+from rm_server.domain.demands.state import DemandState
+from rm_server.domain.demands.timelang import (
+    EPSILON,
+    Expr,
+    OrderBy,
+    Strategy,
     order_ids,
     order_value,
-    segments,
 )
 from rm_server.domain.demands.waits import ORDER_BY_MISSING
 from rm_server.domain.errors import DomainError
