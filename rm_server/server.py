@@ -45,7 +45,8 @@ from rm_server.domain.demands.planner import PlannerSettings
 from rm_server.domain.labels import parse_rules
 from rm_server.embedded import EmbeddedPostgres
 from rm_server.external.secrets import SecretSource
-from rm_server.observability.metrics import Metrics, MetricsHttpServer
+from rm_server.observability.endpoint import MetricsHttpServer
+from rm_server.observability.metrics import Metrics
 from rm_server.security.setup import Security, build_security
 from rm_server.service.admin import AdminServicer
 from rm_server.service.demand import DemandServicer

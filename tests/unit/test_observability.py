@@ -16,7 +16,8 @@ import pytest
 
 from labelrm_common.logging import make_handler
 from rm_server.config import Settings, load_config, redact_url
-from rm_server.observability.metrics import apply_outcome, split_host_port
+from rm_server.observability.endpoint import split_host_port
+from rm_server.observability.metrics import apply_outcome
 from rm_server.service.interceptor import Interceptor
 
 # --- logs --------------------------------------------------------------------------------
