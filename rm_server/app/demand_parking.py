@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from rm_server.domain.ledger import LabelAccount, more_room
+from rm_server.store import demand_reservations as reservations
 from rm_server.store import demand_rounds as rounds_store
-from rm_server.store import demands as store
 from rm_server.store.db import Conn
 
 Key = tuple[str, str]  # (user, demand id): demand ids are per user
@@ -87,7 +87,7 @@ class BlockedIndex:
         their labels than at their refusal) or that this replica does not know; those."""
         woken = await self._unknown(conn)
         labels = sorted(self._by_label)
-        records = await store.read_capacities(conn, labels) if labels else {}
+        records = await reservations.read_capacities(conn, labels) if labels else {}
         # Rounds of other calls (a cancel) may forget demands while this one waits.
         candidates = set(self._unchecked)
         for label in labels:
@@ -97,7 +97,9 @@ class BlockedIndex:
             if n % YIELD_EVERY == YIELD_EVERY - 1:
                 await asyncio.sleep(0)  # the calls waiting on the event loop go first
             refusal = self._refused.get(key)
-            if refusal and more_room(refusal.capacity, store.capacity_of(records, refusal.labels)):
+            if refusal and more_room(
+                refusal.capacity, reservations.capacity_of(records, refusal.labels)
+            ):
                 woken.add(key)
         self._seen = {label: records.get(label) for label in labels if label in self._by_label}
         self._unchecked.clear()

@@ -47,6 +47,7 @@ from rm_server.errors import (
     LabelrmError,
     NotFound,
 )
+from rm_server.store import demand_reservations as reservations
 from rm_server.store import demand_rounds as rounds_store
 from rm_server.store import demands as store
 from rm_server.store import ticket_reads
@@ -362,7 +363,7 @@ class DemandManager:
                 # Take the labels first (waiting out any release under way), then decide
                 # again: an allocation is judged and dated at the time it holds them,
                 # never before the release that made room for it.
-                capacity = await store.lock_labels(conn, d.charged_labels, now)
+                capacity = await reservations.lock_labels(conn, d.charged_labels, now)
                 now = self.clock.now()
                 decision = decide(d.view(), now, self.planner, finished, ticket)
                 if decision.action is plan.Action.ALLOCATE:
@@ -386,7 +387,7 @@ class DemandManager:
                 assert decision.next_check is not None
                 return await self._park(conn, d, now, start, decision.next_check), False
             case A.RESERVE:
-                labels = await store.reserve(conn, d, now)
+                labels = await reservations.reserve(conn, d, now)
                 reason = f"reserving on {', '.join(labels) or 'no limited label'}"
                 reason += f" ({decision.reason})"
                 d = await store.move(conn, d, S.ALLOCATING, reason, now, reserved_labels=labels)
@@ -490,7 +491,7 @@ class DemandManager:
             # capacity was promised by the plan. apply() then deletes waiter 0: a no-op.
             waiter_seq=0,
         )
-        outcome = await store.allocate(conn, d, cmd)
+        outcome = await reservations.allocate(conn, d, cmd)
         if isinstance(outcome, Ticket):
             self._parked.forget(key)
             d = replace(d, allocated_at=at)  # its occupation from then, in the same UPDATE
@@ -536,7 +537,7 @@ class DemandManager:
         """FAILED, returning what it holds: its reservation, or its ticket."""
         self._parked.forget((d.user, d.demand_id))
         if d.state is S.ALLOCATING:
-            await store.unreserve(conn, d, now)
+            await reservations.unreserve(conn, d, now)
         if d.ticket_id is not None:
             await ticket_store.release(conn, d.ticket_id, now, f"demand {d.demand_id}: {reason}")
         return await store.move(
@@ -553,7 +554,7 @@ class DemandManager:
 
     async def check_reservations(self) -> list[str]:
         return await self.db.run(
-            store.check_reservations, read_only=True, bound=self.db.slow_timeout
+            reservations.check_reservations, read_only=True, bound=self.db.slow_timeout
         )
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 from labelrm.v1 import demand_pb2 as dpb
 
-from rm_server.store import demands as demand_store
+from rm_server.store import demand_reservations
 from tests.helpers import (
     GiB,
     deadlocks_counted,
@@ -60,14 +60,14 @@ async def test_an_allocation_and_a_limit_change_on_its_label_never_deadlock(
         await drm.release(hog.ticket_id)
 
         held, go = asyncio.Event(), asyncio.Event()
-        allocate = demand_store.allocate
+        allocate = demand_reservations.allocate
 
         async def held_allocate(conn: Any, d: Any, cmd: Any) -> Any:
             held.set()  # the round holds the label rows now
             await go.wait()
             return await allocate(conn, d, cmd)
 
-        monkeypatch.setattr(demand_store, "allocate", held_allocate)
+        monkeypatch.setattr(demand_reservations, "allocate", held_allocate)
         drm.clock.advance(10)
         round_ = asyncio.create_task(drm.manager.tick())
         await asyncio.wait_for(held.wait(), 60)  # a deadline against a hang, not a measure

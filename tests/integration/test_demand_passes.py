@@ -184,16 +184,16 @@ async def test_an_ordered_demand_gets_no_round_until_its_predecessor_ends(drm, m
 async def test_a_changed_label_ends_the_pass_over(drm, monkeypatch):
     """A blocked demand is passed over without a try only while its labels are as they
     were when it was refused: an ordinary ticket released on them makes it tried again."""
-    from rm_server.store import demands as demand_store
+    from rm_server.store import demand_reservations
 
     tries: list[str] = []
-    allocate = demand_store.allocate
+    allocate = demand_reservations.allocate
 
     async def counted(conn, d, cmd):
         tries.append(d.demand_id)
         return await allocate(conn, d, cmd)
 
-    monkeypatch.setattr(demand_store, "allocate", counted)
+    monkeypatch.setattr(demand_reservations, "allocate", counted)
     hog = await plain_apply(drm, 3.5)
     small = await plain_apply(drm, 0.25)
     assert hog is not None and small is not None

@@ -385,16 +385,16 @@ async def _at_least(count, n: int) -> bool:
 async def test_blocked_demands_are_not_tried_again_until_their_labels_change(drm, monkeypatch):
     """Each round passes a blocked demand over; while nothing on its labels changed, it
     does so without trying the allocation again (the same rows would refuse it)."""
-    from rm_server.store import demands as demand_store
+    from rm_server.store import demand_reservations
 
     tries: list[str] = []
-    allocate = demand_store.allocate
+    allocate = demand_reservations.allocate
 
     async def counted(conn, d, cmd):
         tries.append(d.demand_id)
         return await allocate(conn, d, cmd)
 
-    monkeypatch.setattr(demand_store, "allocate", counted)
+    monkeypatch.setattr(demand_reservations, "allocate", counted)
     hog, names = await blocked_behind_a_hog(drm, 10, 0.1, "{Start: [NOW, ^10]}")
     await drm.tick()
     assert sorted(tries) == names  # each reserved, tried and refused
