@@ -25,10 +25,7 @@ Meaning (resolved once, at submission, against the submission instant S):
 - AND, OR, NOT are the boolean operators over these intervals.
 
 This module holds what conditions are (their values, ``parse``, the OrderBy helpers);
-when they hold is rm_server/domain/demands/evaluation.py: pure, :func:`holds` answers
-"may the demand be allocated at instant t after n passed-over rounds?"; :func:`may_hold`
-asks whether that can still become true later, and :func:`segments` lists the time
-intervals where it holds (for the planner).
+when they hold, rm_server/domain/demands/evaluation.py.
 """
 
 from __future__ import annotations
