@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def cluster_part() -> None:
         # (a) apply, (b) the sweep's query, (d) lists: one server, grown with SQL
-        from bench.common import free_port
+        from bench.serving import free_port
 
         metrics_port = free_port()
         server_args = ["--ecm-expiry", "86400", "--metrics-listen", f"127.0.0.1:{metrics_port}"]
@@ -460,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def heartbeats_part() -> None:
         # (b) heartbeats: a fresh server with the default liveness settings
-        from bench.common import free_port
+        from bench.serving import free_port
 
         metrics_port = free_port()
         hb = []
