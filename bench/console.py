@@ -28,7 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import BenchDatabase, Server, emit, free_port, table
+from bench.common import BenchDatabase, Server, emit, table
+from bench.serving import free_port
 
 POLL = 2.0  # the console's POLL_MS
 PAGES = ("/api/overview", "/api/tickets")  # what each browser has open

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
 import psycopg
 
 from bench.common import ROOT
+from bench.serving import free_port, wait_serving
 
 HA_SCRIPT = ROOT / "deploy" / "ha" / "ha.sh"
 # The pinned Patroni's virtualenv (deploy/ha/install_patroni.sh), as ha.sh finds it.
@@ -240,9 +240,7 @@ def rm_servers(server_args: list[list[str]], log_dir: Path) -> Iterator[list[str
     targets = []
     try:
         for i, extra in enumerate(server_args):
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                target = f"127.0.0.1:{s.getsockname()[1]}"
+            target = f"127.0.0.1:{free_port()}"
             with (log_dir / f"rm-{i}.log").open("ab") as log:
                 procs.append(
                     subprocess.Popen(
@@ -254,7 +252,7 @@ def rm_servers(server_args: list[list[str]], log_dir: Path) -> Iterator[list[str
                 )
             targets.append(target)
         for target, proc in zip(targets, procs, strict=True):
-            _wait_serving(target, proc, 60)
+            wait_serving(target, 60, proc)
         yield targets
     finally:
         for proc in procs:
@@ -275,20 +273,3 @@ def rm_replicas(
     silence by default) halfway through a storm."""
     args = ["--database-url", url, "--ecm-expiry", "3600", *extra]
     return rm_servers([args] * count, log_dir)
-
-
-def _wait_serving(target: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    deadline = time.monotonic() + timeout
-    with grpc.insecure_channel(target) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"rm-server {target} exited with {proc.returncode}")
-            with contextlib.suppress(grpc.RpcError):
-                resp = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
-                if resp.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            time.sleep(0.1)
-    raise TimeoutError(f"rm-server {target} not serving after {timeout}s")

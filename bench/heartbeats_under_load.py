@@ -47,7 +47,6 @@ from bench.common import (
     CpuMeter,
     collect,
     emit,
-    free_port,
     ms,
     pct,
     spawn_loadgen,
@@ -55,6 +54,7 @@ from bench.common import (
     table,
 )
 from bench.heartbeats import ecm_states
+from bench.serving import free_port
 
 MiB = 1 << 20
 TARGET_P99_MS = 100.0

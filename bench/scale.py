@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def cluster_part() -> None:
         # (a) apply, (b) the sweep's query, (d) lists: one server, grown with SQL
-        from bench.common import free_port
+        from bench.serving import free_port
 
         metrics_port = free_port()
         server_args = ["--ecm-expiry", "86400", "--metrics-listen", f"127.0.0.1:{metrics_port}"]
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def heartbeats_part() -> None:
         # (b) heartbeats: a fresh server with the default liveness settings
-        from bench.common import free_port
+        from bench.serving import free_port
 
         metrics_port = free_port()
         hb = []

@@ -373,7 +373,7 @@ def demand_run(database_url: str, accepted: int, blocked: int, window: float) ->
     submissions' burst (16 in flight), then, once every blocked demand has had its first
     round, a window of the planner alone (its passes timed), then one of submissions one
     at a time (accepted and blocked in turn)."""
-    from bench.common import free_port
+    from bench.serving import free_port
 
     port = free_port()
     out: dict[str, Any] = {"accepted": accepted, "blocked": blocked}

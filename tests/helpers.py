@@ -9,7 +9,6 @@ import hashlib
 import inspect
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -35,6 +34,8 @@ from labelrm.v1 import (
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from bench import serving
+from bench.serving import free_port as free_port  # re-exported: the tests take it from here
 from rm_server.clock import Clock, SystemClock
 from rm_server.config import Settings
 from rm_server.server import RMServer
@@ -267,43 +268,13 @@ def wait_serving(
     log: Path | None = None,
     tls_ca: str = "",
 ) -> None:
-    """Poll the standard health service until SERVING, with a deadline; if `proc` (the
-    server) exits first, fail at once with the end of its `log`. `tls_ca`: the server
-    speaks TLS with a certificate of this CA."""
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    def tail() -> str:
-        return log_tail(log) if log is not None else ""
-
-    if tls_ca:
-        creds = grpc.ssl_channel_credentials(Path(tls_ca).read_bytes())
-        opened = grpc.secure_channel(target, creds)
-    else:
-        opened = grpc.insecure_channel(target)
-    with opened as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-
-        def serving() -> bool:
-            if proc is not None and proc.poll() is not None:
-                raise AssertionError(f"rm-server exited with {proc.returncode}:\n{tail()}")
-            try:
-                resp = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
-            except grpc.RpcError:
-                return False
-            return bool(resp.status == health_pb2.HealthCheckResponse.SERVING)
-
-        wait_until_sync(
-            serving, timeout, what=lambda: f"rm-server at {target} serving\n{tail()}", interval=0.05
-        )
+    """`bench.serving.wait_serving`, failing with the end of the server's `log`."""
+    serving.wait_serving(
+        target, timeout, proc, lambda: log_tail(log) if log is not None else "", tls_ca
+    )
 
 
 # ----- ports and directories -------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def shared_tmp(prefix: str) -> Path:
