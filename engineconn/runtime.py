@@ -16,6 +16,7 @@ import os
 import shlex
 import signal
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from typing import Any
 import grpc
 from labelrm.v1 import engine_conn_pb2, engine_conn_pb2_grpc, executor_pb2_grpc
 
+from engineconn import mainthread
 from engineconn.auth import SECRET_ENV, SECRET_FILE_ENV, SecretAuth
 from engineconn.engines import load_engine
 from engineconn.executor import Executor
@@ -147,8 +149,10 @@ class Runtime:
         """Runs the EngineConn to its end; returns the process exit code."""
         loop = asyncio.get_running_loop()
         self._stop = loop.create_future()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.request_stop, f"signal {sig.name}")
+        if threading.current_thread() is threading.main_thread():
+            # Run on its own (not by `main`, whose main thread takes the signals).
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.request_stop, f"signal {sig.name}")
         server: grpc.aio.Server | None = None
         try:
             self._channel = rm_channel(self.settings, _CHANNEL_OPTIONS)
@@ -352,7 +356,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.pop(SECRET_ENV, None)
     os.environ.pop(SECRET_FILE_ENV, None)
     log.info("%s", context.log_line())
+    runtime = Runtime(context, settings)
+    # Executions run on this (the main) thread, the loop beside it: engineconn/mainthread.py.
+    mainthread.MAIN = mainthread.MainThread()
     try:
-        return asyncio.run(Runtime(context, settings).run())
+        return mainthread.MAIN.serve(runtime.run(), runtime.request_stop)
     except KeyboardInterrupt:
         return 130

@@ -2,9 +2,9 @@
 
 Ctrl-C during `exec` asks the engine to stop the code (ExecutorService.Cancel) and waits
 for the execution's end, up to CANCEL_WAIT seconds: the EngineConn is free again when
-rmctl returns. A second Ctrl-C, or code that does not stop in time (the python engine
-interrupts code at its next Python instruction, so a long blocking call such as
-time.sleep or a socket read ends first), leaves with a line that says so and what to do.
+rmctl returns. A second Ctrl-C, or code that does not stop in time (code that catches
+the interrupt and goes on, or a C extension that ignores it), leaves with a line that
+says so and what to do.
 """
 
 from __future__ import annotations
@@ -179,8 +179,8 @@ def _ended(result: ExecResult, interrupted: bool, execution_id: str) -> int:
 
 def _left_running(ec_id: str, interrupts: _Interrupts) -> str:
     why = interrupts.problem or (
-        "the code did not stop in time (the python engine interrupts code at its next "
-        "Python instruction: a blocking call such as time.sleep or a socket read ends first)"
+        "the code did not stop in time (it may catch the interrupt and go on, or run in a C "
+        "extension that ignores it)"
     )
     return (
         f"interrupted: {why}; EngineConn {ec_id} stays BUSY until the code ends. "
@@ -206,8 +206,8 @@ def cmd_ec_cancel(client: RMClient, args: argparse.Namespace, out: TextIO) -> in
     if state == _BUSY:
         raise ValueError(
             f"EngineConn {ec_id} is still BUSY {args.wait:g}s after the cancel: the code has "
-            "not stopped (the python engine interrupts code at its next Python instruction: "
-            f"a blocking call ends first); `rmctl engineconn kill {ec_id}` ends the EngineConn"
+            "not stopped (it may catch the interrupt and go on); "
+            f"`rmctl engineconn kill {ec_id}` ends the EngineConn"
         )
     print(f"{ec_id} {ec_state_name(state)}: execution cancelled", file=out)
     return 0

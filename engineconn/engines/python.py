@@ -1,14 +1,15 @@
 """The python engine: a persistent interpreter session. One namespace lives as long as
 the EngineConn, so `x = 1` in one execution and `print(x)` in the next works.
 
-Code runs in a worker thread (the event loop keeps serving gRPC and heartbeats) with
-sys.stdout / sys.stderr swapped for writers that forward into the execution's stream.
-The swap is process-wide, which is safe because an EngineConn runs one execution at a
-time (see engineconn.executor); the runtime's own logging keeps the real stderr.
+Code runs on the process's main thread while the event loop keeps serving gRPC and the
+reports beside it (engineconn/mainthread.py), with sys.stdout / sys.stderr swapped for
+writers that forward into the execution's stream. The swap is process-wide, which is
+safe because an EngineConn runs one execution at a time (see engineconn.executor); the
+runtime's own logging keeps the real stderr.
 
-Cancel is best effort: KeyboardInterrupt is raised in the worker thread, which happens
-at the next Python bytecode. Code blocked in C (time.sleep, a socket read) stops only
-when that call returns; the execution (and the BUSY state) lasts until then.
+Cancel raises KeyboardInterrupt in the code, also in a call blocked in C (time.sleep, a
+socket read): the main thread gets a signal. Code that catches KeyboardInterrupt and goes
+on, or a C extension that ignores signals, still runs until it returns.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ import io
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from typing import Any
 
+from engineconn import mainthread
 from engineconn.executor import STDERR, STDOUT, Emit, Engine, Outcome, Output
 
 _CANCEL_EXIT_CODE = 130  # as a shell reports an interrupted program
@@ -30,7 +33,7 @@ _HIGH_WATER_CHARS = 1024 * 1024
 
 
 class _Pipe:
-    """Carries the worker thread's output to the event loop. A write only appends under
+    """Carries the execution thread's output to the event loop. A write only appends under
     a lock and wakes the loop when the buffer was empty, so printing line by line costs
     no thread round trip; the loop takes everything written so far in one go (stdout and
     stderr in their order). A writer far ahead of the client waits for it."""
@@ -45,7 +48,7 @@ class _Pipe:
         self._ready = asyncio.Event()
 
     def write(self, stream: str, text: str) -> None:
-        """From the worker thread: queues the text, waiting while too much is pending."""
+        """From the execution thread: queues the text, waiting while too much is pending."""
         with self._cond:
             while self._pending > _HIGH_WATER_CHARS and not self._closed:
                 # Short waits: an interrupt (cancel) is delivered between them.
@@ -62,7 +65,7 @@ class _Pipe:
             self._loop.call_soon_threadsafe(self._ready.set)
 
     def close(self) -> None:
-        """From the worker thread, once its code has ended."""
+        """From the execution thread, once its code has ended."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
@@ -112,7 +115,8 @@ class _Writer(io.TextIOBase):
 
 
 class _Run:
-    """One execution in its worker thread, and the means to interrupt it."""
+    """One execution, run away from the event loop (mainthread.runner()), and the means
+    to interrupt it."""
 
     def __init__(self, code: str, namespace: dict[str, Any]) -> None:
         self.code = code
@@ -120,35 +124,12 @@ class _Run:
         self.loop = asyncio.get_running_loop()
         self.pipe = _Pipe(self.loop)
         self.done: asyncio.Future[Outcome] = self.loop.create_future()
-        self.thread = threading.Thread(target=self._main, name="python-execution", daemon=True)
-        # Guards the interrupt against racing the end of the code: see interrupt().
-        self._lock = threading.Lock()
-        self._finished = False
-        self._interrupted = False
+        self.interrupt: Callable[[], None] = lambda: None
 
-    def interrupt(self) -> None:
-        """Raises KeyboardInterrupt in the worker thread, once, if its code still runs."""
-        import ctypes  # only needed on this rare path
+    def start(self) -> None:
+        self.interrupt = mainthread.runner().start(self._main)
 
-        with self._lock:
-            ident = self.thread.ident
-            if self._finished or self._interrupted or ident is None:
-                return
-            self._interrupted = True
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                ctypes.c_ulong(ident), ctypes.py_object(KeyboardInterrupt)
-            )
-
-    def _disarm(self) -> None:
-        import ctypes
-
-        with self._lock:
-            self._finished = True
-            if self._interrupted and self.thread.ident is not None:
-                # An interrupt that has not fired yet must not hit the code after us.
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread.ident), None)
-
-    def _main(self) -> None:
+    def _main(self, window: mainthread.Window) -> None:
         stdout = _Writer(STDOUT, self.pipe)
         stderr = _Writer(STDERR, self.pipe)
         saved = sys.stdout, sys.stderr
@@ -156,11 +137,12 @@ class _Run:
         try:
             try:
                 sys.stdout, sys.stderr = stdout, stderr
+                compiled = compile(self.code, "<execution>", "exec")
+                window.open()
                 try:
-                    compiled = compile(self.code, "<execution>", "exec")
                     exec(compiled, self.namespace)  # running user code is the point
                 finally:
-                    self._disarm()
+                    window.close()
                 outcome = Outcome(exit_code=0)
             except KeyboardInterrupt as exc:
                 outcome = Outcome(exit_code=_CANCEL_EXIT_CODE, error=_format(exc))
@@ -209,10 +191,10 @@ class PythonEngine(Engine):
         self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
 
     async def run(self, code: str, emit: Emit, cancel: asyncio.Event) -> Outcome:
-        """Runs `code` in the session's namespace in a worker thread."""
+        """Runs `code` in the session's namespace, away from the event loop."""
         run = _Run(code, self.namespace)
         forwarding = asyncio.ensure_future(run.pipe.forward(emit))
-        run.thread.start()
+        run.start()
         cancelled = asyncio.ensure_future(cancel.wait())
         waits: list[asyncio.Future[Any]] = [run.done, cancelled]
         try:

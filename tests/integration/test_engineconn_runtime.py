@@ -256,6 +256,37 @@ async def test_python_cancel_interrupts_running_code(start_ec, fake_rm):
     assert (await execute(ec, "print('still alive')")).stdout == "still alive\n"
 
 
+async def test_python_cancel_interrupts_a_blocking_call(start_ec, fake_rm):
+    """Code blocked in C (time.sleep) is interrupted too (the code runs on the main
+    thread, which the cancel signals), and the session goes on with its namespace."""
+    ec = await start_ec("python")
+    assert (await execute(ec, "kept = 42")).result.exit_code == 0
+    code = "import time\nprint('sleeping', flush=True)\ntime.sleep(3600)"
+    call = ec.stub.Execute(executor_pb2.ExecuteRequest(code=code))
+    await read_until(call, "sleeping")
+    await fake_rm.next_report(BUSY)
+    assert (await ec.stub.Cancel(executor_pb2.CancelRequest())).cancelled
+    run = await asyncio.wait_for(collect(call), 30)
+    assert run.result.cancelled and "KeyboardInterrupt" in run.result.error
+    await fake_rm.next_report(IDLE)
+    assert (await execute(ec, "print(kept)")).stdout == "42\n"
+
+
+async def test_sigterm_stops_python_code_blocked_in_a_call(start_ec, fake_rm):
+    """The agent's SIGTERM still stops the EngineConn while its code sleeps (a signal
+    no cancel sent): the execution is cut short and the process exits."""
+    ec = await start_ec("python")
+    code = "import time\nprint('sleeping', flush=True)\ntime.sleep(3600)"
+    call = ec.stub.Execute(executor_pb2.ExecuteRequest(code=code))
+    await read_until(call, "sleeping")
+    ec.proc.send_signal(signal.SIGTERM)
+    await fake_rm.next_report(SHUTTING_DOWN)
+    run = await asyncio.wait_for(collect(call), 30)
+    assert run.result.cancelled
+    await fake_rm.next_report(FAILED)
+    assert await ec.wait_exit() == 0
+
+
 async def test_max_idle_exits_cleanly(start_ec, fake_rm):
     ec = await start_ec("shell", "--max-idle-seconds", "1")
     await fake_rm.next_report(SHUTTING_DOWN, timeout=5)

@@ -60,24 +60,45 @@ async def test_ctrl_c_cancels_the_execution(cluster_rm: Any, agent_factory: Any)
     assert (rc, out) == (0, "next\n"), err
 
 
+async def test_ctrl_c_stops_python_code_blocked_in_a_call(
+    cluster_rm: Any, agent_factory: Any
+) -> None:
+    """The python engine's code is interrupted in a blocking call too: Ctrl-C on a
+    `time.sleep(3600)` leaves the EngineConn IDLE when rmctl returns (it stayed BUSY for
+    the whole sleep when code ran on a worker thread)."""
+    ec_id = await _python_engine_conn(cluster_rm, agent_factory)
+    err = await _interrupted(cluster_rm, ec_id, _PY_STARTED + "import time\ntime.sleep(3600)")
+    assert err.splitlines()[-1].endswith(" cancelled"), err
+    assert (await _json(cluster_rm, "engineconn", "status", ec_id))["state"] == IDLE
+
+
 async def test_ctrl_c_on_code_that_cannot_stop_says_so(cluster_rm: Any, agent_factory: Any) -> None:
-    """The python engine interrupts code at its next Python instruction: a long blocking
-    call runs on. rmctl said "execution cancelled" while the EngineConn stayed BUSY; it
-    says what happened and what to do."""
-    await start_agent(cluster_rm, agent_factory)
-    rc, out, err = await rmctl_run(
-        cluster_rm, "engineconn", "create", "--labels", PYTHON_A, "-q", deadline=90
+    """Code that catches the interrupt and goes on does not stop: rmctl says the
+    EngineConn stays BUSY and what to do, not "execution cancelled"."""
+    ec_id = await _python_engine_conn(cluster_rm, agent_factory)
+    code = _PY_STARTED + (
+        "import time\nwhile True:\n    try:\n        time.sleep(3600)\n"
+        "    except KeyboardInterrupt:\n        pass\n"
     )
-    assert rc == 0, err
-    ec_id = out.strip()
-    code = "import time\nprint('started', flush=True)\ntime.sleep(3600)"
     err = await _interrupted(cluster_rm, ec_id, code)
     assert "execution cancelled" not in err
     assert f"EngineConn {ec_id} stays BUSY until the code ends" in err
     assert f"`rmctl engineconn kill {ec_id}`" in err
     assert (await _json(cluster_rm, "engineconn", "status", ec_id))["state"] == BUSY
-    rc, out, err = await rmctl_run(cluster_rm, "engineconn", "kill", ec_id)
+    rc, _, err = await rmctl_run(cluster_rm, "engineconn", "kill", ec_id)
     assert rc == 0, err
+
+
+_PY_STARTED = "print('started', flush=True)\n"
+
+
+async def _python_engine_conn(rm: Any, agent_factory: Any) -> str:
+    await start_agent(rm, agent_factory)
+    rc, out, err = await rmctl_run(
+        rm, "engineconn", "create", "--labels", PYTHON_A, "-q", deadline=90
+    )
+    assert rc == 0, err
+    return out.strip()
 
 
 async def test_engineconn_cancel(cluster_rm: Any, agent_factory: Any) -> None:
