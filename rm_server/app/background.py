@@ -40,12 +40,14 @@ class Lease:
     clock: Clock
     ttl: timedelta = timedelta(seconds=5)
 
-    async def hold(self, job: str) -> bool:
-        """Take or renew the lease of `job`; True if this replica may run it now."""
+    async def hold(self, job: str, interval: float = 0.0) -> bool:
+        """Take or renew the lease of `job`, which renews it every `interval` seconds:
+        for `ttl` past the next renewal (a lease shorter than the time between two would
+        lapse between every pair, and the job hop between replicas); True if this
+        replica may run it now."""
         now = self.clock.now()
-        return await self.db.run(
-            lambda conn: lease_store.hold(conn, job, self.holder, now, now + self.ttl)
-        )
+        until = now + self.ttl + timedelta(seconds=interval)
+        return await self.db.run(lambda conn: lease_store.hold(conn, job, self.holder, now, until))
 
 
 async def run_periodically(
@@ -69,7 +71,7 @@ async def run_periodically(
     while True:
         started = loop.time()
         try:
-            if lease is None or await lease.hold(job):
+            if lease is None or await lease.hold(job, interval):
                 if not running and lease is not None:
                     log.info("background job %s: this replica (%s) runs it", job, lease.holder)
                 running = True
