@@ -9,7 +9,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from tests.helpers import ROOT
+from tests.support.env import ROOT
 
 __all__ = ["rmctl_run", "rmctl_spawn"]
 

@@ -1,5 +1,5 @@
 """The suite's root conftest: it only loads the fixture modules (tests/fixtures/) and
-holds the pytest hooks. Tests import shared code from tests/helpers.py, never from here."""
+holds the pytest hooks. Tests import shared code from tests/support/, never from here."""
 
 from __future__ import annotations
 

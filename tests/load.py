@@ -15,7 +15,7 @@ import grpc
 from labelrm.v1 import resource_manager_pb2 as pb
 from labelrm.v1 import resource_manager_pb2_grpc
 
-from tests.helpers import apply_req, load
+from tests.support.messages import apply_req, load
 
 MiB = 1024**2
 USERS = [f"u{i}-IDE" for i in range(6)]

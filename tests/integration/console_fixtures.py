@@ -20,8 +20,9 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import start_in_process, stop_in_process, unavailable
 from tests.integration.security_fixtures import secure_cluster
+from tests.support.env import unavailable
+from tests.support.rm import start_in_process, stop_in_process
 
 CHROMIUM = "/usr/bin/chromium"
 _ERRORS: dict[int, list[str]] = {}  # per page: the JavaScript errors it raised

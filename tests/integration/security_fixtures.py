@@ -21,6 +21,7 @@ from labelrm.v1 import (
     resource_manager_pb2_grpc,
 )
 
+from bench.serving import free_port
 from clients._channel import ChannelSecurity, aio_channel
 from labelrm_common import pki, tokens
 from rm_server.domain.engineconn import EcState, EngineConn
@@ -28,15 +29,10 @@ from rm_server.domain.resources import Resource
 from rm_server.store import engineconns as ec_store
 from rm_server.store.db import Idempotency
 from tests.fixtures.rm import RMProcess
-from tests.helpers import (
-    ENGINECONN_TEST_SETTINGS,
-    GiB,
-    InProcessRM,
-    free_port,
-    start_agent_on,
-    start_in_process,
-    stop_in_process,
-)
+from tests.support.agents import start_agent_on
+from tests.support.env import ENGINECONN_TEST_SETTINGS
+from tests.support.messages import GiB
+from tests.support.rm import InProcessRM, start_in_process, stop_in_process
 
 USERS = {"alice": ["user"], "bob": ["user"], "gateway": ["user"], "root": ["admin"]}
 

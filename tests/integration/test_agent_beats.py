@@ -15,7 +15,8 @@ from labelrm.v1 import resource_manager_pb2_grpc
 
 from ecm_agent.agent import RETRYABLE
 from ecm_agent.beats import HeartbeatSender
-from tests.helpers import GiB, load_instance, register, wait_until
+from tests.support.messages import GiB, load_instance, register
+from tests.support.waiting import wait_until
 
 SERVICE = "labelrm.v1.ResourceManagerService"
 CONTINUE = pb.HEARTBEAT_ACTION_CONTINUE

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, free_port, wait_until_sync
+from bench.serving import free_port
+from tests.support.env import ROOT
+from tests.support.waiting import wait_until_sync
 
 
 def agent_cmd(tmp: Path, *extra: str, rm: str = "") -> list[str]:
@@ -186,7 +188,8 @@ async def test_the_shipped_config_makes_its_directories_and_registers(
 
     from clients._channel import ChannelSecurity, aio_channel
     from labelrm_common.tokens import add_token
-    from tests.helpers import start_in_process, stop_in_process, wait_until
+    from tests.support.rm import start_in_process, stop_in_process
+    from tests.support.waiting import wait_until
 
     root = tmp_path / "host"
     config = shipped_config_under(root)

@@ -27,7 +27,9 @@ from ecm_agent.forkserver import ForkServer
 from ecm_agent.launch import Launcher
 from ecm_agent.procs import RunningProcess, _group_members
 from ecm_agent.validate import AgentPolicy, LaunchSpec
-from tests.helpers import FakeRM, shared_tmp, wait_until
+from tests.support.env import shared_tmp
+from tests.support.fake_rm import FakeRM
+from tests.support.waiting import wait_until
 
 USER_A = "lrmtest_a"
 USER_B = "lrmtest_b"
@@ -325,7 +327,7 @@ async def test_a_closed_server_exits_after_its_last_engineconn(make_launcher, fa
 
 
 async def test_a_server_that_cannot_start_means_sudo(make_launcher, fake_rm, policy) -> None:
-    from tests.helpers import shared_tmp as tmp
+    from tests.support.env import shared_tmp as tmp
 
     script = tmp("lrm-fake-python-") / "python"
     script.write_text("#!/bin/bash\necho 'no runtime here' >&2\nexit 3\n")

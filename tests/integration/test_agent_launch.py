@@ -26,7 +26,8 @@ import pytest
 from ecm_agent.launch import ExitInfo
 from ecm_agent.procs import RunningProcess, _group_members, _signal_group, read_start_ticks
 from ecm_agent.validate import AgentPolicy, LaunchRefused, LaunchSpec, MaterialFile
-from tests.helpers import unavailable, wait_until
+from tests.support.env import unavailable
+from tests.support.waiting import wait_until
 
 USER_A = "lrmtest_a"
 USER_B = "lrmtest_b"

@@ -18,7 +18,6 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from labelrm.v1 import resource_manager_pb2 as pb
 
-from tests.helpers import GiB, load_instance, register, wait_until
 from tests.integration.security_fixtures import (
     Pki,
     SecuredProcess,
@@ -26,6 +25,8 @@ from tests.integration.security_fixtures import (
     make_pki,
     start_secured_process,
 )
+from tests.support.messages import GiB, load_instance, register
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture(scope="module")

@@ -17,15 +17,9 @@ import psycopg
 from labelrm.v1 import admin_pb2, admin_pb2_grpc, resource_manager_pb2_grpc
 from labelrm.v1 import resource_manager_pb2 as pb
 
-from tests.helpers import (
-    ROOT,
-    GiB,
-    apply_req,
-    load,
-    load_instance,
-    register,
-    wait_until_sync,
-)
+from tests.support.env import ROOT
+from tests.support.messages import GiB, apply_req, load, load_instance, register
+from tests.support.waiting import wait_until_sync
 
 JOBS = ("demand-planner", "liveness", "ticket-sweep", "usage-rollup")
 RUNS = re.compile(r"background job (\S+): this replica \((\S+)\) runs it")

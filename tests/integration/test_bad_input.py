@@ -7,18 +7,9 @@ import pytest
 from labelrm.v1 import resource_manager_pb2 as pb
 from labelrm.v1 import resource_pb2
 
-from tests.helpers import (
-    GiB,
-    apply_req,
-    assert_consistent,
-    bad_field,
-    lbl,
-    limit_req,
-    load,
-    load_instance,
-    register,
-    snapshot,
-)
+from tests.support.messages import GiB, apply_req, lbl, limit_req, load, load_instance, register
+from tests.support.refusals import bad_field
+from tests.support.rm import assert_consistent, snapshot
 
 USER = "userCreator=alice-IDE,engineType=spark-3.2.1"
 

@@ -30,19 +30,9 @@ from rm_server.store import ticket_ops
 from rm_server.store import tickets as ticket_store
 from rm_server.store import waiters as waiter_store
 from rm_server.store.db import Idempotency, Replay
-from tests.helpers import (
-    BOTH_PATHS,
-    GiB,
-    apply_req,
-    assert_consistent,
-    label_state,
-    limit_req,
-    load,
-    load_instance,
-    register,
-    start_in_process,
-    stop_in_process,
-)
+from tests.support.env import BOTH_PATHS
+from tests.support.messages import GiB, apply_req, limit_req, load, load_instance, register
+from tests.support.rm import assert_consistent, label_state, start_in_process, stop_in_process
 
 pytestmark = BOTH_PATHS
 

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from bench.common import BenchDatabase
-from tests.helpers import Postgres
+from tests.support.database import Postgres
 
 
 @pytest.fixture

@@ -19,18 +19,11 @@ import pytest
 from labelrm.v1 import resource_manager_pb2 as pb
 
 from bench.native import NativeUnavailable, loadgen_binary
-from tests.helpers import (
-    GiB,
-    assert_consistent,
-    label_state,
-    load_instance,
-    register,
-    start_in_process,
-    stop_in_process,
-    unavailable,
-    wait_until,
-)
 from tests.integration.test_metrics import scrape, value
+from tests.support.env import unavailable
+from tests.support.messages import GiB, load_instance, register
+from tests.support.rm import assert_consistent, label_state, start_in_process, stop_in_process
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture(scope="session")

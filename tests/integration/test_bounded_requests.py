@@ -17,7 +17,6 @@ from labelrm.v1 import demand_pb2 as dpb
 from labelrm.v1 import resource_manager_pb2 as pb
 
 from rm_server.domain.demands.timelang import MAX_INTERVALS
-from tests.helpers import GiB, lbl, load, load_instance, register
 from tests.integration.security_fixtures import (
     Pki,
     SecuredProcess,
@@ -25,6 +24,7 @@ from tests.integration.security_fixtures import (
     make_pki,
     start_secured_process,
 )
+from tests.support.messages import GiB, lbl, load, load_instance, register
 
 ALICE = "userCreator=alice-IDE,engineType=spark-3.2.1"
 HEARTBEAT = "/labelrm.v1.ResourceManagerService/Heartbeat"

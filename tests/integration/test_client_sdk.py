@@ -29,7 +29,7 @@ from clients import (
 )
 from rmctl import main as rmctl_main
 from rmctl.app import error_line
-from tests.helpers import CLIENT_ECM, ctl
+from tests.support.sdk import CLIENT_ECM, ctl
 
 GiB = 1024**3
 ECM = CLIENT_ECM

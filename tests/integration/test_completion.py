@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from clients import AsyncRMClient, load, load_instance
-from tests.helpers import ROOT, wait_until
+from tests.support.env import ROOT
+from tests.support.waiting import wait_until
 
 BIN = Path(sys.executable).parent
 

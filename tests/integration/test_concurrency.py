@@ -12,18 +12,10 @@ import grpc
 from labelrm.v1 import admin_pb2, admin_pb2_grpc, resource_manager_pb2_grpc
 from labelrm.v1 import resource_manager_pb2 as pb
 
-from tests.helpers import (
-    BOTH_PATHS,
-    GiB,
-    deadlocks_counted,
-    deadlocks_so_far,
-    lbl,
-    limit_req,
-    load,
-    load_instance,
-    register,
-)
 from tests.load import ECMS, run_load
+from tests.support.database import deadlocks_counted, deadlocks_so_far
+from tests.support.env import BOTH_PATHS
+from tests.support.messages import GiB, lbl, limit_req, load, load_instance, register
 
 STRESS_SECONDS = float(os.environ.get("LABELRM_STRESS_SECONDS", "10"))
 NORMAL = {grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED}
@@ -226,7 +218,7 @@ async def test_kill_9_mid_load_then_restart(rm_process_factory):
             resp = await rm.ListTickets(pb.ListTicketsRequest(state=pb.TICKET_STATE_LOCKED))
             return not resp.tickets
 
-    from tests.helpers import wait_until
+    from tests.support.waiting import wait_until
 
     await wait_until(no_locked, timeout=30, interval=0.2)
     async with grpc.aio.insecure_channel(server.target) as channel:

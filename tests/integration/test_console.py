@@ -23,7 +23,6 @@ from labelrm_common import tokens
 from rm_server.config import Settings
 from rm_server.security.setup import SecurityConfigError, build_security
 from rm_server.service import convert
-from tests.helpers import lbl, limit_req, load_instance, wait_until
 from tests.integration.console_fixtures import (
     browser,  # noqa: F401 - a fixture
     console,  # noqa: F401 - a fixture
@@ -36,6 +35,8 @@ from tests.integration.console_fixtures import (
 )
 from tests.integration.security_fixtures import make_pki, start_secure_agent
 from tests.integration.test_tenant_isolation import SHELL_A, SHELL_B
+from tests.support.messages import lbl, limit_req, load_instance
+from tests.support.waiting import wait_until
 
 PAGES = ("overview", "nodes", "engineconns", "resources", "tickets", "demands", "usage")
 

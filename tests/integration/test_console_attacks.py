@@ -30,11 +30,14 @@ from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import engine_conn_pb2_grpc, resource_manager_pb2_grpc
 from labelrm.v1 import resource_manager_pb2 as pb
 
-from tests.helpers import ROOT, free_port, lbl, log_tail, shared_tmp, wait_serving, wait_until_sync
+from bench.serving import free_port
 from tests.integration.console_fixtures import _browser_path, browser, console, new_page, url_of
 from tests.integration.security_fixtures import engine_conn_of
 from tests.integration.test_dev_mode import dev_env, stop
 from tests.integration.test_security_escapes import ESCAPES
+from tests.support.env import ROOT, shared_tmp
+from tests.support.messages import lbl
+from tests.support.waiting import log_tail, wait_serving, wait_until_sync
 
 __all__ = ["browser", "console"]  # the fixtures of console_fixtures.py, used here too
 

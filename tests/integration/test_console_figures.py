@@ -16,7 +16,6 @@ from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as pb
 
 from rm_server.service import convert
-from tests.helpers import GiB, lbl, load_instance, refused, wait_until
 from tests.integration.console_fixtures import (
     browser,  # noqa: F401 - a fixture
     console,  # noqa: F401 - a fixture
@@ -27,6 +26,9 @@ from tests.integration.console_fixtures import (
 )
 from tests.integration.security_fixtures import start_secure_agent
 from tests.integration.test_tenant_isolation import SHELL_A, SHELL_B
+from tests.support.messages import GiB, lbl, load_instance
+from tests.support.refusals import refused
+from tests.support.waiting import wait_until
 
 ON_AGENT = ",emInstance=agent1"
 

@@ -13,7 +13,6 @@ from typing import Any
 
 from labelrm.v1 import resource_manager_pb2 as pb
 
-from tests.helpers import apply_req, load, wait_until
 from tests.integration.console_fixtures import (
     browser,  # noqa: F401 - a fixture
     dev_console,
@@ -23,6 +22,8 @@ from tests.integration.console_fixtures import (
     new_page,
     text,
 )
+from tests.support.messages import apply_req, load
+from tests.support.waiting import wait_until
 
 ALICE = "userCreator=alice-IDE,engineType=shell-1"
 BOB = "userCreator=bob-IDE,engineType=spark-3"
@@ -181,7 +182,7 @@ async def _polled(cache: Any, view: str, reads: int) -> None:
 
 
 async def test_small_use_of_a_large_node_stays_visible(database_url, browser):
-    from tests.helpers import load_instance, register
+    from tests.support.messages import load_instance, register
 
     async with dev_console(database_url) as rm:
         huge = load_instance(64 * 1024**4, 512_000, 1000)  # 64 TiB, 512 cores

@@ -16,7 +16,6 @@ from google.protobuf.duration_pb2 import Duration
 from labelrm.v1 import demand_pb2 as dpb
 from labelrm.v1 import engine_conn_pb2 as ec_pb
 
-from tests.helpers import lbl, limit_req, load_instance, wait_until
 from tests.integration.console_fixtures import (
     browser,  # noqa: F401 - a fixture
     console,  # noqa: F401 - a fixture
@@ -27,6 +26,8 @@ from tests.integration.console_fixtures import (
 )
 from tests.integration.security_fixtures import start_secure_agent
 from tests.integration.test_tenant_isolation import SHELL_A, SHELL_B
+from tests.support.messages import lbl, limit_req, load_instance
+from tests.support.waiting import wait_until
 
 GiB = 1024**3
 

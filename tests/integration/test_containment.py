@@ -23,21 +23,13 @@ from labelrm.v1 import resource_manager_pb2 as rm_pb
 from ecm_agent.cgroups import V2_CONTROLLERS, Hierarchy, Layout, Limits, parse_mountinfo
 from ecm_agent.containment import Cgroup, Containment, detect_layout
 from tests.fixtures.agents import CGROUP_ROOT
-from tests.helpers import (
-    EC_VENV,
-    agent_beating,
-    assert_consistent,
-    bad_field,
-    ctl,
-    details,
-    label_state,
-    lbl,
-    load_instance,
-    refused,
-    shared_tmp,
-    start_agent,
-    wait_until,
-)
+from tests.support.agents import agent_beating, start_agent
+from tests.support.env import EC_VENV, shared_tmp
+from tests.support.messages import lbl, load_instance
+from tests.support.refusals import bad_field, refused
+from tests.support.rm import assert_consistent, label_state
+from tests.support.sdk import ctl, details
+from tests.support.waiting import wait_until
 
 SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"
 MiB = 1024**2

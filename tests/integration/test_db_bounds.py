@@ -24,15 +24,10 @@ from labelrm.v1 import resource_manager_pb2_grpc
 
 from rm_server.errors import Unavailable
 from rm_server.store.db import Conn, Database, connection_kwargs
-from tests.helpers import (
-    GiB,
-    apply_req,
-    load_instance,
-    register,
-    shared_tmp,
-    start_embedded,
-    wait_until_sync,
-)
+from tests.support.database import start_embedded
+from tests.support.env import shared_tmp
+from tests.support.messages import GiB, apply_req, load_instance, register
+from tests.support.waiting import wait_until_sync
 
 HANG_GUARD = 60  # seconds: a call still running then hangs (the bug), it is no answer
 

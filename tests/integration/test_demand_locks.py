@@ -13,20 +13,15 @@ import psycopg
 from labelrm.v1 import demand_pb2 as dpb
 
 from rm_server.store import demand_reservations
-from tests.helpers import (
-    GiB,
-    deadlocks_counted,
-    deadlocks_so_far,
-    limit_req,
-    load,
-    stop_in_process,
-    wait_until,
-)
 from tests.integration.test_demands import (
     LIMIT,
     plain_apply,
     start_drm,
 )
+from tests.support.database import deadlocks_counted, deadlocks_so_far
+from tests.support.messages import GiB, limit_req, load
+from tests.support.rm import stop_in_process
+from tests.support.waiting import wait_until
 
 
 async def _waiting_on_a_lock(url: str, fragment: str) -> bool:

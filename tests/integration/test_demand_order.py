@@ -16,11 +16,13 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from labelrm.v1 import demand_pb2 as dpb
 
 from rm_server.console import views
-from tests.helpers import GiB, details, lbl, load, stop_in_process
 from tests.integration.test_demands import (
     drm,  # noqa: F401 - the fixture the tests name
     start_drm,
 )
+from tests.support.messages import GiB, lbl, load
+from tests.support.rm import stop_in_process
+from tests.support.sdk import details
 
 BOUND = 120.0  # demand_order_by_timeout of these tests (seconds of injected time)
 

@@ -18,7 +18,6 @@ from labelrm.v1 import resource_manager_pb2 as rpb
 
 from rm_server.clock import ManualClock
 from rm_server.store import demands as demand_store
-from tests.helpers import GiB, apply_req, label_state, lbl, load
 from tests.integration.test_demands import (
     ROUND,
     USER,
@@ -26,6 +25,8 @@ from tests.integration.test_demands import (
     drm,  # noqa: F401 - the fixture the tests name
     plain_apply,
 )
+from tests.support.messages import GiB, apply_req, lbl, load
+from tests.support.rm import label_state
 
 
 class SlowPass:

@@ -28,21 +28,16 @@ from rm_server.domain.demands.timelang import (
     Span,
     parse,
 )
-from tests.helpers import (
-    GiB,
+from tests.support.messages import GiB, apply_req, lbl, limit_req, load, register
+from tests.support.refusals import refused
+from tests.support.rm import (
     InProcessRM,
-    apply_req,
     assert_consistent,
     label_state,
-    lbl,
-    limit_req,
-    load,
-    refused,
-    register,
     start_in_process,
     stop_in_process,
-    wait_until,
 )
+from tests.support.waiting import wait_until
 
 USER = "userCreator=alice-IDE,engineType=spark-3.2.1"
 LIMIT = "userCreator=*,engineType=*"

@@ -30,22 +30,14 @@ from labelrm.v1 import (
 )
 from labelrm.v1 import resource_manager_pb2 as pb
 
+from bench.serving import free_port
 from rm_server.app.engineconns import NO_AGENT_HINT
 from rm_server.dev import NO_DEV_USER
 from rm_server.embedded import BINARIES_ROOT
 from rm_server.relocated import RELOCATED_ROOT
-from tests.helpers import (
-    ROOT,
-    free_port,
-    lbl,
-    log_tail,
-    private_tmp,
-    remove_with_relocated,
-    shared_tmp,
-    unavailable,
-    wait_serving,
-    wait_until_sync,
-)
+from tests.support.env import ROOT, private_tmp, remove_with_relocated, shared_tmp, unavailable
+from tests.support.messages import lbl
+from tests.support.waiting import log_tail, wait_serving, wait_until_sync
 
 USER = "lrmtest_a"
 

@@ -21,21 +21,11 @@ import pytest
 from labelrm.v1 import resource_manager_pb2 as pb
 from labelrm.v1 import resource_manager_pb2_grpc
 
+from bench.serving import free_port
 from rm_server.relocated import RELOCATED_ROOT
-from tests.helpers import (
-    ROOT,
-    GiB,
-    apply_req,
-    free_port,
-    load,
-    load_instance,
-    private_tmp,
-    register,
-    remove_with_relocated,
-    shared_tmp,
-    wait_serving,
-    wait_until_sync,
-)
+from tests.support.env import ROOT, private_tmp, remove_with_relocated, shared_tmp
+from tests.support.messages import GiB, apply_req, load, load_instance, register
+from tests.support.waiting import wait_serving, wait_until_sync
 
 
 @pytest.fixture

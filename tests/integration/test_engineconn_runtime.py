@@ -19,7 +19,7 @@ import pytest
 from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import executor_pb2, executor_pb2_grpc
 
-from tests.helpers import ROOT
+from tests.support.env import ROOT
 
 IDLE = ec_pb.ENGINE_CONN_STATE_IDLE
 BUSY = ec_pb.ENGINE_CONN_STATE_BUSY

@@ -18,21 +18,12 @@ from labelrm.v1 import admin_pb2, engine_conn_pb2_grpc, executor_pb2, executor_p
 from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as rm_pb
 
-from tests.helpers import (
-    ENGINECONN_TEST_SETTINGS,
-    GiB,
-    agent_beating,
-    assert_consistent,
-    label_state,
-    lbl,
-    load_instance,
-    refused,
-    register,
-    start_agent,
-    start_in_process,
-    stop_in_process,
-    wait_until,
-)
+from tests.support.agents import agent_beating, start_agent
+from tests.support.env import ENGINECONN_TEST_SETTINGS
+from tests.support.messages import GiB, lbl, load_instance, register
+from tests.support.refusals import refused
+from tests.support.rm import assert_consistent, label_state, start_in_process, stop_in_process
+from tests.support.waiting import wait_until
 
 SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"
 T = TypeVar("T")
@@ -372,7 +363,7 @@ async def test_launch_exiting_3_fails_with_exit_code_and_stderr(
 
 
 def _shared_script(text: str) -> Path:
-    from tests.helpers import shared_tmp
+    from tests.support.env import shared_tmp
 
     path = shared_tmp("lrm-script-") / "fake-python"
     path.write_text(text)

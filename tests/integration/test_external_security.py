@@ -14,9 +14,10 @@ import pytest
 from labelrm.v1 import admin_pb2, resource_manager_pb2
 
 from rmctl import main
-from tests.helpers import apply_req, bad_field, lbl, refused
 from tests.integration.security_fixtures import make_pki, start_secure, stop_secure
 from tests.integration.test_external_yarn import A1, capacity, dy, provider
+from tests.support.messages import apply_req, lbl
+from tests.support.refusals import bad_field, refused
 
 __all__ = ["capacity"]  # test_external_yarn's fixture, used here too
 

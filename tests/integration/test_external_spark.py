@@ -8,8 +8,10 @@ import grpc
 import pytest
 from labelrm.v1 import admin_pb2, external_pb2
 
-from tests.helpers import GiB, assert_consistent, label_state, start_agent
 from tests.integration.test_engineconns import create, execute
+from tests.support.agents import start_agent
+from tests.support.messages import GiB
+from tests.support.rm import assert_consistent, label_state
 from tests.yarn_standin import HAPair, capacity_cluster
 
 # The queue by its leaf name: the EngineConn is told the full path it was admitted in.

@@ -15,8 +15,10 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 from labelrm.v1 import admin_pb2, external_pb2, resource_manager_pb2, resource_pb2
 
-from tests.helpers import GiB, apply_req, assert_consistent, label_state, limit_req, wait_until
-from tests.helpers import refused as refusal
+from tests.support.messages import GiB, apply_req, limit_req
+from tests.support.refusals import refused as refusal
+from tests.support.rm import assert_consistent, label_state
+from tests.support.waiting import wait_until
 from tests.yarn_standin import HAPair, StandinRM, capacity_cluster, fair_cluster
 
 USER = "userCreator=alice-IDE,engineType=spark-3.2.1"
@@ -472,8 +474,8 @@ async def test_per_user_queue_caps_are_ordinary_label_limits(rm, capacity):
 
 
 async def test_metrics_export_queue_figures_without_asking_yarn(database_url, capacity):
-    from tests.helpers import start_in_process, stop_in_process
     from tests.integration.test_metrics import scrape, value
+    from tests.support.rm import start_in_process, stop_in_process
 
     state, pair = capacity
     rm = await start_in_process(database_url, metrics_listen="127.0.0.1:0")
@@ -512,7 +514,7 @@ async def test_metrics_export_queue_figures_without_asking_yarn(database_url, ca
 async def test_two_replicas_never_share_a_queue_headroom(rm, capacity):
     """Each replica has its own cache of YARN's figures; the in-flight part is read from the
     shared record under its row lock, so replicas cannot over-grant either."""
-    from tests.helpers import start_in_process, stop_in_process
+    from tests.support.rm import start_in_process, stop_in_process
 
     state, pair = capacity
     await rm.admin.PutExternalProvider(provider(pair.addresses, ttl=300))

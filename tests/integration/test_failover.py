@@ -36,7 +36,9 @@ from bench.failover import (
     setup_cluster,
 )
 from bench.ha_cluster import HA_SCRIPT, HACluster, rm_replicas
-from tests.helpers import GiB, apply_req, load_instance, register, unavailable, wait_until
+from tests.support.env import unavailable
+from tests.support.messages import GiB, apply_req, load_instance, register
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.ha
 

@@ -25,7 +25,16 @@ from hypothesis import strategies as st
 from labelrm.v1 import admin_pb2, admin_pb2_grpc, resource_manager_pb2_grpc
 
 from rm_server.server import SERVICE_NAMES
-from tests.helpers import GiB, apply_req, lbl, limit_req, load, load_instance, present, register
+from tests.support.messages import (
+    GiB,
+    apply_req,
+    lbl,
+    limit_req,
+    load,
+    load_instance,
+    present,
+    register,
+)
 
 CALL_TIMEOUT = 0.5  # seconds: Applies that wait, launches without an agent, streams
 MAX_DEPTH = 3

@@ -13,7 +13,8 @@ from labelrm.v1 import resource_manager_pb2 as pb
 
 from rm_server.domain.engineconn import AgentCommand, CommandKind
 from rm_server.store import engineconns as ec_store
-from tests.helpers import GiB, beat_on_stream, load_instance, register
+from tests.support.messages import GiB, load_instance, register
+from tests.support.rm import beat_on_stream
 
 CONTINUE = pb.HEARTBEAT_ACTION_CONTINUE
 

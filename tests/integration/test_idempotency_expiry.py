@@ -9,15 +9,9 @@ import grpc
 import pytest
 from labelrm.v1 import resource_manager_pb2 as pb
 
-from tests.helpers import (
-    BOTH_PATHS,
-    GiB,
-    apply_req,
-    assert_consistent,
-    label_state,
-    limit_req,
-    load,
-)
+from tests.support.env import BOTH_PATHS
+from tests.support.messages import GiB, apply_req, limit_req, load
+from tests.support.rm import assert_consistent, label_state
 
 pytestmark = BOTH_PATHS
 

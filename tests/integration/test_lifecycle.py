@@ -9,18 +9,9 @@ import pytest
 from google.protobuf import json_format
 from labelrm.v1 import admin_pb2, resource_manager_pb2, resource_pb2
 
-from tests.helpers import (
-    BOTH_PATHS,
-    GiB,
-    apply_req,
-    assert_consistent,
-    label_state,
-    lbl,
-    limit_req,
-    load,
-    load_instance,
-    register,
-)
+from tests.support.env import BOTH_PATHS
+from tests.support.messages import GiB, apply_req, lbl, limit_req, load, load_instance, register
+from tests.support.rm import assert_consistent, label_state
 
 pytestmark = BOTH_PATHS
 

@@ -27,11 +27,14 @@ from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as rm_pb
 from labelrm.v1 import resource_manager_pb2_grpc
 
+from bench.serving import free_port
 from clients import AsyncRMClient, ExecOutput, ExecResult
 from clients._channel import ChannelSecurity, aio_channel
 from labelrm_common import pki, tokens
-from tests.helpers import details, free_port, log_tail, start_agent_on, wait_until
 from tests.integration.security_fixtures import Pki, make_pki
+from tests.support.agents import start_agent_on
+from tests.support.sdk import details
+from tests.support.waiting import log_tail, wait_until
 
 SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"
 # Expiries long enough for an agent to get back through its reconnect backoff within a

@@ -16,16 +16,9 @@ from labelrm.v1 import resource_manager_pb2 as pb
 from prometheus_client.parser import text_string_to_metric_families
 
 from rm_server.clock import ManualClock
-from tests.helpers import (
-    GiB,
-    InProcessRM,
-    ctl,
-    details,
-    load_instance,
-    register,
-    start_in_process,
-    stop_in_process,
-)
+from tests.support.messages import GiB, load_instance, register
+from tests.support.rm import InProcessRM, start_in_process, stop_in_process
+from tests.support.sdk import ctl, details
 
 EXPIRY = 30.0  # the default ecm_expiry and ec_expiry
 AGENTS = ("a1:9000", "a2:9000", "a3:9000", "a4:9000", "a5:9000")

@@ -12,7 +12,8 @@ import psutil
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from tests.helpers import ROOT, wait_until_sync
+from tests.support.env import ROOT
+from tests.support.waiting import wait_until_sync
 
 # `make test` itself, not the test database: once per CI run.
 pytestmark = pytest.mark.once

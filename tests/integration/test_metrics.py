@@ -14,19 +14,9 @@ from labelrm.v1 import resource_manager_pb2 as pb
 from prometheus_client.parser import text_string_to_metric_families
 
 from rm_server.clock import ManualClock
-from tests.helpers import (
-    GiB,
-    apply_req,
-    beat_on_stream,
-    limit_req,
-    load,
-    load_instance,
-    present,
-    register,
-    start_in_process,
-    stop_in_process,
-    wait_until,
-)
+from tests.support.messages import GiB, apply_req, limit_req, load, load_instance, present, register
+from tests.support.rm import beat_on_stream, start_in_process, stop_in_process
+from tests.support.waiting import wait_until
 
 APPLY = "labelrm.v1.ResourceManagerService/Apply"
 ECM = "emInstance=host1:9000"

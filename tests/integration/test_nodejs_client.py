@@ -19,7 +19,9 @@ from labelrm.v1 import resource_manager_pb2 as pb
 
 from bench.node_modules import PROTO_ROOT, WKT_DIR, NodeUnavailable
 from bench.node_modules import node_modules as install_node_modules
-from tests.helpers import ROOT, GiB, assert_consistent, label_state, unavailable
+from tests.support.env import ROOT, unavailable
+from tests.support.messages import GiB
+from tests.support.rm import assert_consistent, label_state
 
 NODE_DIR = ROOT / "tests" / "nodejs"
 

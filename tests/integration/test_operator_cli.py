@@ -14,7 +14,9 @@ from labelrm.v1 import resource_manager_pb2 as rm_pb
 
 from clients import AsyncRMClient, ResourceExhausted, load, load_instance
 from tests.cli import rmctl_run
-from tests.helpers import ROOT, start_agent, wait_until
+from tests.support.agents import start_agent
+from tests.support.env import ROOT
+from tests.support.waiting import wait_until
 
 SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"
 

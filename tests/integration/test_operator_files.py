@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 
 from labelrm_common.tokens import parse_tokens
-from tests.helpers import ROOT, shared_tmp
+from tests.support.env import ROOT, shared_tmp
 
 
 def rmctl(*argv: str) -> subprocess.CompletedProcess[str]:

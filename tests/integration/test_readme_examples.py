@@ -21,17 +21,10 @@ import pytest
 from labelrm.v1 import resource_manager_pb2 as pb
 from labelrm.v1 import resource_manager_pb2_grpc
 
-from tests.helpers import (
-    EC_VENV,
-    ROOT,
-    assert_consistent,
-    free_port,
-    log_tail,
-    remove_with_relocated,
-    shared_tmp,
-    wait_serving,
-    wait_until_sync,
-)
+from bench.serving import free_port
+from tests.support.env import EC_VENV, ROOT, remove_with_relocated, shared_tmp
+from tests.support.rm import assert_consistent
+from tests.support.waiting import log_tail, wait_serving, wait_until_sync
 
 README = ROOT / "README.md"
 README_TARGET = "127.0.0.1:7100"

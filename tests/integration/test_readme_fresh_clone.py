@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import EC_VENV, ROOT, free_port, log_tail, remove_with_relocated, shared_tmp
+from bench.serving import free_port
 from tests.integration.test_dev_mode import USER, launch_engineconns, stop
+from tests.support.env import EC_VENV, ROOT, remove_with_relocated, shared_tmp
+from tests.support.waiting import log_tail
 
 pytestmark = [pytest.mark.system, pytest.mark.once]
 

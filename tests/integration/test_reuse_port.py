@@ -10,9 +10,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from labelrm.v1 import resource_manager_pb2 as pb
 from labelrm.v1 import resource_manager_pb2_grpc
 
+from bench.serving import free_port
 from rm_server.config import Settings
 from rm_server.server import RMServer
-from tests.helpers import GiB, free_port, load_instance, register, start_in_process, stop_in_process
+from tests.support.messages import GiB, load_instance, register
+from tests.support.rm import start_in_process, stop_in_process
 
 
 async def test_replicas_share_the_port_only_with_reuse_port(database_url):

@@ -12,7 +12,7 @@ from labelrm.v1 import demand_pb2, demand_pb2_grpc
 from clients import load_instance
 from clients._impl import parse_labels
 from rmctl.output import run_watch
-from tests.helpers import CLIENT_ECM, ctl, details
+from tests.support.sdk import CLIENT_ECM, ctl, details
 
 GiB = 1024**3
 ECM = CLIENT_ECM

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from bench.serving import free_port
 from tests.cli import rmctl_run
-from tests.helpers import free_port
 from tests.integration.security_fixtures import Pki, SecureRM, make_pki, start_secure, stop_secure
 
 

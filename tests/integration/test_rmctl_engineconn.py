@@ -21,7 +21,9 @@ from labelrm.v1 import engine_conn_pb2 as ec_pb
 from clients import AsyncRMClient, ExecOutput, ExecResult, Unauthenticated
 from rmctl.engineconn import with_progress
 from rmctl.logs import cmd_ec_logs
-from tests.helpers import ctl, details, start_agent, wait_until, wait_until_sync
+from tests.support.agents import start_agent
+from tests.support.sdk import ctl, details
+from tests.support.waiting import wait_until, wait_until_sync
 
 SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"
 ENDED = ("SUCCEEDED", "FAILED", "LOST")

@@ -13,7 +13,8 @@ from typing import Any
 from clients import AsyncRMClient, load_instance
 from labelrm_common.quantity import format_bytes, format_cpu
 from tests.cli import rmctl_run, rmctl_spawn
-from tests.helpers import start_agent, wait_until
+from tests.support.agents import start_agent
+from tests.support.waiting import wait_until
 
 SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"
 SPARK = "userCreator=alice-IDE,engineType=spark-3.2.1"

@@ -19,21 +19,10 @@ from labelrm.v1 import resource_manager_pb2 as pb
 from labelrm.v1 import resource_pb2 as R
 
 import rmctl
-from tests.helpers import (
-    GiB,
-    apply_req,
-    assert_consistent,
-    bad_field,
-    label_state,
-    lbl,
-    limit_req,
-    load,
-    load_instance,
-    refused,
-    register,
-    snapshot,
-    wait_until,
-)
+from tests.support.messages import GiB, apply_req, lbl, limit_req, load, load_instance, register
+from tests.support.refusals import bad_field, refused
+from tests.support.rm import assert_consistent, label_state, snapshot
+from tests.support.waiting import wait_until
 
 USER = "userCreator=alice-IDE,engineType=spark-3.2.1"
 ECM = "host1:9000"

@@ -20,25 +20,18 @@ from labelrm.v1 import (
 from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as pb
 
+from bench.serving import free_port
 from rm_server.domain.engineconn import EcState, EngineConn
 from rm_server.domain.resources import Resource
 from rm_server.security.limits import RATE_LIMITED, TOO_MANY_WAITING
 from rm_server.store import engineconns as ec_store
 from rm_server.store.db import Idempotency
-from tests.helpers import (
-    ROOT,
-    GiB,
-    apply_req,
-    beat_on_stream,
-    free_port,
-    lbl,
-    load,
-    load_instance,
-    reason_of,
-    register,
-    wait_until,
-)
 from tests.integration.security_fixtures import Pki, make_pki, start_secure, stop_secure
+from tests.support.env import ROOT
+from tests.support.messages import GiB, apply_req, lbl, load, load_instance, register
+from tests.support.refusals import reason_of
+from tests.support.rm import beat_on_stream
+from tests.support.waiting import wait_until
 
 ALICE_LABELS = "userCreator=alice-IDE,engineType=spark-3.2.1"
 BOB_LABELS = "userCreator=bob-IDE,engineType=spark-3.2.1"

@@ -27,7 +27,6 @@ from labelrm.v1 import resource_manager_pb2 as pb
 
 from labelrm_common import pki, tokens
 from rm_server.security.limits import RATE_LIMITED, TOO_MANY_AUTH_FAILURES, TOO_MANY_STREAMS
-from tests.helpers import GiB, beat_on_stream, lbl, load_instance, reason_of, register, wait_until
 from tests.integration.security_fixtures import (
     Pki,
     engine_conn_of,
@@ -35,6 +34,10 @@ from tests.integration.security_fixtures import (
     start_secure,
     stop_secure,
 )
+from tests.support.messages import GiB, lbl, load_instance, register
+from tests.support.refusals import reason_of
+from tests.support.rm import beat_on_stream
+from tests.support.waiting import wait_until
 
 ALICE = "userCreator=alice-IDE,engineType=spark-3.2.1"
 

@@ -21,8 +21,9 @@ from clients import AsyncRMClient, ExecOutput, ExecResult, Unauthenticated
 from ecm_agent.validate import SECRET_FILE
 from ecm_agent.workdir import LAUNCH_SCRIPT
 from rm_server.security.ec_certs import CERT_FILE, KEY_FILE
-from tests.helpers import lbl, wait_until
 from tests.integration.security_fixtures import secure_cluster, start_secure_agent
+from tests.support.messages import lbl
+from tests.support.waiting import wait_until
 
 SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"
 

@@ -14,8 +14,9 @@ from labelrm.v1 import demand_pb2 as demand_pb
 from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as pb
 
-from tests.helpers import GiB, bad_field, lbl, load_instance, refused, register
 from tests.integration.security_fixtures import engine_conn_of, make_pki, start_secure, stop_secure
+from tests.support.messages import GiB, lbl, load_instance, register
+from tests.support.refusals import bad_field, refused
 
 # Sets the terminal's title, rings, and clears the screen.
 ESCAPES = "\x1b]0;you have been pwned\x07\x1b[2J"

@@ -14,18 +14,10 @@ import urllib.request
 import grpc
 from labelrm.v1 import resource_manager_pb2_grpc
 
-from tests.helpers import (
-    ROOT,
-    GiB,
-    apply_req,
-    free_port,
-    load,
-    load_instance,
-    register,
-    remove_with_relocated,
-    shared_tmp,
-    wait_serving,
-)
+from bench.serving import free_port
+from tests.support.env import ROOT, remove_with_relocated, shared_tmp
+from tests.support.messages import GiB, apply_req, load, load_instance, register
+from tests.support.waiting import wait_serving
 
 LABELS = "userCreator=alice-IDE,engineType=spark-3.2.1,emInstance=host1:9000"
 

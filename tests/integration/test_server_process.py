@@ -22,23 +22,11 @@ from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as pb
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from tests.helpers import (
-    ROOT,
-    GiB,
-    apply_req,
-    assert_consistent,
-    free_port,
-    lbl,
-    load,
-    load_instance,
-    log_tail,
-    register,
-    shared_tmp,
-    start_in_process,
-    stop_in_process,
-    wait_serving,
-    wait_until_sync,
-)
+from bench.serving import free_port
+from tests.support.env import ROOT, shared_tmp
+from tests.support.messages import GiB, apply_req, lbl, load, load_instance, register
+from tests.support.rm import assert_consistent, start_in_process, stop_in_process
+from tests.support.waiting import log_tail, wait_serving, wait_until_sync
 
 
 @pytest.fixture

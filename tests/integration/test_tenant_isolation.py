@@ -15,16 +15,6 @@ from labelrm.v1 import demand_pb2 as demand_pb
 from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as pb
 
-from tests.helpers import (
-    GiB,
-    apply_req,
-    label_state,
-    lbl,
-    limit_req,
-    load_instance,
-    reason_of,
-    register,
-)
 from tests.integration.security_fixtures import (
     engine_conn_of,
     make_pki,
@@ -33,6 +23,9 @@ from tests.integration.security_fixtures import (
     start_secure_agent,
     stop_secure,
 )
+from tests.support.messages import GiB, apply_req, lbl, limit_req, load_instance, register
+from tests.support.refusals import reason_of
+from tests.support.rm import label_state
 
 SHELL_A = "userCreator=lrmtest_a-IDE,engineType=shell-1"
 SHELL_B = "userCreator=lrmtest_b-IDE,engineType=shell-1"

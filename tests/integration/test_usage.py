@@ -8,7 +8,7 @@ from typing import Any
 
 from labelrm.v1 import resource_manager_pb2 as pb
 
-from tests.helpers import GiB, apply_req, limit_req, load
+from tests.support.messages import GiB, apply_req, limit_req, load
 
 USER = "userCreator=alice-IDE,engineType=spark-3.2.1"
 OTHER = "userCreator=bob-IDE,engineType=hive-2.3.3"
@@ -78,7 +78,7 @@ async def test_known_tickets_give_exact_resource_seconds(rm_manual_clock):
 
 
 async def test_a_second_pass_and_a_restart_add_nothing(rm_manual_clock, database_url):
-    from tests.helpers import start_in_process, stop_in_process
+    from tests.support.rm import start_in_process, stop_in_process
 
     rm = rm_manual_clock
     await run_known_tickets(rm)
@@ -128,7 +128,7 @@ async def test_two_replicas_rolling_up_at_once_count_each_ticket_once(database_u
 
     from rm_server.domain.usage import Amounts
     from rm_server.store import usage as usage_store
-    from tests.helpers import start_in_process, stop_in_process
+    from tests.support.rm import start_in_process, stop_in_process
 
     first = await start_in_process(database_url, usage_interval=3600.0)
     second = await start_in_process(database_url, usage_interval=3600.0)
@@ -288,7 +288,7 @@ async def test_an_engineconn_and_demands_give_exact_figures(rm_manual_clock):
 
 
 def lbl_of(text: str) -> Any:
-    from tests.helpers import lbl
+    from tests.support.messages import lbl
 
     return lbl(text)
 
@@ -297,7 +297,7 @@ async def test_prometheus_counts_resource_seconds_by_user_and_engine_type(databa
     """What a roll-up adds goes to the counters once; past the label cap, the rest
     counts under _other."""
     from rm_server.clock import ManualClock
-    from tests.helpers import start_in_process, stop_in_process
+    from tests.support.rm import start_in_process, stop_in_process
 
     rm = await start_in_process(
         database_url, clock=ManualClock(), sweep_interval=3600.0, metrics_label_cap=1

@@ -12,7 +12,6 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from labelrm.v1 import resource_manager_pb2 as pb
 from labelrm.v1 import usage_pb2, usage_pb2_grpc
 
-from tests.helpers import GiB, apply_req, bad_field, limit_req, load, load_instance, register
 from tests.integration.console_fixtures import (
     browser,  # noqa: F401 - a fixture
     dev_console,
@@ -23,6 +22,8 @@ from tests.integration.console_fixtures import (
 from tests.integration.console_fixtures import get as console_get
 from tests.integration.security_fixtures import make_pki, start_secure, stop_secure
 from tests.integration.test_usage import run_known_tickets
+from tests.support.messages import GiB, apply_req, limit_req, load, load_instance, register
+from tests.support.refusals import bad_field
 
 SINCE = Timestamp(seconds=int(datetime(2026, 1, 1, tzinfo=UTC).timestamp()))
 UNTIL = Timestamp(seconds=int(datetime(2026, 1, 2, tzinfo=UTC).timestamp()))
@@ -124,7 +125,7 @@ async def test_a_user_reads_only_their_own_usage(database_url, tmp_path):
 
 
 async def test_rmctl_usage_table_csv_and_json(rm_manual_clock, capsys):
-    from tests.helpers import ctl
+    from tests.support.sdk import ctl
 
     rm = rm_manual_clock
     await run_known_tickets(rm)

@@ -12,17 +12,10 @@ from grpc_status import rpc_status
 from labelrm.v1 import resource_manager_pb2 as pb
 from labelrm.v1 import resource_pb2
 
-from tests.helpers import (
-    BOTH_PATHS,
-    GiB,
-    apply_req,
-    assert_consistent,
-    limit_req,
-    load,
-    load_instance,
-    register,
-    wait_until,
-)
+from tests.support.env import BOTH_PATHS
+from tests.support.messages import GiB, apply_req, limit_req, load, load_instance, register
+from tests.support.rm import assert_consistent
+from tests.support.waiting import wait_until
 
 pytestmark = BOTH_PATHS
 

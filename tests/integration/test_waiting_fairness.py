@@ -12,17 +12,10 @@ import grpc
 import pytest
 from labelrm.v1 import resource_manager_pb2 as pb
 
-from tests.helpers import (
-    BOTH_PATHS,
-    GiB,
-    apply_req,
-    assert_consistent,
-    limit_req,
-    load,
-    load_instance,
-    register,
-    wait_until,
-)
+from tests.support.env import BOTH_PATHS
+from tests.support.messages import GiB, apply_req, limit_req, load, load_instance, register
+from tests.support.rm import assert_consistent
+from tests.support.waiting import wait_until
 
 pytestmark = BOTH_PATHS
 
@@ -115,7 +108,7 @@ async def test_a_waiter_over_its_own_quota_holds_nothing_on_the_ecm(rm):
 
 
 async def test_a_waiters_hold_is_bounded(database_url, grouping_overrides):
-    from tests.helpers import start_in_process, stop_in_process
+    from tests.support.rm import start_in_process, stop_in_process
 
     rm = await start_in_process(database_url, waiter_hold=1.0, **grouping_overrides)
     try:

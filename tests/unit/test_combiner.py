@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from rm_server.app.batching import Combiner
-from tests.helpers import wait_until
+from tests.support.waiting import wait_until
 
 
 @dataclass(eq=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from tests.helpers import ROOT
+from tests.support.env import ROOT
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # An absolute date-time as the condition language writes it: 26-03-01 14:00[:00] or

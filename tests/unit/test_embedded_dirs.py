@@ -20,7 +20,7 @@ from rm_server.relocated import (
     data_dir_key,
     make_root_dir,
 )
-from tests.helpers import unavailable
+from tests.support.env import unavailable
 
 
 @pytest.fixture(autouse=True)

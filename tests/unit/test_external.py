@@ -26,7 +26,7 @@ from rm_server.domain.external import (
     split_addresses,
 )
 from rm_server.domain.resources import Resource
-from tests.helpers import present
+from tests.support.messages import present
 from tests.yarn_standin import Queue, YarnState, capacity_cluster, fair_cluster
 
 GiB = 1024**3

@@ -8,7 +8,7 @@ import warnings
 from setuptools.config.pyprojecttoml import apply_configuration  # type: ignore[import-untyped]
 from setuptools.dist import Distribution  # type: ignore[import-untyped]
 
-from tests.helpers import ROOT
+from tests.support.env import ROOT
 
 
 def test_setuptools_reads_pyproject_without_warnings() -> None:

@@ -42,7 +42,7 @@ from rm_server.domain.demands.timelang import (
     Strategy,
 )
 from rm_server.domain.resources import Resource
-from tests.helpers import present
+from tests.support.messages import present
 
 T = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 SET = PlannerSettings(

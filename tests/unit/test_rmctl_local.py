@@ -14,7 +14,7 @@ import pytest
 
 from rmctl import dev as rmctl_dev
 from rmctl import main
-from tests.helpers import ROOT
+from tests.support.env import ROOT
 
 
 def test_pki_and_token_run_without_the_server_installed(tmp_path):

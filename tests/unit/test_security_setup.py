@@ -14,7 +14,7 @@ from labelrm_common import pki
 from rm_server.config import Settings, load_config
 from rm_server.security.ec_certs import EngineConnIssuer
 from rm_server.security.setup import SecurityConfigError, build_security, is_loopback
-from tests.helpers import present
+from tests.support.messages import present
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from rm_server.security.identity import (
     peer_host,
 )
 from rm_server.security.tokens import TokenFile
-from tests.helpers import present
+from tests.support.messages import present
 
 
 @pytest.mark.parametrize("name", ["tokens.toml", "tokens.json"])

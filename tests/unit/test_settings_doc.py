@@ -9,7 +9,7 @@ from dataclasses import fields
 
 from ecm_agent.settings import HELP, AgentSettings
 from rm_server.config import RM_SERVER, Settings
-from tests.helpers import ROOT
+from tests.support.env import ROOT
 
 GENERATOR = ROOT / "scripts" / "gen_settings_doc.py"
 

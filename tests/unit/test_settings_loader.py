@@ -27,7 +27,7 @@ from labelrm_common.settings import (
 )
 from rm_server.config import RM_SERVER, Settings
 from rm_server.main import main as rm_main
-from tests.helpers import ROOT
+from tests.support.env import ROOT
 
 BASICS = Section("basics", "The basics")
 SECRETS = Section("secrets", "Secrets")
