@@ -23,6 +23,7 @@ from rm_server.domain.labels import MAX_KEY_LENGTH, MAX_LABEL_LENGTH, MAX_LABELS
 from rm_server.domain.resources import MAX_SPECIAL_DIMENSIONS, MAX_SPECIAL_NAME_LENGTH
 from rm_server.domain.text import clip
 from rm_server.errors import InvalidArgument
+from rm_server.service.plans import PlanCache
 
 LABEL_TYPE = "labelrm.v1.Label"
 RESOURCE_TYPE = "labelrm.v1.Resource"
@@ -75,20 +76,14 @@ def _plan(descriptor: Descriptor, depth: int = 0) -> _Plan:
     return plan
 
 
-_PLAN_OF_TYPE: dict[type, _Plan | None] = {}  # None: nothing to check (the hot path)
+_PLANS_OF_TYPES = PlanCache(_plan)
 
 
 def check_bounds(request: Any) -> None:
     """InvalidArgument naming the field when `request` has too many labels, special
     dimensions or entries of a repeated field, or a label or dimension name too long;
     otherwise nothing (and nothing else is looked at)."""
-    kind = type(request)
-    try:
-        plan = _PLAN_OF_TYPE[kind]
-    except KeyError:
-        descriptor = getattr(request, "DESCRIPTOR", None)
-        found = _plan(descriptor) if descriptor is not None else None
-        plan = _PLAN_OF_TYPE[kind] = found if found is not None and not found.empty else None
+    plan = _PLANS_OF_TYPES.of(request)
     if plan is not None:
         _check(request, plan, "")
 

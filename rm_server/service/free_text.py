@@ -23,6 +23,7 @@ from typing import Any
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from rm_server.domain.text import check_free_text, short
+from rm_server.service.plans import PlanCache
 
 # Validated by the domain against patterns without control characters.
 _SKIPPED_TYPES = frozenset({"labelrm.v1.Label", "labelrm.v1.Resource"})
@@ -43,7 +44,6 @@ class _Plan:
 
 
 _PLANS: dict[str, _Plan] = {}
-_PLAN_OF_TYPE: dict[type, _Plan | None] = {}  # None: no string field at all
 
 
 def _string(field: FieldDescriptor) -> bool:
@@ -73,16 +73,13 @@ def _plan(descriptor: Descriptor, depth: int = 0) -> _Plan:
     return plan
 
 
+_PLANS_OF_TYPES = PlanCache(_plan)
+
+
 def check_free_text_fields(request: Any) -> None:
     """A DomainError naming the field (INVALID_ARGUMENT) when a string field of
     `request` holds a control character; otherwise nothing."""
-    kind = type(request)
-    try:
-        plan = _PLAN_OF_TYPE[kind]
-    except KeyError:
-        descriptor = getattr(request, "DESCRIPTOR", None)
-        found = _plan(descriptor) if descriptor is not None else None
-        plan = _PLAN_OF_TYPE[kind] = found if found is not None and not found.empty else None
+    plan = _PLANS_OF_TYPES.of(request)
     if plan is not None:
         _check(request, plan, "")
 
