@@ -6,7 +6,6 @@ Every replica reports the same values. Registered by `Metrics.attach_states` and
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable
 from typing import Protocol
 
@@ -14,6 +13,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from rm_server.domain.liveness import LivenessView
+from rm_server.observability.scrape import ScrapeCache
 
 log = logging.getLogger(__name__)
 
@@ -31,19 +31,9 @@ class StateCountCollector(Collector):
     (cached like the label records); every state is exported, zero included."""
 
     def __init__(self, source: StateSource, cache_seconds: float) -> None:
-        self.source = source
-        self.cache_seconds = cache_seconds
-        self._counts: dict[str, dict[str, int]] = {"ecm": {}, "engine_conn": {}}
-        self._taken = float("-inf")
-
-    async def refresh(self) -> None:
-        if time.monotonic() - self._taken < self.cache_seconds:
-            return
-        try:
-            self._counts = await self.source.state_counts()
-        except Exception:  # a scrape must still answer while the database is down
-            log.warning("reading state counts for metrics failed", exc_info=True)
-        self._taken = time.monotonic()
+        empty: dict[str, dict[str, int]] = {"ecm": {}, "engine_conn": {}}
+        self._counts = ScrapeCache(source.state_counts, empty, cache_seconds, "state counts")
+        self.refresh = self._counts.refresh
 
     def collect(self) -> Iterable[Metric]:
         for name, key, states, help_text in (
@@ -52,7 +42,7 @@ class StateCountCollector(Collector):
         ):
             family = GaugeMetricFamily(name, help_text, labels=["state"])
             for state in states:
-                family.add_metric([state], self._counts.get(key, {}).get(state, 0))
+                family.add_metric([state], self._counts.value.get(key, {}).get(state, 0))
             yield family
 
 
@@ -67,22 +57,14 @@ class LivenessCollector(Collector):
     are judged again (``{kind}``) and the judge's last pass (docs/operations.md)."""
 
     def __init__(self, source: LivenessSource, cache_seconds: float) -> None:
-        self.source = source
-        self.cache_seconds = cache_seconds
-        self._view: LivenessView | None = None
-        self._taken = float("-inf")
-
-    async def refresh(self) -> None:
-        if time.monotonic() - self._taken < self.cache_seconds:
-            return
-        try:
-            self._view = await self.source.liveness()
-        except Exception:  # a scrape must still answer while the database is down
-            log.warning("reading the liveness state for metrics failed", exc_info=True)
-        self._taken = time.monotonic()
+        self._view = ScrapeCache[LivenessView | None](
+            source.liveness, None, cache_seconds, "the liveness state"
+        )
+        self.refresh = self._view.refresh
+        self.expire = self._view.expire
 
     def collect(self) -> Iterable[Metric]:
-        view = self._view
+        view = self._view.value
         if view is None:
             return
         rec = view.record

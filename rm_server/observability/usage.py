@@ -11,7 +11,6 @@ order). Read at scrape time and cached like the label records.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable
 from typing import Protocol
 
@@ -19,6 +18,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from rm_server.domain.engineconn import EcmUsage
+from rm_server.observability.scrape import ScrapeCache
 
 log = logging.getLogger(__name__)
 
@@ -31,20 +31,11 @@ class EngineConnUsageCollector(Collector):
     """See the module docstring."""
 
     def __init__(self, source: UsageSource, cap: int, cache_seconds: float) -> None:
-        self.source = source
         self.cap = max(0, cap)
-        self.cache_seconds = cache_seconds
-        self._rows: list[EcmUsage] = []
-        self._taken = float("-inf")
-
-    async def refresh(self) -> None:
-        if time.monotonic() - self._taken < self.cache_seconds:
-            return
-        try:
-            self._rows = await self.source.usage_by_ecm(self.cap)
-        except Exception:  # a scrape must still answer while the database is down
-            log.warning("reading EngineConn usage for metrics failed", exc_info=True)
-        self._taken = time.monotonic()
+        self._rows = ScrapeCache[list[EcmUsage]](
+            lambda: source.usage_by_ecm(self.cap), [], cache_seconds, "EngineConn usage"
+        )
+        self.refresh = self._rows.refresh
 
     def collect(self) -> Iterable[Metric]:
         family = GaugeMetricFamily(
@@ -53,7 +44,7 @@ class EngineConnUsageCollector(Collector):
             " and measured (from their cgroups) resource, by dimension.",
             labels=["ecm", "kind", "dimension"],
         )
-        for row in self._rows:
+        for row in self._rows.value:
             for kind, dimension, value in (
                 ("requested", "memory_bytes", row.requested_memory_bytes),
                 ("requested", "cpu_millis", row.requested_cpu_millis),

@@ -54,7 +54,7 @@ async def gauges(rm: InProcessRM) -> dict[str, float]:
     scrape keeps for two seconds)."""
     metrics = rm.server.metrics
     assert metrics is not None and metrics.liveness is not None
-    metrics.liveness._taken = float("-inf")
+    metrics.liveness.expire()
     text = (await metrics.exposition()).decode()
     return {
         sample.name + "".join(f"{{{v}}}" for v in sample.labels.values()): sample.value
