@@ -15,7 +15,7 @@ from labelrm.v1 import admin_pb2, demand_pb2, engine_conn_pb2, resource_manager_
 
 from rm_server.console import logs, views
 from rm_server.console.reply import body, raw, reply
-from rm_server.domain.engineconn import EngineConn
+from rm_server.domain.engineconn import EcmState, EngineConn
 from rm_server.domain.labels import EM_INSTANCE, Label
 from rm_server.domain.model import LabelResource
 from rm_server.domain.usage import HOUR, UsageQuery, hour_of
@@ -92,9 +92,18 @@ class Pages:
         async def build() -> views.Json:
             cap = self.api.list_rows
             nodes: dict[str, int] = {}
+            lost: set[str] = set()
             for s in await self.src.hub.list_ecm_status("", cap):
                 nodes[s.state.value] = nodes.get(s.state.value, 0) + 1
-            ecms = await self.src.core.capacity.list_label_resources("", cap, "ecm")
+                if s.state is EcmState.LOST:
+                    lost.add(str(Label(EM_INSTANCE, s.instance)))
+            # The totals are the capacity of the nodes that are there: a LOST node's is
+            # not (rmctl status counts the same way).
+            ecms = [
+                r
+                for r in await self.src.core.capacity.list_label_resources("", cap, "ecm")
+                if r.label not in lost
+            ]
             records = await self.lists.labels()
             loaded = sorted(
                 (r for r in records if r.max_resource is not None and views.load(r) > 0),
