@@ -11,6 +11,7 @@ from labelrm.v1 import admin_pb2, resource_manager_pb2, resource_pb2
 
 from tests.support.env import BOTH_PATHS
 from tests.support.messages import GiB, apply_req, lbl, limit_req, load, load_instance, register
+from tests.support.refusals import refused as refusal
 from tests.support.rm import assert_consistent, label_state
 
 pytestmark = BOTH_PATHS
@@ -246,8 +247,11 @@ async def test_a_limit_limits_only_the_dimensions_it_names(rm):
     await rm.admin.SetLabelLimit(limit_req("userCreator=*,engineType=*", load(2 * GiB, 2000)))
     ok = await rm.rm.Apply(apply_req(USER, load_instance(GiB, 1000, 1)))
     assert ok.ticket.charged_labels == [COMBINED]
-    with pytest.raises(grpc.aio.AioRpcError) as refused:
-        await rm.rm.Apply(apply_req(USER, load_instance(2 * GiB, 1000, 1)))
-    assert "memory_bytes" in refused.value.details()
-    assert "instances" not in refused.value.details()
+    err = await refusal(
+        rm.rm.Apply(apply_req(USER, load_instance(2 * GiB, 1000, 1))),
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "INSUFFICIENT_RESOURCE",
+    )
+    assert "memory_bytes" in err.details()
+    assert "instances" not in err.details()
     await assert_consistent(rm)

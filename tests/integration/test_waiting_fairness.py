@@ -14,6 +14,7 @@ from labelrm.v1 import resource_manager_pb2 as pb
 
 from tests.support.env import BOTH_PATHS
 from tests.support.messages import GiB, apply_req, limit_req, load, load_instance, register
+from tests.support.refusals import refused as refusal
 from tests.support.rm import assert_consistent
 from tests.support.waiting import wait_until
 
@@ -157,9 +158,12 @@ async def test_a_dead_replicas_waiter_stops_counting_within_seconds(rm_process_f
             database_url = first.database_url
 
         await wait_until(lambda: waiters(_Db), timeout=10)
-        with pytest.raises(grpc.aio.AioRpcError) as exc:
-            await survivor.Apply(apply_req(ALICE, load_instance(GiB, 100, 1)))
-        assert "queued behind" in (exc.value.details() or "")
+        err = await refusal(
+            survivor.Apply(apply_req(ALICE, load_instance(GiB, 100, 1))),
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "QUEUED_BEHIND_WAITERS",
+        )
+        assert "queued behind" in (err.details() or "")
         second.kill()
 
         async def granted() -> bool:
