@@ -1,7 +1,8 @@
 """A web page the console's user visits, against the console. `rm-server --dev` serves
 the console without authentication (every request is an admin's), so a page that can
 make the developer's browser reach it can read every ticket (DNS rebinding: the
-attacker's name pointed at 127.0.0.1) and kill EngineConns (a cross-site form POST).
+attacker's name pointed at 127.0.0.1) and kill EngineConns or cordon the node (a
+cross-site form POST).
 Each attack runs as written: as raw HTTP with the headers a browser sends, and in a
 real browser (Debian's chromium, resolving the attacker's names to 127.0.0.1). Then
 text a tenant stored with control characters, as the console shows it."""
@@ -85,16 +86,25 @@ def dev_rm(sudo_users, ec_python) -> Iterator[DevRM]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def create_engine_conn(rm: DevRM) -> ec_pb.EngineConn:
-    """An EngineConn of USER through the dev RM's local agent (it holds a ticket)."""
+def local_node(rm: DevRM) -> pb.Ecm:
+    """The dev RM's local agent, once it is RUNNING."""
     with grpc.insecure_channel(rm.target) as channel:
         nodes = resource_manager_pb2_grpc.ResourceManagerServiceStub(channel)
 
-        def agent_running() -> bool:
+        def agent_running() -> pb.Ecm | None:
             ecms = nodes.ListEcms(pb.ListEcmsRequest(), timeout=10).ecms
-            return any(e.state == pb.ECM_STATE_RUNNING for e in ecms)
+            return next((e for e in ecms if e.state == pb.ECM_STATE_RUNNING), None)
 
-        wait_until_sync(agent_running, 30, what=lambda: "local-agent RUNNING\n" + log_tail(rm.log))
+        found: pb.Ecm = wait_until_sync(
+            agent_running, 30, what=lambda: "local-agent RUNNING\n" + log_tail(rm.log)
+        )
+        return found
+
+
+def create_engine_conn(rm: DevRM) -> ec_pb.EngineConn:
+    """An EngineConn of USER through the dev RM's local agent (it holds a ticket)."""
+    local_node(rm)
+    with grpc.insecure_channel(rm.target) as channel:
         ecs = engine_conn_pb2_grpc.EngineConnServiceStub(channel)
         request = ec_pb.CreateEngineConnRequest(
             user=USER,
@@ -162,6 +172,53 @@ def test_a_rebound_name_and_a_cross_site_post_get_nothing_from_the_dev_console(d
     # What the console's page sends is taken.
     status, body = send(kill, "POST", {"Origin": own, "X-Labelrm-Console": "1"})
     assert status == 200 and body["engine_conn"]["id"] == ec.engine_conn_id
+
+
+def cordoned(rm: DevRM, instance: str) -> bool:
+    with grpc.insecure_channel(rm.target) as channel:
+        nodes = resource_manager_pb2_grpc.ResourceManagerServiceStub(channel)
+        ecms = nodes.ListEcms(pb.ListEcmsRequest(), timeout=10).ecms
+        return any(e.instance == instance and e.cordoned for e in ecms)
+
+
+def test_a_cross_site_post_cordons_no_node_of_the_dev_console(dev_rm):
+    """The node actions are changes like the kill: a form on another site cannot cordon
+    the developer's node (no new EngineConn would start there)."""
+    node = local_node(dev_rm).instance
+    assert not cordoned(dev_rm, node)
+    port = dev_rm.console_port
+    cordon = dev_rm.console + f"api/nodes/{node}/cordon?reason=evil"
+    uncordon = dev_rm.console + f"api/nodes/{node}/uncordon"
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    own = f"http://127.0.0.1:{port}"
+    for headers in (
+        {**form, "Origin": f"http://{EVIL}"},
+        {**form, "Origin": f"http://{EVIL}", "X-Labelrm-Console": "1"},  # a preflight refused
+        {**form, "Origin": "null", "X-Labelrm-Console": "1"},
+        {**form, "X-Labelrm-Console": "1"},  # no Origin at all
+        {**form, "Origin": own},  # its own origin, but no header: not the console's page
+    ):
+        status, body = send(cordon, "POST", headers, b"confirm=yes")
+        assert status == 403, (headers, body)
+        assert not cordoned(dev_rm, node), headers
+    # A page at a rebound name is its own origin, so its script may send the header: the
+    # Host names no address of the console.
+    rebound = f"{REBIND}:{port}"
+    headers = {"Host": rebound, "Origin": f"http://{rebound}", "X-Labelrm-Console": "1"}
+    status, body = send(cordon, "POST", headers)
+    assert status == 421, body
+    assert not cordoned(dev_rm, node)
+    # What the console's page sends is taken, both ways (the node is left as it was, for
+    # the module's other tests).
+    page = {"Origin": own, "X-Labelrm-Console": "1"}
+    try:
+        status, body = send(cordon, "POST", page)
+        assert status == 200 and body["node"]["cordoned"], body
+        assert cordoned(dev_rm, node)
+    finally:
+        status, body = send(uncordon, "POST", page)
+    assert status == 200 and not body["node"]["cordoned"], body
+    assert not cordoned(dev_rm, node)
 
 
 class _EvilSite:
