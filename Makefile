@@ -39,7 +39,7 @@ TEST_ENV := $(if $(LABELRM_TEST_DATABASE_URL),env LABELRM_TEST_DATABASE_URL='$(L
 
 TYPED := labelrm_common rm_server clients rmctl ecm_agent engineconn bench tests
 
-.PHONY: ha-up ha-down ha-status help venv run docs test test-system test-all _pytest test-setup test-all-dbs format lint typecheck protos protos-check sync-client bench bench-native clean distclean
+.PHONY: ha-up ha-down ha-status help venv run docs test test-system test-all _pytest test-setup test-all-dbs format lint typecheck protos protos-check sync-client bench bench-native bench-peers clean distclean
 
 help: ## list the targets
 	@echo "labelrm make targets:"
@@ -114,6 +114,9 @@ protos-check: $(STAMP) ## regenerate into the tree; fail (and show the diff) if 
 
 bench: bench-native ## run every benchmark and print the targets (python -m bench $(BENCH_ARGS); docs/benchmarks.md)
 	$(PY) -m bench $(BENCH_ARGS)
+
+bench-peers: $(STAMP) ## measure Ray on this machine (pinned, in its own build/peers-venv): placement groups and actors, sequential and 16 in flight; writes build/bench-peers.json (python -m bench.peers $(BENCH_ARGS))
+	$(PY) -m bench.peers $(BENCH_ARGS)
 
 bench-native: $(STAMP) ## build the benchmarks' C++ load generator (needs g++ pkg-config libgrpc++-dev protobuf-compiler-grpc)
 	@$(PY) -c 'from bench.native import loadgen_binary; print(loadgen_binary())'
