@@ -34,7 +34,7 @@ async def test_the_overview_leaves_lost_nodes_out_of_the_totals(
             return dict(body)
 
         async def ghost_lost() -> bool:
-            return (await overview())["nodes"].get("LOST") == 1
+            return bool((await overview())["nodes"].get("LOST") == 1)
 
         await wait_until(ghost_lost, 30, what="ghost:1 LOST in the overview", interval=0.5)
         body = await overview()
