@@ -34,7 +34,8 @@ from rm_server.agent_process import AgentProcess, child_settings
 from rm_server.app.agents import AgentHub
 from rm_server.app.background import Lease, run_periodically
 from rm_server.app.core import CoreSettings, RMCore
-from rm_server.app.demands import DemandManager, DemandSettings
+from rm_server.app.demand_planner import DemandSettings
+from rm_server.app.demands import DemandManager
 from rm_server.app.engineconns import EcSettings, EngineConnManager
 from rm_server.app.owners import DbOwners
 from rm_server.app.providers import ExternalResources
@@ -310,7 +311,7 @@ class RMServer:
                 ),
             ]
         if self.role is not Role.AGENTS:
-            self.demands.start_background(lease, observe)
+            self.demands.planning.start_background(lease, observe)
 
     def _services(self) -> Interceptor:
         """Every service, added to the interceptor, which wraps each method once with
@@ -427,7 +428,7 @@ class RMServer:
             stopping.append(self._agents.stop(grace))
         await asyncio.gather(*stopping)
         if self.demands is not None:
-            await self.demands.stop_background()
+            await self.demands.planning.stop_background()
         if self.core is not None:
             await self.core.stop_background(grace)
             if self.core.external is not None:

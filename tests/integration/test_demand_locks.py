@@ -64,7 +64,7 @@ async def test_an_allocation_and_a_limit_change_on_its_label_never_deadlock(
 
         monkeypatch.setattr(demand_reservations, "allocate", held_allocate)
         drm.clock.advance(10)
-        round_ = asyncio.create_task(drm.manager.tick())
+        round_ = asyncio.create_task(drm.planner.tick())
         await asyncio.wait_for(held.wait(), 60)  # a deadline against a hang, not a measure
         limit = asyncio.ensure_future(
             drm.rm.admin.SetLabelLimit(limit_req(LIMIT, load(8 * GiB, 8000)))

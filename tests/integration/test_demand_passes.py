@@ -48,12 +48,12 @@ async def _passes_one_interval_apart(
     first = drm.clock.now()
     interval = timedelta(seconds=ROUND)
     with monkeypatch.context() as patch:
-        patch.setattr(drm.manager, "clock", SlowPass(drm.clock))
+        patch.setattr(drm.planner, "clock", SlowPass(drm.clock))
         for k in range(1, passes + 1):
             drm.clock.advance((first + k * interval - drm.clock.now()).total_seconds())
             if forget:
-                drm.manager._parked.clear()
-            await drm.manager.tick()
+                drm.planner._parked.clear()
+            await drm.planner.tick()
             assert drm.clock.now() < first + (k + 1) * interval  # the pass took less
 
 
@@ -103,7 +103,7 @@ async def test_a_pass_over_unchanged_blocked_demands_writes_nothing(drm, monkeyp
         for _ in range(3):
             drm.clock.advance(ROUND)
             statements.clear()
-            assert await drm.manager.tick() == 0  # no round for any of them ...
+            assert await drm.planner.tick() == 0  # no round for any of them ...
             writes = [s for s in statements if s.lstrip().startswith(("UPDATE", "WITH", "INSERT"))]
             assert writes == [], statements
             assert not [s for s in statements if "FOR UPDATE" in s]  # ... and no lock
@@ -228,7 +228,7 @@ async def test_a_pass_over_blocked_demands_waits_for_no_label(drm):
     async with holder, holder.transaction():
         await holder.execute("SELECT 1 FROM label_resource WHERE label = %s FOR UPDATE", (label,))
         # A deadline against a hang, not a measure: waiting for the holder never ends.
-        assert await asyncio.wait_for(drm.manager.tick(), 120) == 0  # all still parked
+        assert await asyncio.wait_for(drm.planner.tick(), 120) == 0  # all still parked
         late = await asyncio.wait_for(drm.submit("late", 0.1, "{Start: [+1h, ]}"), 120)
         assert late.created
     assert {(await drm.get(n)).passed_over_rounds for n in names} == {3}

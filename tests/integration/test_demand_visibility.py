@@ -57,16 +57,16 @@ async def test_no_answer_sees_allocating_after_the_recorded_allocation(drm, monk
     async def watched(conn: Any, d: Any, target: Any, *args: Any, **kw: Any) -> Any:
         moved = await move(conn, d, target, *args, **kw)
         if target.value == "ALLOCATED":  # written, not committed: what others see now
-            asked = drm.manager.clock.now()
+            asked = drm.planner.clock.now()
             seen.append((asked, await drm.state("d")))
         return moved
 
     hog = await _blocked(drm, "{Start: [NOW, +1h]}")
     await drm.release(hog.ticket_id)
     monkeypatch.setattr(demand_store, "move", watched)
-    monkeypatch.setattr(drm.manager, "clock", Ticking(drm.clock, 0.001))
+    monkeypatch.setattr(drm.planner, "clock", Ticking(drm.clock, 0.001))
     drm.clock.advance(10)  # its next round
-    await drm.manager.tick()
+    await drm.planner.tick()
     d = await drm.get("d")
     assert d.state == dpb.DEMAND_STATE_ALLOCATED
     assert [state for _, state in seen] == [dpb.DEMAND_STATE_ALLOCATING]
@@ -84,7 +84,7 @@ async def test_a_strict_window_closing_before_the_allocation_is_visible(drm):
     hog = await _blocked(drm, "{Start: [NOW, +2m]}")
     await drm.release(hog.ticket_id)
     drm.clock.advance((t0 + timedelta(seconds=120) - drm.clock.now()).total_seconds() - 0.1)
-    await drm.manager.tick()
+    await drm.planner.tick()
     assert await drm.state("d") == dpb.DEMAND_STATE_ALLOCATING
     await drm.tick()
     d = await drm.get("d")
@@ -102,8 +102,8 @@ async def test_an_allocation_not_committing_in_time_is_given_up(drm, monkeypatch
     await drm.release(hog.ticket_id)
     drm.clock.advance(10)  # its next round
     with monkeypatch.context() as patch:
-        patch.setattr(drm.manager, "clock", Ticking(drm.clock, step))
-        await drm.manager.tick()
+        patch.setattr(drm.planner, "clock", Ticking(drm.clock, step))
+        await drm.planner.tick()
     assert await drm.state("d") == dpb.DEMAND_STATE_ALLOCATING
     await drm.consistent()  # nothing of the given-up allocation is left
     await drm.tick()

@@ -18,6 +18,7 @@ from labelrm.v1 import demand_pb2 as dpb
 from labelrm.v1 import demand_pb2_grpc, resource_pb2
 from labelrm.v1 import resource_manager_pb2 as rpb
 
+from rm_server.app.demand_planner import DemandPlanner
 from rm_server.app.demands import DemandManager
 from rm_server.clock import ManualClock
 from rm_server.domain.demands.evaluation import (
@@ -53,12 +54,13 @@ class DemandRM:
     rm: InProcessRM
     stub: demand_pb2_grpc.DemandServiceStub
     manager: DemandManager
+    planner: DemandPlanner  # manager.planning, driven by the tests
     clock: ManualClock
 
     async def tick(self, seconds: float = ROUND) -> None:
         """Move the clock on, then run one planner pass (as the background task would)."""
         self.clock.advance(seconds)
-        await self.manager.tick()
+        await self.planner.tick()
 
     async def submit(self, demand_id: str, memory_gib: float, text: str = "", **kw: Any):
         req = dpb.SubmitDemandRequest(
@@ -110,9 +112,10 @@ async def start_drm(database_url: str, **overrides: Any) -> DemandRM:
     rm = await start_in_process(database_url, clock=clock, **settings)
     manager = rm.server.demands
     assert manager is not None
-    await manager.stop_background()  # the tests drive the rounds
+    await manager.planning.stop_background()  # the tests drive the rounds
     await rm.admin.SetLabelLimit(limit_req(LIMIT, load(4 * GiB, 4000)))
-    return DemandRM(rm, demand_pb2_grpc.DemandServiceStub(rm.channel), manager, clock)
+    stub = demand_pb2_grpc.DemandServiceStub(rm.channel)
+    return DemandRM(rm, stub, manager, manager.planning, clock)
 
 
 @pytest.fixture
@@ -353,7 +356,7 @@ async def test_a_pass_decides_each_round_at_its_own_time(drm):
             async with await psycopg.AsyncConnection.connect(
                 drm.rm.database_url, autocommit=True
             ) as watcher:
-                passing = asyncio.ensure_future(drm.manager.tick())
+                passing = asyncio.ensure_future(drm.planner.tick())
                 await wait_until(lambda: _at_least(_lock_waiters(watcher), 1), timeout=30)
                 released_at = drm.clock.advance(5)  # the pass goes on while time passes
                 release = asyncio.ensure_future(drm.release(hog.ticket_id))
@@ -706,7 +709,7 @@ async def test_random_demands_and_ticks_never_overcommit_or_misallocate(drm, see
     over-committed, reservations add up, and each demand is allocated at most once,
     inside its window (or its slip bound when loose)."""
     rng = random.Random(seed)
-    other = replace(drm.manager)  # a second replica's planner on the same database
+    other = replace(drm.planner)  # a second replica's planner on the same database
     t0 = drm.clock.now()
     specs: dict[str, str] = {}
     for i in range(24):
@@ -731,7 +734,7 @@ async def test_random_demands_and_ticks_never_overcommit_or_misallocate(drm, see
     seen_tickets: dict[str, str] = {}
     for _ in range(60):
         drm.clock.advance(rng.choice([5, 10, 20, 45, 90]))
-        await drm.manager.tick() if rng.random() < 0.5 else await _race(drm.manager, other)
+        await drm.planner.tick() if rng.random() < 0.5 else await _race(drm.planner, other)
         if rng.random() < 0.4:
             ticket = await plain_apply(drm, rng.choice([0.5, 1]))
             if ticket is not None:
@@ -768,7 +771,7 @@ async def test_random_demands_and_ticks_never_overcommit_or_misallocate(drm, see
     assert any(state == "DEMAND_STATE_FINISHED" for state, _, _ in outcomes)
 
 
-async def _race(a: DemandManager, b: DemandManager) -> None:
+async def _race(a: DemandPlanner, b: DemandPlanner) -> None:
     import asyncio
 
     await asyncio.gather(a.tick(), b.tick())
