@@ -37,7 +37,7 @@ LABELRM_TEST_DATABASE_URL ?=
 unexport LABELRM_TEST_DATABASE_URL
 TEST_ENV := $(if $(LABELRM_TEST_DATABASE_URL),env LABELRM_TEST_DATABASE_URL='$(LABELRM_TEST_DATABASE_URL)',env -u LABELRM_TEST_DATABASE_URL)
 
-TYPED := labelrm_common rm_server clients rmctl ecm_agent engineconn bench tests
+TYPED := labelrm_common rm_server labelrm_client clients rmctl ecm_agent engineconn bench tests
 
 .PHONY: ha-up ha-down ha-status help venv run docs test test-system test-all _pytest test-setup test-all-dbs format lint typecheck protos protos-check sync-client bench bench-native bench-peers clean distclean
 
@@ -96,7 +96,7 @@ lint: $(STAMP) ## ruff check + ruff format --check + import layering (lint-impor
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/buf lint protos
 
-typecheck: $(STAMP) ## mypy (strict) on labelrm_common, rm_server, clients, ecm_agent, engineconn and bench; tests (untyped defs allowed)
+typecheck: $(STAMP) ## mypy (strict) on labelrm_common, rm_server, labelrm_client (and its old name clients), ecm_agent, engineconn and bench; tests (untyped defs allowed)
 	$(BIN)/mypy $(TYPED)
 
 docs: $(STAMP) ## regenerate the settings tables of docs/configuration.md from the settings declarations (rm-server, ecm-agent, EngineConn runtime)
@@ -106,7 +106,7 @@ protos: $(STAMP) ## regenerate protos/labelrm/v1/*_pb2*.py(i) from the .proto fi
 	$(PY) scripts/gen_protos.py
 	$(BIN)/buf lint protos
 
-sync-client: $(STAMP) ## regenerate the SDK's blocking client (clients/_sync_*.py) from the async one (clients/_aio_*.py)
+sync-client: $(STAMP) ## regenerate the SDK's blocking client (labelrm_client/_sync_*.py) from the async one (labelrm_client/_aio_*.py)
 	$(PY) scripts/gen_sync_client.py
 
 protos-check: $(STAMP) ## regenerate into the tree; fail (and show the diff) if protos/ differs from git HEAD

@@ -33,7 +33,6 @@ from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import engine_conn_pb2_grpc, resource_manager_pb2_grpc, resource_pb2
 from labelrm.v1 import resource_manager_pb2 as rm_pb
 
-from clients._channel import ChannelSecurity, aio_channel
 from ecm_agent.beats import HeartbeatSender
 from ecm_agent.cgroups import Sample, cpu_millis_between
 from ecm_agent.containment import Containment
@@ -41,6 +40,7 @@ from ecm_agent.launch import Launcher
 from ecm_agent.pacing import next_beat_delay
 from ecm_agent.settings import AgentSettings, detect_total, parse_labels
 from ecm_agent.validate import AgentPolicy, LaunchRefused, LaunchSpec, MaterialFile
+from labelrm_client._channel import ChannelSecurity, aio_channel
 
 log = logging.getLogger(__name__)
 

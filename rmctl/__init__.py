@@ -19,7 +19,7 @@ for `pki` / `token`, `config` for contexts), `forms` (kubectl's get / delete), `
 (ids by unique prefix), `format` and `output` (tables, detail views, JSON / YAML / names,
 --watch), `connection` (how to reach the RM, and what a failure to reach it means),
 `completion` with `words` and `paths` (standard library only, for a cheap TAB), and `dev`.
-It builds on the SDK (`clients`) and never imports the server.
+It builds on the SDK (`labelrm_client`) and never imports the server.
 """
 
 from __future__ import annotations

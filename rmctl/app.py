@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
-from clients import RMClient, RMError
+from labelrm_client import RMClient, RMError
 from labelrm_common.version import VERSION
 from rmctl import (
     config,

@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NoReturn, Protocol, TextIO, TypeAlias, TypeVar
 
-from clients import RMClient, labels_from, load, load_instance
+from labelrm_client import RMClient, labels_from, load, load_instance
 from labelrm_common.quantity import parse_cpu, parse_memory
 
 __all__ = [

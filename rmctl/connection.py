@@ -18,8 +18,8 @@ from pathlib import Path
 
 import grpc
 
-from clients import RMError
-from clients._impl import DEFAULT_TARGET
+from labelrm_client import RMError
+from labelrm_client._impl import DEFAULT_TARGET
 from rmctl.args import rm_target
 from rmctl.config import Config
 

@@ -12,8 +12,8 @@ from typing import Any, TextIO
 
 from labelrm.v1 import demand_pb2
 
-from clients import RMClient
-from clients._requests import DEMAND_STATES as STATES
+from labelrm_client import RMClient
+from labelrm_client._requests import DEMAND_STATES as STATES
 from rmctl.args import (
     add_resource_args,
     add_selector,

@@ -14,7 +14,7 @@ from typing import Any, TextIO
 import grpc
 from labelrm.v1 import admin_pb2
 
-from clients import NotFound, RMClient
+from labelrm_client import NotFound, RMClient
 from rmctl.demand import show_demand_details
 from rmctl.engineconn import show_engine_conn
 from rmctl.format import fmt_age, fmt_time, print_details, print_table, to_json

@@ -19,8 +19,8 @@ from typing import Any, TextIO
 
 from labelrm.v1 import admin_pb2
 
-from clients import RMClient
-from clients._engineconn import LIVE_EC_STATES, ec_state_name, ecm_state_name
+from labelrm_client import RMClient
+from labelrm_client._engineconn import LIVE_EC_STATES, ec_state_name, ecm_state_name
 from rmctl.args import parse_duration
 from rmctl.format import print_json, to_json, visible
 from rmctl.resolve import resolve_ecm

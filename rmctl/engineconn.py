@@ -16,8 +16,8 @@ from typing import Any, TextIO, TypeVar
 
 from labelrm.v1 import engine_conn_pb2
 
-from clients import RMClient
-from clients._engineconn import EC_STATES, LIVE_EC_STATES, ec_state_name
+from labelrm_client import RMClient
+from labelrm_client._engineconn import EC_STATES, LIVE_EC_STATES, ec_state_name
 from rmctl.args import (
     add_selector,
     add_sort_by,

@@ -23,8 +23,8 @@ from typing import Any, TextIO
 
 from labelrm.v1 import engine_conn_pb2
 
-from clients import RMClient, RMError
-from clients._engineconn import ExecResult, ec_state_name
+from labelrm_client import RMClient, RMError
+from labelrm_client._engineconn import ExecResult, ec_state_name
 from rmctl.resolve import resolve_engine_conn
 
 __all__ = ["add_exec_commands"]

@@ -18,7 +18,7 @@ import argparse
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from clients import RMClient
+from labelrm_client import RMClient
 from rmctl.words import command_index
 
 __all__ = ["KINDS", "register", "rewrite"]

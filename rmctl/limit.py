@@ -7,7 +7,7 @@ from typing import Any, TextIO
 
 from labelrm.v1 import admin_pb2
 
-from clients import RMClient
+from labelrm_client import RMClient
 from rmctl.args import add_resource_args, labels_arg, resource_update
 from rmctl.format import fmt_resource, fmt_time, opt, print_json, print_table, to_json
 

@@ -22,8 +22,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
-from clients import RMClient, Unavailable
-from clients._engineconn import LIVE_EC_STATES
+from labelrm_client import RMClient, Unavailable
+from labelrm_client._engineconn import LIVE_EC_STATES
 from rmctl.args import non_negative, parse_duration
 from rmctl.format import terminal_text
 from rmctl.resolve import resolve_engine_conn

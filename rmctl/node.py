@@ -13,8 +13,8 @@ from typing import Any, TextIO
 
 from labelrm.v1 import admin_pb2, resource_manager_pb2
 
-from clients import RMClient
-from clients._engineconn import LIVE_EC_STATES, ec_state_name, ecm_state_name
+from labelrm_client import RMClient
+from labelrm_client._engineconn import LIVE_EC_STATES, ec_state_name, ecm_state_name
 from rmctl.args import LOST_NODE_AGE_OUT, add_selector, add_sort_by, selected, sort_rows
 from rmctl.drain import add_drain_commands, node_state
 from rmctl.format import (

@@ -17,7 +17,7 @@ from typing import Any, TextIO
 
 from labelrm.v1 import admin_pb2, external_pb2
 
-from clients import RMClient
+from labelrm_client import RMClient
 from rmctl.format import fmt_bytes, fmt_time, print_json, print_table, to_json
 
 __all__ = ["register"]

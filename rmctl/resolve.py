@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from clients import NotFound, RMClient
+from labelrm_client import NotFound, RMClient
 
 __all__ = ["resolve_by_prefix", "resolve_ecm", "resolve_engine_conn", "resolve_ticket"]
 

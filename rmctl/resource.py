@@ -8,7 +8,7 @@ from typing import Any, TextIO
 
 from labelrm.v1 import resource_manager_pb2
 
-from clients import NotFound, RMClient, labels_from
+from labelrm_client import NotFound, RMClient, labels_from
 from rmctl.args import add_selector, labels_arg, matches
 from rmctl.format import (
     fmt_resource,

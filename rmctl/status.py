@@ -18,8 +18,8 @@ from typing import Any, TextIO
 
 from labelrm.v1 import demand_pb2, resource_manager_pb2
 
-from clients import RMClient, labels_from
-from clients._engineconn import LIVE_EC_STATES, ec_state_name, ecm_state_name
+from labelrm_client import RMClient, labels_from
+from labelrm_client._engineconn import LIVE_EC_STATES, ec_state_name, ecm_state_name
 from labelrm_common.quantity import format_bytes, format_cpu
 from labelrm_common.version import VERSION
 from rmctl.format import (

@@ -8,7 +8,7 @@ from typing import Any, TextIO
 
 from labelrm.v1 import resource_manager_pb2
 
-from clients import RMClient
+from labelrm_client import RMClient
 from rmctl.args import (
     add_resource_args,
     add_selector,

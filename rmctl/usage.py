@@ -18,7 +18,7 @@ from typing import Any, TextIO
 
 from labelrm.v1 import usage_pb2
 
-from clients import RMClient
+from labelrm_client import RMClient
 from rmctl.format import print_table, to_json
 
 _AGO = re.compile(r"([0-9]+)([dhm])")

@@ -16,8 +16,8 @@ flock 9
 # What pip would install: the files in the tree, tracked or new (--others), by name and
 # content; a tracked file deleted in the tree is skipped (it is not installed either).
 sources() {
-    git ls-files -z --cached --others --exclude-standard labelrm_common engineconn protos rm_server ecm_agent clients rmctl 2>/dev/null ||
-        find labelrm_common engineconn protos rm_server ecm_agent clients rmctl -type f -print0
+    git ls-files -z --cached --others --exclude-standard labelrm_common engineconn protos rm_server ecm_agent labelrm_client clients rmctl 2>/dev/null ||
+        find labelrm_common engineconn protos rm_server ecm_agent labelrm_client clients rmctl -type f -print0
 }
 hash=$(cd "$repo" && { cat pyproject.toml; sources | sort -zu | while IFS= read -r -d '' f; do
     if [[ -f "$f" ]]; then printf '%s\0' "$f"; cat "$f"; fi

@@ -22,7 +22,7 @@ from labelrm.v1 import (
 )
 
 from bench.serving import free_port
-from clients._channel import ChannelSecurity, aio_channel
+from labelrm_client._channel import ChannelSecurity, aio_channel
 from labelrm_common import pki, tokens
 from rm_server.domain.engineconn import EcState, EngineConn
 from rm_server.domain.resources import Resource

@@ -186,7 +186,7 @@ async def test_the_shipped_config_makes_its_directories_and_registers(
     systemd's Restart=on-failure repeated forever."""
     from labelrm.v1 import resource_manager_pb2, resource_manager_pb2_grpc
 
-    from clients._channel import ChannelSecurity, aio_channel
+    from labelrm_client._channel import ChannelSecurity, aio_channel
     from labelrm_common.tokens import add_token
     from tests.support.rm import start_in_process, stop_in_process
     from tests.support.waiting import wait_until

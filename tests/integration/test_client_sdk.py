@@ -1,4 +1,4 @@
-"""The Python SDK (clients) and rmctl against a real in-process RM over a real socket.
+"""The Python SDK (labelrm_client) and rmctl against a real in-process RM over a real socket.
 
 The `rm` fixture's server runs on the test's event loop, so blocking calls (RMClient, rmctl)
 run in a worker thread via asyncio.to_thread while the loop keeps serving.
@@ -15,8 +15,8 @@ import pytest
 from google.protobuf import json_format
 from labelrm.v1 import admin_pb2, resource_manager_pb2
 
-import clients
-from clients import (
+import labelrm_client
+from labelrm_client import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
@@ -129,7 +129,7 @@ async def test_unavailable_is_retried_with_the_same_generated_request_id(client:
 async def test_other_codes_are_not_retried(client: Any) -> None:
     seen: list[str] = []
     client._rm.Apply = _flaky(client._rm.Apply, 1, grpc.StatusCode.ABORTED, seen)
-    with pytest.raises(clients.RMError) as info:
+    with pytest.raises(labelrm_client.RMError) as info:
         await client.apply(REQUEST, load_instance(GiB, 1000, 1))
     assert info.value.code == grpc.StatusCode.ABORTED
     assert len(seen) == 1
@@ -171,7 +171,9 @@ async def test_list_tickets_walks_every_page(client: Any, rm: Any) -> None:
 async def test_sync_client_lifecycle(client: Any, rm: Any) -> None:
     def run() -> tuple[Any, Any, Any]:
         with RMClient(rm.target) as c:
-            t = c.apply(clients.labels_from(REQUEST), load_instance(GiB, 1000, 1), user="alice")
+            t = c.apply(
+                labelrm_client.labels_from(REQUEST), load_instance(GiB, 1000, 1), user="alice"
+            )
             used = c.report_used(t.ticket_id, load_instance(GiB // 2, 500, 1))
             done = c.release(t.ticket_id)
             return t, used, done

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from clients import AsyncRMClient, load, load_instance
+from labelrm_client import AsyncRMClient, load, load_instance
 from tests.support.env import ROOT
 from tests.support.waiting import wait_until
 

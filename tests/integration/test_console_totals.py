@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from clients import AsyncRMClient, load_instance
+from labelrm_client import AsyncRMClient, load_instance
 from tests.integration.console_fixtures import get
 from tests.support.agents import start_agent
 from tests.support.env import ENGINECONN_TEST_SETTINGS

@@ -785,8 +785,8 @@ async def test_rmctl_demand_commands(drm):
     import asyncio
     import io
 
-    from clients._errors import InvalidArgument as ClientInvalidArgument
-    from clients._impl import RMClient
+    from labelrm_client._errors import InvalidArgument as ClientInvalidArgument
+    from labelrm_client._impl import RMClient
     from rmctl.demand import EXAMPLE, register
 
     parser = argparse.ArgumentParser()

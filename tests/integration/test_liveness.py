@@ -28,8 +28,8 @@ from labelrm.v1 import resource_manager_pb2 as rm_pb
 from labelrm.v1 import resource_manager_pb2_grpc
 
 from bench.serving import free_port
-from clients import AsyncRMClient, ExecOutput, ExecResult
-from clients._channel import ChannelSecurity, aio_channel
+from labelrm_client import AsyncRMClient, ExecOutput, ExecResult
+from labelrm_client._channel import ChannelSecurity, aio_channel
 from labelrm_common import pki, tokens
 from tests.integration.security_fixtures import Pki, make_pki
 from tests.support.agents import start_agent_on

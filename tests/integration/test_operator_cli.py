@@ -12,7 +12,7 @@ import pytest
 from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as rm_pb
 
-from clients import AsyncRMClient, ResourceExhausted, load, load_instance
+from labelrm_client import AsyncRMClient, ResourceExhausted, load, load_instance
 from tests.cli import rmctl_run
 from tests.support.agents import start_agent
 from tests.support.env import ROOT

@@ -9,8 +9,8 @@ from typing import Any, TextIO
 
 from labelrm.v1 import demand_pb2, demand_pb2_grpc
 
-from clients import load_instance
-from clients._impl import parse_labels
+from labelrm_client import load_instance
+from labelrm_client._impl import parse_labels
 from rmctl.output import run_watch
 from tests.support.sdk import CLIENT_ECM, ctl, details
 

@@ -18,7 +18,7 @@ import pytest
 from google.protobuf import json_format
 from labelrm.v1 import engine_conn_pb2 as ec_pb
 
-from clients import AsyncRMClient, ExecOutput, ExecResult, Unauthenticated
+from labelrm_client import AsyncRMClient, ExecOutput, ExecResult, Unauthenticated
 from rmctl.engineconn import with_progress
 from rmctl.logs import cmd_ec_logs
 from tests.support.agents import start_agent

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from clients import AsyncRMClient, load_instance
+from labelrm_client import AsyncRMClient, load_instance
 from tests.cli import rmctl_run
 
 SPARK = "userCreator=alice-IDE,engineType=spark-3.2.1"

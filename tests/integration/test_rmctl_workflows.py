@@ -10,7 +10,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from clients import AsyncRMClient, load_instance
+from labelrm_client import AsyncRMClient, load_instance
 from labelrm_common.quantity import format_bytes, format_cpu
 from tests.cli import rmctl_run, rmctl_spawn
 from tests.support.agents import start_agent

@@ -17,9 +17,9 @@ from google.protobuf.duration_pb2 import Duration
 from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as pb
 
-from clients import AsyncRMClient, ExecOutput, ExecResult, Unauthenticated
 from ecm_agent.validate import SECRET_FILE
 from ecm_agent.workdir import LAUNCH_SCRIPT
+from labelrm_client import AsyncRMClient, ExecOutput, ExecResult, Unauthenticated
 from rm_server.security.ec_certs import CERT_FILE, KEY_FILE
 from tests.integration.security_fixtures import secure_cluster, start_secure_agent
 from tests.support.messages import lbl

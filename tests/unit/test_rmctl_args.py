@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from clients import load, load_instance, special
+from labelrm_client import load, load_instance, special
 from rmctl.args import parse_duration, resource_update
 from rmctl.logs import _stamped_since, _tail_offset
 

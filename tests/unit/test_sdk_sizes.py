@@ -7,8 +7,8 @@ import inspect
 
 import pytest
 
-from clients import AsyncRMClient, RMClient
-from clients._engineconn import create, sized
+from labelrm_client import AsyncRMClient, RMClient
+from labelrm_client._engineconn import create, sized
 
 
 def test_quantities_become_the_engine_params() -> None:

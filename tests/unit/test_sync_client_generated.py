@@ -22,7 +22,7 @@ def test_generated_sync_client_is_up_to_date() -> None:
 
 
 def test_sync_and_async_clients_have_the_same_methods() -> None:
-    from clients import AsyncRMClient, RMClient
+    from labelrm_client import AsyncRMClient, RMClient
 
     def public(cls: type) -> set[str]:
         return {name for name in dir(cls) if not name.startswith("_")}
@@ -48,7 +48,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from clients._aio_base import AsyncClientBase
+from labelrm_client._aio_base import AsyncClientBase
 
 __all__ = ["AsyncExtraCalls"]
 
@@ -76,7 +76,7 @@ def test_every_async_construct_is_turned_wherever_it_is() -> None:
     assert "await" not in out and "coroutine" not in out.lower().replace("_aio_", "")
     assert "class ExtraCalls(ClientBase):" in out
     assert '__all__ = ["ExtraCalls"]' in out
-    assert "from clients._sync_base import ClientBase" in out
+    assert "from labelrm_client._sync_base import ClientBase" in out
     # Parentheses spanning lines stay (the expression goes on after the line break).
     assert (
         "return (\n            self._call(self._rm.GetTicket, rq.get(name, labels_of(name)))\n        ).ticket"

@@ -1,10 +1,10 @@
 """The SDK's client class, `AsyncRMClient`, on grpc.aio (the async modules are the source:
-scripts/gen_sync_client.py writes the blocking twins, clients/_sync_*.py, from them)."""
+scripts/gen_sync_client.py writes the blocking twins, labelrm_client/_sync_*.py, from them)."""
 
 from __future__ import annotations
 
-from clients._aio_engineconn import AsyncEngineConnCalls
-from clients._aio_rm import AsyncRMCalls
+from labelrm_client._aio_engineconn import AsyncEngineConnCalls
+from labelrm_client._aio_rm import AsyncRMCalls
 
 __all__ = ["AsyncRMClient"]
 
@@ -19,5 +19,5 @@ class AsyncRMClient(AsyncRMCalls, AsyncEngineConnCalls):
 
     Mutating calls carry a request id (a fresh uuid4 per call unless given) that is reused
     by their retries; calls are retried only on UNAVAILABLE, with jittered exponential
-    backoff. Failures raise `clients.RMError` subclasses.
+    backoff. Failures raise `labelrm_client.RMError` subclasses.
     """

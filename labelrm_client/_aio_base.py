@@ -1,11 +1,11 @@
 """The core of the SDK's clients: channel, stubs, deadlines, retries and error decoding.
 
-The async modules (clients/_aio_*.py) are the source; scripts/gen_sync_client.py writes
-their blocking twins (clients/_sync_*.py) from them, so edit the async ones.
+The async modules (labelrm_client/_aio_*.py) are the source; scripts/gen_sync_client.py writes
+their blocking twins (labelrm_client/_sync_*.py) from them, so edit the async ones.
 
 Mutating calls carry a request id (a fresh uuid4 per call unless given) that is reused by
 their retries; calls are retried only on UNAVAILABLE, with jittered exponential backoff.
-Failures raise `clients.RMError` subclasses, never a raw grpc.RpcError.
+Failures raise `labelrm_client.RMError` subclasses, never a raw grpc.RpcError.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from labelrm.v1 import (
 )
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
-from clients._channel import ChannelSecurity, aio_channel
-from clients._errors import from_rpc_error
-from clients._requests import DEFAULT_TARGET
+from labelrm_client._channel import ChannelSecurity, aio_channel
+from labelrm_client._errors import from_rpc_error
+from labelrm_client._requests import DEFAULT_TARGET
 
 _BACKOFF_INITIAL = 0.05
 _BACKOFF_MAX = 2.0

@@ -1,6 +1,6 @@
 """EngineConn state names, `execute` results and the EngineConn request builders of the SDK.
 
-The calls themselves are methods of `AsyncRMClient` (clients/_aio_engineconn.py) and of its
+The calls themselves are methods of `AsyncRMClient` (labelrm_client/_aio_engineconn.py) and of its
 generated blocking twin `RMClient`.
 
 Retries follow the rest of the SDK: only on UNAVAILABLE, and a mutating call only because
@@ -16,7 +16,7 @@ from typing import Any, NamedTuple, TypeAlias
 
 from labelrm.v1 import admin_pb2, engine_conn_pb2, executor_pb2, resource_manager_pb2
 
-from clients._requests import LabelsLike, request_id, to_labels
+from labelrm_client._requests import LabelsLike, request_id, to_labels
 from labelrm_common.durations import duration
 from labelrm_common.quantity import parse_cpu, parse_memory
 
