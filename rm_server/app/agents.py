@@ -260,7 +260,7 @@ class AgentHub:
                 return True
             target = reported_transition(ec.state, state)
             if target is None:
-                await ec_store.update_ec(conn, ec_id, now, last_report_at=now)
+                await ec_store.record_report(conn, ec_id, None, now)
                 return False
             if ec.state is EcState.STARTING and target in (EcState.IDLE, EcState.BUSY):
                 return await self._ready(conn, ec_id, ec.ticket_id, target, address, now)
@@ -274,7 +274,9 @@ class AgentHub:
                     now,
                 )
                 return False
-            await ec_store.update_ec(conn, ec_id, now, state=target, last_report_at=now)
+            # Ordered by arrival: a report that arrived before one already recorded
+            # changes nothing (ec_store.record_report).
+            await ec_store.record_report(conn, ec_id, target, now)
             return False
 
         return await self.db.run(body)

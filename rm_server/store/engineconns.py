@@ -193,6 +193,24 @@ async def update_ec(conn: Conn, ec_id: str, now: datetime, **fields: Any) -> Non
     await notify_freed(conn, [ec_key(ec_id)])
 
 
+async def record_report(conn: Conn, ec_id: str, state: EcState | None, arrived: datetime) -> bool:
+    """Record an EngineConn's own report that reached the RM at `arrived`: its state (None:
+    unchanged) and when it was heard, unless a report that reached the RM later is recorded
+    already. A report its EngineConn gave up waiting for (its call's deadline passed) may
+    still be running here while the next one is answered; applied after it, the stale state
+    (BUSY when the execution has ended) would stand until the next report. True when
+    recorded."""
+    cur = await conn.execute(
+        "UPDATE engine_conn SET state = coalesce(%s::text, state), last_report_at = %s,"
+        " updated_at = %s"
+        " WHERE ec_id = %s AND (last_report_at IS NULL OR last_report_at <= %s)",
+        (None if state is None else state.value, arrived, arrived, ec_id, arrived),
+    )
+    if cur.rowcount and state is not None:
+        await notify_freed(conn, [ec_key(ec_id)])
+    return bool(cur.rowcount)
+
+
 def _column_value(value: Any) -> Any:
     if isinstance(value, EcState):
         return value.value

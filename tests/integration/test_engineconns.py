@@ -18,6 +18,7 @@ from labelrm.v1 import admin_pb2, engine_conn_pb2_grpc, executor_pb2, executor_p
 from labelrm.v1 import engine_conn_pb2 as ec_pb
 from labelrm.v1 import resource_manager_pb2 as rm_pb
 
+from rm_server.clock import ManualClock
 from tests.support.agents import agent_beating, start_agent
 from tests.support.env import ENGINECONN_TEST_SETTINGS
 from tests.support.messages import GiB, lbl, load_instance, register
@@ -344,6 +345,62 @@ async def test_create_answers_with_the_process_its_agent_reported(rm):
 
 async def _is_busy(rm: Any, ec_id: str) -> bool:
     return bool((await get_ec(rm, ec_id)).state == ec_pb.ENGINE_CONN_STATE_BUSY)
+
+
+async def test_a_report_that_arrived_earlier_never_undoes_a_later_one(database_url):
+    """An EngineConn reports BUSY then IDLE, one call after the other; a call it gave up
+    waiting for (its deadline passed, the RM slow) may still be running in the RM while the
+    next is answered. Applied after the IDLE, the BUSY stood until the next report: an idle
+    EngineConn shown and refused as busy (seen under load: `rmctl engineconn status` BUSY
+    after it had settled IDLE). Reports are ordered by when they reached the RM; the clock
+    the RM stamps them with is moved back to play the late one."""
+    clock = ManualClock()
+    rm = await start_in_process(database_url, clock=clock)
+    try:
+        await rm.rm.RegisterEcm(register("fake1", load_instance(4 * GiB, 4000, 4)))
+        await rm.rm.Heartbeat(rm_pb.HeartbeatRequest(agent_id="fake1", sequence=1))
+        stream = ecs(rm).StreamAgentCommands(ec_pb.StreamAgentCommandsRequest(agent_id="fake1"))
+        try:
+            creating = asyncio.ensure_future(create(rm))
+            command = (await stream.read()).command
+            ec_id = command.launch.engine_conn_id
+            process = ec_pb.EngineConnProcess(
+                engine_conn_id=ec_id, state=ec_pb.PROCESS_STATE_RUNNING, pid=4242, work_dir="/w"
+            )
+            await rm.rm.Heartbeat(
+                rm_pb.HeartbeatRequest(
+                    agent_id="fake1",
+                    sequence=2,
+                    engine_conns=[process],
+                    done_command_ids=[command.command_id],
+                )
+            )
+
+            async def report(state: int) -> None:
+                await ecs(rm).ReportEngineConnState(
+                    ec_pb.ReportEngineConnStateRequest(
+                        engine_conn_id=ec_id, state=state, address="127.0.0.1:9"
+                    )
+                )
+
+            await report(ec_pb.ENGINE_CONN_STATE_IDLE)  # ready
+            assert (await creating).state == ec_pb.ENGINE_CONN_STATE_IDLE
+        finally:
+            stream.cancel()
+        clock.advance(10)
+        await report(ec_pb.ENGINE_CONN_STATE_BUSY)  # an execution starts
+        assert (await get_ec(rm, ec_id)).state == ec_pb.ENGINE_CONN_STATE_BUSY
+        clock.advance(10)
+        await report(ec_pb.ENGINE_CONN_STATE_IDLE)  # and ends
+        clock.advance(-5)  # a BUSY that reached the RM before that IDLE, applied after it
+        await report(ec_pb.ENGINE_CONN_STATE_BUSY)
+        assert (await get_ec(rm, ec_id)).state == ec_pb.ENGINE_CONN_STATE_IDLE
+        clock.advance(10)  # a report that reached the RM after them all counts
+        await report(ec_pb.ENGINE_CONN_STATE_BUSY)
+        assert (await get_ec(rm, ec_id)).state == ec_pb.ENGINE_CONN_STATE_BUSY
+        await assert_consistent(rm)
+    finally:
+        await stop_in_process(rm)
 
 
 async def test_launch_exiting_3_fails_with_exit_code_and_stderr(
