@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import io
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -70,16 +71,20 @@ async def test_engineconn_lifecycle_through_rmctl(
     assert capsys.readouterr().out == "lrmtest_a\n"
     assert await ctl(rm, "engineconn", "exec", ec_id, "echo to-err >&2; exit 3") == 3
     assert capsys.readouterr().err == "to-err\n"
+    executions_done = datetime.now(UTC)  # the in-process RM's clock is this host's
 
-    # -o json is the protobuf JSON of GetEngineConn's EngineConn. Its state may still move
-    # (the BUSY / IDLE reports of the executions above can land late): compare again then.
+    # -o json is the protobuf JSON of GetEngineConn's EngineConn. Its state may still move:
+    # the EngineConn's report of the second execution's BUSY can reach the RM after the
+    # IDLE that followed the first was read. Settled means IDLE from a report that reached
+    # the RM after the executions ended (reports are ordered by their arrival).
     async def shown_and_fresh() -> tuple[ec_pb.EngineConn, ec_pb.EngineConn] | None:
         assert await ctl(rm, "-o", "json", "engineconn", "status", ec_id) == 0
         shown = json_format.Parse(capsys.readouterr().out, ec_pb.EngineConn())
         fresh = await client.get_engine_conn(ec_id)
+        heard_since = fresh.update_time.ToDatetime(tzinfo=UTC) > executions_done
         for ec in (shown, fresh):  # moved by the EngineConn's own heartbeats
             ec.ClearField("update_time")
-        if shown == fresh and shown.state == ec_pb.ENGINE_CONN_STATE_IDLE:
+        if heard_since and shown == fresh and shown.state == ec_pb.ENGINE_CONN_STATE_IDLE:
             return shown, fresh
         return None
 
