@@ -39,7 +39,7 @@ TEST_ENV := $(if $(LABELRM_TEST_DATABASE_URL),env LABELRM_TEST_DATABASE_URL='$(L
 
 TYPED := labelrm_common rm_server labelrm_client clients rmctl ecm_agent engineconn bench tests
 
-.PHONY: ha-up ha-down ha-status help venv run docs test test-system test-all _pytest test-setup test-all-dbs format lint typecheck protos protos-check sync-client bench bench-native bench-peers clean distclean
+.PHONY: ha-up ha-down ha-status help venv run docs test test-system test-all _pytest test-setup test-all-dbs format lint typecheck protos protos-check sync-client bench bench-compare bench-native bench-peers clean distclean
 
 help: ## list the targets
 	@echo "labelrm make targets:"
@@ -114,6 +114,9 @@ protos-check: $(STAMP) ## regenerate into the tree; fail (and show the diff) if 
 
 bench: bench-native ## run every benchmark and print the targets (python -m bench $(BENCH_ARGS); docs/benchmarks.md)
 	$(PY) -m bench $(BENCH_ARGS)
+
+bench-compare: bench-native ## what a change costs: the benchmarks of REV and of this tree, interleaved (make bench-compare REV=<commit>)
+	$(PY) -m bench.compare --rev '$(REV)' $(BENCH_ARGS)
 
 bench-peers: $(STAMP) ## measure Ray on this machine (pinned, in its own build/peers-venv): placement groups and actors, sequential and 16 in flight; writes build/bench-peers.json (python -m bench.peers $(BENCH_ARGS))
 	$(PY) -m bench.peers $(BENCH_ARGS)
