@@ -5,11 +5,11 @@ server's interceptor, reflection and the standard health service."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import gc
 import logging
 import signal
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -82,6 +82,28 @@ SERVICE_NAMES = (
 # (10,000 / 20 did no better for the beats; the RSS under the apply load was the same
 # with either and with the defaults).
 COLLECTOR_THRESHOLDS = (5_000, 10, 10)
+
+
+# Seconds a shutdown step may take beyond its drain grace before it is left behind.
+SHUTDOWN_STEP_SECONDS = 15.0
+
+
+async def _bounded(what: str, step: Awaitable[object], grace: float = 0.0) -> None:
+    """Await a shutdown step for at most its grace plus SHUTDOWN_STEP_SECONDS. One that
+    takes longer (a task that does not answer its cancellation, a peer that does not
+    close) is cancelled without waiting for it and logged in one line naming it."""
+    task = asyncio.ensure_future(step)
+    done, _ = await asyncio.wait({task}, timeout=grace + SHUTDOWN_STEP_SECONDS)
+    if task in done:
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("shutdown: %s failed: %r", what, task.exception())
+        return
+    task.cancel()
+    log.warning(
+        "shutdown: %s did not finish within %g s; going on without it",
+        what,
+        grace + SHUTDOWN_STEP_SECONDS,
+    )
 
 
 def tune_collector() -> None:
@@ -404,41 +426,44 @@ class RMServer:
         return DemandSettings(planner=planner, interval=st.demand_interval)
 
     async def stop(self, grace: float | None = None) -> None:
-        """Graceful stop: health NOT_SERVING, finish in-flight calls, then close."""
+        """Graceful stop: health NOT_SERVING, finish in-flight calls, then close. Each step
+        is bounded (`shutdown_step`): one that does not finish is logged by name and left
+        behind, and the rest still run; a drain never hangs the process."""
+        grace = self.settings.shutdown_grace if grace is None else grace
         if self._health is not None:
-            await self._health.enter_graceful_shutdown()
+            await _bounded("health", self._health.enter_graceful_shutdown())
         if self._metrics_http is not None:
-            await self._metrics_http.stop()
+            await _bounded("the metrics endpoint", self._metrics_http.stop())
         if self.console is not None:
-            await self.console.stop()
+            await _bounded("the console", self.console.stop())
         # The judge goes first: a server that drains takes no new calls, so from here on
         # it cannot hear agents and EngineConns, and must not hold their silence against
         # them (another replica, or this one restarted, takes over under the lease).
         for task in self._liveness:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await _bounded(
+            "the liveness judge", asyncio.gather(*self._liveness, return_exceptions=True)
+        )
         if self.hub is not None:
             self.hub.judge.hearing.close()
-        grace = self.settings.shutdown_grace if grace is None else grace
         serving = [self._server] if self._serving else []
         serving += [self._agent_server] if self._agent_serving else []
         stopping = [server.stop(grace) for server in serving if server is not None]
         if self._agents is not None:
             stopping.append(self._agents.stop(grace))
-        await asyncio.gather(*stopping)
+        await _bounded("the listeners' drain", asyncio.gather(*stopping), grace)
         if self.demands is not None:
-            await self.demands.planning.stop_background()
+            await _bounded("the demand planner", self.demands.planning.stop_background())
         if self.core is not None:
-            await self.core.stop_background(grace)
+            await _bounded("the background jobs", self.core.stop_background(grace), grace)
             if self.core.external is not None:
-                await self.core.external.close()
+                await _bounded("the external providers", self.core.external.close())
         if self._notifier is not None:
-            await self._notifier.stop()
+            await _bounded("the LISTEN connection", self._notifier.stop())
         if self._db is not None:
-            await self._db.close()
+            await _bounded("the database pool", self._db.close())
         if self._embedded is not None:
-            await asyncio.to_thread(self._embedded.stop)
+            await _bounded("the embedded PostgreSQL", asyncio.to_thread(self._embedded.stop))
 
     async def run_until_signalled(self) -> None:
         await self.start()
