@@ -84,8 +84,10 @@ SERVICE_NAMES = (
 COLLECTOR_THRESHOLDS = (5_000, 10, 10)
 
 
-# Seconds a shutdown step may take beyond its drain grace before it is left behind.
-SHUTDOWN_STEP_SECONDS = 15.0
+# Seconds a shutdown step may take beyond its drain grace before it is left behind: a
+# last resort, above the steps' own bounds (the agents' process is killed 15 s past the
+# grace, a query cancelled within 10 s).
+SHUTDOWN_STEP_SECONDS = 30.0
 
 
 async def _bounded(what: str, step: Awaitable[object], grace: float = 0.0) -> None:
@@ -99,6 +101,9 @@ async def _bounded(what: str, step: Awaitable[object], grace: float = 0.0) -> No
             log.warning("shutdown: %s failed: %r", what, task.exception())
         return
     task.cancel()
+    # Its outcome, whenever it comes, is nobody's to read: consumed here, not reported by
+    # asyncio as never retrieved.
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())
     log.warning(
         "shutdown: %s did not finish within %g s; going on without it",
         what,
@@ -213,13 +218,9 @@ class RMServer:
             self._agent_server = _grpc_server(st, st.max_message_bytes)
         calls = self._services()
         await self._start_jobs(lease)
-        if self.role is Role.USERS:  # serving agents before this process reports SERVING
-            self._agents = AgentProcess(child_settings(st, url))
-            await self._agents.start()
-            self.agent_port = self._agents.port
-            self.metrics.add_peer(self._agents.fetch_metrics)
-        await self._listen(calls)
-        log.info("security: %s", self.security.describe(self.agent_port))
+        # This process's addresses are bound before the agents' process starts: the ports
+        # it takes from the system (agent_listen :0, its metrics) cannot be one of ours.
+        self._bind(calls)
         if st.metrics_listen:
             tls, authorize = self.security.metrics_guard()
             self._metrics_http = MetricsHttpServer(
@@ -235,6 +236,13 @@ class RMServer:
             self.console = Console(sources, st.console_listen)
             await self.console.start()
             self.metrics.attach_console(self.console.cache)
+        if self.role is Role.USERS:  # serving agents before this process reports SERVING
+            self._agents = AgentProcess(child_settings(st, url))
+            await self._agents.start()
+            self.agent_port = self._agents.port
+            self.metrics.add_peer(self._agents.fetch_metrics)
+        await self._serve()
+        log.info("security: %s", self.security.describe(self.agent_port))
 
     async def _open_database(self) -> str:
         """The database (the embedded one, started here, without a URL); its URL."""
@@ -367,15 +375,20 @@ class RMServer:
         )
         return calls
 
-    async def _listen(self, calls: Interceptor) -> None:
-        """Open this process's listeners and serve."""
-        assert self.security is not None and self._health is not None
+    def _bind(self, calls: Interceptor) -> None:
+        """Install the services and bind this process's gRPC listeners (gRPC binds a port
+        when it is added; calls are served from `_serve`)."""
+        assert self.security is not None
         if self._server is not None:
             calls.install(self._server)
             self.port = self.security.add_user_port(self._server)
         if self._agent_server is not None:
             calls.install(self._agent_server)
             self.agent_port = self.security.add_agent_port(self._agent_server)
+
+    async def _serve(self) -> None:
+        """Serve on the bound listeners, then report SERVING."""
+        assert self._health is not None
         if self._server is not None:
             await self._server.start()
             self._serving = True
