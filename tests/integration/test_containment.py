@@ -496,10 +496,10 @@ async def test_cgroup_kill_on_the_v2_hierarchy_ends_a_setsid_escapee(
     name = f"lrmtest-v2-{uuid.uuid4().hex[:12]}"
     parent = unified[0].path / name
     parent.mkdir()
+    layout = Layout(2, (Hierarchy(parent, V2_CONTROLLERS, f"/{name}"),))
+    containment = Containment(layout, 0)
+    cg = containment.create("ec-1", Limits())
     try:
-        layout = Layout(2, (Hierarchy(parent, V2_CONTROLLERS, f"/{name}"),))
-        containment = Containment(layout, 0)
-        cg = containment.create("ec-1", Limits())
         command = [
             *containment.join_command(cg),
             "/bin/sh",
@@ -507,14 +507,23 @@ async def test_cgroup_kill_on_the_v2_hierarchy_ends_a_setsid_escapee(
             "setsid -f sleep 600; exec sleep 600",
         ]
         proc = await asyncio.create_subprocess_exec(*command, start_new_session=True)
+
+        def escaped() -> set[int] | None:
+            # Two sessions, one cgroup: counted once `setsid -f`'s child has left the
+            # session (it is a member from its fork, before its setsid()).
+            members = containment.members(cg)
+            sessions = {os.getsid(p) for p in members if alive(p)}
+            return members if len(members) == 2 and len(sessions) == 2 else None
+
         pids = await wait_until(
-            lambda: _async(m if len(m := containment.members(cg)) == 2 else None),
+            lambda: _async(escaped()),
             timeout=10,
-            what="the process and its escapee in the cgroup",
+            what="the process and its escapee, in a session of its own, in the cgroup",
         )
-        assert len({os.getsid(p) for p in pids}) == 2  # two sessions, one cgroup
         assert await containment.destroy(cg)
         assert not any(alive(p) for p in pids) and not containment.exists(cg)
         assert await proc.wait() == -9
     finally:
+        if containment.exists(cg):  # a failure above: leave no process and no cgroup
+            await containment.destroy(cg)
         parent.rmdir()
