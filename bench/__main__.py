@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from bench.common import ROOT, emit, table
+from bench.heartbeats import cpu_per_call_us
 
 BENCHMARKS = ("peers", "apply_cycle", "heartbeats", "launch")
 
@@ -41,11 +42,6 @@ def run(name: str, args: list[str]) -> dict[str, Any] | None:
 
 def _find(results: list[dict[str, Any]], mode: str, clients: int) -> dict[str, Any]:
     return next((r for r in results if r["mode"] == mode and r["clients"] == clients), {})
-
-
-def _per_call_ms(cores: float | None, calls_per_s: float | None) -> float | None:
-    """Milliseconds of CPU per call, from the cores a part used and its calls per second."""
-    return round(cores / calls_per_s * 1000, 3) if cores and calls_per_s else None
 
 
 class Targets:
@@ -79,13 +75,15 @@ def _apply_targets(t: Targets, ac: dict[str, Any], ray: dict[str, Any] | None) -
         )
     empty = floor.get("1") or floor.get(1)
     if one and empty:
-        rpc = _per_call_ms(one["labelrm"]["cpu"].get("server"), one["labelrm"]["cycles_per_s"] * 3)
-        call = _per_call_ms(empty["cpu"].get("server"), empty["rpcs_per_s"])
+        rpc = cpu_per_call_us(
+            one["labelrm"]["cpu"].get("server", 0.0), one["labelrm"]["cycles_per_s"] * 3
+        )
+        call = cpu_per_call_us(empty["cpu"].get("server", 0.0), empty["rpcs_per_s"])
         t.ratio(
             "1 client: RM CPU per RPC <= 1.5 x the empty call's",
             round(rpc / call, 2) if rpc and call else None,
             1.5,
-            f"{rpc} vs {call} ms of RM CPU per call",
+            f"{rpc} vs {call} us of RM CPU per call",
             most=True,
         )
     sixteen = _find(results, "spread", 16)

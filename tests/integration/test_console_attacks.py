@@ -157,21 +157,27 @@ def test_a_rebound_name_and_a_cross_site_post_get_nothing_from_the_dev_console(d
 
     # A form on another site POSTs to the kill action: refused, the EngineConn lives.
     kill = dev_rm.console + f"api/engineconns/{ec.engine_conn_id}/kill"
-    form = {"Content-Type": "application/x-www-form-urlencoded"}
     own = f"http://127.0.0.1:{port}"
-    for headers in (
-        {**form, "Origin": f"http://{EVIL}"},
-        {**form, "Origin": f"http://{EVIL}", "X-Labelrm-Console": "1"},  # a preflight refused
-        {**form, "Origin": "null", "X-Labelrm-Console": "1"},
-        {**form, "X-Labelrm-Console": "1"},  # no Origin at all
-        {**form, "Origin": own},  # its own origin, but no header: not the console's page
-    ):
+    for headers in cross_site_posts(own):
         status, body = send(kill, "POST", headers, b"confirm=yes")
         assert status == 403, (headers, body)
         assert state_of(dev_rm, ec.engine_conn_id) in LIVE
     # What the console's page sends is taken.
     status, body = send(kill, "POST", {"Origin": own, "X-Labelrm-Console": "1"})
     assert status == 200 and body["engine_conn"]["id"] == ec.engine_conn_id
+
+
+def cross_site_posts(own: str) -> tuple[dict[str, str], ...]:
+    """The headers of a POST the console must refuse: a form on another site, with and
+    without the console's header, an opaque origin, no origin, its own origin without it."""
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    return (
+        {**form, "Origin": f"http://{EVIL}"},
+        {**form, "Origin": f"http://{EVIL}", "X-Labelrm-Console": "1"},  # a preflight refused
+        {**form, "Origin": "null", "X-Labelrm-Console": "1"},
+        {**form, "X-Labelrm-Console": "1"},  # no Origin at all
+        {**form, "Origin": own},  # its own origin, but no header: not the console's page
+    )
 
 
 def cordoned(rm: DevRM, instance: str) -> bool:
@@ -189,15 +195,8 @@ def test_a_cross_site_post_cordons_no_node_of_the_dev_console(dev_rm):
     port = dev_rm.console_port
     cordon = dev_rm.console + f"api/nodes/{node}/cordon?reason=evil"
     uncordon = dev_rm.console + f"api/nodes/{node}/uncordon"
-    form = {"Content-Type": "application/x-www-form-urlencoded"}
     own = f"http://127.0.0.1:{port}"
-    for headers in (
-        {**form, "Origin": f"http://{EVIL}"},
-        {**form, "Origin": f"http://{EVIL}", "X-Labelrm-Console": "1"},  # a preflight refused
-        {**form, "Origin": "null", "X-Labelrm-Console": "1"},
-        {**form, "X-Labelrm-Console": "1"},  # no Origin at all
-        {**form, "Origin": own},  # its own origin, but no header: not the console's page
-    ):
+    for headers in cross_site_posts(own):
         status, body = send(cordon, "POST", headers, b"confirm=yes")
         assert status == 403, (headers, body)
         assert not cordoned(dev_rm, node), headers
