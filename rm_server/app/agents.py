@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from rm_server.app.batching import Combiner, each_alone_on_failure
 from rm_server.app.engineconns import EngineConnManager
@@ -90,7 +91,7 @@ class AgentHub:
         beat = _Beat(agent_id, sequence, tuple(processes), tuple(done_command_ids), encode)
         answer = await self._beat_combiner().submit(beat)
         if isinstance(answer, _FullPass):
-            return await self._full_pass(beat, answer.state, answer.now)
+            return await self._full_pass(beat, answer)
         assert isinstance(answer, (HeartbeatOutcome, bytes))
         return answer
 
@@ -128,23 +129,32 @@ class AgentHub:
 
         return await self.db.run(body, pipeline=True)
 
-    async def _full_pass(self, beat: _Beat, state: EcmState, now: datetime) -> HeartbeatOutcome:
-        """The rest of a recorded heartbeat that needs more than an answer."""
+    async def _full_pass(self, beat: _Beat, work: _FullPass) -> HeartbeatOutcome:
+        """The rest of a recorded heartbeat that needs more than an answer, in one
+        transaction: the reported processes that need attention (the others are
+        routine and cost nothing), the EngineConns that vanished from the reports, a
+        draining agent's end, then the answer with the commands pending after all that."""
         agent_id = beat.agent_id
-        for report in beat.processes:
-            await self.db.run(self._apply_process, agent_id, report)
-        await self._fence_vanished(agent_id, {p.ec_id for p in beat.processes}, now)
-        if state is EcmState.DRAINING and await self._drained(agent_id):
-            return HeartbeatOutcome(
-                HeartbeatAction.SHUTDOWN, reason="decommissioned", sequence=beat.sequence
+
+        async def body(conn: Conn) -> HeartbeatOutcome:
+            for report in work.attend:
+                await self._apply_process(conn, agent_id, report)
+            if work.fence:
+                reported = {p.ec_id for p in beat.processes}
+                await self._fence_vanished(conn, agent_id, reported, work.now)
+            if work.state is EcmState.DRAINING and await self._drained(conn, agent_id):
+                return HeartbeatOutcome(
+                    HeartbeatAction.SHUTDOWN, reason="decommissioned", sequence=beat.sequence
+                )
+            commands = await ec_store.pending_commands(conn, agent_id)
+            outcome = HeartbeatOutcome(
+                HeartbeatAction.CONTINUE, tuple(commands), sequence=beat.sequence
             )
-        commands = await self.db.run(lambda c: ec_store.pending_commands(c, agent_id))
-        outcome = HeartbeatOutcome(
-            HeartbeatAction.CONTINUE, tuple(commands), sequence=beat.sequence
-        )
-        encoded = beat.encode(outcome)
-        await self.db.run(lambda c: ecm_store.store_response(c, agent_id, beat.sequence, encoded))
-        return outcome
+            encoded = beat.encode(outcome)
+            await ecm_store.store_response(conn, agent_id, beat.sequence, encoded)
+            return outcome
+
+        return await self.db.run(body)
 
     async def _apply_process(self, conn: Conn, agent_id: str, report: ProcessReport) -> None:
         now = self._now()
@@ -173,12 +183,12 @@ class AgentHub:
                 now,
                 report,
             )
-        if not await ec_store.has_pending(conn, agent_id, report.ec_id, CommandKind.CLEANUP):
-            await ec_store.queue_command(
-                conn,
-                AgentCommand(self.core.new_id("cmd"), agent_id, report.ec_id, CommandKind.CLEANUP),
-                now,
-            )
+        await ec_store.queue_command(
+            conn,
+            AgentCommand(self.core.new_id("cmd"), agent_id, report.ec_id, CommandKind.CLEANUP),
+            now,
+            unless_pending=True,
+        )
 
     async def _end_ec(
         self,
@@ -205,7 +215,7 @@ class AgentHub:
             return
         if silent is not None and not await ec_store.is_silent(conn, ec_id, *silent):
             raise _Heard(ec_id)
-        fields: dict[str, object] = {"state": state, "ended_at": now, "reason": reason}
+        fields: dict[str, Any] = {"state": state, "ended_at": now, "reason": reason}
         measured = current.measured
         if report is not None:
             fields.update(exit_code=report.exit_code, log_tail=report.log_tail[-4000:])
@@ -217,16 +227,16 @@ class AgentHub:
             await ec_store.keep_measured(conn, ticket_id, ec_id, measured)
         log.info("EngineConn %s ended %s: %s", ec_id, state.value, reason)
 
-    async def _fence_vanished(self, agent_id: str, reported: set[str], now: datetime) -> None:
+    async def _fence_vanished(
+        self, conn: Conn, agent_id: str, reported: set[str], now: datetime
+    ) -> None:
         """Live EngineConns whose launch the agent acknowledged earlier but no longer
         reports have vanished (for example with the agent's state): LOST, released."""
-
-        acked = await self.db.run(lambda c: ec_store.launch_done_before(c, agent_id, now))
-        live = await self.db.run(lambda c: ec_store.live_ecs_on(c, agent_id))
-        for ec in live:
+        acked = await ec_store.launch_done_before(conn, agent_id, now)
+        for ec in await ec_store.live_ecs_on(conn, agent_id):
             if ec.ec_id in acked and ec.ec_id not in reported:
-                await self.db.run(
-                    self._end_ec,
+                await self._end_ec(
+                    conn,
                     ec.ec_id,
                     ec.ticket_id,
                     EcState.LOST,
@@ -234,15 +244,12 @@ class AgentHub:
                     now,
                 )
 
-    async def _drained(self, agent_id: str) -> bool:
-        async def body(conn: Conn) -> bool:
-            if await ec_store.live_ecs_on(conn, agent_id):
-                return False
-            await admin_store.unregister_ecm(conn, agent_id, self._now(), "decommissioned")
-            log.info("ECM %s drained and left", agent_id)
-            return True
-
-        return await self.db.run(body)
+    async def _drained(self, conn: Conn, agent_id: str) -> bool:
+        if await ec_store.live_ecs_on(conn, agent_id):
+            return False
+        await admin_store.unregister_ecm(conn, agent_id, self._now(), "decommissioned")
+        log.info("ECM %s drained and left", agent_id)
+        return True
 
     # ----- EngineConn reports --------------------------------------------------------------
 
@@ -460,10 +467,13 @@ class _Heard(Exception):
 
 @dataclass(frozen=True)
 class _FullPass:
-    """The group recorded the beat; the caller finishes it with the full pass."""
+    """The group recorded the beat; the caller finishes it with the full pass: the
+    processes that need attention, whether any vanished (domain/heartbeats.py)."""
 
     state: EcmState
     now: datetime
+    attend: tuple[ProcessReport, ...]
+    fence: bool
 
 
 def _answer(
@@ -480,7 +490,7 @@ def _answer(
         answer = agent.last_response
     elif decided.reply is Reply.FULL_PASS:
         assert agent is not None
-        answer = _FullPass(agent.state, now)
+        answer = _FullPass(agent.state, now, decided.attend, decided.fence)
     else:
         assert decided.outcome is not None
         answer = decided.outcome

@@ -236,18 +236,21 @@ class EngineConnManager:
                 await self._store_choices(ec.ec_id, choices)
                 break
             tried.add(pick)
-            try:
-                # The ranking is stored with the launch, in its transaction.
-                await self._apply_and_launch(
-                    ec, pick, attempt, user, engine, version, resource, choices
-                )
-            # Lost a race for that ECM (its capacity taken, or it went away): the next one.
-            except (ResourceExhausted, EcmNotRegistered, EcmNotRunning) as exc:
-                await self._store_choices(ec.ec_id, choices)  # that transaction rolled back
-                last_error = exc
-                failures.append(f"{pick}: {exc.message}")
-                continue
-            outcome = await self._await_ready(ec.ec_id, deadline)
+            # Subscribed before the launch is queued, this attempt hears every change
+            # after it: the row is STARTING without a pid until one arrives.
+            with self.core.notifier.subscribe([ec_key(ec.ec_id)]) as changed:
+                try:
+                    # The ranking is stored with the launch, in its transaction.
+                    await self._apply_and_launch(
+                        ec, pick, attempt, user, engine, version, resource, choices
+                    )
+                # Lost a race for that ECM (its capacity taken, or it went away): the next.
+                except (ResourceExhausted, EcmNotRegistered, EcmNotRunning) as exc:
+                    await self._store_choices(ec.ec_id, choices)  # that one rolled back
+                    last_error = exc
+                    failures.append(f"{pick}: {exc.message}")
+                    continue
+                outcome = await self._await_ready(ec.ec_id, deadline, changed)
             if outcome.state in (EcState.IDLE, EcState.BUSY):
                 return outcome
             failures.append(f"{pick}: {outcome.reason}")
@@ -344,10 +347,12 @@ class EngineConnManager:
 
         async def queue_launch(conn: Conn, ticket: Ticket) -> None:
             now = self.core.clock.now()
+            # Still STARTING: nobody waiting on it needs waking (notify=False).
             await ec_store.update_ec(
                 conn,
                 ec.ec_id,
                 now,
+                notify=False,
                 state=EcState.STARTING,
                 ecm_instance=ecm,
                 ticket_id=ticket.ticket_id,
@@ -378,26 +383,34 @@ class EngineConnManager:
         if isinstance(outcome, Replay):  # pragma: no cover - attempt ids are unique
             raise FailedPrecondition("launch attempt already made", state="STARTING")
 
-    async def _await_ready(self, ec_id: str, deadline: float) -> EngineConn:
+    async def _await_ready(
+        self, ec_id: str, deadline: float, launched: asyncio.Event | None = None
+    ) -> EngineConn:
         """Wait for the EngineConn to leave STARTING (woken by NOTIFY ec:<id>).
 
         Ready takes two reports: the EngineConn's own (IDLE, with its address) and its
         agent's heartbeat with the process (pid, work dir). Either may come first: a fork
         from a warm fork server reports IDLE before the agent's next heartbeat.
+        `launched`: the caller's subscription, taken before it queued the launch; the
+        row is read only once it changed since (no read of a row known to be STARTING).
         """
-        with self.core.notifier.subscribe([ec_key(ec_id)]) as changed:
-            while True:
-                changed.clear()
-                ec = await self.db.run(lambda c: ec_store.get_ec(c, ec_id))
-                up = ec.state in (EcState.IDLE, EcState.BUSY)
-                if ec.state is not EcState.STARTING and (ec.pid or not up):
-                    return ec
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    await self.kill(ec_id, "start timeout")
-                    raise DeadlineExceeded(f"EngineConn {ec_id} was not ready within the timeout")
+        if launched is None:
+            with self.core.notifier.subscribe([ec_key(ec_id)]) as changed:
+                changed.set()  # not known: read it first
+                return await self._await_ready(ec_id, deadline, changed)
+        while True:
+            remaining = deadline - time.monotonic()
+            if not launched.is_set() and remaining > 0:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(changed.wait(), timeout=remaining)
+                    await asyncio.wait_for(launched.wait(), timeout=remaining)
+            launched.clear()
+            ec = await self.db.run(lambda c: ec_store.get_ec(c, ec_id))
+            up = ec.state in (EcState.IDLE, EcState.BUSY)
+            if ec.state is not EcState.STARTING and (ec.pid or not up):
+                return ec
+            if deadline - time.monotonic() <= 0:
+                await self.kill(ec_id, "start timeout")
+                raise DeadlineExceeded(f"EngineConn {ec_id} was not ready within the timeout")
 
     async def _outcome_of(self, ec_id: str, deadline: float) -> EngineConn:
         ec = await self._await_ready(ec_id, deadline)
@@ -451,8 +464,7 @@ class EngineConnManager:
                     ec, state=EcState.FAILED, ended_at=now, reason=reason, updated_at=now
                 )
             await self.queue_kill(conn, ec.ecm_instance, ec_id, reason, now)
-            await ec_store.mark_killed(conn, ec_id, ec.state)
-            await ec_store.update_ec(conn, ec_id, now, state=EcState.SHUTTING_DOWN, reason=reason)
+            await ec_store.mark_shutting_down(conn, ec_id, ec.state, reason, now)
             # What the row now holds, without reading it again.
             return replace(ec, state=EcState.SHUTTING_DOWN, reason=reason, updated_at=now)
 
@@ -461,8 +473,6 @@ class EngineConnManager:
     async def queue_kill(
         self, conn: Conn, agent_id: str, ec_id: str, reason: str, now: datetime
     ) -> None:
-        if await ec_store.has_pending(conn, agent_id, ec_id, CommandKind.KILL):
-            return
         await ec_store.queue_command(
             conn,
             AgentCommand(
@@ -474,6 +484,7 @@ class EngineConnManager:
                 grace_seconds=self.settings.kill_grace,
             ),
             now,
+            unless_pending=True,
         )
 
     async def commands_for(self, agent_id: str) -> AsyncIterator[AgentCommand]:
@@ -482,7 +493,7 @@ class EngineConnManager:
         with self.core.notifier.subscribe([agent_key(agent_id)]) as queued:
             while True:
                 queued.clear()
-                pending = await self.db.run(lambda c: ec_store.pending_commands(c, agent_id))
+                pending = await self.db.run(ec_store.pending_commands, agent_id, frozenset(sent))
                 for command in pending:
                     if command.command_id not in sent:
                         sent.add(command.command_id)

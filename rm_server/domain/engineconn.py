@@ -312,26 +312,22 @@ def local_limits(granted: Resource) -> tuple[int, int]:
     return granted.get("memory_bytes"), granted.get("cpu_millis")
 
 
-def heartbeat_is_routine(
+def needs_attention(report: ProcessReport, live_pids: Mapping[str, int]) -> bool:
+    """True when a reported process asks for more than liveness: it ended (or never
+    started), the RM has no live EngineConn of that id on the agent (it is to be
+    killed), or it brings a pid the RM has not recorded."""
+    if report.state is not ProcessState.RUNNING or report.ec_id not in live_pids:
+        return True
+    return bool(report.pid) and report.pid != live_pids[report.ec_id]
+
+
+def any_vanished(
     reports: Sequence[ProcessReport], live_pids: Mapping[str, int], acked: AbstractSet[str]
 ) -> bool:
-    """True when an agent's heartbeat asks for nothing but liveness and its commands.
-
-    `live_pids`: the EngineConns the RM has live on the agent (id -> pid, 0 if not
-    known yet); `acked`: those whose launch the agent acknowledged in an earlier beat.
-    Routine means every reported process is RUNNING as one of them with the pid the RM
-    knows (or none yet), and every acknowledged one is reported. Anything else (a
-    process to kill or to end, a pid to record, an EngineConn that vanished) needs the
-    full pass.
-    """
-    reported: set[str] = set()
-    for report in reports:
-        if report.state is not ProcessState.RUNNING or report.ec_id not in live_pids:
-            return False
-        if report.pid and report.pid != live_pids[report.ec_id]:
-            return False
-        reported.add(report.ec_id)
-    return all(ec_id in reported for ec_id in acked if ec_id in live_pids)
+    """True when a live EngineConn whose launch the agent acknowledged earlier is not
+    among the processes it reports (it vanished: the full pass fences it)."""
+    reported = {r.ec_id for r in reports}
+    return any(ec_id in live_pids and ec_id not in reported for ec_id in acked)
 
 
 def node_allowed(

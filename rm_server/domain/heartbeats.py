@@ -21,7 +21,8 @@ from rm_server.domain.engineconn import (
     MeasuredUsage,
     ProcessReport,
     ProcessState,
-    heartbeat_is_routine,
+    any_vanished,
+    needs_attention,
 )
 
 
@@ -60,13 +61,17 @@ class Reply(enum.Enum):
 class BeatAnswer:
     """What a beat is answered and what is recorded of it: nothing (`record` False), or
     its sequence number, the commands it acknowledged and what it measured, with the
-    answer itself when it is kept for a resend (`keep_outcome`)."""
+    answer itself when it is kept for a resend (`keep_outcome`). For the full pass, what
+    it has to do: the reported processes that need attention (`attend`) and whether a
+    live EngineConn vanished from the reports (`fence`); the rest are routine."""
 
     reply: Reply
     outcome: HeartbeatOutcome | None = None
     record: bool = False
     keep_outcome: bool = False
     measured: tuple[tuple[str, MeasuredUsage], ...] = ()
+    attend: tuple[ProcessReport, ...] = ()
+    fence: bool = False
 
 
 def answer_heartbeat(beat: Beat, agent: AgentSeen | None, allowed: bool) -> BeatAnswer:
@@ -75,8 +80,10 @@ def answer_heartbeat(beat: Beat, agent: AgentSeen | None, allowed: bool) -> Beat
     An unknown agent -> REREGISTER; LOST -> REREGISTER (nothing recorded: it must register
     again); a resend of the last answered sequence -> that answer again; otherwise the
     beat is recorded (liveness, sequence, acknowledged commands) and answered SHUTDOWN if
-    the node lists exclude the agent, CONTINUE with its pending commands if routine
-    (`heartbeat_is_routine`; that answer is kept for a resend), else by the full pass."""
+    the node lists exclude the agent, CONTINUE with its pending commands if routine (no
+    reported process `needs_attention`, none `any_vanished`, the agent RUNNING; that
+    answer is kept for a resend), else by the full pass, which attends to the processes
+    that need it, to those that vanished, and to a draining agent's end."""
     seq = beat.sequence
     if agent is None:
         return _outcome(HeartbeatAction.REREGISTER, "unknown agent", seq)
@@ -92,11 +99,12 @@ def answer_heartbeat(beat: Beat, agent: AgentSeen | None, allowed: bool) -> Beat
     if resend:
         return BeatAnswer(Reply.RESEND)
     measured = measured_of(beat.processes)
-    routine = agent.state is EcmState.RUNNING and heartbeat_is_routine(
-        beat.processes, agent.live_pids, agent.acked
-    )
-    if not routine:
-        return BeatAnswer(Reply.FULL_PASS, record=True, measured=measured)
+    attend = tuple(r for r in beat.processes if needs_attention(r, agent.live_pids))
+    fence = any_vanished(beat.processes, agent.live_pids, agent.acked)
+    if attend or fence or agent.state is not EcmState.RUNNING:
+        return BeatAnswer(
+            Reply.FULL_PASS, record=True, measured=measured, attend=attend, fence=fence
+        )
     done = set(beat.done_command_ids)
     commands = tuple(c for c in agent.pending if c.command_id not in done)
     proceed = HeartbeatOutcome(HeartbeatAction.CONTINUE, commands, sequence=seq)

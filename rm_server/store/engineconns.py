@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from datetime import datetime
 from typing import Any
 
@@ -26,7 +27,7 @@ from rm_server.domain.resources import Resource
 from rm_server.errors import not_found
 from rm_server.store.codec import jlabels, jres, labels_of, opt_res, res
 from rm_server.store.db import Conn, Idempotency, page_filters
-from rm_server.store.notify import agent_key, ec_key, notify_freed
+from rm_server.store.notify import CHANNEL, agent_key, ec_key
 
 EC_COLUMNS = (
     "ec_id, state, user_name, labels, params, engine, resource, created_at, updated_at,"
@@ -154,8 +155,11 @@ async def live_ecs_on(conn: Conn, ecm: str) -> list[EngineConn]:
     return [ec_from_row(r) for r in await cur.fetchall()]
 
 
-async def update_ec(conn: Conn, ec_id: str, now: datetime, **fields: Any) -> None:
-    """Set the named columns (fixed whitelist, values as parameters)."""
+async def update_ec(
+    conn: Conn, ec_id: str, now: datetime, *, notify: bool = True, **fields: Any
+) -> None:
+    """Set the named columns (fixed whitelist, values as parameters), and wake those
+    waiting on the EngineConn (`notify`)."""
     allowed = {
         "state",
         "ecm_instance",
@@ -186,11 +190,12 @@ async def update_ec(conn: Conn, ec_id: str, now: datetime, **fields: Any) -> Non
         sql.SQL("{} = %s").format(sql.Identifier(name)) for name in names
     )
     values = [_column_value(fields[n]) for n in names]
-    query = sql.SQL("UPDATE engine_conn SET {}, updated_at = %s WHERE ec_id = %s").format(
-        assignments
-    )
-    await conn.execute(query, (*values, now, ec_id))
-    await notify_freed(conn, [ec_key(ec_id)])
+    # The change and its notification in one round trip (none if there is no such row).
+    query = sql.SQL(
+        "WITH u AS (UPDATE engine_conn SET {}, updated_at = %s WHERE ec_id = %s RETURNING 1)"
+        " SELECT pg_notify(%s, %s) FROM u WHERE %s::boolean"
+    ).format(assignments)
+    await conn.execute(query, (*values, now, ec_id, CHANNEL, ec_key(ec_id), notify))
 
 
 async def record_report(conn: Conn, ec_id: str, state: EcState | None, arrived: datetime) -> bool:
@@ -200,15 +205,26 @@ async def record_report(conn: Conn, ec_id: str, state: EcState | None, arrived: 
     still be running here while the next one is answered; applied after it, the stale state
     (BUSY when the execution has ended) would stand until the next report. True when
     recorded."""
+    # Recorded or not, and the notification of a new state, in one round trip.
     cur = await conn.execute(
-        "UPDATE engine_conn SET state = coalesce(%s::text, state), last_report_at = %s,"
-        " updated_at = %s"
-        " WHERE ec_id = %s AND (last_report_at IS NULL OR last_report_at <= %s)",
-        (None if state is None else state.value, arrived, arrived, ec_id, arrived),
+        "WITH u AS (UPDATE engine_conn SET state = coalesce(%s::text, state),"
+        " last_report_at = %s, updated_at = %s"
+        " WHERE ec_id = %s AND (last_report_at IS NULL OR last_report_at <= %s) RETURNING 1)"
+        " SELECT (SELECT count(*) FROM u),"
+        " (SELECT count(pg_notify(%s, %s)) FROM u WHERE %s::boolean)",
+        (
+            None if state is None else state.value,
+            arrived,
+            arrived,
+            ec_id,
+            arrived,
+            CHANNEL,
+            ec_key(ec_id),
+            state is not None,
+        ),
     )
-    if cur.rowcount and state is not None:
-        await notify_freed(conn, [ec_key(ec_id)])
-    return bool(cur.rowcount)
+    row = await cur.fetchone()
+    return bool(row and row[0])
 
 
 def _column_value(value: Any) -> Any:
@@ -372,31 +388,53 @@ def command_from_row(row: tuple[Any, ...]) -> AgentCommand:
     )
 
 
-async def queue_command(conn: Conn, cmd: AgentCommand, now: datetime) -> None:
+async def queue_command(
+    conn: Conn, cmd: AgentCommand, now: datetime, *, unless_pending: bool = False
+) -> None:
+    """Queue a command for its agent and wake the agent's stream, in one round trip.
+    `unless_pending`: not if a command of the same kind for the same EngineConn is
+    still pending (a kill or a clean-up is ordered once)."""
+    guard = (
+        " WHERE NOT EXISTS (SELECT 1 FROM agent_command WHERE agent_id = %(agent)s"
+        " AND ec_id = %(ec)s AND kind = %(kind)s AND done_at IS NULL)"
+        if unless_pending
+        else ""
+    )
     await conn.execute(
-        "INSERT INTO agent_command (command_id, agent_id, ec_id, kind, payload, created_at)"
-        " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (command_id) DO NOTHING",
-        (cmd.command_id, cmd.agent_id, cmd.ec_id, cmd.kind.value, Jsonb(_payload(cmd)), now),
+        "WITH i AS (INSERT INTO agent_command"  # noqa: S608 - a constant guard
+        " (command_id, agent_id, ec_id, kind, payload, created_at)"
+        " SELECT %(id)s, %(agent)s, %(ec)s, %(kind)s, %(payload)s, %(now)s"
+        f"{guard} ON CONFLICT (command_id) DO NOTHING RETURNING 1)"
+        " SELECT pg_notify(%(channel)s, %(key)s) FROM i",
+        {
+            "id": cmd.command_id,
+            "agent": cmd.agent_id,
+            "ec": cmd.ec_id,
+            "kind": cmd.kind.value,
+            "payload": Jsonb(_payload(cmd)),
+            "now": now,
+            "channel": CHANNEL,
+            "key": agent_key(cmd.agent_id),
+        },
     )
-    await notify_freed(conn, [agent_key(cmd.agent_id)])
 
 
-async def has_pending(conn: Conn, agent_id: str, ec_id: str, kind: CommandKind) -> bool:
+async def pending_commands(
+    conn: Conn, agent_id: str, sent: AbstractSet[str] = frozenset()
+) -> list[AgentCommand]:
+    """The agent's pending commands in the order they were queued. Those in `sent`
+    (already streamed to it) come without their payload: the caller has them, and a
+    launch's payload (its files and environment) is the costly part to read again."""
     cur = await conn.execute(
-        "SELECT 1 FROM agent_command WHERE agent_id = %s AND ec_id = %s AND kind = %s"
-        " AND done_at IS NULL",
-        (agent_id, ec_id, kind.value),
-    )
-    return await cur.fetchone() is not None
-
-
-async def pending_commands(conn: Conn, agent_id: str) -> list[AgentCommand]:
-    cur = await conn.execute(
-        "SELECT command_id, agent_id, ec_id, kind, payload FROM agent_command"
+        "SELECT command_id, agent_id, ec_id, kind,"
+        " CASE WHEN command_id = ANY(%s) THEN NULL ELSE payload END FROM agent_command"
         " WHERE agent_id = %s AND done_at IS NULL ORDER BY created_at, command_id",
-        (agent_id,),
+        (list(sent), agent_id),
     )
-    return [command_from_row(r) for r in await cur.fetchall()]
+    return [
+        AgentCommand(r[0], r[1], r[2], CommandKind(r[3])) if r[4] is None else command_from_row(r)
+        for r in await cur.fetchall()
+    ]
 
 
 async def launch_done_before(conn: Conn, agent_id: str, before: datetime) -> set[str]:
@@ -417,11 +455,24 @@ async def purge_done_commands(conn: Conn, done_before: datetime) -> int:
     return cur.rowcount
 
 
-async def mark_killed(conn: Conn, ec_id: str, state: EcState) -> None:
-    """Record the state the EngineConn was in when its kill was ordered (the first kill's)."""
+async def mark_shutting_down(
+    conn: Conn, ec_id: str, killed_from: EcState, reason: str, now: datetime
+) -> None:
+    """A kill was ordered: SHUTTING_DOWN with its reason, and the state it was in when
+    the first kill was ordered (`kill_of`), with the wake-up, in one round trip."""
     await conn.execute(
-        "UPDATE engine_conn SET killed_from = %s WHERE ec_id = %s AND killed_from IS NULL",
-        (state.value, ec_id),
+        "WITH u AS (UPDATE engine_conn SET state = %s, reason = %s,"
+        " killed_from = coalesce(killed_from, %s), updated_at = %s WHERE ec_id = %s RETURNING 1)"
+        " SELECT pg_notify(%s, %s) FROM u",
+        (
+            EcState.SHUTTING_DOWN.value,
+            reason,
+            killed_from.value,
+            now,
+            ec_id,
+            CHANNEL,
+            ec_key(ec_id),
+        ),
     )
 
 

@@ -37,10 +37,17 @@ PROBE_INTERVAL = 5.0
 PROBE_TIMEOUT = 5.0
 
 
+# One statement for any number of keys (one round trip, not one per key).
+NOTIFY_KEYS = "SELECT count(pg_notify(%s, k)) FROM unnest(%s::text[]) AS k"
+
+
 async def notify_freed(conn: psycopg.AsyncConnection[Any], labels: Iterable[str]) -> None:
-    """Queue a notification per key; PostgreSQL sends them when the transaction commits."""
-    for label in sorted(set(labels)):
-        await conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, label))
+    """Queue a notification per key; PostgreSQL sends them when the transaction commits.
+    (A statement that changes one row can notify itself, in the same round trip: see
+    rm_server/store/engineconns.py.)"""
+    keys = sorted(set(labels))
+    if keys:
+        await conn.execute(NOTIFY_KEYS, (CHANNEL, keys))
 
 
 def ec_key(ec_id: str) -> str:
