@@ -158,17 +158,14 @@ class AgentHub:
 
     async def _apply_process(self, conn: Conn, agent_id: str, report: ProcessReport) -> None:
         now = self._now()
-        try:
-            ec = await ec_store.get_ec(conn, report.ec_id)
-        except NotFound:
-            ec = None
+        ec = await ec_store.brief_ec(conn, report.ec_id)
         ours = ec is not None and ec.ecm_instance == agent_id
         if report.state is ProcessState.RUNNING:
             if ec is None or not ours or not ec.state.live:
                 await self.ecs.queue_kill(conn, agent_id, report.ec_id, "not recognised", now)
             elif report.pid and report.pid != ec.pid:
                 await ec_store.update_ec(
-                    conn, ec.ec_id, now, pid=report.pid, work_dir=report.work_dir or ec.work_dir
+                    conn, report.ec_id, now, pid=report.pid, work_dir=report.work_dir or ec.work_dir
                 )
             return
         # The process ended (or never started): end the EngineConn, then let the agent forget it.
@@ -176,7 +173,7 @@ class AgentHub:
         if ec is not None and ours and ec.state.live:
             await self._end_ec(
                 conn,
-                ec.ec_id,
+                report.ec_id,
                 ec.ticket_id,
                 _ended_state(ec.state, report),
                 _exit_reason(ec.state, report),
@@ -210,8 +207,8 @@ class AgentHub:
             state, reason = ended_on_request(kill[0], state, kill[1], reason)
         if ticket_id:
             await ticket_store.release(conn, ticket_id, now, f"EngineConn {state.value.lower()}")
-        current = await ec_store.get_ec(conn, ec_id, lock=True)
-        if not current.state.live:
+        current = await ec_store.brief_ec(conn, ec_id, lock=True)
+        if current is None or not current.state.live:
             return
         if silent is not None and not await ec_store.is_silent(conn, ec_id, *silent):
             raise _Heard(ec_id)
@@ -259,11 +256,8 @@ class AgentHub:
         now = self._now()
 
         async def body(conn: Conn) -> bool:
-            try:
-                ec = await ec_store.get_ec(conn, ec_id)
-            except NotFound:
-                return True
-            if not ec.state.live:
+            ec = await ec_store.brief_ec(conn, ec_id)
+            if ec is None or not ec.state.live:
                 return True
             target = reported_transition(ec.state, state)
             if target is None:
@@ -310,13 +304,20 @@ class AgentHub:
                 now,
             )
             return True
-        current = await ec_store.get_ec(conn, ec_id, lock=True)
-        if current.state is not EcState.STARTING:
-            return not current.state.live
-        await ec_store.update_ec(
-            conn, ec_id, now, state=state, address=address, ready_at=now, last_report_at=now
+        ready = await ec_store.update_ec(
+            conn,
+            ec_id,
+            now,
+            only_if={EcState.STARTING},
+            state=state,
+            address=address,
+            ready_at=now,
+            last_report_at=now,
         )
-        return False
+        if ready:
+            return False
+        current = await ec_store.brief_ec(conn, ec_id)  # it left STARTING meanwhile
+        return current is None or not current.state.live
 
     # ----- liveness ----------------------------------------------------------------------
 

@@ -183,14 +183,21 @@ class EngineConnManager:
         if hold is not None:  # held while it starts; the hold counts from when it is ready
             start_limit = timedelta(seconds=req.timeout) + self.settings.start_timeout
             fresh = replace(fresh, holder=req.request_id, hold_expires_at=now + start_limit + hold)
+
         # A retry of the same request (same caller, method and id) gets the first claim's
         # row, secret included; another caller's id is another request.
-        ec = await self.db.run(lambda c: ec_store.claim_ec(c, fresh, req.idem))
+        async def claim(conn: Conn) -> tuple[EngineConn, _Candidates]:
+            # The ECMs are read in the claim's transaction: the first ranking costs none.
+            return await ec_store.claim_ec(conn, fresh, req.idem), await _read_candidates(conn)
+
+        ec, candidates = await self.db.run(claim)
         deadline = time.monotonic() + req.timeout
         if ec.ec_id != fresh.ec_id:  # a retry of a request already under way
             return await self._outcome_of(ec.ec_id, deadline)
         try:
-            ready = await self._launch_attempts(ec, user, engine, version, resource, deadline)
+            ready = await self._launch_attempts(
+                ec, user, engine, version, resource, deadline, candidates
+            )
         except BaseException as exc:
             await self._fail_if_starting(ec.ec_id, start_failure_reason(exc))
             raise
@@ -223,12 +230,18 @@ class EngineConnManager:
         version: str,
         resource: Resource,
         deadline: float,
+        candidates: _Candidates | None = None,
     ) -> EngineConn:
+        """Launch on the best ECM, then the next best while launches fail
+        (`candidates`: the ECMs as read with the claim, for the first ranking)."""
         tried: set[str] = set()
         failures: list[str] = []
         last_error: LabelrmError | None = None
         for attempt in range(self.settings.max_launch_attempts):
-            choices = await self._rank(ec.labels, resource)
+            if candidates is None:
+                candidates = await self.db.run(_read_candidates)
+            choices = self._ranked(candidates, ec.labels, resource)
+            candidates = None  # each later attempt reads them again
             pick = next(
                 (c.instance for c in choices if c.eligible and c.instance not in tried), None
             )
@@ -264,7 +277,9 @@ class EngineConnManager:
             if len(failures) > 1:
                 last_error.message += " (attempts: " + "; ".join(failures) + ")"
             raise last_error
-        raise _no_ecm(ec.ec_id, await self._rank(ec.labels, resource))
+        raise _no_ecm(
+            ec.ec_id, self._ranked(await self.db.run(_read_candidates), ec.labels, resource)
+        )
 
     async def _store_choices(self, ec_id: str, choices: list[EcmChoiceRecord]) -> None:
         await self.db.run(
@@ -273,11 +288,11 @@ class EngineConnManager:
             )
         )
 
-    async def _rank(self, labels: tuple[Label, ...], resource: Resource) -> list[EcmChoiceRecord]:
-        async def read(conn: Conn) -> tuple[list[EcmStatus], NodeLists]:
-            return await ecm_store.list_ecm_status(conn), await ecm_store.node_lists(conn)
-
-        statuses, lists = await self.db.run(read)  # one transaction for both
+    def _ranked(
+        self, read: _Candidates, labels: tuple[Label, ...], resource: Resource
+    ) -> list[EcmChoiceRecord]:
+        """The ECMs as read (`_read_candidates`), ranked for this request."""
+        statuses, lists = read
         now = self.core.clock.now()
         candidates = [
             EcmCandidate(
@@ -508,6 +523,14 @@ NO_AGENT_HINT = (
     "no agent is registered: start ecm-agent on a worker (docs/operations.md); "
     "in dev mode as root, set LABELRM_DEV_USERS=<user> (see README)"
 )
+
+
+# What a ranking is made from: every ECM's status and the node lists.
+_Candidates = tuple[list[EcmStatus], NodeLists]
+
+
+async def _read_candidates(conn: Conn) -> _Candidates:
+    return await ecm_store.list_ecm_status(conn), await ecm_store.node_lists(conn)
 
 
 def _no_ecm(ec_id: str, choices: list[EcmChoiceRecord]) -> LabelrmError:

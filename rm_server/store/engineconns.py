@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -128,6 +129,38 @@ async def get_ec(conn: Conn, ec_id: str, *, lock: bool = False) -> EngineConn:
     return ec_from_row(row)
 
 
+@dataclass(frozen=True)
+class EcBrief:
+    """The few columns the report and heartbeat paths decide on (a whole row, with its
+    labels, parameters and ranking, costs far more to read and decode)."""
+
+    state: EcState
+    ecm_instance: str
+    ticket_id: str
+    pid: int
+    work_dir: str
+    measured: MeasuredUsage | None
+
+
+async def brief_ec(conn: Conn, ec_id: str, *, lock: bool = False) -> EcBrief | None:
+    """The EngineConn's `EcBrief` (row-locked with `lock`); None when there is none."""
+    query = "SELECT state, ecm_instance, ticket_id, pid, work_dir, measured FROM engine_conn"
+    query += " WHERE ec_id = %s"
+    cur = await conn.execute(query + (" FOR UPDATE" if lock else ""), (ec_id,))
+    row = await cur.fetchone()
+    if row is None:
+        return None
+    state, ecm, ticket, pid, work_dir, measured = row
+    return EcBrief(
+        EcState(state),
+        ecm or "",
+        ticket or "",
+        pid or 0,
+        work_dir,
+        MeasuredUsage.from_dict(measured) if measured is not None else None,
+    )
+
+
 async def list_ecs(
     conn: Conn, after: str, limit: int, user: str, state: str, ecm: str
 ) -> list[EngineConn]:
@@ -156,10 +189,17 @@ async def live_ecs_on(conn: Conn, ecm: str) -> list[EngineConn]:
 
 
 async def update_ec(
-    conn: Conn, ec_id: str, now: datetime, *, notify: bool = True, **fields: Any
-) -> None:
+    conn: Conn,
+    ec_id: str,
+    now: datetime,
+    *,
+    notify: bool = True,
+    only_if: AbstractSet[EcState] | None = None,
+    **fields: Any,
+) -> bool:
     """Set the named columns (fixed whitelist, values as parameters), and wake those
-    waiting on the EngineConn (`notify`)."""
+    waiting on the EngineConn (`notify`). `only_if`: only while it is in one of these
+    states (checked on the row as locked by the update). True when a row was changed."""
     allowed = {
         "state",
         "ecm_instance",
@@ -182,6 +222,8 @@ async def update_ec(
         "measured",
         "measured_at",
     }
+    if only_if is not None and not only_if:
+        return False
     unknown = set(fields) - allowed
     if unknown:
         raise ValueError(f"not an engine_conn column: {sorted(unknown)}")
@@ -190,12 +232,17 @@ async def update_ec(
         sql.SQL("{} = %s").format(sql.Identifier(name)) for name in names
     )
     values = [_column_value(fields[n]) for n in names]
-    # The change and its notification in one round trip (none if there is no such row).
+    # The change and its notification in one round trip (none if no row changed).
+    guard = sql.SQL(" AND state = ANY(%s)" if only_if is not None else "")
     query = sql.SQL(
-        "WITH u AS (UPDATE engine_conn SET {}, updated_at = %s WHERE ec_id = %s RETURNING 1)"
-        " SELECT pg_notify(%s, %s) FROM u WHERE %s::boolean"
-    ).format(assignments)
-    await conn.execute(query, (*values, now, ec_id, CHANNEL, ec_key(ec_id), notify))
+        "WITH u AS (UPDATE engine_conn SET {}, updated_at = %s WHERE ec_id = %s{} RETURNING 1),"
+        " n AS (SELECT pg_notify(%s, %s) FROM u WHERE %s::boolean)"
+        " SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM n)"
+    ).format(assignments, guard)
+    states = [[s.value for s in only_if]] if only_if is not None else []
+    cur = await conn.execute(query, (*values, now, ec_id, *states, CHANNEL, ec_key(ec_id), notify))
+    row = await cur.fetchone()
+    return bool(row and row[0])
 
 
 async def record_report(conn: Conn, ec_id: str, state: EcState | None, arrived: datetime) -> bool:
