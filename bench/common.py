@@ -435,6 +435,8 @@ def run_loadgen(
     `node`: run bench/nodejs/<kind>.cjs under Node.js instead of bench/loadgen.py, with
     these settings added to its JSON argument (`extra` is then unused). `native`: run
     bench/native/loadgen.cc (same arguments as bench/loadgen.py; built on first use)."""
+    if native:  # built (on first use, which takes a while) before the window is set
+        loadgen_binary()
     start_at = time.time() + warmup + 1.0  # + interpreter start-up
     children = spawn_loadgen(
         kind, target, clients, seconds, start_at, procs=procs, extra=extra, node=node,

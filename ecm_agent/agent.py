@@ -361,7 +361,12 @@ class Agent:
             self._processes.pop(ec_id, None)
             self.launcher.forget(ec_id)
         self._done.add(command.command_id)
-        self._report_now()
+        if which == "launch":
+            # A launch has its process (or its failure) to report at once. A kill's effect
+            # is the exit, which reports itself (_watch); the acknowledgements of kills
+            # and clean-ups ride on the next beat (a command not yet acknowledged is only
+            # sent again, and carried out once).
+            self._report_now()
 
     async def _launch(self, launch: ec_pb.LaunchCommand) -> None:
         request = launch.launch_request
