@@ -419,7 +419,7 @@ class EngineConnManager:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(launched.wait(), timeout=remaining)
             launched.clear()
-            ec = await self.db.run(lambda c: ec_store.get_ec(c, ec_id))
+            ec = await self.db.run(ec_store.get_ec, ec_id, one_statement=True)
             up = ec.state in (EcState.IDLE, EcState.BUSY)
             if ec.state is not EcState.STARTING and (ec.pid or not up):
                 return ec
@@ -454,7 +454,7 @@ class EngineConnManager:
     # ----- queries and kill ----------------------------------------------------------------
 
     async def get(self, ec_id: str) -> EngineConn:
-        return await self.db.run(lambda c: ec_store.get_ec(c, ec_id))
+        return await self.db.run(ec_store.get_ec, ec_id, one_statement=True)
 
     async def list(
         self, after: str, limit: int, user: str, state: str, ecm: str
@@ -508,7 +508,9 @@ class EngineConnManager:
         with self.core.notifier.subscribe([agent_key(agent_id)]) as queued:
             while True:
                 queued.clear()
-                pending = await self.db.run(ec_store.pending_commands, agent_id, frozenset(sent))
+                pending = await self.db.run(
+                    ec_store.pending_commands, agent_id, frozenset(sent), one_statement=True
+                )
                 for command in pending:
                     if command.command_id not in sent:
                         sent.add(command.command_id)

@@ -284,6 +284,7 @@ class Database:
         pipeline: bool = False,
         retry_unique: bool = False,
         bound: float | None = None,
+        one_statement: bool = False,
     ) -> T:
         """Run `body(conn, *args)` in one transaction, retrying serialization failures,
         deadlocks and lost connections; a database that stays away becomes Unavailable.
@@ -297,7 +298,9 @@ class Database:
 
         `pipeline`: in psycopg pipeline mode (BEGIN, the statements and COMMIT go out
         without waiting; a fetch waits for what was sent). `retry_unique`: a unique
-        violation also retries (a concurrent transaction inserted the same key)."""
+        violation also retries (a concurrent transaction inserted the same key).
+        `one_statement`: `body` runs a single statement, which is its own transaction
+        (autocommit): no BEGIN and COMMIT around it (a read polled often)."""
         retryable = _is_retryable_unique if retry_unique else _is_retryable
         seconds = self.timeout if bound is None else bound
         deadline = asyncio.get_running_loop().time() + seconds
@@ -305,7 +308,9 @@ class Database:
             # The first attempt without the retry machinery (it costs per call); the
             # retries, if any, with it.
             try:
-                return await self._attempt(body, args, read_only, pipeline, deadline, bound)
+                return await self._attempt(
+                    body, args, read_only, pipeline, deadline, bound, one_statement
+                )
             except Exception as exc:
                 if self.attempts <= 1 or not retryable(exc):
                     raise
@@ -317,7 +322,9 @@ class Database:
                 reraise=True,
             ):
                 with attempt:
-                    return await self._attempt(body, args, read_only, pipeline, deadline, bound)
+                    return await self._attempt(
+                        body, args, read_only, pipeline, deadline, bound, one_statement
+                    )
         except (psycopg.OperationalError, PoolTimeout) as exc:
             if asyncio.get_running_loop().time() >= deadline:
                 raise Unavailable(f"database did not answer within {seconds:g} s") from exc
@@ -332,6 +339,7 @@ class Database:
         pipeline: bool,
         deadline: float,
         bound: float | None,
+        one_statement: bool = False,
     ) -> T:
         left = deadline - asyncio.get_running_loop().time()
         if left <= 0:
@@ -341,7 +349,10 @@ class Database:
             notices = _Notices()
             conn.add_notice_handler(notices)
             try:
-                result = await self._transaction(conn, body, args, read_only, pipeline, bound)
+                if one_statement:  # autocommit: the statement is its own transaction
+                    result = await body(conn, *args)
+                else:
+                    result = await self._transaction(conn, body, args, read_only, pipeline, bound)
             finally:
                 watch.cancel()
                 conn.remove_notice_handler(notices)
