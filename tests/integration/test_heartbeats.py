@@ -204,22 +204,19 @@ async def test_a_kill_is_queued_once_and_a_streamed_command_is_not_read_again(rm
     await _register(rm, ["a1:9000"])
     now = rm.clock.now()
 
-    def kill(command_id: str) -> AgentCommand:
-        return AgentCommand(command_id, "a1:9000", "ec-x", CommandKind.KILL, reason="test")
+    async def queue_kill(command_id: str) -> None:
+        kill = AgentCommand(command_id, "a1:9000", "ec-x", CommandKind.KILL, reason="test")
+        await rm.core.db.run(lambda c: ec_store.queue_command(c, kill, now, unless_pending=True))
 
     # A second kill for the same EngineConn while the first is pending is not queued.
-    for command_id in ("kill-1", "kill-2"):
-        await rm.core.db.run(
-            lambda c, k=kill(command_id): ec_store.queue_command(c, k, now, unless_pending=True)
-        )
+    await queue_kill("kill-1")
+    await queue_kill("kill-2")
     pending = await rm.core.db.run(lambda c: ec_store.pending_commands(c, "a1:9000"))
     assert [(c.command_id, c.reason) for c in pending] == [("kill-1", "test")]
     # Once acknowledged, a new kill is queued again.
     second = await rm.rm.Heartbeat(_beat("a1:9000", 1, done_command_ids=["kill-1"]), timeout=10)
     assert list(second.commands) == []
-    await rm.core.db.run(
-        lambda c: ec_store.queue_command(c, kill("kill-3"), now, unless_pending=True)
-    )
+    await queue_kill("kill-3")
     # The command stream names the ones it sent: they come back without their payload.
     sent = await rm.core.db.run(lambda c: ec_store.pending_commands(c, "a1:9000", {"kill-3"}))
     assert [(c.command_id, c.kind, c.reason) for c in sent] == [("kill-3", CommandKind.KILL, "")]
