@@ -25,6 +25,7 @@ from rm_server.domain.engineconn import (
     EcmStatus,
     EcmUsage,
     EcState,
+    EngineConn,
     HeartbeatAction,
     HeartbeatOutcome,
     ProcessReport,
@@ -130,18 +131,28 @@ class AgentHub:
         return await self.db.run(body, pipeline=True)
 
     async def _full_pass(self, beat: _Beat, work: _FullPass) -> HeartbeatOutcome:
-        """The rest of a recorded heartbeat that needs more than an answer, in one
-        transaction: the reported processes that need attention (the others are
-        routine and cost nothing), the EngineConns that vanished from the reports, a
-        draining agent's end, then the answer with the commands pending after all that."""
+        """The rest of a recorded heartbeat that needs more than an answer: the reported
+        processes that need attention (the routine ones cost nothing), the EngineConns
+        that vanished from the reports, a draining agent's end, then the answer with the
+        commands pending after all that.
+
+        An EngineConn that ends does so in a transaction of its own: its release locks its
+        labels in their canonical order, and two ends in one transaction could hold two
+        agents' user labels crosswise (a deadlock). The rest, which locks at most the rows
+        of this agent's running EngineConns (in id order), shares one transaction."""
         agent_id = beat.agent_id
+        running = sorted(
+            (r for r in work.attend if r.state is ProcessState.RUNNING), key=lambda r: r.ec_id
+        )
+        for report in work.attend:
+            if report.state is not ProcessState.RUNNING:
+                await self.db.run(self._apply_process, agent_id, report)
+        if work.fence:
+            await self._fence_vanished(agent_id, {p.ec_id for p in beat.processes}, work.now)
 
         async def body(conn: Conn) -> HeartbeatOutcome:
-            for report in work.attend:
+            for report in running:
                 await self._apply_process(conn, agent_id, report)
-            if work.fence:
-                reported = {p.ec_id for p in beat.processes}
-                await self._fence_vanished(conn, agent_id, reported, work.now)
             if work.state is EcmState.DRAINING and await self._drained(conn, agent_id):
                 return HeartbeatOutcome(
                     HeartbeatAction.SHUTDOWN, reason="decommissioned", sequence=beat.sequence
@@ -224,16 +235,20 @@ class AgentHub:
             await ec_store.keep_measured(conn, ticket_id, ec_id, measured)
         log.info("EngineConn %s ended %s: %s", ec_id, state.value, reason)
 
-    async def _fence_vanished(
-        self, conn: Conn, agent_id: str, reported: set[str], now: datetime
-    ) -> None:
+    async def _fence_vanished(self, agent_id: str, reported: set[str], now: datetime) -> None:
         """Live EngineConns whose launch the agent acknowledged earlier but no longer
-        reports have vanished (for example with the agent's state): LOST, released."""
-        acked = await ec_store.launch_done_before(conn, agent_id, now)
-        for ec in await ec_store.live_ecs_on(conn, agent_id):
+        reports have vanished (for example with the agent's state): LOST, released, each
+        in a transaction of its own (see _full_pass)."""
+
+        async def read(conn: Conn) -> tuple[set[str], list[EngineConn]]:
+            acked = await ec_store.launch_done_before(conn, agent_id, now)
+            return acked, await ec_store.live_ecs_on(conn, agent_id)
+
+        acked, live = await self.db.run(read)
+        for ec in live:
             if ec.ec_id in acked and ec.ec_id not in reported:
-                await self._end_ec(
-                    conn,
+                await self.db.run(
+                    self._end_ec,
                     ec.ec_id,
                     ec.ticket_id,
                     EcState.LOST,
