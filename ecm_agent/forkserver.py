@@ -504,6 +504,7 @@ class ForkServers:
                 raise ForkServerError("its runtime cannot hold a child for its cgroup (older)")
         except asyncio.CancelledError:
             if server is not None:
+                server.close()  # its stdin pipe closed while the loop still runs
                 server.kill()
             raise
         except (OSError, ValueError) as exc:  # LaunchRefused is a ValueError

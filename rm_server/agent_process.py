@@ -153,18 +153,24 @@ class AgentProcess:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._supervisor
         proc = self._proc
-        if proc is None or proc.returncode is not None:
+        if proc is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)  # drain, as this process does
         try:
-            await asyncio.wait_for(proc.wait(), grace + 15.0)
-        except TimeoutError:
-            log.warning("agents' process %d did not stop: killed", proc.pid)
-            proc.kill()
-            await proc.wait()
-        if proc.stdin is not None:
-            proc.stdin.close()
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)  # drain, as this process does
+                try:
+                    await asyncio.wait_for(proc.wait(), grace + 15.0)
+                except TimeoutError:
+                    log.warning("agents' process %d did not stop: killed", proc.pid)
+                    proc.kill()
+                    await proc.wait()
+        finally:
+            # Closed while the loop runs, also when the child was gone first (a Ctrl-C
+            # reaches the whole process group): left open, its pipe is closed by the
+            # transport's finaliser after the loop has closed, which prints a traceback.
+            if proc.stdin is not None and not proc.stdin.is_closing():
+                proc.stdin.close()
 
     async def fetch_metrics(self) -> bytes:
         """The child's metrics exposition (empty when it has no endpoint or is down)."""
