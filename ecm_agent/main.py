@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import sys
 
 from ecm_agent.agent import RegistrationRefused, build_agent
@@ -20,6 +19,7 @@ from ecm_agent.containment import Containment, detect_layout
 from ecm_agent.settings import AGENT, AgentSettings, SettingsError, check_files, load_agent_config
 from labelrm_common.logging import setup_logging
 from labelrm_common.settings import error_exit_code
+from labelrm_common.signals import stop_signals
 
 
 def set_up_containment(settings: AgentSettings) -> Containment | None:
@@ -41,10 +41,8 @@ def set_up_containment(settings: AgentSettings) -> Containment | None:
 
 async def _run(settings: AgentSettings, containment: Containment | None) -> None:
     agent = build_agent(settings, containment)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, agent.stop)
-    await agent.run()
+    with stop_signals(agent.stop):
+        await agent.run()
 
 
 def main(argv: list[str] | None = None) -> int:

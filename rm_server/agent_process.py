@@ -39,6 +39,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from labelrm_common.signals import stop_signals
 from rm_server.config import Settings
 
 log = logging.getLogger(__name__)
@@ -204,24 +205,23 @@ async def _http_get(host: str, port: int) -> bytes:
 async def _serve(settings: Settings, announce: Callable[[dict[str, int]], None]) -> None:
     from rm_server.server import RMServer, Role, tune_collector
 
-    server = RMServer(settings, role=Role.AGENTS)
-    await server.start()
-    tune_collector()
-    announce({"agent_port": server.agent_port, "metrics_port": server.metrics_port})
-    loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    # stdin closes when the users' process stops or dies: then drain and go.
-    eof: Awaitable[bytes] = loop.run_in_executor(None, sys.stdin.buffer.read)
-    waiting = asyncio.ensure_future(eof)
-    stopped = asyncio.ensure_future(stop.wait())
-    await asyncio.wait((waiting, stopped), return_when=asyncio.FIRST_COMPLETED)
-    # Told to stop (SIGTERM: the users' process drains): drain as it does. Orphaned
-    # (stdin closed by its death): free agent_listen at once for the RM started next.
-    orphaned = not stop.is_set()
-    stopped.cancel()
-    await server.stop(0.0 if orphaned else None)
+    with stop_signals(stop.set):
+        server = RMServer(settings, role=Role.AGENTS)
+        await server.start()
+        tune_collector()
+        announce({"agent_port": server.agent_port, "metrics_port": server.metrics_port})
+        # stdin closes when the users' process stops or dies: then drain and go.
+        loop = asyncio.get_running_loop()
+        eof: Awaitable[bytes] = loop.run_in_executor(None, sys.stdin.buffer.read)
+        waiting = asyncio.ensure_future(eof)
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait((waiting, stopped), return_when=asyncio.FIRST_COMPLETED)
+        # Told to stop (SIGTERM: the users' process drains): drain as it does. Orphaned
+        # (stdin closed by its death): free agent_listen at once for the RM started next.
+        orphaned = not stop.is_set()
+        stopped.cancel()
+        await server.stop(0.0 if orphaned else None)
 
 
 class _Tagged(logging.Filter):

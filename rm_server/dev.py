@@ -13,11 +13,12 @@ import pwd
 import sys
 from pathlib import Path
 
+from labelrm_common.signals import stop_signals
 from rm_server.config import Settings
 from rm_server.embedded import unreachable_parent
 from rm_server.relocated import claim_home, data_dir_key, make_root_dir
 from rm_server.security import devtls
-from rm_server.server import RMServer, tune_collector
+from rm_server.server import RMServer, tune_collector, wait_for_signal
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +146,12 @@ def where_the_data_lives(settings: Settings, server: RMServer) -> str:
 
 async def run_dev(settings: Settings, tls: bool = False) -> None:
     users = checked_dev_users()  # before anything starts
+    signalled = asyncio.Event()
+    with stop_signals(signalled.set):
+        await _serve_dev(settings, tls, users, signalled)
+
+
+async def _serve_dev(settings: Settings, tls: bool, users: str, signalled: asyncio.Event) -> None:
     if not settings.console_listen:  # dev mode serves the web console (any free port)
         settings = dataclasses.replace(settings, console_listen="127.0.0.1:0")
     secured = devtls.prepare(settings) if tls else None
@@ -176,7 +183,7 @@ async def run_dev(settings: Settings, tls: bool = False) -> None:
         flush=True,
     )
     try:
-        await server.wait_for_signal()
+        await wait_for_signal(signalled)
     finally:
         if agent is not None and agent.returncode is None:
             agent.terminate()

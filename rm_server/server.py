@@ -8,7 +8,6 @@ import asyncio
 import enum
 import gc
 import logging
-import signal
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -30,6 +29,7 @@ from labelrm.v1 import (
     usage_pb2_grpc,
 )
 
+from labelrm_common.signals import stop_signals
 from rm_server.agent_process import AgentProcess, child_settings
 from rm_server.app.agents import AgentHub
 from rm_server.app.background import Lease, run_periodically
@@ -479,16 +479,16 @@ class RMServer:
             await _bounded("the embedded PostgreSQL", asyncio.to_thread(self._embedded.stop))
 
     async def run_until_signalled(self) -> None:
-        await self.start()
-        tune_collector()
-        await self.wait_for_signal()
-        await self.stop()
+        """Serve until SIGTERM or SIGINT, then drain (`stop`)."""
+        signalled = asyncio.Event()
+        with stop_signals(signalled.set):
+            await self.start()
+            tune_collector()
+            await wait_for_signal(signalled)
+            await self.stop()
 
-    async def wait_for_signal(self) -> None:
-        """Return on SIGTERM or SIGINT (then the caller drains with `stop`)."""
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-        log.info("signal received: draining")
+
+async def wait_for_signal(signalled: asyncio.Event) -> None:
+    """Return once `signalled` is set by a stop signal (then the caller drains)."""
+    await signalled.wait()
+    log.info("signal received: draining")
