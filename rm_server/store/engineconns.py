@@ -28,7 +28,7 @@ from rm_server.domain.resources import Resource
 from rm_server.errors import not_found
 from rm_server.store.codec import jlabels, jres, labels_of, opt_res, res
 from rm_server.store.db import Conn, Idempotency, page_filters
-from rm_server.store.notify import CHANNEL, agent_key, ec_key
+from rm_server.store.notify import agent_key, change_and_notify, ec_key
 
 EC_COLUMNS = (
     "ec_id, state, user_name, labels, params, engine, resource, created_at, updated_at,"
@@ -222,27 +222,23 @@ async def update_ec(
         "measured",
         "measured_at",
     }
-    if only_if is not None and not only_if:
-        return False
     unknown = set(fields) - allowed
     if unknown:
         raise ValueError(f"not an engine_conn column: {sorted(unknown)}")
+    if only_if is not None and not only_if:
+        return False
     names = sorted(fields)
     assignments = sql.SQL(", ").join(
         sql.SQL("{} = %s").format(sql.Identifier(name)) for name in names
     )
     values = [_column_value(fields[n]) for n in names]
-    # The change and its notification in one round trip (none if no row changed).
     guard = sql.SQL(" AND state = ANY(%s)" if only_if is not None else "")
-    query = sql.SQL(
-        "WITH u AS (UPDATE engine_conn SET {}, updated_at = %s WHERE ec_id = %s{} RETURNING 1),"
-        " n AS (SELECT pg_notify(%s, %s) FROM u WHERE %s::boolean)"
-        " SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM n)"
-    ).format(assignments, guard)
+    change = sql.SQL("UPDATE engine_conn SET {}, updated_at = %s WHERE ec_id = %s{}").format(
+        assignments, guard
+    )
     states = [[s.value for s in only_if]] if only_if is not None else []
-    cur = await conn.execute(query, (*values, now, ec_id, *states, CHANNEL, ec_key(ec_id), notify))
-    row = await cur.fetchone()
-    return bool(row and row[0])
+    params = (*values, now, ec_id, *states)
+    return await change_and_notify(conn, change, params, ec_key(ec_id), notify) > 0
 
 
 async def record_report(conn: Conn, ec_id: str, state: EcState | None, arrived: datetime) -> bool:
@@ -252,26 +248,14 @@ async def record_report(conn: Conn, ec_id: str, state: EcState | None, arrived: 
     still be running here while the next one is answered; applied after it, the stale state
     (BUSY when the execution has ended) would stand until the next report. True when
     recorded."""
-    # Recorded or not, and the notification of a new state, in one round trip.
-    cur = await conn.execute(
-        "WITH u AS (UPDATE engine_conn SET state = coalesce(%s::text, state),"
+    change = sql.SQL(
+        "UPDATE engine_conn SET state = coalesce(%s::text, state),"
         " last_report_at = %s, updated_at = %s"
-        " WHERE ec_id = %s AND (last_report_at IS NULL OR last_report_at <= %s) RETURNING 1)"
-        " SELECT (SELECT count(*) FROM u),"
-        " (SELECT count(pg_notify(%s, %s)) FROM u WHERE %s::boolean)",
-        (
-            None if state is None else state.value,
-            arrived,
-            arrived,
-            ec_id,
-            arrived,
-            CHANNEL,
-            ec_key(ec_id),
-            state is not None,
-        ),
+        " WHERE ec_id = %s AND (last_report_at IS NULL OR last_report_at <= %s)"
     )
-    row = await cur.fetchone()
-    return bool(row and row[0])
+    params = (None if state is None else state.value, arrived, arrived, ec_id, arrived)
+    # Recorded or not, and the notification of a new state, in one round trip.
+    return await change_and_notify(conn, change, params, ec_key(ec_id), state is not None) > 0
 
 
 def _column_value(value: Any) -> Any:
@@ -442,28 +426,18 @@ async def queue_command(
     `unless_pending`: not if a command of the same kind for the same EngineConn is
     still pending (a kill or a clean-up is ordered once)."""
     guard = (
-        " WHERE NOT EXISTS (SELECT 1 FROM agent_command WHERE agent_id = %(agent)s"
-        " AND ec_id = %(ec)s AND kind = %(kind)s AND done_at IS NULL)"
+        " WHERE NOT EXISTS (SELECT 1 FROM agent_command WHERE agent_id = %s"
+        " AND ec_id = %s AND kind = %s AND done_at IS NULL)"
         if unless_pending
         else ""
     )
-    await conn.execute(
-        "WITH i AS (INSERT INTO agent_command"  # noqa: S608 - a constant guard
-        " (command_id, agent_id, ec_id, kind, payload, created_at)"
-        " SELECT %(id)s, %(agent)s, %(ec)s, %(kind)s, %(payload)s, %(now)s"
-        f"{guard} ON CONFLICT (command_id) DO NOTHING RETURNING 1)"
-        " SELECT pg_notify(%(channel)s, %(key)s) FROM i",
-        {
-            "id": cmd.command_id,
-            "agent": cmd.agent_id,
-            "ec": cmd.ec_id,
-            "kind": cmd.kind.value,
-            "payload": Jsonb(_payload(cmd)),
-            "now": now,
-            "channel": CHANNEL,
-            "key": agent_key(cmd.agent_id),
-        },
-    )
+    change = sql.SQL(
+        "INSERT INTO agent_command (command_id, agent_id, ec_id, kind, payload, created_at)"
+        " SELECT %s, %s, %s, %s, %s, %s{} ON CONFLICT (command_id) DO NOTHING"
+    ).format(sql.SQL(guard))
+    row = (cmd.command_id, cmd.agent_id, cmd.ec_id, cmd.kind.value, Jsonb(_payload(cmd)), now)
+    params = (*row, cmd.agent_id, cmd.ec_id, cmd.kind.value) if unless_pending else row
+    await change_and_notify(conn, change, params, agent_key(cmd.agent_id))
 
 
 async def pending_commands(
@@ -507,20 +481,12 @@ async def mark_shutting_down(
 ) -> None:
     """A kill was ordered: SHUTTING_DOWN with its reason, and the state it was in when
     the first kill was ordered (`kill_of`), with the wake-up, in one round trip."""
-    await conn.execute(
-        "WITH u AS (UPDATE engine_conn SET state = %s, reason = %s,"
-        " killed_from = coalesce(killed_from, %s), updated_at = %s WHERE ec_id = %s RETURNING 1)"
-        " SELECT pg_notify(%s, %s) FROM u",
-        (
-            EcState.SHUTTING_DOWN.value,
-            reason,
-            killed_from.value,
-            now,
-            ec_id,
-            CHANNEL,
-            ec_key(ec_id),
-        ),
+    change = sql.SQL(
+        "UPDATE engine_conn SET state = %s, reason = %s,"
+        " killed_from = coalesce(killed_from, %s), updated_at = %s WHERE ec_id = %s"
     )
+    params = (EcState.SHUTTING_DOWN.value, reason, killed_from.value, now, ec_id)
+    await change_and_notify(conn, change, params, ec_key(ec_id))
 
 
 async def kill_of(conn: Conn, ec_id: str) -> tuple[EcState, str] | None:

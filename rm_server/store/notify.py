@@ -16,10 +16,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from rm_server.store.db import ping
 
@@ -43,11 +44,30 @@ NOTIFY_KEYS = "SELECT count(pg_notify(%s, k)) FROM unnest(%s::text[]) AS k"
 
 async def notify_freed(conn: psycopg.AsyncConnection[Any], labels: Iterable[str]) -> None:
     """Queue a notification per key; PostgreSQL sends them when the transaction commits.
-    (A statement that changes one row can notify itself, in the same round trip: see
-    rm_server/store/engineconns.py.)"""
+    (A statement that changes a row can notify itself, in the same round trip:
+    `change_and_notify`.)"""
     keys = sorted(set(labels))
     if keys:
         await conn.execute(NOTIFY_KEYS, (CHANNEL, keys))
+
+
+async def change_and_notify(
+    conn: psycopg.AsyncConnection[Any],
+    change: sql.Composable,
+    params: Sequence[Any],
+    key: str,
+    notify: bool = True,
+) -> int:
+    """Run `change` (one UPDATE or INSERT, without RETURNING, positional parameters) and,
+    if it changed a row and `notify`, queue the notification of `key`: one statement, one
+    round trip. The number of rows changed."""
+    query = sql.SQL(
+        "WITH u AS ({} RETURNING 1) SELECT (SELECT count(*) FROM u),"
+        " (SELECT count(pg_notify(%s, %s)) FROM u WHERE %s::boolean)"
+    ).format(change)
+    cur = await conn.execute(query, (*params, CHANNEL, key, notify))
+    row = await cur.fetchone()
+    return int(row[0]) if row else 0
 
 
 def ec_key(ec_id: str) -> str:
