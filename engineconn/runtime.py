@@ -133,17 +133,25 @@ class Runtime:
         self.address = ""
         self._interval = settings.heartbeat_interval
         self._stop: asyncio.Future[str] | None = None
+        self._stop_told = False
         self._changed = asyncio.Event()  # wakes the heartbeat and the idle watch
         self._executor: Executor | None = None
         self._channel: grpc.aio.Channel | None = None
         self._stub: Any = None
         self._auth: list[SecretAuth] = []  # the executor's interceptor (none: insecure)
 
-    def request_stop(self, reason: str) -> None:
-        """Starts the orderly shutdown (first reason wins)."""
+    def request_stop(self, reason: str, *, told: bool = False) -> None:
+        """Starts the orderly shutdown (first reason wins). `told`: the stop came from
+        outside (the RM's answer, or a signal: how its agent carries out a kill, which
+        the RM recorded as SHUTTING_DOWN when it ordered it)."""
         if self._stop is not None and not self._stop.done():
             log.info("stopping: %s", reason)
+            self._stop_told = told
             self._stop.set_result(reason)
+
+    def stop_on_signal(self, reason: str) -> None:
+        """A SIGTERM or SIGINT: `request_stop`, told."""
+        self.request_stop(reason, told=True)
 
     async def run(self) -> int:
         """Runs the EngineConn to its end; returns the process exit code."""
@@ -152,7 +160,7 @@ class Runtime:
         if threading.current_thread() is threading.main_thread():
             # Run on its own (not by `main`, whose main thread takes the signals).
             for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self.request_stop, f"signal {sig.name}")
+                loop.add_signal_handler(sig, self.stop_on_signal, f"signal {sig.name}")
         server: grpc.aio.Server | None = None
         try:
             self._channel = rm_channel(self.settings, _CHANNEL_OPTIONS)
@@ -243,7 +251,12 @@ class Runtime:
         # A stop that cuts an execution short fails that work: FAILED, else SUCCEEDED (the
         # one rule for ends on request, docs/architecture.md "Ended on request").
         cut_short = self._executor.busy
-        await self._final_report(State.ENGINE_CONN_STATE_SHUTTING_DOWN, reason)
+        if cut_short or not self._stop_told:
+            # The RM must not hand it out while it stops: stopping an execution may take
+            # the cancel's wait, and a stop of its own (idle) is news to the RM. Told to
+            # stop with nothing running, it reports its end at once: one report fewer for
+            # every kill (a launch's reports are a share of the RM's time).
+            await self._final_report(State.ENGINE_CONN_STATE_SHUTTING_DOWN, reason)
         await self._executor.shutdown(_CANCEL_WAIT_SECONDS)
         # Lets a cancelled Execute deliver its result before the server goes.
         await server.stop(grace=0.5)
@@ -266,7 +279,7 @@ class Runtime:
             if interval > 0:
                 self._interval = interval
         if response.shutdown:
-            self.request_stop("the RM no longer recognises this EngineConn")
+            self.request_stop("the RM no longer recognises this EngineConn", told=True)
 
     async def _heartbeats(self) -> None:
         while True:
@@ -360,6 +373,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Executions run on this (the main) thread, the loop beside it: engineconn/mainthread.py.
     mainthread.MAIN = mainthread.MainThread()
     try:
-        return mainthread.MAIN.serve(runtime.run(), runtime.request_stop)
+        return mainthread.MAIN.serve(runtime.run(), runtime.stop_on_signal)
     except KeyboardInterrupt:
         return 130

@@ -288,10 +288,23 @@ async def test_sigterm_stops_python_code_blocked_in_a_call(start_ec, fake_rm):
 
 
 async def test_max_idle_exits_cleanly(start_ec, fake_rm):
+    """A stop of its own is news to the RM: SHUTTING_DOWN first, then its end."""
     ec = await start_ec("shell", "--max-idle-seconds", "1")
     await fake_rm.next_report(SHUTTING_DOWN, timeout=5)
     await fake_rm.next_report(SUCCEEDED)
     assert await ec.wait_exit() == 0
+
+
+async def test_an_idle_engineconn_told_to_stop_reports_its_end_at_once(start_ec, fake_rm):
+    """SIGTERM is how its agent carries out a kill the RM has recorded already: with
+    nothing running there is nothing to announce, and the one report is its end."""
+    ec = await start_ec("shell")
+    await fake_rm.next_report(IDLE)
+    ec.proc.send_signal(signal.SIGTERM)
+    final = await fake_rm.next_report(SUCCEEDED)
+    assert final.reason == "signal SIGTERM"
+    assert await ec.wait_exit() == 0
+    assert SHUTTING_DOWN not in [r.state for r in fake_rm.reports]
 
 
 async def test_sigterm_cancels_the_running_execution_and_exits_cleanly(start_ec, fake_rm, tmp_path):
