@@ -63,9 +63,13 @@ def _preload() -> None:
 
     import engineconn.runtime  # noqa: F401 - grpc, protobuf, the stubs, asyncio
     from engineconn.engines import ENGINES, load_engine
+    from engineconn.settings import ENGINECONN
 
     for name in ENGINES:
         load_engine(name)
+    # The command line's parser (and argparse's help formatter, which imports shutil):
+    # built once here, it was a sixth of a forked EngineConn's CPU.
+    ENGINECONN.parser  # noqa: B018 - a cached property, built now
 
 
 def _thread_count() -> int:

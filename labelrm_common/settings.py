@@ -224,6 +224,13 @@ class Program(Generic[S]):
             ("default", "file", "env", "flag") if self.config_file else ("default", "env", "flag")
         )
 
+    @cached_property
+    def parser(self) -> argparse.ArgumentParser:
+        """`build_parser`, built once and reused: building it costs more than a parse
+        (an EngineConn forked from a warm fork server, which built it, pays only the
+        parse)."""
+        return self.build_parser()
+
     def build_parser(self) -> argparse.ArgumentParser:
         """The command line: one flag per setting with its description, by section."""
         parser = _Parser(
@@ -342,7 +349,7 @@ def load(
     """Parse the command line, the config file and the environment (`environ`, default
     os.environ) into the settings; SettingsError (one line) for anything unusable."""
     env = os.environ if environ is None else environ
-    args = program.build_parser().parse_args(argv)
+    args = program.parser.parse_args(argv)
     by_name = {spec.name: spec for spec in program.specs}
     values: dict[str, Any] = {spec.name: spec.default for spec in program.specs}
     sources: dict[str, str] = {}
