@@ -195,10 +195,13 @@ class Launcher:
         try:
             while content:
                 content = content[os.write(fd, content) :]
-            os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, final)  # atomic: a crash leaves the old file or the new one
+        # Atomic: an agent that dies leaves the old file or the new one. No fsync: the file
+        # has to outlive the agent's process, not the machine (after a machine's crash its
+        # EngineConns are gone as well, and a file cut short is dropped as unreadable); an
+        # fsync per launch stalled the agent's loop on the disk.
+        os.replace(tmp, final)
 
     def _drop_state(self, path: Path) -> None:
         with contextlib.suppress(FileNotFoundError):
