@@ -7,6 +7,9 @@ against an RM that does not serve the stream.
          |                   +--any failure: the stream is dropped, the error raised
          |                       (a retry opens a new one and resends the same beat)
          +--UNIMPLEMENTED: unary calls from then on
+         +--ended before its first answer with no word why (INTERNAL, which can mask
+            the refusal of an RM without the stream): this beat as a call, the next
+            one on a new stream
 
 The sequence numbers make a resend on a new stream safe: the RM answers a beat it has
 already recorded with the answer it stored for it.
@@ -38,40 +41,49 @@ class HeartbeatSender:
         # Heartbeat calls: asked for, or the RM does not serve HeartbeatStream.
         self.unary = unary
         self.streams_opened = 0
+        self._answered = False  # the stream has answered a beat
 
     def open(self) -> None:
         """Open the stream now, before the first beat needs it (a no-op when calling)."""
         if self._stream is None and not self.unary:
             self._stream = self._rm.HeartbeatStream()
+            self._answered = False
             self.streams_opened += 1
 
     async def send(self, request: rm_pb.HeartbeatRequest) -> rm_pb.HeartbeatResponse:
         """The RM's answer to `request`; raises grpc.aio.AioRpcError when there is none."""
         if self.unary:
-            response: rm_pb.HeartbeatResponse = await self._rm.Heartbeat(
-                request, timeout=self._timeout
-            )
-            return response
+            return await self._call(request)
         self.open()
         stream = self._stream
+        answered = self._answered
         try:
             await stream.write(rm_pb.HeartbeatStreamRequest(heartbeat=request))
-        except asyncio.InvalidStateError:  # the call had ended: its status says why
+        except (asyncio.InvalidStateError, grpc.aio.AioRpcError):
+            # The call ended under the write, and its status says why. The write may
+            # meet that status (an RM without the stream refuses it as it opens, so
+            # whether the write or the read meets the refusal is a race), or fail below
+            # gRPC's API first (INTERNAL, "Internal error from Core") while the status is
+            # on its way: it is awaited, read before the stream is cancelled.
+            code = await self._final_status(stream)
             self.close()
-            code = await stream.code()
             if code == grpc.StatusCode.UNIMPLEMENTED:
                 return await self._fall_back(request)
-            if code in (None, grpc.StatusCode.OK, grpc.StatusCode.CANCELLED):
+            if not answered and code in (None, grpc.StatusCode.INTERNAL):
+                # A stream that never answered ended with no word why: core's INTERNAL can
+                # mask an RM's refusal of the stream. This beat goes as a call (which
+                # every RM serves; nothing was answered on the stream), the next one tries
+                # a stream again.
+                return await self._call(request)
+            ended = f"the heartbeat stream had ended ({code.name if code else 'no status'})"
+            if code in (
+                None,
+                grpc.StatusCode.OK,
+                grpc.StatusCode.CANCELLED,
+                grpc.StatusCode.INTERNAL,
+            ):
                 code = grpc.StatusCode.UNAVAILABLE  # ended under us: a new one will do
-            raise _rpc_error(code, "the heartbeat stream had ended") from None
-        except grpc.aio.AioRpcError as exc:
-            # The write failed below gRPC's API (INTERNAL, "Internal error from Core"):
-            # the connection went away under the stream (an RM restarting) before its
-            # status reached us. Nothing was answered: a new stream will do.
-            self.close()
-            raise _rpc_error(
-                grpc.StatusCode.UNAVAILABLE, f"heartbeat stream broke: {exc.details()}"
-            ) from exc
+            raise _rpc_error(code, ended) from None
         try:
             answer = await asyncio.wait_for(stream.read(), self._timeout)
         except grpc.aio.AioRpcError as exc:
@@ -89,8 +101,22 @@ class HeartbeatSender:
         if answer is grpc.aio.EOF:  # the RM closed the stream (it is shutting down)
             self.close()
             raise _rpc_error(grpc.StatusCode.UNAVAILABLE, "the RM closed the heartbeat stream")
+        self._answered = True
         result: rm_pb.HeartbeatResponse = answer.heartbeat
         return result
+
+    async def _call(self, request: rm_pb.HeartbeatRequest) -> rm_pb.HeartbeatResponse:
+        response: rm_pb.HeartbeatResponse = await self._rm.Heartbeat(request, timeout=self._timeout)
+        return response
+
+    async def _final_status(self, stream: Any) -> grpc.StatusCode | None:
+        """The status of a call that has ended or is ending (None: none within the
+        timeout)."""
+        try:
+            code: grpc.StatusCode = await asyncio.wait_for(stream.code(), self._timeout)
+        except TimeoutError:
+            return None
+        return code
 
     async def _fall_back(self, request: rm_pb.HeartbeatRequest) -> rm_pb.HeartbeatResponse:
         log.info("the RM does not serve HeartbeatStream: heartbeats go as Heartbeat calls")

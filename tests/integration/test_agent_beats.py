@@ -111,7 +111,10 @@ async def test_an_rm_without_the_stream_gets_calls():
         first = await sender.send(_beat(1))
         second = await sender.send(_beat(2))
         assert (first.sequence, second.sequence) == (1, 2)
-        assert sender.unary and sender.streams_opened == 1  # tried once, then calls
+        # Tried once, then calls. Rarely gRPC's core ends the refused stream INTERNAL
+        # under the first write: that beat goes as a call and the second beat's stream
+        # meets the refusal.
+        assert sender.unary and sender.streams_opened in (1, 2)
 
     await _with_fake({"Heartbeat": _unary(calls)}, body)
     assert calls == [1, 2]
