@@ -203,12 +203,13 @@ async def _http_get(host: str, port: int) -> bytes:
 
 
 async def _serve(settings: Settings, announce: Callable[[dict[str, int]], None]) -> None:
-    from rm_server.server import RMServer, Role, tune_collector
+    from rm_server.server import RMServer, Role, start_unless_signalled, tune_collector
 
     stop = asyncio.Event()
     with stop_signals(stop.set):
         server = RMServer(settings, role=Role.AGENTS)
-        await server.start()
+        if not await start_unless_signalled(server, stop):
+            return
         tune_collector()
         announce({"agent_port": server.agent_port, "metrics_port": server.metrics_port})
         # stdin closes when the users' process stops or dies: then drain and go.

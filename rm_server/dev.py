@@ -18,7 +18,7 @@ from rm_server.config import Settings
 from rm_server.embedded import unreachable_parent
 from rm_server.relocated import claim_home, data_dir_key, make_root_dir
 from rm_server.security import devtls
-from rm_server.server import RMServer, tune_collector, wait_for_signal
+from rm_server.server import RMServer, start_unless_signalled, tune_collector, wait_for_signal
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,8 @@ async def _serve_dev(settings: Settings, tls: bool, users: str, signalled: async
         settings = dataclasses.replace(settings, console_listen="127.0.0.1:0")
     secured = devtls.prepare(settings) if tls else None
     server = RMServer(secured.settings if secured else settings)
-    await server.start()
+    if not await start_unless_signalled(server, signalled):
+        return
     tune_collector()
     agent = None
     if users:

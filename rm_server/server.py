@@ -5,6 +5,7 @@ server's interceptor, reflection and the standard health service."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import gc
 import logging
@@ -249,8 +250,18 @@ class RMServer:
         st = self.settings
         url = st.database_url
         if not url:
-            self._embedded = EmbeddedPostgres(st.data_dir)
-            url = await asyncio.to_thread(self._embedded.start)
+            embedded = EmbeddedPostgres(st.data_dir)
+            starting = asyncio.ensure_future(asyncio.to_thread(embedded.start))
+            try:
+                url = await asyncio.shield(starting)
+            except asyncio.CancelledError:
+                # A start cut short (a stop signal) cannot stop its thread halfway: it
+                # runs to its end, and what it started is then stopped with the rest.
+                with contextlib.suppress(Exception):
+                    await starting
+                    self._embedded = embedded
+                raise
+            self._embedded = embedded
         self._db = Database(
             url,
             min_size=st.pool_min,
@@ -482,10 +493,34 @@ class RMServer:
         """Serve until SIGTERM or SIGINT, then drain (`stop`)."""
         signalled = asyncio.Event()
         with stop_signals(signalled.set):
-            await self.start()
+            if not await start_unless_signalled(self, signalled):
+                return
             tune_collector()
             await wait_for_signal(signalled)
             await self.stop()
+
+
+async def start_unless_signalled(server: RMServer, signalled: asyncio.Event) -> bool:
+    """`server.start()`, cut short by a stop signal meanwhile (a start can take long: the
+    embedded database's first start, a database that does not answer); False then, with
+    what had started stopped again (`RMServer.start`). Its error propagates."""
+    starting = asyncio.ensure_future(server.start())
+    heard = asyncio.ensure_future(signalled.wait())
+    try:
+        await asyncio.wait((starting, heard), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        starting.cancel()
+        raise
+    finally:
+        heard.cancel()
+    if starting.done():
+        starting.result()
+        return True
+    log.info("signal received while starting: stopping")
+    starting.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await starting
+    return False
 
 
 async def wait_for_signal(signalled: asyncio.Event) -> None:

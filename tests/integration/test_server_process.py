@@ -255,3 +255,37 @@ def test_sigterm_ends_the_process_while_a_request_waits_on_a_lock(rm_process_fac
     assert code == 0, log_tail(rm.log_path)
     with psycopg.connect(database_url) as conn:  # the cancelled Apply left nothing
         assert conn.execute("SELECT count(*) FROM ticket").fetchone() == (0,)
+
+
+RM_SERVER = (sys.executable, "-m", "rm_server", "--listen", "127.0.0.1:0")
+
+
+def test_a_stop_signal_during_the_embedded_databases_first_start(tmp_path, reachable_tmp):
+    """Ctrl-C while the embedded database is being created (initdb, its first start):
+    the start cannot be cut halfway, so it runs to its end and is stopped with the rest.
+    Exit 0, and no PostgreSQL left running for the data directory."""
+    data_dir = reachable_tmp / "data"
+    log = tmp_path / "rm.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [*RM_SERVER, "--data-dir", str(data_dir), "--log-level", "INFO"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
+    try:
+        wait_until_sync(data_dir.exists, 60, what="the start under way")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(90) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    said = log.read_text()
+    assert "signal received while starting" in said, said
+    assert "Traceback" not in said, said
+    wait_until_sync(
+        lambda: not postgres_processes_for(data_dir / "pgdata"),
+        20,
+        what="no embedded PostgreSQL left running",
+    )

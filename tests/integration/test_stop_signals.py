@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -67,3 +68,46 @@ def test_stop_signals_during_the_whole_exit_are_taken_quietly(event_loop: str) -
     assert sent > 2, "the child exited before the signals came"
     assert (proc.returncode, err) == (0, ""), f"after {sent} signals:\n{err}"
     assert out == "stopping\nexited\n"
+
+
+RM_SERVER = (sys.executable, "-m", "rm_server", "--listen", "127.0.0.1:0")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_rm_server_stops_on_a_signal_while_its_start_waits_for_the_database(
+    tmp_path, sig: signal.Signals
+) -> None:
+    """A start can take long (the embedded database's first start, a database that does
+    not answer): a stop signal cuts it short instead of waiting for it to end. Here the
+    database accepts the connection and never answers, for up to a minute."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    port = silent.getsockname()[1]
+    log = tmp_path / "rm.log"
+    url = f"host=127.0.0.1 port={port} user=postgres dbname=x connect_timeout=60"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [*RM_SERVER, "--database-url", url, "--log-level", "INFO"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=os.getcwd(),
+        )
+    try:
+        silent.settimeout(60)
+        held, _ = silent.accept()  # its start is now waiting on the database
+        started = time.monotonic()
+        proc.send_signal(sig)
+        code = proc.wait(timeout=30)
+        held.close()
+    finally:
+        silent.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    said = log.read_text()
+    assert code == 0, said
+    assert "signal received while starting" in said, said
+    assert "Traceback" not in said, said
+    # Well inside the database's minute: the signal, not a timeout, ended the start.
+    assert time.monotonic() - started < 30
