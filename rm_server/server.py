@@ -250,8 +250,8 @@ class RMServer:
         st = self.settings
         url = st.database_url
         if not url:
-            embedded = EmbeddedPostgres(st.data_dir)
-            starting = asyncio.ensure_future(asyncio.to_thread(embedded.start))
+            self._embedded = EmbeddedPostgres(st.data_dir)
+            starting = asyncio.ensure_future(asyncio.to_thread(self._embedded.start))
             try:
                 url = await asyncio.shield(starting)
             except asyncio.CancelledError:
@@ -259,9 +259,7 @@ class RMServer:
                 # runs to its end, and what it started is then stopped with the rest.
                 with contextlib.suppress(Exception):
                     await starting
-                    self._embedded = embedded
                 raise
-            self._embedded = embedded
         self._db = Database(
             url,
             min_size=st.pool_min,
