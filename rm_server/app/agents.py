@@ -208,12 +208,14 @@ class AgentHub:
         now: datetime,
         report: ProcessReport | None = None,
         silent: tuple[datetime, datetime] | None = None,
+        known: ec_store.EcBrief | None = None,
     ) -> None:
         """Release the ticket (labels, then ticket rows), then end the EngineConn row.
         `silent` (silent before, STARTING before): it ends for its silence, which is
         checked again under its row lock (_Heard, rolling the transaction back, if it
-        reported since the judge read it)."""
-        kill = await ec_store.kill_of(conn, ec_id)
+        reported since the judge read it). `known`: its row as this transaction read it
+        already (no second read of whether a kill was ordered)."""
+        kill = known.kill if known is not None else await ec_store.kill_of(conn, ec_id)
         if kill is not None and state is not EcState.LOST:  # stopped on request: one rule
             state, reason = ended_on_request(kill[0], state, kill[1], reason)
         if ticket_id:
@@ -288,6 +290,7 @@ class AgentHub:
                     target,
                     reason or f"EngineConn reported {target.value}",
                     now,
+                    known=ec,
                 )
                 return False
             # Ordered by arrival: a report that arrived before one already recorded

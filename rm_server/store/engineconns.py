@@ -140,17 +140,26 @@ class EcBrief:
     pid: int
     work_dir: str
     measured: MeasuredUsage | None
+    # What `kill_of` reads: the state it was in when a kill was ordered, and the
+    # reason (the kill's, once one was ordered).
+    killed_from: EcState | None = None
+    reason: str = ""
+
+    @property
+    def kill(self) -> tuple[EcState, str] | None:
+        """`kill_of`'s answer, as of this read."""
+        return (self.killed_from, self.reason) if self.killed_from is not None else None
 
 
 async def brief_ec(conn: Conn, ec_id: str, *, lock: bool = False) -> EcBrief | None:
     """The EngineConn's `EcBrief` (row-locked with `lock`); None when there is none."""
-    query = "SELECT state, ecm_instance, ticket_id, pid, work_dir, measured FROM engine_conn"
-    query += " WHERE ec_id = %s"
+    query = "SELECT state, ecm_instance, ticket_id, pid, work_dir, measured, killed_from,"
+    query += " reason FROM engine_conn WHERE ec_id = %s"
     cur = await conn.execute(query + (" FOR UPDATE" if lock else ""), (ec_id,))
     row = await cur.fetchone()
     if row is None:
         return None
-    state, ecm, ticket, pid, work_dir, measured = row
+    state, ecm, ticket, pid, work_dir, measured, killed_from, reason = row
     return EcBrief(
         EcState(state),
         ecm or "",
@@ -158,6 +167,8 @@ async def brief_ec(conn: Conn, ec_id: str, *, lock: bool = False) -> EcBrief | N
         pid or 0,
         work_dir,
         MeasuredUsage.from_dict(measured) if measured is not None else None,
+        EcState(killed_from) if killed_from is not None else None,
+        reason or "",
     )
 
 
@@ -492,11 +503,8 @@ async def mark_shutting_down(
 async def kill_of(conn: Conn, ec_id: str) -> tuple[EcState, str] | None:
     """(the state it was in when a kill was ordered, the kill's reason); None when no kill
     was ordered."""
-    cur = await conn.execute(
-        "SELECT killed_from, reason FROM engine_conn WHERE ec_id = %s", (ec_id,)
-    )
-    row = await cur.fetchone()
-    return (EcState(row[0]), str(row[1])) if row is not None and row[0] is not None else None
+    brief = await brief_ec(conn, ec_id)
+    return brief.kill if brief is not None else None
 
 
 async def keep_measured(conn: Conn, ticket_id: str, ec_id: str, usage: MeasuredUsage) -> None:
