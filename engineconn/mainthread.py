@@ -23,6 +23,9 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
+#: How long a stop signal may wait for its handler at most (see MainThread._next_job).
+_SIGNAL_WAKE_SECONDS = 0.2
+
 
 class Window(Protocol):
     """Brackets the user's code inside an execution's body: an interrupt is raised only
@@ -78,12 +81,23 @@ class MainThread:
             signal.signal(sig, self._signalled)
         thread = threading.Thread(target=loop_thread, name="engineconn-loop")
         thread.start()
-        while (job := self._jobs.get()) is not None:
+        while (job := self._next_job()) is not None:
             job()
         thread.join()
         if failure:
             raise failure[0]
         return result[0]
+
+    def _next_job(self) -> Callable[[], None] | None:
+        """The next job (None: the loop has ended). Waits in slices: the kernel may give a
+        SIGTERM to another thread (the loop's, gRPC's), and its handler then runs only
+        once this thread runs Python code again; a wait with no end would hold a stop
+        signal back for as long as no execution came (an idle EngineConn never stopped)."""
+        while True:
+            try:
+                return self._jobs.get(timeout=_SIGNAL_WAKE_SECONDS)
+            except queue.Empty:
+                continue
 
     async def _run(self, main: Coroutine[Any, Any, int]) -> int:
         self._loop = asyncio.get_running_loop()
